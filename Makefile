@@ -1,0 +1,43 @@
+# README command 1: `make demo`; README command 2: `make test`. Both set themselves up.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+FASHION ?= /usr/share/datasets/fashion-mnist
+RANKS ?= 2
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+
+.PHONY: setup fashion-mnist demo test bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: setup.py
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q -e '.[spark,mpich,kernels,test]'
+	touch $@
+
+# Fashion-MNIST comes from Debian's dataset-fashion-mnist; nothing is downloaded at run time.
+fashion-mnist:
+	@if [ ! -f $(FASHION)/train-images-idx3-ubyte.gz ] && [ ! -f $(FASHION)/train-images-idx3-ubyte ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist; \
+	  else echo "Fashion-MNIST IDX files not found in $(FASHION): run 'sudo apt-get install dataset-fashion-mnist'," \
+	       "or point FASHION=/path/to/idx-folder at a folder holding train-images-idx3-ubyte[.gz] and friends"; exit 1; fi; \
+	fi
+
+demo: setup fashion-mnist
+	$(BIN)/mpitrain etl --source idx:$(FASHION) --out data/fashion --shards 8 --overwrite
+	$(BIN)/mpitrain info data/fashion
+	$(BIN)/mpiexec -n $(RANKS) $(BIN)/mpitrain train configs/fashion_mlp.yaml --set resume=never
+	$(BIN)/mpiexec -n $(RANKS) $(BIN)/mpitrain eval runs/fashion_mlp --split test
+
+test: setup fashion-mnist
+	$(PY) -m pytest -q tests
+
+bench: setup fashion-mnist
+	$(PY) -m pip install -q torch==2.13.0 || echo "PyTorch not installed: the DDP baseline is left out"
+	$(PY) benchmarks/throughput.py --out benchmarks/results
+
+clean:
+	rm -rf $(VENV) *.egg-info data runs

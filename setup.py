@@ -1,0 +1,33 @@
+"""Distribution `mpitrain`.
+
+`etl/` ships as `mpitrain.etl` and `kernels/` as `mpitrain.kernels` (package_dir), so no
+generic top-level `etl` or `kernels` package is installed next to the user's own.
+"""
+from setuptools import setup
+
+setup(
+    name="mpitrain",
+    version="0.1.0",
+    description="Data-parallel deep learning on HPC clusters: Spark ETL to HDF5, MPI training",
+    python_requires=">=3.10",
+    packages=["mpitrain", "mpitrain.nn", "mpitrain.sync", "mpitrain.etl", "mpitrain.kernels"],
+    package_dir={"mpitrain.etl": "etl", "mpitrain.kernels": "kernels"},
+    install_requires=[
+        "numpy>=1.24",
+        "h5py>=3.8",
+        "mpi4py>=3.1",
+        "PyYAML>=6",
+        "tqdm>=4.60",
+        "threadpoolctl>=3",
+        "matplotlib>=3.6",
+    ],
+    extras_require={
+        "spark": ["pyspark>=3.5"],
+        "mpich": ["mpich"],
+        "kernels": ["numba>=0.58"],
+        "gpu": ["cupy-cuda12x", "numba>=0.58"],
+        "test": ["pytest>=7", "scikit-learn>=1.2", "pyspark>=3.5", "numba>=0.58"],
+        "bench": ["torch==2.13.0"],
+    },
+    entry_points={"console_scripts": ["mpitrain = mpitrain.cli:main"]},
+)
