@@ -1,0 +1,215 @@
+"""Run configuration: YAML sections validated into dataclasses, with `--set section.key=value` overrides.
+
+Every error names the config file and the dotted key, and says what was expected.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+
+import yaml
+
+from mpitrain.errors import ConfigError
+
+SYNC_MODES = ("none", "allreduce", "averaging")
+OPTIMIZERS = ("sgd", "adagrad", "adam", "rmsprop")
+
+
+@dataclass
+class DataConfig:
+    path: str = ""
+    train_split: str = "train"
+    test_split: str = "test"
+    normalize: bool = True
+    verify_checksums: bool = True
+    shuffle: bool = True
+    max_rows: int = 0  # use only the first max_rows rows of each split (0: all)
+    prefetch: bool = True
+
+    def validate(self, where):
+        _check(self.path != "", where, "data.path", self.path, "the dataset folder written by `mpitrain etl`")
+        _check(self.max_rows >= 0, where, "data.max_rows", self.max_rows, "0 (all rows) or a positive count")
+
+
+@dataclass
+class ModelConfig:
+    layers: list = field(default_factory=list)
+    loss: str = "softmax_cross_entropy"
+    init: str = "xavier"
+    dtype: str = "float32"
+
+    def validate(self, where):
+        _check(len(self.layers) > 0, where, "model.layers", self.layers, "a non-empty list of layers")
+        _check(self.dtype in ("float32", "float64"), where, "model.dtype", self.dtype, "float32 or float64")
+
+
+@dataclass
+class OptimizerConfig:
+    type: str = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.0
+    nesterov: bool = False
+    l2: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    rho: float = 0.95
+    eps: float = 1e-8
+
+    def validate(self, where):
+        _check(self.type in OPTIMIZERS, where, "optimizer.type", self.type, f"one of {OPTIMIZERS}")
+        _check(self.lr > 0, where, "optimizer.lr", self.lr, "a positive number")
+        for key in ("momentum", "beta1", "beta2", "rho"):
+            value = getattr(self, key)
+            _check(0 <= value < 1, where, f"optimizer.{key}", value, "a number in [0, 1)")
+        _check(self.l2 >= 0, where, "optimizer.l2", self.l2, "a number >= 0")
+        _check(self.eps > 0, where, "optimizer.eps", self.eps, "a positive number")
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 1
+    batch_size: int = 64  # per rank
+    seed: int = 0
+    log_every: int = 50  # steps per metrics window
+
+    def validate(self, where):
+        for key in ("epochs", "batch_size", "log_every"):
+            _check(getattr(self, key) >= 1, where, f"train.{key}", getattr(self, key), "an integer >= 1")
+
+
+@dataclass
+class SyncConfig:
+    mode: str = "allreduce"
+    frequency: typing.Union[int, str] = 1  # steps between averagings, or "epoch"
+    average_updater: bool = False
+    check_replicas: bool = True
+
+    def validate(self, where):
+        _check(self.mode in SYNC_MODES, where, "sync.mode", self.mode, f"one of {SYNC_MODES}")
+        ok = self.frequency == "epoch" or (isinstance(self.frequency, int) and self.frequency >= 1)
+        _check(ok, where, "sync.frequency", self.frequency, "a number of steps >= 1, or 'epoch'")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 1
+    unit: str = "epoch"
+    keep: int = 3
+
+    def validate(self, where):
+        _check(self.every >= 1, where, "checkpoint.every", self.every, "an integer >= 1")
+        _check(self.unit in ("epoch", "step"), where, "checkpoint.unit", self.unit, "'epoch' or 'step'")
+        _check(self.keep >= 1, where, "checkpoint.keep", self.keep, "an integer >= 1")
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    backend: str = "numpy"
+    run_dir: str = ""
+    resume: str = "auto"
+
+    def validate(self, where):
+        for section in (self.data, self.model, self.optimizer, self.train, self.sync, self.checkpoint):
+            section.validate(where)
+        _check(self.resume in ("auto", "never"), where, "resume", self.resume, "'auto' or 'never'")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
+    """Read a YAML config, apply `section.key=value` overrides, validate, resolve paths.
+
+    `run_dir` defaults to `runs/<config file stem>`; `data.path` and `run_dir` become
+    absolute, so the saved `RUN_DIR/config.yaml` works from any directory.
+    """
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    for override in overrides:
+        _apply_override(raw, override, path)
+    config = _build(Config, raw, path, "")
+    config.validate(path)
+    if not config.run_dir:
+        config.run_dir = os.path.join("runs", os.path.splitext(os.path.basename(path))[0])
+    config.run_dir = os.path.abspath(config.run_dir)
+    config.data.path = os.path.abspath(config.data.path)
+    return config
+
+
+def save_config(config: Config, path: str) -> None:
+    with open(path, "w") as f:
+        yaml.safe_dump(config.to_dict(), f, sort_keys=False)
+
+
+def _apply_override(raw: dict, override: str, where: str) -> None:
+    key, sep, text = override.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {override!r}: expected section.key=value")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {override!r}: value is not valid YAML ({e})") from None
+    *sections, last = key.split(".")
+    node = raw
+    for section in sections:
+        node = node.setdefault(section, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{where}: --set {key}: {section!r} is not a section")
+    node[last] = value
+
+
+def _build(cls, raw, where: str, prefix: str):
+    """Turn a mapping into dataclass `cls`, rejecting unknown keys and wrong types."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: {prefix or 'config'} is {raw!r}, expected a mapping")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {prefix + str(unknown[0])!r}; expected one of {sorted(known)}")
+    values = {}
+    for name, value in raw.items():
+        kind = hints[name]
+        if dataclasses.is_dataclass(kind):
+            values[name] = _build(kind, value, where, f"{prefix}{name}.")
+        else:
+            values[name] = _coerce(value, kind, where, prefix + name)
+    return cls(**values)
+
+
+def _coerce(value, kind, where: str, key: str):
+    allowed = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
+    for option in allowed:
+        option = typing.get_origin(option) or option
+        if option is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if option is float and isinstance(value, str):
+            try:
+                return float(value)  # PyYAML reads `1e-3` (no dot) as a string
+            except ValueError:
+                pass
+        if isinstance(value, option) and not (option is int and isinstance(value, bool)):
+            return value
+    names = " or ".join(getattr(a, "__name__", str(a)) for a in allowed)
+    raise ConfigError(f"{where}: {key} is {value!r}, expected {names}")
+
+
+def _check(ok: bool, where: str, key: str, value, expected: str) -> None:
+    if not ok:
+        raise ConfigError(f"{where}: {key} is {value!r}, expected {expected}")

@@ -1,0 +1,129 @@
+"""Each rank's rows of a split: which rows, reading them from the shards, and batches.
+
+The global row space of a split is its shards in manifest order. For training it is cut
+into `world_size` equal contiguous ranges (the remainder is dropped and logged), so every
+rank runs the same number of steps and no collective waits for a rank that has finished.
+For evaluation every row counts, so the ranges may differ in length by one.
+"""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import h5py
+import numpy as np
+
+from mpitrain.errors import DataError
+from mpitrain.shard_format import Manifest, check_shard
+
+log = logging.getLogger(__name__)
+
+
+def rows_for_rank(n_rows: int, rank: int, size: int) -> range:
+    """Equal contiguous training rows of `rank`; the last n_rows % size rows go to nobody."""
+    per_rank = n_rows // size
+    return range(rank * per_rank, (rank + 1) * per_rank)
+
+
+def eval_rows_for_rank(n_rows: int, rank: int, size: int) -> range:
+    """Contiguous evaluation rows of `rank`, covering all rows (lengths differ by at most one)."""
+    return range(rank * n_rows // size, (rank + 1) * n_rows // size)
+
+
+@dataclass
+class RankRows:
+    """One rank's rows of a split, in host memory: stored features and int32 labels."""
+
+    x: np.ndarray
+    y: np.ndarray
+    rows: range
+
+
+def load_rank_rows(dataset_dir: str, manifest: Manifest, split: str, rank: int, size: int, *,
+                   training: bool, max_rows: int = 0, verify_checksums: bool = True) -> RankRows:
+    """Read this rank's rows of `split` (all rows, or the first `max_rows`)."""
+    n = manifest.rows(split)
+    n = min(n, max_rows) if max_rows else n
+    if n == 0:
+        raise DataError(f"{dataset_dir}: split {split!r} has no rows")
+    if n < size:
+        raise DataError(f"{dataset_dir}: split {split!r} has {n} rows, fewer than the {size} ranks")
+    rows = (rows_for_rank if training else eval_rows_for_rank)(n, rank, size)
+    if training and n % size and rank == 0:
+        log.info("split %r: %d rows over %d ranks; the last %d rows are not used", split, n, size, n % size)
+    return read_rows(dataset_dir, manifest, split, rows, verify_checksums)
+
+
+def read_rows(dataset_dir: str, manifest: Manifest, split: str, rows: range, verify_checksums: bool) -> RankRows:
+    """Read rows [rows.start, rows.stop) of `split` from the shards they lie in, validating each shard."""
+    x = np.empty((len(rows), *manifest.feature_shape), dtype=manifest.feature_dtype)
+    y = np.empty(len(rows), dtype=np.int32)
+    start = 0
+    for shard in manifest.shards(split):
+        stop = start + shard.rows
+        lo, hi = max(start, rows.start), min(stop, rows.stop)
+        if lo < hi:
+            path = check_shard(dataset_dir, manifest, shard, verify_checksums)
+            with h5py.File(path, "r") as f:
+                f["x"].read_direct(x, np.s_[lo - start:hi - start], np.s_[lo - rows.start:hi - rows.start])
+                f["y"].read_direct(y, np.s_[lo - start:hi - start], np.s_[lo - rows.start:hi - rows.start])
+            _check_values(path, x[lo - rows.start:hi - rows.start], y[lo - rows.start:hi - rows.start],
+                          manifest.num_classes)
+        start = stop
+    return RankRows(x, y, rows)
+
+
+def _check_values(path: str, x: np.ndarray, y: np.ndarray, num_classes: int) -> None:
+    bad = (y < 0) | (y >= num_classes)
+    if bad.any():
+        raise DataError(f"{path}: label {int(y[bad][0])} out of range; expected 0..{num_classes - 1}")
+    if x.dtype.kind == "f" and not np.isfinite(x).all():
+        raise DataError(f"{path}: features contain NaN or Inf; expected finite values")
+
+
+class Batches:
+    """Per-epoch shuffled batches of one rank's rows, normalized to float on the backend.
+
+    The shuffle is seeded by (seed, epoch, rank), so a run is reproducible and a resumed
+    run sees the same batches. The last incomplete batch is dropped, so all ranks run
+    `steps_per_epoch` steps. The next batch is prepared in a thread while this one trains.
+    """
+
+    def __init__(self, data: RankRows, manifest: Manifest, batch_size: int, backend, dtype,
+                 seed: int, rank: int, shuffle: bool = True, normalize: bool = True, prefetch: bool = True):
+        self.data, self.batch_size, self.backend, self.dtype = data, batch_size, backend, np.dtype(dtype)
+        self.seed, self.rank, self.shuffle, self.prefetch = seed, rank, shuffle, prefetch
+        std = manifest.std if normalize else 1.0
+        mean = manifest.mean if normalize else 0.0
+        self.scale = manifest.scale / std
+        self.shift = (manifest.offset - mean) / std
+        self.steps_per_epoch = len(data.y) // batch_size
+
+    def epoch(self, epoch: int, start_step: int = 0):
+        """Yield (x, y) for steps start_step.. of `epoch`."""
+        order = np.arange(len(self.data.y))
+        if self.shuffle:
+            np.random.default_rng([self.seed, epoch, self.rank]).shuffle(order)
+        steps = range(start_step, self.steps_per_epoch)
+        if not self.prefetch:
+            yield from (self._batch(order, step) for step in steps)
+            return
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = None
+            for step in steps:
+                pending = pending or pool.submit(self._batch, order, step)
+                batch = pending.result()
+                pending = pool.submit(self._batch, order, step + 1) if step + 1 < self.steps_per_epoch else None
+                yield batch
+
+    def _batch(self, order: np.ndarray, step: int):
+        index = np.sort(order[step * self.batch_size:(step + 1) * self.batch_size])
+        return self.to_model_input(self.data.x[index]), self.backend.to_device(self.data.y[index])
+
+    def to_model_input(self, stored: np.ndarray):
+        """Stored features (uint8 or float32) to normalized floats on the backend."""
+        x = stored.astype(self.dtype)
+        x *= self.dtype.type(self.scale)
+        x += self.dtype.type(self.shift)
+        return self.backend.to_device(x)

@@ -1,0 +1,120 @@
+"""Layers, each with its forward and backward side by side.
+
+A layer declares its parameter shapes; the model hands it views into the one flat
+parameter buffer and the one flat gradient buffer (`bind`), so a sync is one collective.
+`backward` writes parameter gradients into those views and returns the input gradient.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mpitrain.backend import array_module
+
+
+class Layer:
+    """Base: a layer without parameters that passes shapes through."""
+
+    def param_shapes(self, input_shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+        return {}
+
+    def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+        return input_shape
+
+    def bind(self, params: dict, grads: dict) -> None:
+        self.params, self.grads = params, grads
+
+    def init_params(self, rng: np.random.Generator, scheme: str) -> dict[str, np.ndarray]:
+        """Initial values (host arrays) for each parameter, drawn from `rng`."""
+        return {}
+
+    def forward(self, x, training: bool):
+        raise NotImplementedError
+
+    def backward(self, dy):
+        raise NotImplementedError
+
+
+class Dense(Layer):
+    """y = x W + b on the flattened input; `activation` is expanded by the model builder."""
+
+    def __init__(self, units: int, activation: str = "none", init: str | None = None):
+        self.units, self.activation, self.init = units, activation, init
+
+    def param_shapes(self, input_shape):
+        return {"W": (math.prod(input_shape), self.units), "b": (self.units,)}
+
+    def output_shape(self, input_shape):
+        return (self.units,)
+
+    def init_params(self, rng, scheme):
+        fan_in, fan_out = self.params["W"].shape
+        return {"W": initial_weights(rng, self.init or scheme, fan_in, fan_out, (fan_in, fan_out)),
+                "b": np.zeros(fan_out)}
+
+    def forward(self, x, training):
+        self.input_shape = x.shape
+        self.x = x.reshape(len(x), -1)
+        return self.x @ self.params["W"] + self.params["b"]
+
+    def backward(self, dy):
+        xp = array_module(dy)
+        xp.matmul(self.x.T, dy, out=self.grads["W"])
+        dy.sum(axis=0, out=self.grads["b"])
+        return (dy @ self.params["W"].T).reshape(self.input_shape)
+
+
+class ReLU(Layer):
+    def forward(self, x, training):
+        self.mask = x > 0
+        return x * self.mask
+
+    def backward(self, dy):
+        return dy * self.mask
+
+
+class Tanh(Layer):
+    def forward(self, x, training):
+        self.y = array_module(x).tanh(x)
+        return self.y
+
+    def backward(self, dy):
+        return dy * (1 - self.y * self.y)
+
+
+class Sigmoid(Layer):
+    def forward(self, x, training):
+        xp = array_module(x)
+        self.y = 1 / (1 + xp.exp(-x))
+        return self.y
+
+    def backward(self, dy):
+        return dy * self.y * (1 - self.y)
+
+
+class Flatten(Layer):
+    def output_shape(self, input_shape):
+        return (math.prod(input_shape),)
+
+    def forward(self, x, training):
+        self.input_shape = x.shape
+        return x.reshape(len(x), -1)
+
+    def backward(self, dy):
+        return dy.reshape(self.input_shape)
+
+
+ACTIVATIONS = {"relu": ReLU, "tanh": Tanh, "sigmoid": Sigmoid}
+LAYER_TYPES = {"dense": Dense, "flatten": Flatten, **ACTIVATIONS}
+INIT_SCHEMES = ("xavier", "he")
+
+
+def initial_weights(rng: np.random.Generator, scheme: str, fan_in: int, fan_out: int, shape) -> np.ndarray:
+    """Xavier (Glorot uniform) or He (normal, for ReLU) weights."""
+    if scheme == "xavier":
+        limit = math.sqrt(6.0 / (fan_in + fan_out))
+        return rng.uniform(-limit, limit, size=shape)
+    if scheme == "he":
+        return rng.normal(0.0, math.sqrt(2.0 / fan_in), size=shape)
+    raise ValueError(f"init scheme {scheme!r}, expected one of {INIT_SCHEMES}")

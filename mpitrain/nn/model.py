@@ -1,0 +1,107 @@
+"""A sequential model that owns ONE flat parameter buffer and ONE flat gradient buffer.
+
+Layers hold views into both, so averaging parameters or gradients across ranks is a
+single collective on a contiguous array.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+
+import numpy as np
+
+from mpitrain.errors import ConfigError
+from mpitrain.nn.layers import ACTIVATIONS, INIT_SCHEMES, LAYER_TYPES, Layer
+from mpitrain.nn.losses import LOSSES
+
+
+class Sequential:
+    """Layers applied in order, a loss on the last layer's output, flat buffers for all parameters."""
+
+    def __init__(self, layers: list[Layer], input_shape: tuple[int, ...], loss: str, xp, dtype="float32"):
+        self.layers, self.input_shape, self.xp = layers, tuple(input_shape), xp
+        self.loss_fn = LOSSES[loss]
+        shapes, shape = [], self.input_shape
+        for layer in layers:
+            shapes.append(layer.param_shapes(shape))
+            shape = layer.output_shape(shape)
+        self.output_shape = shape
+        self.n_params = sum(math.prod(s) for layer_shapes in shapes for s in layer_shapes.values())
+        self.params = xp.zeros(self.n_params, dtype=dtype)
+        self.grads = xp.zeros(self.n_params, dtype=dtype)
+        decay = np.zeros(self.n_params, dtype=dtype)
+        offset = 0
+        for layer, layer_shapes in zip(layers, shapes):
+            params, grads = {}, {}
+            for name, s in layer_shapes.items():
+                size = math.prod(s)
+                params[name] = self.params[offset:offset + size].reshape(s)
+                grads[name] = self.grads[offset:offset + size].reshape(s)
+                decay[offset:offset + size] = name == "W"  # L2 applies to weights, not biases
+                offset += size
+            layer.bind(params, grads)
+        self.decay_mask = xp.asarray(decay)
+
+    def init_params(self, seed: int, scheme: str) -> None:
+        """Draw initial parameters on the host from `seed`, so every backend starts alike."""
+        rng = np.random.default_rng(seed)
+        for layer in self.layers:
+            for name, value in layer.init_params(rng, scheme).items():
+                layer.params[name][...] = self.xp.asarray(value, dtype=self.params.dtype)
+
+    def forward(self, x, training: bool = False):
+        for layer in self.layers:
+            x = layer.forward(x, training)
+        return x
+
+    def backward(self, dy) -> None:
+        for layer in reversed(self.layers):
+            dy = layer.backward(dy)
+
+    def train_batch(self, x, y) -> tuple[float, int]:
+        """Forward and backward on one batch; fills `grads`; returns (mean loss, correct predictions)."""
+        logits = self.forward(x, training=True)
+        loss, dlogits = self.loss_fn(logits, y)
+        self.backward(dlogits)
+        return loss, int((logits.argmax(axis=1) == y).sum())
+
+
+def build_model(config, input_shape, num_classes: int, xp) -> Sequential:
+    """Build the model of `config.model` (a ModelConfig) for inputs of `input_shape`.
+
+    Each layer is `{type: NAME, ...keyword arguments}`; a dense layer's `activation`
+    adds that activation layer after it. The last layer must give `num_classes` outputs.
+    """
+    if config.loss not in LOSSES:
+        raise ConfigError(f"model.loss is {config.loss!r}, expected one of {sorted(LOSSES)}")
+    if config.init not in INIT_SCHEMES:
+        raise ConfigError(f"model.init is {config.init!r}, expected one of {INIT_SCHEMES}")
+    layers = []
+    for i, spec in enumerate(config.layers):
+        layers.extend(_layer_from_spec(spec, f"model.layers[{i}]"))
+    model = Sequential(layers, input_shape, config.loss, xp, config.dtype)
+    if model.output_shape != (num_classes,):
+        raise ConfigError(f"model.layers: the last layer gives outputs of shape {list(model.output_shape)}, "
+                          f"expected [{num_classes}] for the dataset's {num_classes} classes")
+    return model
+
+
+def _layer_from_spec(spec, key: str) -> list[Layer]:
+    if not isinstance(spec, dict) or "type" not in spec:
+        raise ConfigError(f"{key} is {spec!r}, expected a mapping with a 'type' key")
+    kwargs = {k: v for k, v in spec.items() if k != "type"}
+    cls = LAYER_TYPES.get(spec["type"])
+    if cls is None:
+        raise ConfigError(f"{key}.type is {spec['type']!r}, expected one of {sorted(LAYER_TYPES)}")
+    try:
+        inspect.signature(cls).bind(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{key}: {e} (a {spec['type']} layer takes {list(inspect.signature(cls).parameters)})") from None
+    activation = kwargs.get("activation", "none")
+    if activation != "none" and activation not in ACTIVATIONS:
+        raise ConfigError(f"{key}.activation is {activation!r}, expected 'none' or one of {sorted(ACTIVATIONS)}")
+    init = kwargs.get("init")
+    if init is not None and init not in INIT_SCHEMES:
+        raise ConfigError(f"{key}.init is {init!r}, expected one of {INIT_SCHEMES}")
+    layer = cls(**kwargs)
+    return [layer] if activation == "none" else [layer, ACTIVATIONS[activation]()]

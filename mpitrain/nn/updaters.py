@@ -1,0 +1,106 @@
+"""Updaters on the flat buffers: `delta(grads, params)` returns the step to ADD to the parameters.
+
+The learning rate is already in the delta, so a synchronizer can share updates (not raw
+gradients) when it wants to. All state lives in ONE flat buffer `state`, so averaging
+updater state across ranks is one collective too. L2 applies to weights only (the
+model's `decay_mask`).
+"""
+from __future__ import annotations
+
+from mpitrain.backend import array_module
+
+
+class Updater:
+    """Base: L2 on the weights, a preallocated delta buffer, and state slots in one buffer."""
+
+    n_slots = 0
+
+    def __init__(self, config, params, decay_mask):
+        xp = array_module(params)
+        self.config, self.decay_mask = config, decay_mask
+        self.n = params.size
+        self.state = xp.zeros(self.n_slots * self.n, dtype=params.dtype)
+        self.slots = [self.state[i * self.n:(i + 1) * self.n] for i in range(self.n_slots)]
+        self.out = xp.empty_like(params)
+        self.iteration = 0
+
+    def delta(self, grads, params):
+        self.iteration += 1
+        g = grads
+        if self.config.l2:
+            g = grads + self.config.l2 * self.decay_mask * params
+        self._delta(g, self.out)
+        return self.out
+
+    def _delta(self, g, out) -> None:
+        raise NotImplementedError
+
+
+class SGD(Updater):
+    """Plain SGD, momentum v = mu v - lr g, or Nesterov momentum (delta = mu v - lr g)."""
+
+    def __init__(self, config, params, decay_mask):
+        self.n_slots = 1 if config.momentum else 0
+        super().__init__(config, params, decay_mask)
+
+    def _delta(self, g, out):
+        lr, mu = self.config.lr, self.config.momentum
+        array_module(g).multiply(g, -lr, out=out)
+        if mu:
+            v = self.slots[0]
+            v *= mu
+            v += out
+            if self.config.nesterov:
+                out += mu * v
+            else:
+                out[...] = v
+
+
+class AdaGrad(Updater):
+    """h += g^2; delta = -lr g / (sqrt(h) + eps)."""
+
+    n_slots = 1
+
+    def _delta(self, g, out):
+        xp, h = array_module(g), self.slots[0]
+        h += g * g
+        xp.divide(g, xp.sqrt(h) + self.config.eps, out=out)
+        out *= -self.config.lr
+
+
+class RMSProp(Updater):
+    """s = rho s + (1 - rho) g^2; delta = -lr g / (sqrt(s) + eps)."""
+
+    n_slots = 1
+
+    def _delta(self, g, out):
+        xp, s, rho = array_module(g), self.slots[0], self.config.rho
+        s *= rho
+        s += (1 - rho) * g * g
+        xp.divide(g, xp.sqrt(s) + self.config.eps, out=out)
+        out *= -self.config.lr
+
+
+class Adam(Updater):
+    """Adam with bias correction: delta = -lr m_hat / (sqrt(v_hat) + eps)."""
+
+    n_slots = 2
+
+    def _delta(self, g, out):
+        c, xp, t = self.config, array_module(g), self.iteration
+        m, v = self.slots
+        m *= c.beta1
+        m += (1 - c.beta1) * g
+        v *= c.beta2
+        v += (1 - c.beta2) * g * g
+        step = c.lr * (1 - c.beta2 ** t) ** 0.5 / (1 - c.beta1 ** t)
+        xp.divide(m, xp.sqrt(v) + c.eps * (1 - c.beta2 ** t) ** 0.5, out=out)
+        out *= -step
+
+
+UPDATERS = {"sgd": SGD, "adagrad": AdaGrad, "rmsprop": RMSProp, "adam": Adam}
+
+
+def create_updater(config, params, decay_mask) -> Updater:
+    """The updater named by `config.type` (an OptimizerConfig) for a flat parameter buffer."""
+    return UPDATERS[config.type](config, params, decay_mask)

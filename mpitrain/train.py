@@ -1,0 +1,132 @@
+"""The training loop, as the story of a run: config, data, model, sync, epochs, summary."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+from mpitrain.backend import create_backend, to_host
+from mpitrain.checkpoint import Checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from mpitrain.config import Config, save_config
+from mpitrain.data import Batches, load_rank_rows
+from mpitrain.errors import ConfigError
+from mpitrain.evaluate import evaluate
+from mpitrain.metrics import MetricsLog, Window
+from mpitrain.nn.model import build_model
+from mpitrain.nn.updaters import create_updater
+from mpitrain.shard_format import read_manifest
+from mpitrain.sync import check_replicas, create_synchronizer, parameter_hash
+
+log = logging.getLogger("mpitrain")
+
+
+def train(config: Config, comm) -> dict:
+    """Train as `config` says on every rank of `comm`; rank 0 writes the run directory. Returns the summary."""
+    started = time.perf_counter()
+    backend = create_backend(config.backend, comm.local_rank, comm.local_size)
+    with comm.agreed_errors():
+        manifest = read_manifest(config.data.path)
+        model = build_model(config.model, manifest.feature_shape, manifest.num_classes, backend.xp)
+        train_rows = load_rank_rows(config.data.path, manifest, config.data.train_split, comm.rank, comm.size,
+                                    training=True, max_rows=config.data.max_rows,
+                                    verify_checksums=config.data.verify_checksums)
+        test_rows = load_rank_rows(config.data.path, manifest, config.data.test_split, comm.rank, comm.size,
+                                   training=False, max_rows=config.data.max_rows,
+                                   verify_checksums=config.data.verify_checksums)
+        if len(train_rows.y) < config.train.batch_size:
+            raise ConfigError(f"train.batch_size is {config.train.batch_size} (per rank), but each of the "
+                              f"{comm.size} ranks has only {len(train_rows.y)} training rows")
+    batches = Batches(train_rows, manifest, config.train.batch_size, backend, config.model.dtype,
+                      config.train.seed, comm.rank, shuffle=config.data.shuffle,
+                      normalize=config.data.normalize, prefetch=config.data.prefetch)
+    updater = create_updater(config.optimizer, model.params, model.decay_mask)
+    sync = create_synchronizer(config.sync, comm)
+
+    if comm.is_root:
+        os.makedirs(config.run_dir, exist_ok=True)
+        save_config(config, os.path.join(config.run_dir, "config.yaml"))
+    model.init_params(config.train.seed, config.model.init)
+    epoch, start_step = _resume(config, comm, model, updater)
+    sync.start(model, updater)  # every rank starts from rank 0's parameters and updater state
+    metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs)
+    if comm.is_root:
+        log.info("%d ranks, %d training rows per rank, %d steps per epoch, %d parameters, sync %s",
+                 comm.size, len(train_rows.y), batches.steps_per_epoch, model.n_params, config.sync.mode)
+
+    train_seconds, train_samples, sync_bytes, steps_done = 0.0, 0, 0, 0
+    evaluation, hashes = None, []
+    for epoch in range(epoch, config.train.epochs):
+        metrics.start_epoch(epoch, start_step)
+        window, epoch_window = Window(), Window()
+        tick = time.perf_counter()
+        for step, (x, y) in enumerate(batches.epoch(epoch, start_step), start=start_step):
+            loss, correct = model.train_batch(x, y)
+            bytes_before = comm.bytes_sent
+            sync.step(model, updater)
+            now = time.perf_counter()
+            for w in (window, epoch_window):
+                w.add(loss, correct, len(y), now - tick, comm.bytes_sent - bytes_before)
+            last = step + 1 == batches.steps_per_epoch
+            if (step + 1) % config.train.log_every == 0 or last:
+                metrics.window(epoch, step, window, sync.stats())
+                window = Window()
+            if config.checkpoint.unit == "step" and (step + 1) % config.checkpoint.every == 0 and not last:
+                _save(config, comm, model, updater, epoch, step + 1)
+            tick = time.perf_counter()
+        bytes_before = comm.bytes_sent
+        sync.end_epoch(model, updater)
+        sync_bytes += epoch_window.bytes_sent + comm.bytes_sent - bytes_before
+        train_seconds += epoch_window.seconds
+        train_samples += epoch_window.samples
+        steps_done += epoch_window.steps
+        if sync.replicas_identical and config.sync.check_replicas:
+            hashes = check_replicas(comm, model.params)
+        evaluation = evaluate(model, test_rows, batches.to_model_input, 256, comm, manifest.num_classes)
+        metrics.end_epoch({"epoch": epoch, "train_loss": epoch_window.loss_sum / max(epoch_window.samples, 1),
+                           "test_accuracy": evaluation.accuracy, "test_loss": evaluation.loss,
+                           "replica_hashes": hashes})
+        if config.checkpoint.unit == "epoch" and ((epoch + 1) % config.checkpoint.every == 0
+                                                  or epoch + 1 == config.train.epochs):
+            _save(config, comm, model, updater, epoch + 1, 0)
+        start_step = 0
+
+    if evaluation is None:  # resumed a finished run: evaluate what it left
+        evaluation = evaluate(model, test_rows, batches.to_model_input, 256, comm, manifest.num_classes)
+    slowest = comm.max(train_seconds)
+    summary = {
+        "test_accuracy": evaluation.accuracy, "test_loss": evaluation.loss,
+        "samples_per_s": sum(comm.allgather_obj(train_samples)) / slowest if slowest else 0.0,
+        "bytes_sent_per_step": sync_bytes / steps_done if steps_done else 0.0,
+        "epochs": config.train.epochs, "ranks": comm.size, "sync_mode": config.sync.mode,
+        "wall_s": comm.max(time.perf_counter() - started), "steps_per_epoch": batches.steps_per_epoch,
+        "n_params": model.n_params, "replica_hashes": comm.allgather_obj(parameter_hash(model.params)),
+        "evaluation": evaluation.to_dict(),
+    }
+    if comm.is_root:
+        with open(os.path.join(config.run_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        log.info("test accuracy %.4f, %.0f samples/s, %.0f bytes sent per step per rank",
+                 summary["test_accuracy"], summary["samples_per_s"], summary["bytes_sent_per_step"])
+    return summary
+
+
+def _save(config, comm, model, updater, epoch: int, step: int) -> None:
+    """Rank 0 writes the checkpoint (replicas are identical, or rank 0's replica is the one kept)."""
+    if comm.is_root:
+        save_checkpoint(config.run_dir, Checkpoint(to_host(model.params), to_host(updater.state), epoch, step,
+                                                   updater.iteration), config.checkpoint.keep)
+
+
+def _resume(config, comm, model, updater) -> tuple[int, int]:
+    """Load the newest checkpoint on rank 0 (if `resume: auto`); return where to continue."""
+    position = (0, 0, 0)
+    with comm.agreed_errors():
+        if comm.is_root and config.resume == "auto" and list_checkpoints(config.run_dir):
+            ckpt = load_checkpoint(list_checkpoints(config.run_dir)[-1], model.n_params, updater.state.size)
+            model.params[...] = model.xp.asarray(ckpt.params)
+            updater.state[...] = model.xp.asarray(ckpt.updater_state)
+            position = (ckpt.epoch, ckpt.step, ckpt.iteration)
+            log.info("resuming from %s at epoch %d step %d", ckpt.path, ckpt.epoch + 1, ckpt.step)
+    epoch, step, updater.iteration = comm.bcast_obj(position)
+    return epoch, step

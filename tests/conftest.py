@@ -1,0 +1,67 @@
+"""Shared fixtures: small datasets written with the real shard writer, and an mpiexec launcher."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mpitrain.shard_format import Manifest, shard_path, write_manifest, write_shard
+
+VENV_BIN = os.path.dirname(sys.executable)
+MPIEXEC = os.path.join(VENV_BIN, "mpiexec")
+MPITRAIN = os.path.join(VENV_BIN, "mpitrain")
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+def make_dataset(path, n_train=600, n_test=200, shards=3, num_classes=3, shape=(1, 4, 4), seed=0) -> Manifest:
+    """Write a learnable dataset: uint8 features around a class-specific mean pattern."""
+    rng = np.random.default_rng(seed)
+    centers = rng.uniform(40, 215, size=(num_classes, *shape))
+    splits, counts = {}, {}
+    for split, n in (("train", n_train), ("test", n_test)):
+        y = rng.integers(0, num_classes, size=n).astype(np.int32)
+        x = np.clip(centers[y] + rng.normal(0, 30, size=(n, *shape)), 0, 255).astype(np.uint8)
+        bounds = [i * n // shards for i in range(shards + 1)]
+        splits[split] = [write_shard(str(path), shard_path(split, i), x[a:b], y[a:b])
+                         for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+        counts[split] = np.bincount(y, minlength=num_classes).tolist()
+    scaled = x / 255.0
+    manifest = Manifest(feature_shape=tuple(shape), feature_dtype="uint8", scale=1 / 255, offset=0.0,
+                        mean=float(scaled.mean()), std=float(scaled.std()), num_classes=num_classes,
+                        label_counts=counts, splits=splits, source="synthetic", seed=seed)
+    write_manifest(str(path), manifest)
+    return manifest
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    make_dataset(tmp_path / "data")
+    return tmp_path / "data"
+
+
+def write_config(path, dataset_dir, **sections) -> str:
+    """A small MLP config for `dataset_dir`; keyword arguments replace or extend sections."""
+    import yaml
+    config = {
+        "data": {"path": str(dataset_dir)},
+        "model": {"layers": [{"type": "dense", "units": 16, "activation": "relu"}, {"type": "dense", "units": 3}]},
+        "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9},
+        "train": {"epochs": 2, "batch_size": 16, "seed": 1, "log_every": 10},
+        "sync": {"mode": "allreduce"},
+        "run_dir": str(os.path.join(os.path.dirname(path), "run")),
+    }
+    for key, value in sections.items():
+        config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+    with open(path, "w") as f:
+        yaml.safe_dump(config, f)
+    return str(path)
+
+
+def mpiexec(n: int, *args, timeout: float = 120, env=None) -> subprocess.CompletedProcess:
+    """Run `mpiexec -n N ARGS...` with a timeout, so a hang fails the test instead of stalling CI."""
+    run_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([MPIEXEC, "-n", str(n), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=run_env)
