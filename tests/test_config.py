@@ -1,0 +1,60 @@
+"""Config loading: defaults, overrides, and one clear error per bad key or value."""
+import os
+
+import pytest
+
+from mpitrain.config import load_config
+from mpitrain.errors import ConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write(tmp_path, text):
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_shipped_config_loads_with_overrides():
+    config = load_config(os.path.join(REPO, "configs/fashion_mlp.yaml"),
+                         ["sync.mode=averaging", "sync.frequency=5", "optimizer.lr=1e-3", "train.epochs=2"])
+    assert config.sync.mode == "averaging" and config.sync.frequency == 5
+    assert config.optimizer.lr == pytest.approx(1e-3) and config.train.epochs == 2
+    assert config.run_dir == os.path.abspath("runs/fashion_mlp")
+    assert os.path.isabs(config.data.path)
+
+
+def test_frequency_epoch_and_run_dir(tmp_path):
+    config = load_config(write(tmp_path, "data: {path: d}\nmodel: {layers: [{type: dense, units: 2}]}\n"
+                                         "sync: {mode: averaging, frequency: epoch}\nrun_dir: out/r1\n"))
+    assert config.sync.frequency == "epoch" and config.run_dir == os.path.abspath("out/r1")
+
+
+@pytest.mark.parametrize("text, override, message", [
+    ("sync: {modee: allreduce}", [], r"unknown key 'sync.modee'"),
+    ("bogus: 1", [], r"unknown key 'bogus'"),
+    ("sync: {mode: ring}", [], r"sync.mode is 'ring', expected one of"),
+    ("sync: {frequency: 0}", [], r"sync.frequency is 0"),
+    ("train: {epochs: two}", [], r"train.epochs is 'two', expected int"),
+    ("train: {batch_size: 0}", [], r"train.batch_size is 0"),
+    ("optimizer: {lr: -1}", [], r"optimizer.lr is -1.0"),
+    ("optimizer: {type: lbfgs}", [], r"optimizer.type is 'lbfgs'"),
+    ("", ["train.epochs"], r"expected section.key=value"),
+    ("", ["checkpoint.unit=hour"], r"checkpoint.unit is 'hour'"),
+    ("", ["resume=sometimes"], r"resume is 'sometimes'"),
+    ("[1, 2]", [], r"expected a mapping"),
+])
+def test_bad_configs_name_the_key(tmp_path, text, override, message):
+    base = "data: {path: d}\nmodel: {layers: [{type: dense, units: 2}]}\n"
+    text = text if text.startswith("[") else base + text
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=message) as error:
+        load_config(path, override)
+    assert "exp.yaml" in str(error.value) or override
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(str(tmp_path / "nope.yaml"))
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "data: [unclosed"))

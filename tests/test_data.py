@@ -1,0 +1,114 @@
+"""Rows per rank, reading across shards, shuffling, and clear errors for bad shards."""
+import json
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import make_dataset
+from mpitrain.backend import create_backend
+from mpitrain.data import Batches, eval_rows_for_rank, load_rank_rows, read_rows, rows_for_rank
+from mpitrain.errors import DataError
+from mpitrain.shard_format import read_manifest
+
+
+@pytest.mark.parametrize("n, size", [(10, 1), (10, 3), (7, 7), (1000, 4), (5, 2)])
+def test_rank_ranges(n, size):
+    train = [rows_for_rank(n, r, size) for r in range(size)]
+    assert len({len(r) for r in train}) == 1 and len(train[0]) == n // size
+    assert [r.start for r in train[1:]] == [r.stop for r in train[:-1]]
+    evaluation = [eval_rows_for_rank(n, r, size) for r in range(size)]
+    assert sum(len(r) for r in evaluation) == n and evaluation[-1].stop == n
+    assert max(map(len, evaluation)) - min(map(len, evaluation)) <= 1
+
+
+def test_rows_read_across_shard_boundaries(tmp_path):
+    make_dataset(tmp_path, n_train=100, n_test=10, shards=7)
+    manifest = read_manifest(str(tmp_path))
+    everything = read_rows(str(tmp_path), manifest, "train", range(0, 100), True)
+    part = read_rows(str(tmp_path), manifest, "train", range(13, 58), True)
+    np.testing.assert_array_equal(part.x, everything.x[13:58])
+    np.testing.assert_array_equal(part.y, everything.y[13:58])
+
+
+def test_batches_are_seeded_per_epoch_and_cover_rows(tmp_path):
+    make_dataset(tmp_path, n_train=64, n_test=8, shards=2)
+    manifest = read_manifest(str(tmp_path))
+    rows = load_rank_rows(str(tmp_path), manifest, "train", 0, 1, training=True)
+    rows.y = np.arange(64, dtype=np.int32)  # label = row index, to see which rows each batch holds
+    backend = create_backend("numpy")
+    batches = Batches(rows, manifest, 10, backend, "float32", seed=3, rank=0)
+    epoch0 = [y for _, y in batches.epoch(0)]
+    assert batches.steps_per_epoch == 6 and len(epoch0) == 6
+    seen = np.concatenate(epoch0)
+    assert len(set(seen)) == 60  # no row twice; the 4 left over are dropped
+    again = [y for _, y in Batches(rows, manifest, 10, backend, "float32", seed=3, rank=0, prefetch=False).epoch(0)]
+    assert all((a == b).all() for a, b in zip(epoch0, again))
+    epoch1 = [y for _, y in batches.epoch(1)]
+    assert not all((a == b).all() for a, b in zip(epoch0, epoch1))
+    resumed = [y for _, y in batches.epoch(1, start_step=4)]
+    assert all((a == b).all() for a, b in zip(epoch1[4:], resumed))
+
+
+def test_normalization_uses_manifest_mean_and_std(tmp_path):
+    manifest = make_dataset(tmp_path, n_train=200, n_test=10)
+    rows = load_rank_rows(str(tmp_path), manifest, "train", 0, 1, training=True)
+    batches = Batches(rows, manifest, 200, create_backend("numpy"), "float32", 0, 0)
+    x = batches.to_model_input(rows.x)
+    np.testing.assert_allclose(x, (rows.x / 255.0 - manifest.mean) / manifest.std, rtol=1e-5, atol=1e-5)
+
+
+def corrupt(tmp_path, how):
+    make_dataset(tmp_path, n_train=40, n_test=10, shards=2)
+    shard = tmp_path / "train" / "shard-00001.h5"
+    if how == "missing":
+        shard.unlink()
+    elif how == "checksum":
+        with h5py.File(shard, "r+") as f:
+            f["x"][0] = 0
+    elif how == "label":
+        with h5py.File(shard, "r+") as f:
+            f["y"][3] = 9
+    elif how == "shape":
+        with h5py.File(shard, "r+") as f:
+            del f["x"]
+            f["x"] = np.zeros((20, 1, 4, 5), np.uint8)
+    return str(shard)
+
+
+@pytest.mark.parametrize("how, message", [
+    ("missing", "is missing"), ("checksum", "sha256 .* does not match"),
+    ("label", r"label 9 out of range; expected 0..2"), ("shape", r"dataset 'x' is uint8\[20, 1, 4, 5\]")])
+def test_bad_shards_give_clear_errors(tmp_path, how, message):
+    shard = corrupt(tmp_path, how)
+    manifest = read_manifest(str(tmp_path))
+    verify = how != "label" and how != "shape"
+    with pytest.raises(DataError, match=message) as error:
+        load_rank_rows(str(tmp_path), manifest, "train", 0, 1, training=True, verify_checksums=verify)
+    assert shard in str(error.value)
+
+
+def test_more_ranks_than_rows_and_missing_split(tmp_path):
+    manifest = make_dataset(tmp_path, n_train=5, n_test=3, shards=1)
+    with pytest.raises(DataError, match="5 rows, fewer than the 8 ranks"):
+        load_rank_rows(str(tmp_path), manifest, "train", 0, 8, training=True)
+    with pytest.raises(DataError, match="no split 'valid'"):
+        load_rank_rows(str(tmp_path), manifest, "valid", 0, 1, training=True)
+
+
+def test_manifest_errors_name_file_and_key(tmp_path):
+    make_dataset(tmp_path, n_train=5, n_test=3, shards=1)
+    path = tmp_path / "manifest.json"
+    data = json.loads(path.read_text())
+    data["feature_dtype"] = "int16"
+    path.write_text(json.dumps(data))
+    with pytest.raises(DataError, match=r"manifest.json: feature_dtype 'int16'"):
+        read_manifest(str(tmp_path))
+    data["feature_dtype"] = "uint8"
+    del data["num_classes"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(DataError, match=r"missing key 'num_classes'"):
+        read_manifest(str(tmp_path))
+    with pytest.raises(DataError, match="no such file"):
+        read_manifest(os.path.join(str(tmp_path), "nowhere"))
