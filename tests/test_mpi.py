@@ -1,0 +1,126 @@
+"""Multi-rank behaviour under real `mpiexec -n 2` and `-n 4` (and an odd size), each with a timeout."""
+import json
+import os
+import sys
+import time
+
+import h5py
+import pytest
+
+from conftest import MPITRAIN, make_dataset, mpiexec, write_config
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODES = {
+    "allreduce": {"mode": "allreduce"},
+    "averaging-3": {"mode": "averaging", "frequency": 3},
+    "averaging-epoch": {"mode": "averaging", "frequency": "epoch", "average_updater": True},
+    "none": {"mode": "none"},
+}
+
+
+def train(tmp_path, n, timeout=120, **sections):
+    config = write_config(tmp_path / "exp.yaml", tmp_path / "data", **sections)
+    result = mpiexec(n, MPITRAIN, "train", config, timeout=timeout)
+    return result, tmp_path / "run"
+
+
+def summary(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_replicas_bit_identical_in_every_mode(tmp_path, n, mode):
+    make_dataset(tmp_path / "data", n_train=480)
+    result, run_dir = train(tmp_path, n, sync=MODES[mode], optimizer={"type": "adam", "lr": 0.01})
+    assert result.returncode == 0, result.stderr
+    s = summary(run_dir)
+    assert s["ranks"] == n and s["sync_mode"] == MODES[mode]["mode"]
+    assert s["test_accuracy"] > 0.8  # 3 classes: chance is 1/3
+    if mode == "none":
+        assert len(set(s["replica_hashes"])) == n  # independent ranks really do drift apart
+    else:
+        assert len(set(s["replica_hashes"])) == 1
+    epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in epochs if r["kind"] == "epoch"] == [0, 1]
+    assert all(len(r["rank_losses"]) == n for r in epochs if r["kind"] == "window")
+    if mode == "allreduce":
+        assert s["bytes_sent_per_step"] == s["n_params"] * 4
+    if mode == "averaging-3":  # one parameter averaging every 3 steps (and at each epoch end)
+        assert s["bytes_sent_per_step"] < s["n_params"] * 4 / 2
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_allreduce_equals_one_process_with_n_times_the_batch(n, optimizer):
+    result = mpiexec(n, sys.executable, os.path.join(HERE, "mpi", "allreduce_equivalence.py"), optimizer)
+    assert result.returncode == 0 and f"OK {n} {optimizer}" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_ranks_read_disjoint_rows_covering_the_split(tmp_path, n):
+    make_dataset(tmp_path, n_train=103, n_test=10, shards=5)
+    result = mpiexec(n, sys.executable, os.path.join(HERE, "mpi", "rank_rows.py"), tmp_path)
+    assert result.returncode == 0 and f"OK {n}" in result.stdout, result.stdout + result.stderr
+
+
+def test_an_exception_on_one_rank_aborts_the_job():
+    started = time.monotonic()
+    result = mpiexec(2, sys.executable, os.path.join(HERE, "mpi", "crash_on_one_rank.py"), timeout=60)
+    assert result.returncode != 0
+    assert "[rank 1] RuntimeError: deliberate failure on rank 1" in result.stderr
+    assert "got past the barrier" not in result.stdout
+    assert time.monotonic() - started < 30
+
+
+def test_a_corrupt_shard_of_one_rank_fails_every_rank_cleanly(tmp_path):
+    make_dataset(tmp_path / "data", n_train=400, shards=4)
+    shard = tmp_path / "data" / "train" / "shard-00003.h5"  # only the last rank reads it
+    with h5py.File(shard, "r+") as f:
+        f["x"][0] = 1
+    started = time.monotonic()
+    result, run_dir = train(tmp_path, 2, timeout=60)
+    assert result.returncode != 0
+    assert result.stderr.count("sha256") == 1 and str(shard) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert time.monotonic() - started < 30
+    assert not (run_dir / "summary.json").exists()
+
+
+def test_config_error_exits_nonzero_on_every_rank(tmp_path):
+    make_dataset(tmp_path / "data", n_train=40)
+    result, _ = train(tmp_path, 2, timeout=60, sync={"mode": "ring"})
+    assert result.returncode == 2
+    assert result.stderr.count("sync.mode is 'ring'") == 1
+
+
+def test_batch_larger_than_rank_rows_is_an_error(tmp_path):
+    make_dataset(tmp_path / "data", n_train=40)
+    result, _ = train(tmp_path, 4, timeout=60, train={"batch_size": 16})
+    assert result.returncode == 2
+    assert "train.batch_size is 16 (per rank), but each of the 4 ranks has only 10 training rows" in result.stderr
+
+
+def test_eval_and_predict_after_training_and_resume_on_other_rank_count(tmp_path):
+    make_dataset(tmp_path / "data", n_train=480)
+    result, run_dir = train(tmp_path, 2, train={"epochs": 1})
+    assert result.returncode == 0, result.stderr
+    first = summary(run_dir)
+    result = mpiexec(2, MPITRAIN, "eval", run_dir, "--split", "test", timeout=60)
+    assert result.returncode == 0, result.stderr
+    evaluation = json.loads((run_dir / "eval-test.json").read_text())
+    assert evaluation["accuracy"] == pytest.approx(first["test_accuracy"])
+    assert evaluation["rows"] == 200 and sum(map(sum, evaluation["confusion"])) == 200
+    result = mpiexec(3, MPITRAIN, "predict", run_dir, "--split", "test", timeout=60)
+    assert result.returncode == 0, result.stderr
+    with h5py.File(run_dir / "predictions-test.h5") as f:
+        assert f["predicted"].shape == (200,) and f["probabilities"].shape == (200, 3)
+        hits = (f["predicted"][...] == f["label"][...]).mean()
+    assert hits == pytest.approx(first["test_accuracy"])
+    # a second run of the same config with more epochs resumes after epoch 1, here on 4 ranks
+    result, run_dir = train(tmp_path, 4, train={"epochs": 2})
+    assert result.returncode == 0, result.stderr
+    assert "resuming from" in result.stderr and "ckpt-0001-000000.h5" in result.stderr
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [0, 1]
+    assert summary(run_dir)["ranks"] == 4
