@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from mpitrain.errors import ConfigError, DataError
+from mpitrain.etl.cli import main
 from mpitrain.etl.idx import IMAGES_MAGIC, LABELS_MAGIC, find_splits, read_header, read_records
 from mpitrain.etl.job import run_etl
 from mpitrain.etl.sources import open_source
@@ -235,6 +236,12 @@ def test_digits_source(spark, tmp_path):
     assert manifest.mean == pytest.approx(x.mean() / 16)
 
 
+@pytest.mark.parametrize("fraction", [0.0, 1.0, 0.0001])
+def test_digits_test_fraction_must_leave_both_splits(fraction):
+    with pytest.raises(ConfigError, match=f"--test-fraction {fraction}: gives 0 of 1797"):
+        open_source("digits:", test_fraction=fraction)
+
+
 def test_spark_submit_prepare(idx_data, tmp_path):
     out = tmp_path / "ds"
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
@@ -245,5 +252,9 @@ def test_spark_submit_prepare(idx_data, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"wrote {out}: train 103 rows, test 37 rows; 2 shards per split (Spark master local[2])" in done.stdout
     assert read_manifest(str(out)).rows("train") == 103
-    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
-    assert again.returncode == 1 and f"error: {out}: exists; pass --overwrite" in again.stderr
+
+
+def test_cli_refuses_existing_out_before_starting_spark(dataset, idx_data, capsys):
+    out = dataset[0]
+    assert main(["--source", f"idx:{idx_data[0]}", "--out", str(out), "--shards", "2"]) == 1
+    assert capsys.readouterr().err == f"error: {out}: exists; pass --overwrite to replace it\n"

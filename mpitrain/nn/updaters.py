@@ -17,22 +17,25 @@ class Updater:
 
     def __init__(self, config, params, decay_mask):
         xp = array_module(params)
-        self.config, self.decay_mask = config, decay_mask
+        self.config = config
         self.n = params.size
         self.state = xp.zeros(self.n_slots * self.n, dtype=params.dtype)
         self.slots = [self.state[i * self.n:(i + 1) * self.n] for i in range(self.n_slots)]
         self.out = xp.empty_like(params)
+        self.l2_mask = decay_mask * config.l2 if config.l2 else None
+        self.g = xp.empty_like(params) if config.l2 else None
         self.iteration = 0
 
     def delta(self, grads, params):
+        """The step to add to `params` for gradient `grads` (the returned buffer is reused)."""
         self.iteration += 1
         g = grads
-        if self.config.l2:
-            g = grads + self.config.l2 * self.decay_mask * params
-        self._delta(g, self.out)
-        return self.out
+        if self.l2_mask is not None:
+            g = array_module(params).multiply(params, self.l2_mask, out=self.g)
+            g += grads
+        return self._delta(g, self.out)
 
-    def _delta(self, g, out) -> None:
+    def _delta(self, g, out):
         raise NotImplementedError
 
 
@@ -46,14 +49,15 @@ class SGD(Updater):
     def _delta(self, g, out):
         lr, mu = self.config.lr, self.config.momentum
         array_module(g).multiply(g, -lr, out=out)
-        if mu:
-            v = self.slots[0]
-            v *= mu
-            v += out
-            if self.config.nesterov:
-                out += mu * v
-            else:
-                out[...] = v
+        if not mu:
+            return out
+        v = self.slots[0]
+        v *= mu
+        v += out
+        if not self.config.nesterov:
+            return v
+        out += mu * v
+        return out
 
 
 class AdaGrad(Updater):
@@ -66,6 +70,7 @@ class AdaGrad(Updater):
         h += g * g
         xp.divide(g, xp.sqrt(h) + self.config.eps, out=out)
         out *= -self.config.lr
+        return out
 
 
 class RMSProp(Updater):
@@ -79,6 +84,7 @@ class RMSProp(Updater):
         s += (1 - rho) * g * g
         xp.divide(g, xp.sqrt(s) + self.config.eps, out=out)
         out *= -self.config.lr
+        return out
 
 
 class Adam(Updater):
@@ -96,6 +102,7 @@ class Adam(Updater):
         step = c.lr * (1 - c.beta2 ** t) ** 0.5 / (1 - c.beta1 ** t)
         xp.divide(m, xp.sqrt(v) + c.eps * (1 - c.beta2 ** t) ** 0.5, out=out)
         out *= -step
+        return out
 
 
 UPDATERS = {"sgd": SGD, "adagrad": AdaGrad, "rmsprop": RMSProp, "adam": Adam}

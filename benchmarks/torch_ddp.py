@@ -1,0 +1,107 @@
+"""PyTorch DistributedDataParallel (gloo, CPU, 1 thread per rank) on the same MLP, rows, batches and optimizer.
+
+Each rank reads its rows through `mpitrain.data` (same rows, same per-epoch shuffle as an
+mpitrain run), so the only difference measured is the training engine and its allreduce.
+Prints one JSON line: samples/s (all ranks, training steps only) and test accuracy.
+
+    python benchmarks/torch_ddp.py --data data/fashion --config configs/fashion_mlp.yaml --ranks 2 --epochs 1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from mpitrain.backend import create_backend
+from mpitrain.config import load_config
+from mpitrain.data import Batches, load_rank_rows
+from mpitrain.shard_format import read_manifest
+
+
+def build_torch_model(layers, in_features: int) -> torch.nn.Sequential:
+    """The torch twin of a config's dense layers (He-initialized like the config asks for ReLU layers)."""
+    modules, width = [], in_features
+    for spec in layers:
+        linear = torch.nn.Linear(width, spec["units"])
+        if spec.get("init") == "he":
+            torch.nn.init.kaiming_normal_(linear.weight, nonlinearity="relu")
+        else:
+            torch.nn.init.xavier_uniform_(linear.weight)
+        torch.nn.init.zeros_(linear.bias)
+        modules.append(linear)
+        if spec.get("activation", "none") == "relu":
+            modules.append(torch.nn.ReLU())
+        width = spec["units"]
+    return torch.nn.Sequential(*modules)
+
+
+def worker(rank: int, args, init_file: str, results) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=args.ranks)
+    config = load_config(args.config, [f"data.path={args.data}"])
+    manifest = read_manifest(config.data.path)
+    backend = create_backend("numpy")
+    rows = load_rank_rows(config.data.path, manifest, "train", rank, args.ranks, training=True)
+    batches = Batches(rows, manifest, config.train.batch_size, backend, "float32", config.train.seed, rank)
+    torch.manual_seed(config.train.seed)
+    model = torch.nn.parallel.DistributedDataParallel(
+        build_torch_model(config.model.layers, int(np.prod(manifest.feature_shape))))
+    weights = [p for name, p in model.named_parameters() if name.endswith("weight")]
+    biases = [p for name, p in model.named_parameters() if name.endswith("bias")]
+    opt = config.optimizer
+    optimizer = torch.optim.SGD([{"params": weights, "weight_decay": opt.l2}, {"params": biases}],
+                                lr=opt.lr, momentum=opt.momentum, nesterov=opt.nesterov)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    seconds, samples = 0.0, 0
+    for epoch in range(args.epochs):
+        tick = time.perf_counter()
+        for x, y in batches.epoch(epoch):
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(torch.from_numpy(x).reshape(len(x), -1)), torch.from_numpy(y).long())
+            loss.backward()
+            optimizer.step()
+            now = time.perf_counter()
+            seconds += now - tick
+            samples += len(y)
+            tick = time.perf_counter()
+    slowest = torch.tensor([seconds])
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        test = load_rank_rows(config.data.path, manifest, "test", 0, 1, training=False)
+        with torch.no_grad():
+            logits = model.module(torch.from_numpy(batches.to_model_input(test.x)).reshape(len(test.y), -1))
+        accuracy = float((logits.argmax(1).numpy() == test.y).mean())
+        results.put({"samples_per_s": samples * args.ranks / float(slowest[0]), "test_accuracy": accuracy})
+    dist.destroy_process_group()
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--config", default="configs/fashion_mlp.yaml")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=1)
+    args = parser.parse_args(argv)
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        processes = [context.Process(target=worker, args=(r, args, os.path.join(tmp, "init"), results))
+                     for r in range(args.ranks)]
+        for p in processes:
+            p.start()
+        result = results.get(timeout=3600)
+        for p in processes:
+            p.join()
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
