@@ -60,8 +60,21 @@ def write_config(path, dataset_dir, **sections) -> str:
     return str(path)
 
 
+def command(*args, timeout: float = 120, env=None) -> subprocess.CompletedProcess:
+    """Run a command with a timeout, so a hang fails the test instead of stalling CI."""
+    run_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+               "PYSPARK_PYTHON": sys.executable, **(env or {})}
+    return subprocess.run(list(map(str, args)), capture_output=True, text=True, timeout=timeout, env=run_env)
+
+
 def mpiexec(n: int, *args, timeout: float = 120, env=None) -> subprocess.CompletedProcess:
-    """Run `mpiexec -n N ARGS...` with a timeout, so a hang fails the test instead of stalling CI."""
-    run_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([MPIEXEC, "-n", str(n), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=run_env)
+    """Run `mpiexec -n N ARGS...` with a timeout."""
+    return command(MPIEXEC, "-n", n, *args, timeout=timeout, env=env)
+
+
+def require_fashion_mnist() -> None:
+    """Skip without Debian's dataset-fashion-mnist; under CI=true its absence is a failure."""
+    if not os.path.isdir(FASHION):
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{FASHION} is missing; CI needs Debian's dataset-fashion-mnist (make fashion-mnist)")
+        pytest.skip(f"{FASHION} not installed")

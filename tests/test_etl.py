@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
+from conftest import FASHION, require_fashion_mnist
 from mpitrain.errors import ConfigError, DataError
 from mpitrain.etl.cli import main
 from mpitrain.etl.idx import IMAGES_MAGIC, LABELS_MAGIC, find_splits, read_header, read_records
@@ -21,7 +22,6 @@ from mpitrain.etl.sources import open_source
 from mpitrain.shard_format import check_shard, read_manifest
 
 REPO = Path(__file__).resolve().parents[1]
-FASHION = "/usr/share/datasets/fashion-mnist"
 ROWS = {"train": 103, "test": 37}
 PREFIX = {"train": "train", "test": "t10k"}
 
@@ -136,10 +136,7 @@ def test_missing_split_and_unknown_source(tmp_path):
 
 
 def test_fashion_mnist_headers_parse():
-    if not os.path.isdir(FASHION):
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{FASHION} is missing; CI needs Debian's dataset-fashion-mnist")
-        pytest.skip(f"{FASHION} not installed")
+    require_fashion_mnist()
     splits = find_splits(FASHION)
     assert {s: (i.count, i.row_shape, l.count) for s, (i, l) in splits.items()} == {
         "train": (60000, (28, 28), 60000), "test": (10000, (28, 28), 10000)}
