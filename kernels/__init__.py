@@ -1,1 +1,75 @@
-"""Kernels for the hot custom parts (threshold encoding, im2col), each with a numpy reference."""
+"""Threshold encoding kernels for `sharing` mode, behind one dispatch on the array type.
+
+numpy arrays run the numba CPU kernels (`cpu`); CUDA arrays (cupy, anything with
+`__cuda_array_interface__`, numba device arrays) run the numba-CUDA kernels (`cuda`), which
+are imported, with numba.cuda and cupy, only when such an array arrives. `message` defines the
+int32 message format and the steps all implementations share; `reference` is the plain numpy
+version the tests compare them with.
+
+    message = threshold_encode(residual, tau)   # the residual keeps what was not sent
+    threshold_decode(message, update)           # update += +-tau where the message says
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import message as _message
+from .message import MAX_ELEMENTS, check_size  # noqa: F401  (public: the int32 size limit)
+
+__all__ = ["threshold_encode", "threshold_decode", "bitmap_encode", "bitmap_decode", "clip_residual",
+           "message_count", "message_encoding", "check_size", "MAX_ELEMENTS", "implementation"]
+
+
+def implementation(array):
+    """The kernels for an array's device: `cpu` for numpy arrays, `cuda.DEFAULT` for CUDA arrays."""
+    if isinstance(array, np.ndarray):
+        try:
+            from . import cpu
+        except ModuleNotFoundError as error:
+            if error.name != "numba":
+                raise
+            raise ModuleNotFoundError("mpitrain's numpy kernels need numba: pip install 'mpitrain[kernels]'",
+                                      name="numba") from error
+        return cpu
+    if hasattr(array, "__cuda_array_interface__") or getattr(array, "__cuda_ndarray__", False):
+        from .cuda import DEFAULT
+        return DEFAULT
+    raise TypeError(f"expected a numpy or CUDA array, got {type(array).__module__}.{type(array).__name__}")
+
+
+def threshold_encode(residual, tau: float, encoding: str = "auto"):
+    """Send every |r_i| >= tau (`encoding`: auto, sparse or bitmap); subtracts sign*tau in place."""
+    return _message.encode(implementation(residual), residual, tau, encoding)
+
+
+def threshold_decode(message, out, sign: float = 1.0) -> None:
+    """Add sign*tau*(+1/-1) to `out` for each element a sparse or bitmap message sends."""
+    _message.decode(implementation(out), message, out, sign)
+
+
+def bitmap_encode(residual, tau: float):
+    """`threshold_encode` with a bitmap body whatever the count."""
+    return threshold_encode(residual, tau, "bitmap")
+
+
+def bitmap_decode(message, out, sign: float = 1.0) -> None:
+    """`threshold_decode` for a message that must have a bitmap body."""
+    if message_encoding(message) != "bitmap":
+        raise ValueError("bitmap_decode got a sparse message; use threshold_decode")
+    threshold_decode(message, out, sign)
+
+
+def clip_residual(residual, limit: float) -> None:
+    """Clip the residual in place to [-limit, limit]."""
+    _message.clip(implementation(residual), residual, limit)
+
+
+def message_count(message) -> int:
+    """How many elements a message sends."""
+    return _message.read_header(implementation(message), message)[0]
+
+
+def message_encoding(message) -> str:
+    """`sparse` or `bitmap`."""
+    kind = _message.read_header(implementation(message), message)[3]
+    return next(name for name, value in _message.ENCODINGS.items() if value == kind)

@@ -40,15 +40,18 @@ def create_backend(name: str, local_rank: int = 0, local_size: int = 1) -> Backe
 
 
 def _share_cores(local_size: int) -> None:
-    """Give each of the node's ranks its share of the cores for BLAS, unless the user chose.
+    """Give each of the node's ranks its share of the cores for BLAS and numba, unless the user chose.
 
-    Several ranks per node each running a BLAS with one thread per core oversubscribe the
-    node and run slower than one thread each; OMP_NUM_THREADS set by the user wins.
+    Several ranks per node each running one thread per core oversubscribe the node and run
+    slower than one thread each; OMP_NUM_THREADS / NUMBA_NUM_THREADS set by the user win.
     """
-    if local_size <= 1 or "OMP_NUM_THREADS" in os.environ or "OPENBLAS_NUM_THREADS" in os.environ:
+    if local_size <= 1:
         return
-    from threadpoolctl import threadpool_limits
-    threadpool_limits(max(1, (os.cpu_count() or 1) // local_size))
+    share = max(1, (os.cpu_count() or 1) // local_size)
+    os.environ.setdefault("NUMBA_NUM_THREADS", str(share))  # read when numba is first imported
+    if "OMP_NUM_THREADS" not in os.environ and "OPENBLAS_NUM_THREADS" not in os.environ:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(share)
 
 
 def array_module(array):

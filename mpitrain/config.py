@@ -14,7 +14,10 @@ import yaml
 
 from mpitrain.errors import ConfigError
 
-SYNC_MODES = ("none", "allreduce", "averaging")
+SYNC_MODES = ("none", "allreduce", "averaging", "sharing")
+ENCODINGS = ("auto", "sparse", "bitmap")
+ADAPTIVE_DEFAULTS = {"min_sparsity": 1.0e-4, "max_sparsity": 1.0e-2, "decay": 0.965936}
+RESIDUAL_CLIP_DEFAULTS = {"factor": 5.0, "every": 5}
 OPTIMIZERS = ("sgd", "adagrad", "adam", "rmsprop")
 
 
@@ -86,11 +89,29 @@ class SyncConfig:
     frequency: typing.Union[int, str] = 1  # steps between averagings, or "epoch"
     average_updater: bool = False
     check_replicas: bool = True
+    threshold: float = 1.0e-3  # sharing: the initial tau
+    adaptive: typing.Union[bool, dict] = True  # sharing: false, true (defaults) or {min_sparsity, ...}
+    residual_clip: typing.Union[bool, dict] = True  # sharing: false, true (defaults) or {factor, every}
+    encoding: str = "auto"  # sharing: auto | sparse | bitmap
 
     def validate(self, where):
         _check(self.mode in SYNC_MODES, where, "sync.mode", self.mode, f"one of {SYNC_MODES}")
         ok = self.frequency == "epoch" or (isinstance(self.frequency, int) and self.frequency >= 1)
         _check(ok, where, "sync.frequency", self.frequency, "a number of steps >= 1, or 'epoch'")
+        _check(self.threshold > 0, where, "sync.threshold", self.threshold, "a positive number")
+        _check(self.encoding in ENCODINGS, where, "sync.encoding", self.encoding, f"one of {ENCODINGS}")
+        self.adaptive = _options(self.adaptive, ADAPTIVE_DEFAULTS, where, "sync.adaptive")
+        if self.adaptive:
+            a = self.adaptive
+            _check(0 < a["min_sparsity"] < a["max_sparsity"] <= 1, where, "sync.adaptive",
+                   a, "0 < min_sparsity < max_sparsity <= 1")
+            _check(0 < a["decay"] < 1, where, "sync.adaptive.decay", a["decay"], "a number in (0, 1)")
+        self.residual_clip = _options(self.residual_clip, RESIDUAL_CLIP_DEFAULTS, where, "sync.residual_clip")
+        if self.residual_clip:
+            c = self.residual_clip
+            _check(c["factor"] >= 1, where, "sync.residual_clip.factor", c["factor"], "a number >= 1")
+            _check(isinstance(c["every"], int) and c["every"] >= 1, where, "sync.residual_clip.every",
+                   c["every"], "an integer >= 1")
 
 
 @dataclass
@@ -208,6 +229,21 @@ def _coerce(value, kind, where: str, key: str):
             return value
     names = " or ".join(getattr(a, "__name__", str(a)) for a in allowed)
     raise ConfigError(f"{where}: {key} is {value!r}, expected {names}")
+
+
+def _options(value, defaults: dict, where: str, key: str):
+    """An optional feature: false stays false, true -> the defaults, a mapping -> the defaults updated by it."""
+    if value is False:
+        return False
+    if value is True:
+        return dict(defaults)
+    unknown = sorted(set(value) - set(defaults))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {key}.{unknown[0]}; expected one of {sorted(defaults)}")
+    merged = dict(defaults)
+    for name, item in value.items():
+        merged[name] = _coerce(item, type(defaults[name]), where, f"{key}.{name}")
+    return merged
 
 
 def _check(ok: bool, where: str, key: str, value, expected: str) -> None:

@@ -72,7 +72,7 @@ def train(config: Config, comm) -> dict:
                 metrics.window(epoch, step, window, sync.stats())
                 window = Window()
             if config.checkpoint.unit == "step" and (step + 1) % config.checkpoint.every == 0 and not last:
-                _save(config, comm, model, updater, epoch, step + 1)
+                _save(config, comm, sync, model, updater, epoch, step + 1)
             tick = time.perf_counter()
         bytes_before = comm.bytes_sent
         sync.end_epoch(model, updater)
@@ -88,7 +88,7 @@ def train(config: Config, comm) -> dict:
                            "replica_hashes": hashes})
         if config.checkpoint.unit == "epoch" and ((epoch + 1) % config.checkpoint.every == 0
                                                   or epoch + 1 == config.train.epochs):
-            _save(config, comm, model, updater, epoch + 1, 0)
+            _save(config, comm, sync, model, updater, epoch + 1, 0)
         start_step = 0
 
     if evaluation is None:  # resumed a finished run: evaluate what it left
@@ -111,8 +111,9 @@ def train(config: Config, comm) -> dict:
     return summary
 
 
-def _save(config, comm, model, updater, epoch: int, step: int) -> None:
-    """Rank 0 writes the checkpoint (replicas are identical, or rank 0's replica is the one kept)."""
+def _save(config, comm, sync, model, updater, epoch: int, step: int) -> None:
+    """Flush pending updates on every rank, then rank 0 writes (replicas are identical, or rank 0's is kept)."""
+    sync.flush(model)
     if comm.is_root:
         save_checkpoint(config.run_dir, Checkpoint(to_host(model.params), to_host(updater.state), epoch, step,
                                                    updater.iteration), config.checkpoint.keep)

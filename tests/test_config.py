@@ -42,6 +42,10 @@ def test_frequency_epoch_and_run_dir(tmp_path):
     ("", ["train.epochs"], r"expected section.key=value"),
     ("", ["checkpoint.unit=hour"], r"checkpoint.unit is 'hour'"),
     ("", ["resume=sometimes"], r"resume is 'sometimes'"),
+    ("sync: {mode: sharing, adaptive: {decay: 2}}", [], r"sync.adaptive.decay is 2.0"),
+    ("sync: {mode: sharing, adaptive: {speed: 2}}", [], r"unknown key sync.adaptive.speed"),
+    ("sync: {mode: sharing, residual_clip: {every: 0}}", [], r"sync.residual_clip.every is 0"),
+    ("sync: {mode: sharing, encoding: zip}", [], r"sync.encoding is 'zip'"),
     ("[1, 2]", [], r"expected a mapping"),
 ])
 def test_bad_configs_name_the_key(tmp_path, text, override, message):
@@ -51,6 +55,15 @@ def test_bad_configs_name_the_key(tmp_path, text, override, message):
     with pytest.raises(ConfigError, match=message) as error:
         load_config(path, override)
     assert "exp.yaml" in str(error.value) or override
+
+
+def test_sharing_options(tmp_path):
+    base = "data: {path: d}\nmodel: {layers: [{type: dense, units: 2}]}\n"
+    config = load_config(write(tmp_path, base + "sync: {mode: sharing, adaptive: {max_sparsity: 0.05}}\n"))
+    assert config.sync.adaptive == {"min_sparsity": 1e-4, "max_sparsity": 0.05, "decay": 0.965936}
+    assert config.sync.residual_clip == {"factor": 5.0, "every": 5}
+    config = load_config(write(tmp_path, base + "sync: {mode: sharing, adaptive: false, residual_clip: false}\n"))
+    assert config.sync.adaptive is False and config.sync.residual_clip is False
 
 
 def test_missing_file_and_bad_yaml(tmp_path):

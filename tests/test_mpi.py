@@ -15,6 +15,7 @@ MODES = {
     "averaging-3": {"mode": "averaging", "frequency": 3},
     "averaging-epoch": {"mode": "averaging", "frequency": "epoch", "average_updater": True},
     "none": {"mode": "none"},
+    "sharing": {"mode": "sharing", "threshold": 1.0e-3},
 }
 
 
@@ -46,6 +47,10 @@ def test_replicas_bit_identical_in_every_mode(tmp_path, n, mode):
     assert all(len(r["rank_losses"]) == n for r in epochs if r["kind"] == "window")
     if mode == "allreduce":
         assert s["bytes_sent_per_step"] == s["n_params"] * 4
+    if mode == "sharing":
+        windows = [r for r in epochs if r["kind"] == "window"]
+        assert all(r["tau"] > 0 and 0 <= r["sparsity"] <= 1 for r in windows)
+        assert s["bytes_sent_per_step"] < s["n_params"] * 4
     if mode == "averaging-3":  # one parameter averaging every 3 steps (and at each epoch end)
         assert s["bytes_sent_per_step"] < s["n_params"] * 4 / 2
 
@@ -55,6 +60,16 @@ def test_replicas_bit_identical_in_every_mode(tmp_path, n, mode):
 def test_allreduce_equals_one_process_with_n_times_the_batch(n, optimizer):
     result = mpiexec(n, sys.executable, os.path.join(HERE, "mpi", "allreduce_equivalence.py"), optimizer)
     assert result.returncode == 0 and f"OK {n} {optimizer}" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_sharing_keeps_its_promises(n):
+    result = mpiexec(n, sys.executable, os.path.join(HERE, "mpi", "sharing_checks.py"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    for check in ("replicas identical after every step", "nothing lost with a fixed tau",
+                  "adaptive tau falls when too sparse", "adaptive tau rises when too dense",
+                  "adaptive tau stays inside the band", "mixed sparse and bitmap messages decode exactly"):
+        assert f"OK {check} {n}" in result.stdout, result.stdout
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

@@ -6,14 +6,17 @@
 |             |                                     | with N times the batch; fast interconnects            |
 | `averaging` | the flat parameters (+ updater      | slow networks or many ranks: communication falls by   |
 |             | state), every `frequency` steps     | `frequency`; DL4J/IterativeReduce parameter averaging |
+| `sharing`   | each rank's update elements beyond  | slow networks, large models: ~1% of the bytes of      |
+|             | +-tau, as sparse int32 messages     | `allreduce`; DL4J SharedTrainingMaster / Strom 2015   |
 | `none`      | nothing                             | one rank, or independent runs for baselines           |
 """
 from __future__ import annotations
 
 from mpitrain.sync.base import Synchronizer, check_replicas, parameter_hash
 from mpitrain.sync.modes import AllreduceSync, AveragingSync, NoSync
+from mpitrain.sync.sharing import SharingSync
 
-SYNCHRONIZERS = {"none": NoSync, "allreduce": AllreduceSync, "averaging": AveragingSync}
+SYNCHRONIZERS = {"none": NoSync, "allreduce": AllreduceSync, "averaging": AveragingSync, "sharing": SharingSync}
 
 __all__ = ["Synchronizer", "create_synchronizer", "check_replicas", "parameter_hash", "SYNCHRONIZERS"]
 

@@ -35,6 +35,9 @@ class Synchronizer:
     def end_epoch(self, model, updater) -> None:
         """Nothing by default: modes that sync every step are already in step."""
 
+    def flush(self, model) -> None:
+        """Put pending, rank-local changes into the parameters before a checkpoint (a collective)."""
+
     def stats(self) -> dict:
         """Mode-specific numbers for metrics.jsonl (e.g. tau and sparsity)."""
         return {}

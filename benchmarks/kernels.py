@@ -1,0 +1,75 @@
+"""Threshold encode/decode throughput on the CPU, beside a numpy copy of the same array.
+
+Throughput is GB/s of residual read: n * itemsize / seconds (for decode, which touches only
+the sent elements, that is an effective rate). `np.copyto` of the same array in the same run
+(one thread) is the memory-bandwidth yardstick; the numba kernels use NUMBA_NUM_THREADS
+threads; the numpy reference shows what numba buys. The residual is re-filled outside the
+timed region before every repetition, tau is the (1 - sparsity) quantile of |r|, and each
+figure is the best of `--repeat` runs after a warm-up (which also compiles the kernels).
+
+Target: numba encode >= 50% of the copy's bandwidth.
+
+    python benchmarks/kernels.py [--n 10000000] [--sparsity 1e-3] [--repeat 7]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from functools import partial
+
+import numba
+import numpy as np
+
+from mpitrain import kernels
+from mpitrain.kernels import message, reference
+
+
+def best_seconds(run, prepare=None, repeat: int = 7):
+    """(best time of `run()` over `repeat` runs after a warm-up, its last result); `prepare()` runs untimed."""
+    best, result = float("inf"), None
+    for attempt in range(repeat + 1):
+        if prepare:
+            prepare()
+        start = time.perf_counter()
+        result = run()
+        if attempt:
+            best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=10_000_000)
+    parser.add_argument("--sparsity", type=float, default=1e-3)
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args(argv)
+
+    source = np.random.default_rng(0).standard_normal(args.n).astype(np.float32)
+    tau = float(np.quantile(np.abs(source), 1 - args.sparsity))
+    residual, copy, out = np.empty_like(source), np.empty_like(source), np.zeros_like(source)
+    refill = partial(np.copyto, residual, source)
+    seconds = {}
+    seconds["copy"], _ = best_seconds(partial(np.copyto, copy, source), repeat=args.repeat)
+    seconds["encode"], encoded = best_seconds(partial(kernels.threshold_encode, residual, tau), refill, args.repeat)
+    seconds["encode_reference"], _ = best_seconds(partial(message.encode, reference, residual, tau), refill,
+                                                  args.repeat)
+    seconds["decode"], _ = best_seconds(partial(kernels.threshold_decode, encoded, out), repeat=args.repeat)
+    seconds["decode_reference"], _ = best_seconds(partial(message.decode, reference, encoded, out),
+                                                  repeat=args.repeat)
+
+    gbytes = args.n * source.itemsize / 1e9
+    rates = {name: gbytes / s for name, s in seconds.items()}
+    result = {"n": args.n, "sparsity": args.sparsity, "numba_threads": numba.get_num_threads(),
+              "count": kernels.message_count(encoded), "encoding": kernels.message_encoding(encoded),
+              "gb_per_s": rates, "ms": {name: 1e3 * s for name, s in seconds.items()},
+              "encode_over_copy": rates["encode"] / rates["copy"]}
+    print(json.dumps(result, indent=2))
+    print("\n| kernel | ms | GB/s | / copy |\n| --- | ---: | ---: | ---: |")
+    for name, rate in rates.items():
+        print(f"| {name} | {result['ms'][name]:.2f} | {rate:.2f} | {rate / rates['copy']:.2f} |")
+    return result
+
+
+if __name__ == "__main__":
+    main()

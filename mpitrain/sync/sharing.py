@@ -1,0 +1,71 @@
+"""`sharing`: threshold-encoded update sharing (DL4J SharedTrainingMaster after Strom 2015).
+
+Each rank runs its own updater and adds the resulting UPDATE (learning rate applied) to a
+per-rank residual. Every element with |r_i| >= tau leaves the residual as a signed +-tau
+and goes into this rank's message (sparse indices, or a bitmap when denser than 1/16).
+All messages are exchanged with Allgather (sizes) + Allgatherv (bodies) and every rank
+adds all of them, in rank order, to its parameters, so the replicas stay bit-identical.
+Nothing is lost, only delayed: what was not sent stays in the residual.
+
+tau adapts after DL4J's AdaptiveThresholdAlgorithm: when the last step's sparsity (over
+all ranks' messages, so every rank computes the same tau) fell below the band, tau is
+multiplied by `decay`; above it, divided. The residual is clipped to +-factor*tau every
+`every` steps, and the updater state is averaged at each epoch end.
+"""
+from __future__ import annotations
+
+from mpitrain.kernels import clip_residual, message_count, threshold_decode, threshold_encode
+from mpitrain.sync.base import Synchronizer
+
+
+class SharingSync(Synchronizer):
+    """Residual + threshold messages exchanged by Allgatherv; see the module docstring."""
+
+    def __init__(self, comm, config):
+        super().__init__(comm, config)
+        self.tau = float(config.threshold)
+        self.residual = None
+        self.steps = 0
+        self.last = {"tau": self.tau, "sparsity": 0.0, "sent": 0}
+
+    def start(self, model, updater) -> None:
+        super().start(model, updater)
+        self.residual = model.xp.zeros_like(model.params)
+
+    def step(self, model, updater) -> None:
+        self.residual += updater.delta(model.grads, model.params)
+        self.steps += 1
+        clip = self.config.residual_clip
+        if clip and self.steps % clip["every"] == 0:
+            clip_residual(self.residual, clip["factor"] * self.tau)
+        sent_tau = self.tau
+        messages = self.comm.allgatherv(threshold_encode(self.residual, sent_tau, self.config.encoding))
+        for message in messages:  # rank order on every rank: identical sums, identical replicas
+            threshold_decode(message, model.params)
+        sent = sum(message_count(m) for m in messages)
+        sparsity = sent / (len(messages) * model.n_params)
+        self._adapt(sparsity)
+        self.last = {"tau": sent_tau, "sparsity": sparsity, "sent": sent}
+
+    def _adapt(self, sparsity: float) -> None:
+        adaptive = self.config.adaptive
+        if not adaptive:
+            return
+        if sparsity < adaptive["min_sparsity"]:
+            self.tau *= adaptive["decay"]
+        elif sparsity > adaptive["max_sparsity"]:
+            self.tau /= adaptive["decay"]
+
+    def end_epoch(self, model, updater) -> None:
+        if updater.state.size:
+            self.comm.average_(updater.state)
+
+    def flush(self, model) -> None:
+        """Add every rank's residual to the parameters (summed, like the messages) and clear it."""
+        total = self.residual.copy()
+        self.comm.allreduce_(total)
+        model.params += total
+        self.residual[...] = 0
+
+    def stats(self) -> dict:
+        return dict(self.last)
