@@ -37,7 +37,10 @@ test: setup fashion-mnist
 
 bench: setup fashion-mnist
 	$(PY) -m pip install -q torch==2.13.0 || echo "PyTorch not installed: the DDP baseline is left out"
-	$(PY) benchmarks/throughput.py --out benchmarks/results
+	test -f data/fashion/manifest.json || $(BIN)/mpitrain etl --source idx:$(FASHION) --out data/fashion --shards 8
+	$(PY) benchmarks/kernels.py
+	$(PY) benchmarks/throughput.py --data data/fashion --out benchmarks/results
+	$(PY) benchmarks/communication.py --data data/fashion --out benchmarks/results
 
 clean:
 	rm -rf $(VENV) *.egg-info data runs

@@ -11,10 +11,8 @@ Targets: `sharing` sends at most 1% of the bytes of `allreduce`, with test accur
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
-from throughput import run_ddp, run_mpitrain, torch_available
+from common import run_ddp, run_mpitrain, torch_available, write_results
 
 MODES = [("allreduce", {}), ("averaging", {"sync.frequency": 5}), ("sharing", {})]
 
@@ -46,14 +44,7 @@ def main(argv=None) -> dict:
         result["sharing_vs_ddp_2_ranks"] = {"ddp_samples_per_s": ddp["samples_per_s"],
                                             "sharing_samples_per_s": sharing["samples_per_s"],
                                             "ratio": sharing["samples_per_s"] / ddp["samples_per_s"]}
-    table = markdown(result)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "communication.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    with open(os.path.join(args.out, "communication.md"), "w") as f:
-        f.write(table)
-    print(json.dumps(result, indent=2))
-    print(table)
+    write_results(args.out, "communication", result, markdown(result))
     return result
 
 

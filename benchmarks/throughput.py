@@ -13,45 +13,11 @@ Targets, 2 ranks on 2 cores, 1 epoch: `allreduce` >= 1.0x DDP's samples/s; `aver
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
-import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-BIN = os.path.dirname(sys.executable)
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+from common import run_ddp, run_mpitrain, torch_available, write_results
+
 RUNS = [(1, "none", {}), (1, "allreduce", {}), (1, "averaging", {"sync.frequency": 5}),
         (2, "none", {}), (2, "allreduce", {}), (2, "averaging", {"sync.frequency": 5})]
-
-
-def run_mpitrain(args, ranks: int, mode: str, extra: dict, epochs: int) -> dict:
-    """One `mpiexec -n RANKS mpitrain train` run; returns its summary.json."""
-    with tempfile.TemporaryDirectory() as run_dir:
-        overrides = {"data.path": args.data, "run_dir": run_dir, "resume": "never", "train.epochs": epochs,
-                     "sync.mode": mode, "train.log_every": 1000, **extra}
-        command = [os.path.join(BIN, "mpiexec"), "-n", str(ranks), os.path.join(BIN, "mpitrain"), "train",
-                   args.config, *[f"--set={k}={v}" for k, v in overrides.items()]]
-        subprocess.run(command, check=True, env=ENV, capture_output=True, text=True)
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            return json.load(f)
-
-
-def torch_available() -> bool:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        print("PyTorch is not installed (pip install torch==2.13.0): the DDP baseline is left out", file=sys.stderr)
-        return False
-    return True
-
-
-def run_ddp(args, ranks: int, epochs: int) -> dict:
-    out = subprocess.run([sys.executable, os.path.join(HERE, "torch_ddp.py"), "--data", args.data, "--config",
-                          args.config, "--ranks", str(ranks), "--epochs", str(epochs)],
-                         check=True, env=ENV, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def best_of(repeat: int, measure) -> dict:
@@ -88,14 +54,7 @@ def main(argv=None) -> dict:
         s = run_mpitrain(args, 2, "allreduce", {}, args.accuracy_epochs)
         result["accuracy_run"] = {"ranks": 2, "mode": "allreduce", "epochs": args.accuracy_epochs,
                                   "test_accuracy": s["test_accuracy"], "samples_per_s": s["samples_per_s"]}
-    table = markdown(result)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "throughput.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    with open(os.path.join(args.out, "throughput.md"), "w") as f:
-        f.write(table)
-    print(json.dumps(result, indent=2))
-    print(table)
+    write_results(args.out, "throughput", result, markdown(result))
     return result
 
 

@@ -53,6 +53,7 @@ class ModelConfig:
 class OptimizerConfig:
     type: str = "sgd"
     lr: float = 0.01
+    lr_decay: float = 1.0  # the learning rate of epoch e is lr * lr_decay**e
     momentum: float = 0.0
     nesterov: bool = False
     l2: float = 0.0
@@ -64,6 +65,7 @@ class OptimizerConfig:
     def validate(self, where):
         _check(self.type in OPTIMIZERS, where, "optimizer.type", self.type, f"one of {OPTIMIZERS}")
         _check(self.lr > 0, where, "optimizer.lr", self.lr, "a positive number")
+        _check(0 < self.lr_decay <= 1, where, "optimizer.lr_decay", self.lr_decay, "a number in (0, 1]")
         for key in ("momentum", "beta1", "beta2", "rho"):
             value = getattr(self, key)
             _check(0 <= value < 1, where, f"optimizer.{key}", value, "a number in [0, 1)")

@@ -58,6 +58,7 @@ def train(config: Config, comm) -> dict:
     evaluation, hashes = None, []
     for epoch in range(epoch, config.train.epochs):
         metrics.start_epoch(epoch, start_step)
+        updater.start_epoch(epoch)
         window, epoch_window = Window(), Window()
         tick = time.perf_counter()
         for step, (x, y) in enumerate(batches.epoch(epoch, start_step), start=start_step):

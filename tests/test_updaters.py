@@ -69,3 +69,9 @@ def test_state_is_one_flat_buffer(kind, slots):
     updater.delta(G, P)
     for slot in updater.slots:
         assert np.shares_memory(slot, updater.state)
+
+
+def test_learning_rate_decays_per_epoch():
+    updater = create_updater(OptimizerConfig(type="sgd", lr=0.1, lr_decay=0.5), P.copy(), MASK)
+    updater.start_epoch(2)
+    np.testing.assert_allclose(updater.delta(G, P), -0.025 * G)

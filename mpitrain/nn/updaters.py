@@ -25,6 +25,11 @@ class Updater:
         self.l2_mask = decay_mask * config.l2 if config.l2 else None
         self.g = xp.empty_like(params) if config.l2 else None
         self.iteration = 0
+        self.lr = config.lr
+
+    def start_epoch(self, epoch: int) -> None:
+        """Apply the per-epoch learning-rate decay (the same on every rank)."""
+        self.lr = self.config.lr * self.config.lr_decay ** epoch
 
     def delta(self, grads, params):
         """The step to add to `params` for gradient `grads` (the returned buffer is reused)."""
@@ -47,7 +52,7 @@ class SGD(Updater):
         super().__init__(config, params, decay_mask)
 
     def _delta(self, g, out):
-        lr, mu = self.config.lr, self.config.momentum
+        lr, mu = self.lr, self.config.momentum
         array_module(g).multiply(g, -lr, out=out)
         if not mu:
             return out
@@ -67,24 +72,21 @@ class AdaGrad(Updater):
 
     def _delta(self, g, out):
         xp, h = array_module(g), self.slots[0]
-        h += g * g
+        self._accumulate(h, g)
         xp.divide(g, xp.sqrt(h) + self.config.eps, out=out)
-        out *= -self.config.lr
+        out *= -self.lr
         return out
 
+    def _accumulate(self, h, g) -> None:
+        h += g * g
 
-class RMSProp(Updater):
-    """s = rho s + (1 - rho) g^2; delta = -lr g / (sqrt(s) + eps)."""
 
-    n_slots = 1
+class RMSProp(AdaGrad):
+    """AdaGrad with a decaying average: h = rho h + (1 - rho) g^2."""
 
-    def _delta(self, g, out):
-        xp, s, rho = array_module(g), self.slots[0], self.config.rho
-        s *= rho
-        s += (1 - rho) * g * g
-        xp.divide(g, xp.sqrt(s) + self.config.eps, out=out)
-        out *= -self.config.lr
-        return out
+    def _accumulate(self, h, g) -> None:
+        h *= self.config.rho
+        h += (1 - self.config.rho) * g * g
 
 
 class Adam(Updater):
@@ -99,7 +101,7 @@ class Adam(Updater):
         m += (1 - c.beta1) * g
         v *= c.beta2
         v += (1 - c.beta2) * g * g
-        step = c.lr * (1 - c.beta2 ** t) ** 0.5 / (1 - c.beta1 ** t)
+        step = self.lr * (1 - c.beta2 ** t) ** 0.5 / (1 - c.beta1 ** t)
         xp.divide(m, xp.sqrt(v) + c.eps * (1 - c.beta2 ** t) ** 0.5, out=out)
         out *= -step
         return out
