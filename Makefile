@@ -29,7 +29,8 @@ fashion-mnist:
 demo: setup fashion-mnist
 	$(BIN)/mpitrain etl --source idx:$(FASHION) --out data/fashion --shards 8 --overwrite
 	$(BIN)/mpitrain info data/fashion
-	$(BIN)/mpiexec -n $(RANKS) $(BIN)/mpitrain train configs/fashion_mlp.yaml --set resume=never
+	rm -rf runs/fashion_mlp
+	$(BIN)/mpiexec -n $(RANKS) $(BIN)/mpitrain train configs/fashion_mlp.yaml
 	$(BIN)/mpiexec -n $(RANKS) $(BIN)/mpitrain eval runs/fashion_mlp --split test
 
 test: setup fashion-mnist

@@ -43,11 +43,11 @@ def train(config: Config, comm) -> dict:
     updater = create_updater(config.optimizer, model.params, model.decay_mask)
     sync = create_synchronizer(config.sync, comm)
 
+    model.init_params(config.train.seed, config.model.init)
+    epoch, start_step = _resume(config, comm, model, updater)
     if comm.is_root:
         os.makedirs(config.run_dir, exist_ok=True)
         save_config(config, os.path.join(config.run_dir, "config.yaml"))
-    model.init_params(config.train.seed, config.model.init)
-    epoch, start_step = _resume(config, comm, model, updater)
     sync.start(model, updater)  # every rank starts from rank 0's parameters and updater state
     metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs)
     if comm.is_root:
@@ -121,14 +121,24 @@ def _save(config, comm, sync, model, updater, epoch: int, step: int) -> None:
 
 
 def _resume(config, comm, model, updater) -> tuple[int, int]:
-    """Load the newest checkpoint on rank 0 (if `resume: auto`); return where to continue."""
+    """Load the newest checkpoint on rank 0 (with `resume: auto`); return where to continue.
+
+    With `resume: never`, a run directory that already holds checkpoints is refused rather
+    than overwritten; a fresh start begins a fresh metrics.jsonl.
+    """
     position = (0, 0, 0)
     with comm.agreed_errors():
-        if comm.is_root and config.resume == "auto" and list_checkpoints(config.run_dir):
-            ckpt = load_checkpoint(list_checkpoints(config.run_dir)[-1], model.n_params, updater.state.size)
+        checkpoints = list_checkpoints(config.run_dir) if comm.is_root else []
+        if checkpoints and config.resume == "never":
+            raise ConfigError(f"resume is 'never', but {config.run_dir} holds checkpoints of an earlier run; "
+                              "use resume=auto to continue it, or another run_dir")
+        if checkpoints:
+            ckpt = load_checkpoint(checkpoints[-1], model.n_params, updater.state.size)
             model.params[...] = model.xp.asarray(ckpt.params)
             updater.state[...] = model.xp.asarray(ckpt.updater_state)
             position = (ckpt.epoch, ckpt.step, ckpt.iteration)
             log.info("resuming from %s at epoch %d step %d", ckpt.path, ckpt.epoch + 1, ckpt.step)
+        elif comm.is_root and os.path.exists(os.path.join(config.run_dir, "metrics.jsonl")):
+            os.remove(os.path.join(config.run_dir, "metrics.jsonl"))
     epoch, step, updater.iteration = comm.bcast_obj(position)
     return epoch, step

@@ -139,3 +139,7 @@ def test_eval_and_predict_after_training_and_resume_on_other_rank_count(tmp_path
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [0, 1]
     assert summary(run_dir)["ranks"] == 4
+    # resume: never refuses to write over the checkpoints of that run
+    result, run_dir = train(tmp_path, 2, timeout=60, resume="never")
+    assert result.returncode == 2 and "holds checkpoints of an earlier run" in result.stderr
+    assert len(list((run_dir / "checkpoints").iterdir())) == 2
