@@ -1,15 +1,19 @@
 """HDF5 checkpoints, written atomically and independent of the number of ranks.
 
-`checkpoints/ckpt-EEEE-SSSSSS.h5` holds the flat parameters, the flat updater state and
-where to resume: epoch EEEE, step SSSSSS within it. Replicas are identical when a
+`checkpoints/ckpt-EEEE-SSSSSS.h5` holds the flat parameters (and each layer's parameters
+under `layers/`, for `h5ls` and other tools), the flat updater state, the synchronizer's
+state (e.g. sharing's tau), where to resume (epoch EEEE, step SSSSSS within it), the
+resolved config and the sha256 of the dataset's manifest. Replicas are identical when a
 checkpoint is taken, so rank 0 alone writes it and any number of ranks can resume it.
+All other randomness derives from (seed, epoch, step, rank), so no RNG state is stored.
 """
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import h5py
 import numpy as np
@@ -26,6 +30,10 @@ class Checkpoint:
     epoch: int
     step: int
     iteration: int
+    layout: list = field(default_factory=list)  # [(layer parameter name, shape)] in buffer order
+    sync_state: dict = field(default_factory=dict)
+    manifest_sha256: str = ""
+    config_yaml: str = ""
     path: str = ""
 
 
@@ -34,7 +42,7 @@ def checkpoint_dir(run_dir: str) -> str:
 
 
 def save_checkpoint(run_dir: str, ckpt: Checkpoint, keep: int) -> str:
-    """Write to a temporary file, fsync, rename; then delete all but the newest `keep`."""
+    """Write to a temporary file, fsync, rename; only then delete all but the newest `keep`."""
     folder = checkpoint_dir(run_dir)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"ckpt-{ckpt.epoch:04d}-{ckpt.step:06d}.h5")
@@ -42,7 +50,15 @@ def save_checkpoint(run_dir: str, ckpt: Checkpoint, keep: int) -> str:
     with h5py.File(tmp, "w") as f:
         f.create_dataset("params", data=ckpt.params)
         f.create_dataset("updater_state", data=ckpt.updater_state)
-        f.attrs.update(epoch=ckpt.epoch, step=ckpt.step, iteration=ckpt.iteration)
+        layers, offset = f.create_group("layers"), 0
+        for name, shape in ckpt.layout:
+            size = int(np.prod(shape))
+            layers.create_dataset(name, data=ckpt.params[offset:offset + size].reshape(shape))
+            offset += size
+        f.attrs.update(epoch=ckpt.epoch, step=ckpt.step, iteration=ckpt.iteration,
+                       layout=json.dumps([[name, list(shape)] for name, shape in ckpt.layout]),
+                       sync_state=json.dumps(ckpt.sync_state), manifest_sha256=ckpt.manifest_sha256,
+                       config=ckpt.config_yaml)
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -57,16 +73,30 @@ def list_checkpoints(run_dir: str) -> list[str]:
     return sorted(paths, key=lambda p: tuple(int(g) for g in PATTERN.search(p).groups()))
 
 
-def load_checkpoint(path: str, n_params: int, n_state: int | None = None) -> Checkpoint:
-    """Read a checkpoint and check it fits `n_params` parameters (and `n_state` updater values)."""
+def load_checkpoint(path: str) -> Checkpoint:
     try:
         with h5py.File(path, "r") as f:
-            params, state = f["params"][...], f["updater_state"][...]
-            ckpt = Checkpoint(params, state, int(f.attrs["epoch"]), int(f.attrs["step"]),
-                              int(f.attrs["iteration"]), path)
-    except (OSError, KeyError) as e:
+            a = f.attrs
+            return Checkpoint(f["params"][...], f["updater_state"][...], int(a["epoch"]), int(a["step"]),
+                              int(a["iteration"]), [(n, tuple(s)) for n, s in json.loads(a["layout"])],
+                              json.loads(a["sync_state"]), str(a["manifest_sha256"]), str(a["config"]), path)
+    except (OSError, KeyError, ValueError) as e:
         raise DataError(f"{path}: not a readable mpitrain checkpoint ({e})") from None
-    if params.shape != (n_params,) or (n_state is not None and state.shape != (n_state,)):
-        raise DataError(f"{path}: holds {params.size} parameters and {state.size} updater values, "
-                        f"expected {n_params} and {n_state} for this config's model and optimizer")
-    return ckpt
+
+
+def check_fits(ckpt: Checkpoint, layout: list, n_state: int | None = None, manifest_sha256: str | None = None,
+               dataset: str = "") -> None:
+    """Refuse a checkpoint of another model, optimizer or dataset, saying what differs."""
+    for (saved, saved_shape), (name, shape) in zip(ckpt.layout, layout):
+        if (saved, tuple(saved_shape)) != (name, tuple(shape)):
+            raise DataError(f"{ckpt.path}: holds {saved} of shape {list(saved_shape)} where this config's model "
+                            f"has {name} of shape {list(shape)}")
+    if len(ckpt.layout) != len(layout):
+        raise DataError(f"{ckpt.path}: holds {len(ckpt.layout)} parameter arrays, this config's model has "
+                        f"{len(layout)}")
+    if n_state is not None and ckpt.updater_state.size != n_state:
+        raise DataError(f"{ckpt.path}: holds {ckpt.updater_state.size} updater values, this config's optimizer "
+                        f"needs {n_state} (was optimizer.type or momentum changed?)")
+    if manifest_sha256 is not None and ckpt.manifest_sha256 != manifest_sha256:
+        raise DataError(f"{ckpt.path}: taken on a dataset whose manifest.json has sha256 "
+                        f"{ckpt.manifest_sha256[:16]}..., but {dataset} has {manifest_sha256[:16]}...")

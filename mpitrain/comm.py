@@ -81,6 +81,10 @@ class Communicator:
     def barrier(self) -> None:
         self.mpi.Barrier()
 
+    def abort(self) -> None:
+        """End every rank of the job now (MPI_Abort on COMM_WORLD)."""
+        MPI.COMM_WORLD.Abort(1)
+
     @contextmanager
     def agreed_errors(self):
         """Make a user error seen on some ranks (a bad shard of theirs) an error on every rank.

@@ -5,6 +5,7 @@ Every error names the config file and the dotted key, and says what was expected
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import types
 import typing
@@ -79,10 +80,12 @@ class TrainConfig:
     batch_size: int = 64  # per rank
     seed: int = 0
     log_every: int = 50  # steps per metrics window
+    watchdog_s: float = 1800.0  # abort the job when a rank makes no progress for this long
 
     def validate(self, where):
         for key in ("epochs", "batch_size", "log_every"):
             _check(getattr(self, key) >= 1, where, f"train.{key}", getattr(self, key), "an integer >= 1")
+        _check(self.watchdog_s > 0, where, "train.watchdog_s", self.watchdog_s, "a positive number of seconds")
 
 
 @dataclass
@@ -205,7 +208,9 @@ def _build(cls, raw, where: str, prefix: str):
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ConfigError(f"{where}: unknown key {prefix + str(unknown[0])!r}; expected one of {sorted(known)}")
+        close = difflib.get_close_matches(str(unknown[0]), known, n=1)
+        hint = f"did you mean {prefix + close[0]!r}? " if close else ""
+        raise ConfigError(f"{where}: unknown key {prefix + str(unknown[0])!r}; {hint}expected one of {sorted(known)}")
     values = {}
     for name, value in raw.items():
         kind = hints[name]

@@ -29,8 +29,11 @@ class Window:
     correct: int = 0
     seconds: float = 0.0
     bytes_sent: int = 0
+    first_bad_step: int = -1  # the first step whose loss was NaN or Inf
 
-    def add(self, loss: float, correct: int, samples: int, seconds: float, bytes_sent: int) -> None:
+    def add(self, step: int, loss: float, correct: int, samples: int, seconds: float, bytes_sent: int) -> None:
+        if not math.isfinite(loss) and self.first_bad_step < 0:
+            self.first_bad_step = step
         self.steps += 1
         self.samples += samples
         self.loss_sum += loss * samples
@@ -60,9 +63,9 @@ class MetricsLog:
         """
         windows = self.comm.allgather_obj(window)
         for rank, w in enumerate(windows):
-            if not math.isfinite(w.loss_sum):
+            if w.first_bad_step >= 0:
                 raise MpitrainError(f"training diverged: loss is {w.loss_sum / max(w.samples, 1)} on rank {rank} "
-                                    f"in epoch {epoch + 1} before step {step + 1}; the last good checkpoint "
+                                    f"at epoch {epoch + 1} step {w.first_bad_step + 1}; the last good checkpoint "
                                     f"is kept; try a lower optimizer.lr")
         samples = sum(w.samples for w in windows)
         record = {

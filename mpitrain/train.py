@@ -6,17 +6,20 @@ import logging
 import os
 import time
 
+import yaml
+
 from mpitrain.backend import create_backend, to_host
-from mpitrain.checkpoint import Checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from mpitrain.checkpoint import Checkpoint, check_fits, list_checkpoints, load_checkpoint, save_checkpoint
 from mpitrain.config import Config, save_config
 from mpitrain.data import Batches, load_rank_rows
-from mpitrain.errors import ConfigError
+from mpitrain.errors import ConfigError, MpitrainError
 from mpitrain.evaluate import evaluate
 from mpitrain.metrics import MetricsLog, Window
 from mpitrain.nn.model import build_model
 from mpitrain.nn.updaters import create_updater
-from mpitrain.shard_format import read_manifest
+from mpitrain.shard_format import MANIFEST_NAME, read_manifest, sha256_file
 from mpitrain.sync import check_replicas, create_synchronizer, parameter_hash
+from mpitrain.watchdog import Watchdog
 
 log = logging.getLogger("mpitrain")
 
@@ -34,6 +37,7 @@ def train(config: Config, comm) -> dict:
         test_rows = load_rank_rows(config.data.path, manifest, config.data.test_split, comm.rank, comm.size,
                                    training=False, max_rows=config.data.max_rows,
                                    verify_checksums=config.data.verify_checksums)
+        manifest_sha256 = sha256_file(os.path.join(config.data.path, MANIFEST_NAME))
         if len(train_rows.y) < config.train.batch_size:
             raise ConfigError(f"train.batch_size is {config.train.batch_size} (per rank), but each of the "
                               f"{comm.size} ranks has only {len(train_rows.y)} training rows")
@@ -44,11 +48,13 @@ def train(config: Config, comm) -> dict:
     sync = create_synchronizer(config.sync, comm)
 
     model.init_params(config.train.seed, config.model.init)
-    epoch, start_step = _resume(config, comm, model, updater)
+    epoch, start_step, sync_state = _resume(config, comm, model, updater, manifest_sha256)
     if comm.is_root:
         os.makedirs(config.run_dir, exist_ok=True)
         save_config(config, os.path.join(config.run_dir, "config.yaml"))
     sync.start(model, updater)  # every rank starts from rank 0's parameters and updater state
+    sync.load_state(sync_state)
+    save = Saver(config, comm, sync, model, updater, manifest_sha256)
     metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs)
     if comm.is_root:
         log.info("%d ranks, %d training rows per rank, %d steps per epoch, %d parameters, sync %s",
@@ -56,41 +62,44 @@ def train(config: Config, comm) -> dict:
 
     train_seconds, train_samples, sync_bytes, steps_done = 0.0, 0, 0, 0
     evaluation, hashes = None, []
-    for epoch in range(epoch, config.train.epochs):
-        metrics.start_epoch(epoch, start_step)
-        updater.start_epoch(epoch)
-        window, epoch_window = Window(), Window()
-        tick = time.perf_counter()
-        for step, (x, y) in enumerate(batches.epoch(epoch, start_step), start=start_step):
-            loss, correct = model.train_batch(x, y)
-            bytes_before = comm.bytes_sent
-            sync.step(model, updater)
-            now = time.perf_counter()
-            for w in (window, epoch_window):
-                w.add(loss, correct, len(y), now - tick, comm.bytes_sent - bytes_before)
-            last = step + 1 == batches.steps_per_epoch
-            if (step + 1) % config.train.log_every == 0 or last:
-                metrics.window(epoch, step, window, sync.stats())
-                window = Window()
-            if config.checkpoint.unit == "step" and (step + 1) % config.checkpoint.every == 0 and not last:
-                _save(config, comm, sync, model, updater, epoch, step + 1)
+    with Watchdog(config.train.watchdog_s, comm.rank, comm.abort) as watchdog:
+        for epoch in range(epoch, config.train.epochs):
+            metrics.start_epoch(epoch, start_step)
+            updater.start_epoch(epoch)
+            window, epoch_window = Window(), Window()
             tick = time.perf_counter()
-        bytes_before = comm.bytes_sent
-        sync.end_epoch(model, updater)
-        sync_bytes += epoch_window.bytes_sent + comm.bytes_sent - bytes_before
-        train_seconds += epoch_window.seconds
-        train_samples += epoch_window.samples
-        steps_done += epoch_window.steps
-        if sync.replicas_identical and config.sync.check_replicas:
-            hashes = check_replicas(comm, model.params)
-        evaluation = evaluate(model, test_rows, batches.to_model_input, 256, comm, manifest.num_classes)
-        metrics.end_epoch({"epoch": epoch, "train_loss": epoch_window.loss_sum / max(epoch_window.samples, 1),
-                           "test_accuracy": evaluation.accuracy, "test_loss": evaluation.loss,
-                           "replica_hashes": hashes})
-        if config.checkpoint.unit == "epoch" and ((epoch + 1) % config.checkpoint.every == 0
-                                                  or epoch + 1 == config.train.epochs):
-            _save(config, comm, sync, model, updater, epoch + 1, 0)
-        start_step = 0
+            for step, (x, y) in enumerate(batches.epoch(epoch, start_step), start=start_step):
+                watchdog.beat(f"epoch {epoch + 1} step {step + 1}")
+                loss, correct = model.train_batch(x, y)
+                bytes_before = comm.bytes_sent
+                sync.step(model, updater)
+                now = time.perf_counter()
+                for w in (window, epoch_window):
+                    w.add(step, loss, correct, len(y), now - tick, comm.bytes_sent - bytes_before)
+                last = step + 1 == batches.steps_per_epoch
+                if (step + 1) % config.train.log_every == 0 or last:
+                    metrics.window(epoch, step, window, sync.stats())
+                    window = Window()
+                if config.checkpoint.unit == "step" and (step + 1) % config.checkpoint.every == 0 and not last:
+                    save(epoch, step + 1)
+                tick = time.perf_counter()
+            watchdog.beat(f"the end of epoch {epoch + 1} (sync, replica check, evaluation, checkpoint)")
+            bytes_before = comm.bytes_sent
+            sync.end_epoch(model, updater)
+            sync_bytes += epoch_window.bytes_sent + comm.bytes_sent - bytes_before
+            train_seconds += epoch_window.seconds
+            train_samples += epoch_window.samples
+            steps_done += epoch_window.steps
+            if sync.replicas_identical and config.sync.check_replicas:
+                hashes = check_replicas(comm, model.params)
+            evaluation = evaluate(model, test_rows, batches.to_model_input, 256, comm, manifest.num_classes)
+            metrics.end_epoch({"epoch": epoch, "train_loss": epoch_window.loss_sum / max(epoch_window.samples, 1),
+                               "test_accuracy": evaluation.accuracy, "test_loss": evaluation.loss,
+                               "replica_hashes": hashes})
+            if config.checkpoint.unit == "epoch" and ((epoch + 1) % config.checkpoint.every == 0
+                                                      or epoch + 1 == config.train.epochs):
+                save(epoch + 1, 0)
+            start_step = 0
 
     if evaluation is None:  # resumed a finished run: evaluate what it left
         evaluation = evaluate(model, test_rows, batches.to_model_input, 256, comm, manifest.num_classes)
@@ -112,33 +121,50 @@ def train(config: Config, comm) -> dict:
     return summary
 
 
-def _save(config, comm, sync, model, updater, epoch: int, step: int) -> None:
-    """Flush pending updates on every rank, then rank 0 writes (replicas are identical, or rank 0's is kept)."""
-    sync.flush(model)
-    if comm.is_root:
-        save_checkpoint(config.run_dir, Checkpoint(to_host(model.params), to_host(updater.state), epoch, step,
-                                                   updater.iteration), config.checkpoint.keep)
+class Saver:
+    """Writes checkpoints: a collective (flush, finiteness check), then rank 0 writes the file."""
+
+    def __init__(self, config, comm, sync, model, updater, manifest_sha256: str):
+        self.config, self.comm, self.sync, self.model, self.updater = config, comm, sync, model, updater
+        self.manifest_sha256 = manifest_sha256
+        self.config_yaml = yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+    def __call__(self, epoch: int, step: int) -> None:
+        """Checkpoint "resume at step `step` of epoch `epoch`"; never one with NaN or Inf parameters."""
+        model, updater = self.model, self.updater
+        self.sync.flush(model)
+        finite = self.comm.allgather_obj(bool(model.xp.isfinite(model.params).all()))
+        if not all(finite):
+            raise MpitrainError(f"parameters hold NaN or Inf on rank {finite.index(False)} before the checkpoint "
+                                f"of epoch {epoch} step {step}; it is not written, the last good one is kept; "
+                                "try a lower optimizer.lr")
+        if self.comm.is_root:
+            save_checkpoint(self.config.run_dir, Checkpoint(
+                to_host(model.params), to_host(updater.state), epoch, step, updater.iteration, model.layout,
+                self.sync.state(), self.manifest_sha256, self.config_yaml), self.config.checkpoint.keep)
 
 
-def _resume(config, comm, model, updater) -> tuple[int, int]:
-    """Load the newest checkpoint on rank 0 (with `resume: auto`); return where to continue.
+def _resume(config, comm, model, updater, manifest_sha256: str) -> tuple[int, int, dict]:
+    """Load the newest checkpoint on rank 0; return (epoch, step, synchronizer state) to continue from.
 
-    With `resume: never`, a run directory that already holds checkpoints is refused rather
-    than overwritten; a fresh start begins a fresh metrics.jsonl.
+    `resume: never` refuses a run directory that already holds checkpoints rather than
+    overwrite them; a fresh start begins a fresh metrics.jsonl. A checkpoint of another
+    model, optimizer or dataset is refused, saying what differs.
     """
-    position = (0, 0, 0)
+    position = (0, 0, 0, {})
     with comm.agreed_errors():
         checkpoints = list_checkpoints(config.run_dir) if comm.is_root else []
         if checkpoints and config.resume == "never":
             raise ConfigError(f"resume is 'never', but {config.run_dir} holds checkpoints of an earlier run; "
                               "use resume=auto to continue it, or another run_dir")
         if checkpoints:
-            ckpt = load_checkpoint(checkpoints[-1], model.n_params, updater.state.size)
+            ckpt = load_checkpoint(checkpoints[-1])
+            check_fits(ckpt, model.layout, updater.state.size, manifest_sha256, config.data.path)
             model.params[...] = model.xp.asarray(ckpt.params)
             updater.state[...] = model.xp.asarray(ckpt.updater_state)
-            position = (ckpt.epoch, ckpt.step, ckpt.iteration)
+            position = (ckpt.epoch, ckpt.step, ckpt.iteration, ckpt.sync_state)
             log.info("resuming from %s at epoch %d step %d", ckpt.path, ckpt.epoch + 1, ckpt.step)
         elif comm.is_root and os.path.exists(os.path.join(config.run_dir, "metrics.jsonl")):
             os.remove(os.path.join(config.run_dir, "metrics.jsonl"))
-    epoch, step, updater.iteration = comm.bcast_obj(position)
-    return epoch, step
+    epoch, step, updater.iteration, sync_state = comm.bcast_obj(position)
+    return epoch, step, sync_state

@@ -31,7 +31,8 @@ def test_frequency_epoch_and_run_dir(tmp_path):
 
 
 @pytest.mark.parametrize("text, override, message", [
-    ("sync: {modee: allreduce}", [], r"unknown key 'sync.modee'"),
+    ("sync: {modee: allreduce}", [], r"unknown key 'sync.modee'; did you mean 'sync.mode'\?"),
+    ("train: {watchdog_s: 0}", [], r"train.watchdog_s is 0.0"),
     ("bogus: 1", [], r"unknown key 'bogus'"),
     ("sync: {mode: ring}", [], r"sync.mode is 'ring', expected one of"),
     ("sync: {frequency: 0}", [], r"sync.frequency is 0"),

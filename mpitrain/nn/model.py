@@ -31,9 +31,11 @@ class Sequential:
         self.grads = xp.zeros(self.n_params, dtype=dtype)
         decay = np.zeros(self.n_params, dtype=dtype)
         offset = 0
-        for layer, layer_shapes in zip(layers, shapes):
+        self.layout = []  # (name, shape) of each parameter array, in buffer order
+        for index, (layer, layer_shapes) in enumerate(zip(layers, shapes)):
             params, grads = {}, {}
             for name, s in layer_shapes.items():
+                self.layout.append((f"{index:02d}_{type(layer).__name__.lower()}/{name}", tuple(s)))
                 size = math.prod(s)
                 params[name] = self.params[offset:offset + size].reshape(s)
                 grads[name] = self.grads[offset:offset + size].reshape(s)

@@ -38,6 +38,13 @@ class Synchronizer:
     def flush(self, model) -> None:
         """Put pending, rank-local changes into the parameters before a checkpoint (a collective)."""
 
+    def state(self) -> dict:
+        """Numbers a checkpoint must keep so a resumed run continues exactly (e.g. sharing's tau)."""
+        return {}
+
+    def load_state(self, state: dict) -> None:
+        """Take back what `state` returned (of this mode, or another mode's: then nothing applies)."""
+
     def stats(self) -> dict:
         """Mode-specific numbers for metrics.jsonl (e.g. tau and sparsity)."""
         return {}

@@ -43,6 +43,12 @@ class AveragingSync(Synchronizer):
         if self.steps_since_average:
             self._average(model, updater)
 
+    def state(self) -> dict:
+        return {"steps_since_average": self.steps_since_average}
+
+    def load_state(self, state: dict) -> None:
+        self.steps_since_average = int(state.get("steps_since_average", 0))
+
     def _average(self, model, updater) -> None:
         self.comm.average_(model.params)
         if self.config.average_updater and updater.state.size:

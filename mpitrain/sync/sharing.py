@@ -67,5 +67,12 @@ class SharingSync(Synchronizer):
         model.params += total
         self.residual[...] = 0
 
+    def state(self) -> dict:
+        return {"tau": self.tau, "steps": self.steps}
+
+    def load_state(self, state: dict) -> None:
+        self.tau = float(state.get("tau", self.tau))
+        self.steps = int(state.get("steps", 0))
+
     def stats(self) -> dict:
         return dict(self.last)

@@ -1,0 +1,103 @@
+"""Reliability under real mpiexec: resume equals an uninterrupted run, rank faults end the job, NaN stops it."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import pytest
+
+from conftest import MPIEXEC, MPITRAIN, make_dataset, mpiexec, write_config
+from mpitrain.checkpoint import list_checkpoints
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def final_hash(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())["replica_hashes"][0]
+
+
+def run(config, n=2, *overrides, timeout=120):
+    return mpiexec(n, MPITRAIN, "train", config, *[f"--set={o}" for o in overrides], timeout=timeout)
+
+
+@pytest.mark.parametrize("sync", [{"mode": "allreduce"}, {"mode": "averaging", "frequency": 4},
+                                  {"mode": "sharing", "threshold": 2.0e-3}])
+def test_resume_matches_an_uninterrupted_run_bit_for_bit(tmp_path, sync):
+    make_dataset(tmp_path / "data", n_train=600)
+    checkpoint = {"unit": "step", "every": 7, "keep": 10}
+    configs = {}
+    for name, epochs in (("straight", 3), ("pieces", 1)):
+        os.makedirs(tmp_path / name)
+        configs[name] = write_config(tmp_path / name / "exp.yaml", tmp_path / "data", sync=sync,
+                                     checkpoint=checkpoint, train={"epochs": epochs})
+        result = run(configs[name])
+        assert result.returncode == 0, result.stderr
+    pieces = configs["pieces"]
+    # drop the end-of-epoch checkpoint, so the resume starts mid-epoch (step 14 of epoch 1)
+    ckpts = list_checkpoints(str(tmp_path / "pieces" / "run"))
+    os.remove(ckpts[-1])
+    assert ckpts[-2].endswith("ckpt-0000-000014.h5")
+    result = run(pieces, 2, "train.epochs=2")
+    assert result.returncode == 0 and "resuming from" in result.stderr, result.stderr
+    result = run(pieces, 2, "train.epochs=3")
+    assert result.returncode == 0, result.stderr
+    assert final_hash(tmp_path / "pieces" / "run") == final_hash(tmp_path / "straight" / "run")
+
+
+def test_an_exception_mid_epoch_on_rank_1_of_4_ends_the_job(tmp_path):
+    make_dataset(tmp_path / "data", n_train=800)
+    config = write_config(tmp_path / "exp.yaml", tmp_path / "data")
+    started = time.monotonic()
+    result = mpiexec(4, sys.executable, os.path.join(HERE, "mpi", "raise_mid_epoch.py"), config, 1, 5, timeout=60)
+    assert result.returncode != 0
+    assert "[rank 1] RuntimeError: injected fault at step 5" in result.stderr
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_a_killed_rank_ends_the_job_and_resume_finishes(tmp_path):
+    make_dataset(tmp_path / "data", n_train=4000, shape=(1, 8, 8))
+    config = write_config(tmp_path / "exp.yaml", tmp_path / "data", train={"epochs": 500, "batch_size": 16})
+    job = subprocess.Popen([MPIEXEC, "-n", "2", MPITRAIN, "train", config], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        while len(list_checkpoints(str(tmp_path / "run"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ranks = [int(p) for p in subprocess.run(["pgrep", "-f", f"bin/python .*mpitrain train {config}"],
+                                                capture_output=True, text=True).stdout.split()]
+        assert len(ranks) == 2, ranks
+        os.kill(ranks[1], signal.SIGKILL)
+        job.wait(timeout=30)  # no hang: the surviving rank goes with it
+    finally:
+        job.kill()
+    assert job.returncode != 0
+    last = list_checkpoints(str(tmp_path / "run"))[-1]
+    with h5py.File(last) as f:
+        resumed_from = int(f.attrs["epoch"])
+    result = run(config, 2, f"train.epochs={resumed_from + 2}")
+    assert result.returncode == 0, result.stderr
+    assert f"resuming from {last}" in result.stderr
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records if r["kind"] == "epoch"][-2:] == [resumed_from, resumed_from + 1]
+
+
+def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
+    make_dataset(tmp_path / "data", n_train=480)
+    config = write_config(tmp_path / "exp.yaml", tmp_path / "data", train={"epochs": 1})
+    assert run(config).returncode == 0
+    result = run(config, 2, "train.epochs=3", "optimizer.lr=1.0e+30")
+    assert result.returncode == 2
+    assert "training diverged" in result.stderr and "epoch 2" in result.stderr
+    assert [os.path.basename(p) for p in list_checkpoints(str(tmp_path / "run"))] == ["ckpt-0001-000000.h5"]
+
+
+def test_watchdog_aborts_a_stuck_job():
+    started = time.monotonic()
+    result = mpiexec(2, sys.executable, os.path.join(HERE, "mpi", "stuck_rank.py"), timeout=60)
+    assert result.returncode != 0
+    assert "[rank 1] watchdog: no progress for" in result.stderr and "stuck_rank.py" in result.stderr
+    assert time.monotonic() - started < 30
