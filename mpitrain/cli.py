@@ -1,4 +1,4 @@
-"""`mpitrain train|eval|predict|etl|info`: the command line, and the one place user errors are caught.
+"""`mpitrain train|eval|predict|etl|report|info`: the command line, and the one place user errors are caught.
 
 Multi-rank commands run the same under `mpiexec -n N`, `srun`, or alone (1 rank). An
 uncaught exception on any rank aborts the whole job (see `comm.install_abort_hook`);
@@ -65,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
     add_arguments(etl)
     etl.set_defaults(run=_etl)
 
+    report = commands.add_parser("report", help="draw report.png and report.html from one or more run directories")
+    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories, overlaid in one report")
+    report.add_argument("--out", help="output folder (default: RUN_DIR for one run, the current folder for several)")
+    report.set_defaults(run=_report)
+
     info = commands.add_parser("info", help="summarize a dataset and verify its shard checksums")
     info.add_argument("dataset", help="dataset folder (holds manifest.json)")
     info.add_argument("--no-verify", action="store_true", help="skip the sha256 checks")
@@ -86,6 +91,7 @@ def _train(args, comm) -> int:
 
 def _eval(args, comm) -> int:
     from mpitrain.evaluate import evaluate
+    from mpitrain.report import class_names, write_confusion_png
     trained = _load_trained(args, comm)
     result = evaluate(trained.model, trained.rows, trained.to_input, args.batch_size, comm,
                       trained.manifest.num_classes).to_dict()
@@ -93,12 +99,17 @@ def _eval(args, comm) -> int:
         out = os.path.join(args.run_dir, f"eval-{args.split}.json")
         with open(out, "w") as f:
             json.dump({"checkpoint": trained.checkpoint, "split": args.split, **result}, f, indent=2)
+        names = class_names(trained.manifest.source, trained.manifest.num_classes)
+        picture = os.path.join(args.run_dir, f"confusion-{args.split}.png")
+        write_confusion_png(np.array(result["confusion"]), names, picture,
+                            f"{os.path.basename(os.path.abspath(args.run_dir))}, {args.split}: "
+                            f"accuracy {result['accuracy']:.4f}")
         print(f"{args.split}: accuracy {result['accuracy']:.4f}  loss {result['loss']:.4f}  "
               f"rows {result['rows']}  ({trained.checkpoint})")
-        print("class  precision  recall")
-        for c, (p, r) in enumerate(zip(result["precision"], result["recall"])):
-            print(f"{c:5d}  {p:9.4f}  {r:6.4f}")
-        print(f"wrote {out}")
+        print(f"{'class':>12}  precision  recall")
+        for name, p, r in zip(names, result["precision"], result["recall"]):
+            print(f"{name:>12}  {p:9.4f}  {r:6.4f}")
+        print(f"wrote {out} and {picture}")
     return 0
 
 
@@ -155,6 +166,13 @@ def _load_trained(args, comm) -> _Trained:
     batches = Batches(rows, manifest, 1, backend, config.model.dtype, 0, comm.rank,
                       normalize=config.data.normalize, prefetch=False)
     return _Trained(model, rows, batches.to_model_input, manifest, path)
+
+
+def _report(args) -> int:
+    from mpitrain.report import write_report
+    out = args.out or (args.run_dirs[0] if len(args.run_dirs) == 1 else ".")
+    print("wrote {} and {}".format(*write_report(args.run_dirs, out)))
+    return 0
 
 
 def _etl(args) -> int:

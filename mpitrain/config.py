@@ -142,6 +142,7 @@ class Config:
     backend: str = "numpy"
     run_dir: str = ""
     resume: str = "auto"
+    report: bool = True  # rank 0 draws RUN_DIR/report.png and report.html at the end of training
 
     def validate(self, where):
         for section in (self.data, self.model, self.optimizer, self.train, self.sync, self.checkpoint):

@@ -1,4 +1,4 @@
-"""The training loop, as the story of a run: config, data, model, sync, epochs, summary."""
+"""The training loop, as the story of a run: config, data, model, sync, epochs, summary, report."""
 from __future__ import annotations
 
 import json
@@ -96,9 +96,9 @@ def train(config: Config, comm) -> dict:
             metrics.end_epoch({"epoch": epoch, "train_loss": epoch_window.loss_sum / max(epoch_window.samples, 1),
                                "test_accuracy": evaluation.accuracy, "test_loss": evaluation.loss,
                                "replica_hashes": hashes})
-            if config.checkpoint.unit == "epoch" and ((epoch + 1) % config.checkpoint.every == 0
-                                                      or epoch + 1 == config.train.epochs):
-                save(epoch + 1, 0)
+            if epoch + 1 == config.train.epochs or (config.checkpoint.unit == "epoch"
+                                                    and (epoch + 1) % config.checkpoint.every == 0):
+                save(epoch + 1, 0)  # the end of training is always kept
             start_step = 0
 
     if evaluation is None:  # resumed a finished run: evaluate what it left
@@ -118,6 +118,9 @@ def train(config: Config, comm) -> dict:
             json.dump(summary, f, indent=2)
         log.info("test accuracy %.4f, %.0f samples/s, %.0f bytes sent per step per rank",
                  summary["test_accuracy"], summary["samples_per_s"], summary["bytes_sent_per_step"])
+        if config.report:
+            from mpitrain.report import write_report
+            log.info("wrote %s and %s", *write_report([config.run_dir], config.run_dir))
     return summary
 
 
@@ -132,7 +135,7 @@ class Saver:
     def __call__(self, epoch: int, step: int) -> None:
         """Checkpoint "resume at step `step` of epoch `epoch`"; never one with NaN or Inf parameters."""
         model, updater = self.model, self.updater
-        self.sync.flush(model)
+        self.sync.flush(model, updater)
         finite = self.comm.allgather_obj(bool(model.xp.isfinite(model.params).all()))
         if not all(finite):
             raise MpitrainError(f"parameters hold NaN or Inf on rank {finite.index(False)} before the checkpoint "

@@ -35,7 +35,7 @@ class Synchronizer:
     def end_epoch(self, model, updater) -> None:
         """Nothing by default: modes that sync every step are already in step."""
 
-    def flush(self, model) -> None:
+    def flush(self, model, updater) -> None:
         """Put pending, rank-local changes into the parameters before a checkpoint (a collective)."""
 
     def state(self) -> dict:

@@ -43,6 +43,17 @@ class AveragingSync(Synchronizer):
         if self.steps_since_average:
             self._average(model, updater)
 
+    def flush(self, model, updater) -> None:
+        """Average parameters and updater state before a checkpoint, so it holds every rank's work.
+
+        A resumed run then continues exactly as an uninterrupted one, which averaged at the
+        same point.
+        """
+        if self.steps_since_average:
+            self._average(model, updater)
+        if not self.config.average_updater and updater.state.size:
+            self.comm.average_(updater.state)
+
     def state(self) -> dict:
         return {"steps_since_average": self.steps_since_average}
 

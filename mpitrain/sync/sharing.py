@@ -60,12 +60,14 @@ class SharingSync(Synchronizer):
         if updater.state.size:
             self.comm.average_(updater.state)
 
-    def flush(self, model) -> None:
-        """Add every rank's residual to the parameters (summed, like the messages) and clear it."""
+    def flush(self, model, updater) -> None:
+        """Before a checkpoint: add every rank's residual to the parameters (summed, like the
+        messages), clear it, and average the updater state, so nothing pending is lost."""
         total = self.residual.copy()
         self.comm.allreduce_(total)
         model.params += total
         self.residual[...] = 0
+        self.end_epoch(model, updater)
 
     def state(self) -> dict:
         return {"tau": self.tau, "steps": self.steps}
