@@ -23,13 +23,7 @@ __all__ = ["threshold_encode", "threshold_decode", "bitmap_encode", "bitmap_deco
 def implementation(array):
     """The kernels for an array's device: `cpu` for numpy arrays, `cuda.DEFAULT` for CUDA arrays."""
     if isinstance(array, np.ndarray):
-        try:
-            from . import cpu
-        except ModuleNotFoundError as error:
-            if error.name != "numba":
-                raise
-            raise ModuleNotFoundError("mpitrain's numpy kernels need numba: pip install 'mpitrain[kernels]'",
-                                      name="numba") from error
+        from . import cpu
         return cpu
     if hasattr(array, "__cuda_array_interface__") or getattr(array, "__cuda_ndarray__", False):
         from .cuda import DEFAULT

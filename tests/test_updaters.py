@@ -75,3 +75,18 @@ def test_learning_rate_decays_per_epoch():
     updater = create_updater(OptimizerConfig(type="sgd", lr=0.1, lr_decay=0.5), P.copy(), MASK)
     updater.start_epoch(2)
     np.testing.assert_allclose(updater.delta(G, P), -0.025 * G)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_momentum_kernel_matches_its_reference(nesterov, dtype):
+    from mpitrain.kernels.sgd import momentum_step, momentum_step_reference
+    rng = np.random.default_rng(0)
+    g, p = rng.normal(size=(2, 100_003)).astype(dtype)
+    decay = (rng.random(100_003) < 0.9).astype(dtype) * dtype(1e-4)
+    v1 = rng.normal(size=100_003).astype(dtype)
+    v2, out1, out2 = v1.copy(), np.empty_like(v1), np.empty_like(v1)
+    momentum_step(v1, g, p, decay, 0.05, 0.9, nesterov, out1)
+    momentum_step_reference(v2, g, p, decay, 0.05, 0.9, nesterov, out2)
+    np.testing.assert_array_equal(v1, v2)
+    np.testing.assert_array_equal(out1, out2)

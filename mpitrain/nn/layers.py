@@ -2,7 +2,8 @@
 
 A layer declares its parameter shapes; the model hands it views into the one flat
 parameter buffer and the one flat gradient buffer (`bind`), so a sync is one collective.
-`backward` writes parameter gradients into those views and returns the input gradient.
+`backward` writes parameter gradients into those views and returns the input gradient
+(None when `input_grad` is false: the first layer's input gradient is never used).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class Layer:
     def forward(self, x, training: bool):
         raise NotImplementedError
 
-    def backward(self, dy):
+    def backward(self, dy, input_grad: bool = True):
         raise NotImplementedError
 
 
@@ -58,11 +59,11 @@ class Dense(Layer):
         self.x = x.reshape(len(x), -1)
         return self.x @ self.params["W"] + self.params["b"]
 
-    def backward(self, dy):
+    def backward(self, dy, input_grad=True):
         xp = array_module(dy)
         xp.matmul(self.x.T, dy, out=self.grads["W"])
         dy.sum(axis=0, out=self.grads["b"])
-        return (dy @ self.params["W"].T).reshape(self.input_shape)
+        return (dy @ self.params["W"].T).reshape(self.input_shape) if input_grad else None
 
 
 class ReLU(Layer):
@@ -70,7 +71,7 @@ class ReLU(Layer):
         self.mask = x > 0
         return x * self.mask
 
-    def backward(self, dy):
+    def backward(self, dy, input_grad=True):
         return dy * self.mask
 
 
@@ -79,7 +80,7 @@ class Tanh(Layer):
         self.y = array_module(x).tanh(x)
         return self.y
 
-    def backward(self, dy):
+    def backward(self, dy, input_grad=True):
         return dy * (1 - self.y * self.y)
 
 
@@ -89,7 +90,7 @@ class Sigmoid(Layer):
         self.y = 1 / (1 + xp.exp(-x))
         return self.y
 
-    def backward(self, dy):
+    def backward(self, dy, input_grad=True):
         return dy * self.y * (1 - self.y)
 
 
@@ -101,7 +102,7 @@ class Flatten(Layer):
         self.input_shape = x.shape
         return x.reshape(len(x), -1)
 
-    def backward(self, dy):
+    def backward(self, dy, input_grad=True):
         return dy.reshape(self.input_shape)
 
 

@@ -57,8 +57,10 @@ class Sequential:
         return x
 
     def backward(self, dy) -> None:
-        for layer in reversed(self.layers):
-            dy = layer.backward(dy)
+        """Backpropagate down to the first layer with parameters; its input gradient is skipped."""
+        first = next((i for i, layer in enumerate(self.layers) if layer.params), len(self.layers))
+        for i in range(len(self.layers) - 1, first - 1, -1):
+            dy = self.layers[i].backward(dy, input_grad=i > first)
 
     def train_batch(self, x, y) -> tuple[float, int]:
         """Forward and backward on one batch; fills `grads`; returns (mean loss, correct predictions)."""
