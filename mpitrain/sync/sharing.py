@@ -4,8 +4,11 @@ Each rank runs its own updater and adds the resulting UPDATE (learning rate appl
 per-rank residual. Every element with |r_i| >= tau leaves the residual as a signed +-tau
 and goes into this rank's message (sparse indices, or a bitmap when denser than 1/16).
 All messages are exchanged with Allgather (sizes) + Allgatherv (bodies) and every rank
-adds all of them, in rank order, to its parameters, so the replicas stay bit-identical.
-Nothing is lost, only delayed: what was not sent stays in the residual.
+adds all of them, in rank order and divided by the number of ranks, to its parameters, so
+the replicas stay bit-identical. Dividing makes the step the MEAN of the ranks' updates,
+as `allreduce` averages gradients: a learning rate means the same in every mode and at
+any rank count (DL4J adds the sum; multiply lr by N for its behaviour). Nothing is lost,
+only delayed: what was not sent stays in the residual.
 
 tau adapts after DL4J's AdaptiveThresholdAlgorithm: when the last step's sparsity (over
 all ranks' messages, so every rank computes the same tau) fell below the band, tau is
@@ -41,7 +44,7 @@ class SharingSync(Synchronizer):
         sent_tau = self.tau
         messages = self.comm.allgatherv(threshold_encode(self.residual, sent_tau, self.config.encoding))
         for message in messages:  # rank order on every rank: identical sums, identical replicas
-            threshold_decode(message, model.params)
+            threshold_decode(message, model.params, 1.0 / len(messages))
         sent = sum(message_count(m) for m in messages)
         sparsity = sent / (len(messages) * model.n_params)
         self._adapt(sparsity)
@@ -61,10 +64,10 @@ class SharingSync(Synchronizer):
             self.comm.average_(updater.state)
 
     def flush(self, model, updater) -> None:
-        """Before a checkpoint: add every rank's residual to the parameters (summed, like the
-        messages), clear it, and average the updater state, so nothing pending is lost."""
+        """Before a checkpoint: add the ranks' mean residual to the parameters (as the messages
+        are added), clear it, and average the updater state, so nothing pending is lost."""
         total = self.residual.copy()
-        self.comm.allreduce_(total)
+        self.comm.average_(total)
         model.params += total
         self.residual[...] = 0
         self.end_epoch(model, updater)

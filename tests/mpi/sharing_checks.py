@@ -1,7 +1,8 @@
 """Under mpiexec -n N: the `sharing` synchronizer's promises, checked on every rank.
 
 - replicas bit-identical after every step;
-- with a fixed tau and no clipping, sum over ranks of raw updates == applied + residuals;
+- with a fixed tau and no clipping, sum over ranks of raw updates == sent + residuals
+  (the parameters move by the mean of what was sent, so sent = N * applied);
 - adaptive tau falls when too sparse and rises when too dense;
 - one rank sparse and another bitmap in the same step decode to the exact expected sum.
 Prints one OK line per check on rank 0.
@@ -80,7 +81,7 @@ for step in range(40):
 report("replicas identical after every step", identical and sent > 0)
 applied = model.params - start
 report("nothing lost with a fixed tau",
-       np.allclose(summed(updater.total), applied + summed(sync.residual), rtol=0, atol=1e-12)
+       np.allclose(summed(updater.total), comm.size * applied + summed(sync.residual), rtol=0, atol=1e-12)
        and np.abs(sync.residual).max() > 0)  # some of it really was delayed
 
 # 3: adaptive tau falls below the sparsity band, rises above it, stays inside it
@@ -114,7 +115,7 @@ def delta_of(rank, n=64, tau=0.5):
 
 mine = delta_of(comm.rank)
 sync, flat = one_step(mine, 0.5)
-expected = sum(np.where(np.abs(d) >= 0.5, np.sign(d) * 0.5, 0) for d in map(delta_of, range(comm.size)))
+expected = sum(np.where(np.abs(d) >= 0.5, np.sign(d) * 0.5, 0) for d in map(delta_of, range(comm.size))) / comm.size
 report("mixed sparse and bitmap messages decode exactly",
        np.array_equal(flat.params, expected.astype(np.float32))
        and np.array_equal(sync.residual, mine - np.where(np.abs(mine) >= 0.5, np.sign(mine) * 0.5, 0))
