@@ -15,7 +15,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: setup.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -e '.[spark,mpich,kernels,test]'
+	$(PY) -m pip install -q -e '.[spark,mpich,test]'
 	touch $@
 
 # Fashion-MNIST comes from Debian's dataset-fashion-mnist; nothing is downloaded at run time.
@@ -42,6 +42,8 @@ bench: setup fashion-mnist
 	$(PY) benchmarks/kernels.py
 	$(PY) benchmarks/throughput.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/communication.py --data data/fashion --out benchmarks/results
+	$(PY) benchmarks/scaling.py --data data/fashion --out benchmarks/results
+	$(PY) benchmarks/readme_table.py --results benchmarks/results --readme README.md
 
 clean:
 	rm -rf $(VENV) *.egg-info data runs

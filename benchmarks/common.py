@@ -1,29 +1,51 @@
 """What the Fashion-MNIST benchmarks share: an mpitrain run, a PyTorch DDP run, writing results."""
 from __future__ import annotations
 
+import argparse
+import importlib.metadata
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
+import time
+
+from mpitrain.report import read_metrics
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+CORES = len(os.sched_getaffinity(0))
 BIN = os.path.dirname(sys.executable)
 # 1 thread per rank for every engine, so ranks, not threads, share the cores
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
        "NUMBA_NUM_THREADS": "1"}
 
 
+def benchmark_parser(doc: str, epochs: int) -> argparse.ArgumentParser:
+    """The arguments every Fashion-MNIST benchmark takes: --data, --config, --epochs, --out."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--data", default="data/fashion")
+    parser.add_argument("--config", default="configs/fashion_mlp.yaml")
+    parser.add_argument("--epochs", type=int, default=epochs)
+    parser.add_argument("--out", default="benchmarks/results")
+    return parser
+
+
 def run_mpitrain(args, ranks: int, mode: str, extra: dict, epochs: int) -> dict:
-    """One `mpiexec -n RANKS mpitrain train` run of `args.config` on `args.data`; returns its summary.json."""
+    """One `mpiexec -n RANKS mpitrain train` run of `args.config` on `args.data`.
+
+    Returns its summary.json, with its metrics.jsonl window records under "windows".
+    """
     with tempfile.TemporaryDirectory() as run_dir:
         overrides = {"data.path": args.data, "run_dir": run_dir, "resume": "never", "train.epochs": epochs,
-                     "sync.mode": mode, "train.log_every": 1000, **extra}
+                     "sync.mode": mode, "train.log_every": 1000, "report": False, **extra}
         command = [os.path.join(BIN, "mpiexec"), "-n", str(ranks), os.path.join(BIN, "mpitrain"), "train",
                    args.config, *[f"--set={k}={v}" for k, v in overrides.items()]]
         subprocess.run(command, check=True, env=ENV, capture_output=True, text=True)
         with open(os.path.join(run_dir, "summary.json")) as f:
-            return json.load(f)
+            summary = json.load(f)
+        summary["windows"] = read_metrics(os.path.join(run_dir, "metrics.jsonl"))[0]
+        return summary
 
 
 def torch_available() -> bool:
@@ -43,9 +65,28 @@ def run_ddp(args, ranks: int, epochs: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def machine() -> dict:
+    """Where and with what a result was measured (for the README table): `uname -m`, cores, UTC date, versions."""
+    versions = {"python": platform.python_version()}
+    for package in ("numpy", "mpi4py", "torch"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return {"arch": platform.machine(), "cores": CORES, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "versions": versions}
+
+
+def markdown_table(headers: list[str], rows: list[list[str]], align: str) -> str:
+    """A markdown table; `align` has one letter per column: l (text) or r (numbers)."""
+    rule = ["---:" if a == "r" else "---" for a in align]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in [headers, rule, *rows])
+
+
 def write_results(out_dir: str, name: str, result: dict, table: str) -> None:
-    """OUT/NAME.json and OUT/NAME.md, and both printed."""
+    """OUT/NAME.json (with the machine) and OUT/NAME.md, and both printed."""
     os.makedirs(out_dir, exist_ok=True)
+    result = {**result, "machine": machine()}
     with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
         json.dump(result, f, indent=2)
     with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
