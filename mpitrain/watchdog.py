@@ -43,5 +43,6 @@ class Watchdog:
                                  f"(train.watchdog_s = {self.seconds:g}) at {self.where}; stacks:\n")
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 sys.stderr.flush()
+                time.sleep(1.0)  # let the launcher forward the stacks before the abort tears it down
                 self.abort()
                 return

@@ -52,6 +52,7 @@ def write_config(path, dataset_dir, **sections) -> str:
         "train": {"epochs": 2, "batch_size": 16, "seed": 1, "log_every": 10},
         "sync": {"mode": "allreduce"},
         "run_dir": str(os.path.join(os.path.dirname(path), "run")),
+        "report": False,  # drawing costs a second or two; tests/test_report.py turns it on
     }
     for key, value in sections.items():
         config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value

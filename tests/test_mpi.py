@@ -15,7 +15,7 @@ MODES = {
     "averaging-3": {"mode": "averaging", "frequency": 3},
     "averaging-epoch": {"mode": "averaging", "frequency": "epoch", "average_updater": True},
     "none": {"mode": "none"},
-    "sharing": {"mode": "sharing", "threshold": 1.0e-3},
+    "sharing": {"mode": "sharing", "threshold": 1.0e-2},
 }
 
 
