@@ -48,7 +48,9 @@ def _share_cores(local_size: int) -> None:
     if local_size <= 1:
         return
     share = max(1, (os.cpu_count() or 1) // local_size)
-    os.environ.setdefault("NUMBA_NUM_THREADS", str(share))  # read when numba is first imported
+    if "NUMBA_NUM_THREADS" not in os.environ:
+        import numba
+        numba.set_num_threads(min(share, numba.config.NUMBA_NUM_THREADS))
     if "OMP_NUM_THREADS" not in os.environ and "OPENBLAS_NUM_THREADS" not in os.environ:
         from threadpoolctl import threadpool_limits
         threadpool_limits(share)
