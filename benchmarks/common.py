@@ -48,6 +48,11 @@ def run_mpitrain(args, ranks: int, mode: str, extra: dict, epochs: int) -> dict:
         return summary
 
 
+def best_of(repeat: int, measure) -> dict:
+    """The fastest (highest samples/s) of `repeat` runs of `measure()`."""
+    return max((measure() for _ in range(repeat)), key=lambda r: r["samples_per_s"])
+
+
 def torch_available() -> bool:
     try:
         import torch  # noqa: F401

@@ -10,20 +10,14 @@ Targets: `sharing` sends at most 1% of the bytes of `allreduce`, with test accur
 """
 from __future__ import annotations
 
-import argparse
-
-from common import run_ddp, run_mpitrain, torch_available, write_results
+from common import benchmark_parser, markdown_table, run_ddp, run_mpitrain, torch_available, write_results
 
 MODES = [("allreduce", {}), ("averaging", {"sync.frequency": 5}), ("sharing", {})]
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="data/fashion")
-    parser.add_argument("--config", default="configs/fashion_mlp.yaml")
-    parser.add_argument("--epochs", type=int, default=5)
+    parser = benchmark_parser(__doc__, epochs=5)
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
 
     rows = []
@@ -49,13 +43,12 @@ def main(argv=None) -> dict:
 
 
 def markdown(result: dict) -> str:
+    rows = [[str(r["ranks"]), r["mode"], f"{r['bytes_sent_per_step']:.0f}", f"{100 * r['bytes_vs_allreduce']:.2f}%",
+             f"{r['test_accuracy']:.4f}", f"{100 * r['accuracy_vs_allreduce']:+.2f} pt", f"{r['samples_per_s']:.0f}"]
+            for r in result["rows"]]
     lines = [f"Fashion-MNIST MLP, {result['epochs']} epochs, batch 64 per rank", "",
-             "| ranks | sync | bytes/step/rank | vs allreduce | test acc | acc - allreduce | samples/s |",
-             "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for r in result["rows"]:
-        lines.append(f"| {r['ranks']} | {r['mode']} | {r['bytes_sent_per_step']:.0f} | "
-                     f"{100 * r['bytes_vs_allreduce']:.2f}% | {r['test_accuracy']:.4f} | "
-                     f"{100 * r['accuracy_vs_allreduce']:+.2f} pt | {r['samples_per_s']:.0f} |")
+             markdown_table(["ranks", "sync", "bytes/step/rank", "vs allreduce", "test acc", "acc - allreduce",
+                             "samples/s"], rows, "rlrrrrr")]
     if "sharing_vs_ddp_2_ranks" in result:
         c = result["sharing_vs_ddp_2_ranks"]
         lines += ["", f"2 ranks, 1 epoch: sharing {c['sharing_samples_per_s']:.0f} samples/s, PyTorch DDP "

@@ -9,17 +9,18 @@ figure is the best of `--repeat` runs after a warm-up (which also compiles the k
 
 Target: numba encode >= 50% of the copy's bandwidth.
 
-    python benchmarks/kernels.py [--n 10000000] [--sparsity 1e-3] [--repeat 7]
+    python benchmarks/kernels.py [--n 10000000] [--sparsity 1e-3] [--repeat 7] [--out benchmarks/results]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from functools import partial
 
 import numba
 import numpy as np
+
+from common import markdown_table, write_results
 
 from mpitrain import kernels
 from mpitrain.kernels import message, reference
@@ -43,6 +44,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--n", type=int, default=10_000_000)
     parser.add_argument("--sparsity", type=float, default=1e-3)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
 
     source = np.random.default_rng(0).standard_normal(args.n).astype(np.float32)
@@ -64,10 +66,12 @@ def main(argv=None) -> dict:
               "count": kernels.message_count(encoded), "encoding": kernels.message_encoding(encoded),
               "gb_per_s": rates, "ms": {name: 1e3 * s for name, s in seconds.items()},
               "encode_over_copy": rates["encode"] / rates["copy"]}
-    print(json.dumps(result, indent=2))
-    print("\n| kernel | ms | GB/s | / copy |\n| --- | ---: | ---: | ---: |")
-    for name, rate in rates.items():
-        print(f"| {name} | {result['ms'][name]:.2f} | {rate:.2f} | {rate / rates['copy']:.2f} |")
+    rows = [[name, f"{result['ms'][name]:.2f}", f"{rate:.2f}", f"{rate / rates['copy']:.2f}"]
+            for name, rate in rates.items()]
+    table = (f"{args.n} float32, sparsity {args.sparsity}, {result['numba_threads']} numba thread(s); "
+             f"target: encode >= 0.5 x copy\n\n"
+             + markdown_table(["kernel", "ms", "GB/s", "/ copy"], rows, "lrrr") + "\n")
+    write_results(args.out, "kernels", result, table)
     return result
 
 

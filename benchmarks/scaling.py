@@ -23,8 +23,7 @@ from __future__ import annotations
 import os
 from statistics import mean
 
-from common import CORES, benchmark_parser, markdown_table, run_mpitrain, write_results
-from throughput import best_of
+from common import CORES, benchmark_parser, best_of, markdown_table, run_mpitrain, write_results
 
 from mpitrain.config import load_config
 from mpitrain.errors import MpitrainError

@@ -12,26 +12,16 @@ Targets, 2 ranks on 2 cores, 1 epoch: `allreduce` >= 1.0x DDP's samples/s; `aver
 """
 from __future__ import annotations
 
-import argparse
-
-from common import run_ddp, run_mpitrain, torch_available, write_results
+from common import benchmark_parser, best_of, markdown_table, run_ddp, run_mpitrain, torch_available, write_results
 
 RUNS = [(1, "none", {}), (1, "allreduce", {}), (1, "averaging", {"sync.frequency": 5}),
         (2, "none", {}), (2, "allreduce", {}), (2, "averaging", {"sync.frequency": 5})]
 
 
-def best_of(repeat: int, measure) -> dict:
-    return max((measure() for _ in range(repeat)), key=lambda r: r["samples_per_s"])
-
-
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="data/fashion")
-    parser.add_argument("--config", default="configs/fashion_mlp.yaml")
-    parser.add_argument("--epochs", type=int, default=1)
+    parser = benchmark_parser(__doc__, epochs=1)
     parser.add_argument("--repeat", type=int, default=2, help="runs per row; the fastest counts")
     parser.add_argument("--accuracy-epochs", type=int, default=10, help="0 skips the accuracy run")
-    parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
 
     rows, with_ddp = [], torch_available()
@@ -59,14 +49,13 @@ def main(argv=None) -> dict:
 
 
 def markdown(result: dict) -> str:
+    rows = [[r["engine"], str(r["ranks"]), r["mode"], f"{r['samples_per_s']:.0f}",
+             f"{r['vs_ddp']:.2f}x" if r["vs_ddp"] else "-", f"{r['test_accuracy']:.4f}",
+             f"{r['bytes_sent_per_step']:.0f}" if r["bytes_sent_per_step"] is not None else "-"]
+            for r in result["rows"]]
     lines = [f"Fashion-MNIST MLP, {result['epochs']} epoch(s), batch 64 per rank, 1 thread per rank", "",
-             "| engine | ranks | sync | samples/s | vs DDP | test acc | bytes/step/rank |",
-             "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]
-    for r in result["rows"]:
-        ratio = f"{r['vs_ddp']:.2f}x" if r["vs_ddp"] else "-"
-        sent = f"{r['bytes_sent_per_step']:.0f}" if r["bytes_sent_per_step"] is not None else "-"
-        lines.append(f"| {r['engine']} | {r['ranks']} | {r['mode']} | {r['samples_per_s']:.0f} | {ratio} | "
-                     f"{r['test_accuracy']:.4f} | {sent} |")
+             markdown_table(["engine", "ranks", "sync", "samples/s", "vs DDP", "test acc", "bytes/step/rank"],
+                            rows, "lrlrrrr")]
     if "accuracy_run" in result:
         a = result["accuracy_run"]
         lines += ["", f"Accuracy run: {a['ranks']} ranks, {a['mode']}, {a['epochs']} epochs: "

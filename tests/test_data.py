@@ -112,3 +112,33 @@ def test_manifest_errors_name_file_and_key(tmp_path):
         read_manifest(str(tmp_path))
     with pytest.raises(DataError, match="no such file"):
         read_manifest(os.path.join(str(tmp_path), "nowhere"))
+
+
+def test_truncated_shard_newer_schema_nan_features_and_empty_split(tmp_path):
+    make_dataset(tmp_path / "a", n_train=40, n_test=10, shards=2)
+    shard = tmp_path / "a" / "train" / "shard-00000.h5"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    manifest = read_manifest(str(tmp_path / "a"))
+    with pytest.raises(DataError, match=f"{shard}: not a readable shard"):
+        load_rank_rows(str(tmp_path / "a"), manifest, "train", 0, 1, training=True, verify_checksums=False)
+
+    make_dataset(tmp_path / "b", n_train=40, n_test=10, shards=1)
+    path = tmp_path / "b" / "manifest.json"
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "schema_version": 2}))
+    with pytest.raises(DataError, match="schema_version 2, this mpitrain reads 1"):
+        read_manifest(str(tmp_path / "b"))
+    path.write_text(json.dumps({**data, "splits": {**data["splits"], "train": {"rows": 0, "shards": []}}}))
+    with pytest.raises(DataError, match="split 'train' has no rows"):
+        load_rank_rows(str(tmp_path / "b"), read_manifest(str(tmp_path / "b")), "train", 0, 1, training=True)
+
+
+def test_nan_features_in_a_float_dataset(tmp_path):
+    from mpitrain.shard_format import Manifest, shard_path, write_manifest, write_shard
+    x = np.ones((6, 1, 2, 2), np.float32)
+    x[4, 0, 1, 0] = np.nan
+    shards = [write_shard(str(tmp_path), shard_path("train", 0), x, np.zeros(6, np.int32))]
+    write_manifest(str(tmp_path), Manifest((1, 2, 2), "float32", 1.0, 0.0, 0.0, 1.0, 2, {"train": [6, 0]},
+                                           {"train": shards}))
+    with pytest.raises(DataError, match="shard-00000.h5: features contain NaN or Inf"):
+        load_rank_rows(str(tmp_path), read_manifest(str(tmp_path)), "train", 0, 1, training=True)
