@@ -47,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("config", help="YAML config file, e.g. configs/fashion_mlp.yaml")
     train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override a config key (value parsed as YAML); repeatable")
+    train.add_argument("--resume", action="store_const", const="resume=auto", dest="resume",
+                       help="continue from the run's newest checkpoint (the same as --set resume=auto)")
     train.set_defaults(run=_train)
 
     for name, run, help_text in (("eval", _eval, "evaluate a run's newest checkpoint on a split"),
@@ -85,7 +87,7 @@ def _setup_logging(rank: int) -> None:
 def _train(args, comm) -> int:
     from mpitrain.config import load_config
     from mpitrain.train import train
-    train(load_config(args.config, args.set), comm)
+    train(load_config(args.config, args.set + ([args.resume] if args.resume else [])), comm)
     return 0
 
 

@@ -127,7 +127,8 @@ class CheckpointConfig:
 
     def validate(self, where):
         _check(self.every >= 1, where, "checkpoint.every", self.every, "an integer >= 1")
-        _check(self.unit in ("epoch", "step"), where, "checkpoint.unit", self.unit, "'epoch' or 'step'")
+        _check(self.unit in ("epoch", "step", "steps"), where, "checkpoint.unit", self.unit, "'epoch' or 'steps'")
+        self.unit = "step" if self.unit == "steps" else self.unit
         _check(self.keep >= 1, where, "checkpoint.keep", self.keep, "an integer >= 1")
 
 

@@ -27,7 +27,7 @@ def run(config, n=2, *overrides, timeout=120):
                                   {"mode": "sharing", "threshold": 2.0e-3}])
 def test_resume_matches_an_uninterrupted_run_bit_for_bit(tmp_path, sync):
     make_dataset(tmp_path / "data", n_train=600)
-    checkpoint = {"unit": "step", "every": 7, "keep": 10}
+    checkpoint = {"unit": "steps", "every": 7, "keep": 10}
     configs = {}
     for name, epochs in (("straight", 3), ("pieces", 1)):
         os.makedirs(tmp_path / name)
@@ -76,7 +76,8 @@ def test_a_killed_rank_ends_the_job_and_resume_finishes(tmp_path):
     last = list_checkpoints(str(tmp_path / "run"))[-1]
     with h5py.File(last) as f:
         resumed_from = int(f.attrs["epoch"])
-    result = run(config, 2, f"train.epochs={resumed_from + 2}")
+    result = mpiexec(2, MPITRAIN, "train", config, "--resume", f"--set=train.epochs={resumed_from + 2}",
+                     "--set=resume=never", timeout=120)  # --resume wins over the config's resume key
     assert result.returncode == 0, result.stderr
     assert f"resuming from {last}" in result.stderr
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
