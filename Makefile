@@ -43,6 +43,7 @@ bench: setup fashion-mnist
 	$(PY) benchmarks/throughput.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/communication.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/scaling.py --data data/fashion --out benchmarks/results
+	$(PY) benchmarks/soak.py --out benchmarks/results
 	$(PY) benchmarks/readme_table.py --results benchmarks/results --readme README.md
 
 clean:

@@ -18,7 +18,8 @@ SECTIONS = [("throughput", "Throughput per sync mode, beside PyTorch DDP (`bench
             ("communication", "Bytes sent per step and accuracy per sync mode (`benchmarks/communication.py`)"),
             ("scaling", "Scaling and communication cost model (`benchmarks/scaling.py`, "
                         "plot in `benchmarks/results/scaling.png`)"),
-            ("kernels", "Threshold kernels (`benchmarks/kernels.py`)")]
+            ("kernels", "Threshold kernels (`benchmarks/kernels.py`)"),
+            ("soak", "Soak: kill a random rank, resume, 20 times (`benchmarks/soak.py`)")]
 
 
 def replace_between_markers(text: str, content: str, begin: str = BEGIN, end: str = END) -> str:

@@ -11,7 +11,6 @@ disk loads. Reports how many cycles survived (ended, then resumed) as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
@@ -25,6 +24,7 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
+from common import write_results  # noqa: E402
 from conftest import MPIEXEC, MPITRAIN, make_dataset  # noqa: E402
 from mpitrain.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
 
@@ -38,12 +38,14 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=20)
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--epochs", type=int, default=1000, help="enough that only the last cycle finishes")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     hung = 0
+    sync_mode = rng.choice(["allreduce", "averaging", "sharing"])
     with tempfile.TemporaryDirectory() as tmp:
         make_dataset(os.path.join(tmp, "data"), n_train=2000, shape=(1, 8, 8))
         config = os.path.join(tmp, "soak.yaml")
@@ -53,7 +55,7 @@ def main(argv=None) -> dict:
                                                  {"type": "dense", "units": 3}]},
                             "optimizer": {"type": "adam", "lr": 0.001},
                             "train": {"epochs": args.epochs, "batch_size": 16},
-                            "sync": {"mode": rng.choice(["allreduce", "averaging", "sharing"])},
+                            "sync": {"mode": sync_mode},
                             "checkpoint": {"unit": "step", "every": 10, "keep": 3},
                             "run_dir": os.path.join(tmp, "run")}, f)
         run_dir = os.path.join(tmp, "run")
@@ -76,9 +78,12 @@ def main(argv=None) -> dict:
                   f"{(list_checkpoints(run_dir) or ['none'])[-1]}", file=sys.stderr)
         completed = job.returncode == 0 and os.path.exists(os.path.join(run_dir, "summary.json"))
         loadable = all(load_checkpoint(p) for p in list_checkpoints(run_dir))
-    result = {"cycles": args.cycles, "survived": args.cycles - hung, "hung": hung, "completed": completed,
+    result = {"cycles": args.cycles, "sync_mode": sync_mode, "survived": args.cycles - hung, "hung": hung, "completed": completed,
               "checkpoints_load": loadable}
-    print(json.dumps(result))
+    table = (f"{args.cycles} cycles of start, SIGKILL of a random rank after 1-4 s, resume ({args.ranks} ranks, "
+             f"{result['sync_mode']}): {result['survived']} ended without a hang and resumed, {hung} hung; "
+             f"run completed: {completed}; every checkpoint on disk loads: {loadable}\n")
+    write_results(args.out, "soak", result, table)
     return result
 
 
