@@ -4,25 +4,40 @@ from __future__ import annotations
 from mpitrain.backend import array_module
 
 
-def per_row_cross_entropy(logits, labels):
-    """Cross-entropy of softmax(logits) against integer labels, one value per row (log-sum-exp)."""
+def _shifted_exp(logits):
+    """(logits - row max, its exp, the row sums of the exp): the stable pieces of softmax and log-sum-exp."""
     xp = array_module(logits)
     shifted = logits - logits.max(axis=1, keepdims=True)
-    return xp.log(xp.exp(shifted).sum(axis=1)) - shifted[xp.arange(len(logits)), labels]
+    exp = xp.exp(shifted)
+    return shifted, exp, exp.sum(axis=1, keepdims=True)
+
+
+def _cross_entropy_rows(shifted, sums, labels):
+    xp = array_module(shifted)
+    return xp.log(sums[:, 0]) - shifted[xp.arange(len(shifted)), labels]
+
+
+def per_row_cross_entropy(logits, labels):
+    """Cross-entropy of softmax(logits) against integer labels, one value per row (log-sum-exp)."""
+    shifted, _, sums = _shifted_exp(logits)
+    return _cross_entropy_rows(shifted, sums, labels)
 
 
 def softmax(logits):
-    xp = array_module(logits)
-    exp = xp.exp(logits - logits.max(axis=1, keepdims=True))
-    return exp / exp.sum(axis=1, keepdims=True)
+    _, exp, sums = _shifted_exp(logits)
+    return exp / sums
 
 
 def softmax_cross_entropy(logits, labels):
-    """Mean cross-entropy and its gradient softmax(logits) - onehot(labels), over the batch."""
+    """Mean cross-entropy and its gradient softmax(logits) - onehot(labels), over the batch.
+
+    The exponentials are computed once for both (this runs every training step).
+    """
     xp = array_module(logits)
     n = len(logits)
-    loss = float(per_row_cross_entropy(logits, labels).sum()) / n
-    grad = softmax(logits)
+    shifted, exp, sums = _shifted_exp(logits)
+    loss = float(_cross_entropy_rows(shifted, sums, labels).sum()) / n
+    grad = exp / sums
     grad[xp.arange(n), labels] -= 1
     grad /= n
     return loss, grad
