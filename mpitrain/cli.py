@@ -144,7 +144,7 @@ class _Trained:
 
 def _load_trained(args, comm) -> _Trained:
     from mpitrain.backend import create_backend
-    from mpitrain.checkpoint import check_fits, list_checkpoints, load_checkpoint
+    from mpitrain.checkpoint import check_fits, list_checkpoints, load_checkpoint, restore_model
     from mpitrain.config import load_config
     from mpitrain.data import Batches, load_rank_rows
     from mpitrain.nn.model import build_model
@@ -161,8 +161,8 @@ def _load_trained(args, comm) -> _Trained:
         if path is None:
             raise DataError(f"{config.run_dir}/checkpoints: no checkpoint; train first or pass --checkpoint")
         ckpt = load_checkpoint(path)
-        check_fits(ckpt, model.layout)
-        model.params[...] = backend.xp.asarray(ckpt.params)
+        check_fits(ckpt, model.layout + model.stats_layout)
+        restore_model(ckpt, model)
         rows = load_rank_rows(config.data.path, manifest, args.split, comm.rank, comm.size, training=False,
                               verify_checksums=config.data.verify_checksums)
     batches = Batches(rows, manifest, 1, backend, config.model.dtype, 0, comm.rank,

@@ -9,7 +9,8 @@ import time
 import yaml
 
 from mpitrain.backend import create_backend, to_host
-from mpitrain.checkpoint import Checkpoint, check_fits, list_checkpoints, load_checkpoint, save_checkpoint
+from mpitrain.checkpoint import (Checkpoint, check_fits, list_checkpoints, load_checkpoint, restore_model,
+                                 save_checkpoint)
 from mpitrain.config import Config, save_config
 from mpitrain.data import Batches, load_rank_rows
 from mpitrain.errors import ConfigError, MpitrainError
@@ -70,7 +71,7 @@ def train(config: Config, comm) -> dict:
             tick = time.perf_counter()
             for step, (x, y) in enumerate(batches.epoch(epoch, start_step), start=start_step):
                 watchdog.beat(f"epoch {epoch + 1} step {step + 1}")
-                loss, correct = model.train_batch(x, y)
+                loss, correct = model.train_batch(x, y, key=(config.train.seed, comm.rank, epoch, step))
                 bytes_before = comm.bytes_sent
                 sync.step(model, updater)
                 now = time.perf_counter()
@@ -91,7 +92,7 @@ def train(config: Config, comm) -> dict:
             train_samples += epoch_window.samples
             steps_done += epoch_window.steps
             if sync.replicas_identical and config.sync.check_replicas:
-                hashes = check_replicas(comm, model.params)
+                hashes = check_replicas(comm, model.params, model.stats)
             evaluation = evaluate(model, test_rows, batches.to_model_input, 256, comm, manifest.num_classes)
             metrics.end_epoch({"epoch": epoch, "train_loss": epoch_window.loss_sum / max(epoch_window.samples, 1),
                                "test_accuracy": evaluation.accuracy, "test_loss": evaluation.loss,
@@ -110,7 +111,7 @@ def train(config: Config, comm) -> dict:
         "bytes_sent_per_step": sync_bytes / steps_done if steps_done else 0.0,
         "epochs": config.train.epochs, "ranks": comm.size, "sync_mode": config.sync.mode,
         "wall_s": comm.max(time.perf_counter() - started), "steps_per_epoch": batches.steps_per_epoch,
-        "n_params": model.n_params, "replica_hashes": comm.allgather_obj(parameter_hash(model.params)),
+        "n_params": model.n_params, "replica_hashes": comm.allgather_obj(parameter_hash(model.params, model.stats)),
         "evaluation": evaluation.to_dict(),
     }
     if comm.is_root:
@@ -144,7 +145,8 @@ class Saver:
         if self.comm.is_root:
             save_checkpoint(self.config.run_dir, Checkpoint(
                 to_host(model.params), to_host(updater.state), epoch, step, updater.iteration, model.layout,
-                self.sync.state(), self.manifest_sha256, self.config_yaml), self.config.checkpoint.keep)
+                self.sync.state(), self.manifest_sha256, self.config_yaml, stats=to_host(model.stats),
+                stats_layout=model.stats_layout), self.config.checkpoint.keep)
 
 
 def _resume(config, comm, model, updater, manifest_sha256: str) -> tuple[int, int, dict]:
@@ -162,8 +164,9 @@ def _resume(config, comm, model, updater, manifest_sha256: str) -> tuple[int, in
                               "use resume=auto to continue it, or another run_dir")
         if checkpoints:
             ckpt = load_checkpoint(checkpoints[-1])
-            check_fits(ckpt, model.layout, updater.state.size, manifest_sha256, config.data.path)
-            model.params[...] = model.xp.asarray(ckpt.params)
+            check_fits(ckpt, model.layout + model.stats_layout, updater.state.size, manifest_sha256,
+                       config.data.path)
+            restore_model(ckpt, model)
             updater.state[...] = model.xp.asarray(ckpt.updater_state)
             position = (ckpt.epoch, ckpt.step, ckpt.iteration, ckpt.sync_state)
             log.info("resuming from %s at epoch %d step %d", ckpt.path, ckpt.epoch + 1, ckpt.step)

@@ -2,6 +2,8 @@
 
 A layer declares its parameter shapes; the model hands it views into the one flat
 parameter buffer and the one flat gradient buffer (`bind`), so a sync is one collective.
+Running statistics that are not trained (batch norm's) live in a third flat buffer, the
+model's `stats` (`stat_shapes`, `bind_stats`), averaged across ranks by the synchronizers.
 `backward` writes parameter gradients into those views and returns the input gradient
 (None when `input_grad` is false: the first layer's input gradient is never used).
 """
@@ -23,11 +25,21 @@ class Layer:
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         return input_shape
 
+    def stat_shapes(self, input_shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+        return {}
+
     def bind(self, params: dict, grads: dict) -> None:
         self.params, self.grads = params, grads
 
+    def bind_stats(self, stats: dict) -> None:
+        self.stats = stats
+
     def init_params(self, rng: np.random.Generator, scheme: str) -> dict[str, np.ndarray]:
         """Initial values (host arrays) for each parameter, drawn from `rng`."""
+        return {}
+
+    def init_stats(self) -> dict[str, np.ndarray]:
+        """Initial values (host arrays) of the running statistics."""
         return {}
 
     def forward(self, x, training: bool):
@@ -106,8 +118,34 @@ class Flatten(Layer):
         return dy.reshape(self.input_shape)
 
 
+class Dropout(Layer):
+    """Zeroes each input with probability `rate` in training and scales the rest by 1/(1-rate).
+
+    The mask is drawn from `key` (the model sets it from seed, rank, epoch, step and the
+    layer's index), so a resumed run drops the same units; at evaluation it is the identity.
+    """
+
+    key = (0,)
+
+    def __init__(self, rate: float = 0.5):
+        if not 0 <= rate < 1:
+            raise ValueError(f"rate {rate!r}, expected a number in [0, 1)")
+        self.rate = rate
+
+    def forward(self, x, training):
+        if not training or self.rate == 0:
+            self.mask = None
+            return x
+        xp = array_module(x)
+        seed = int(np.random.SeedSequence(self.key).generate_state(1, np.uint64)[0])
+        keep = xp.random.default_rng(seed).random(x.shape, dtype=np.float32) >= self.rate
+        self.mask = keep * x.dtype.type(1 / (1 - self.rate))
+        return x * self.mask
+
+    def backward(self, dy, input_grad=True):
+        return dy if self.mask is None else dy * self.mask
+
 ACTIVATIONS = {"relu": ReLU, "tanh": Tanh, "sigmoid": Sigmoid}
-LAYER_TYPES = {"dense": Dense, "flatten": Flatten, **ACTIVATIONS}
 INIT_SCHEMES = ("xavier", "he")
 
 
