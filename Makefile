@@ -42,6 +42,7 @@ bench: setup fashion-mnist
 	$(PY) benchmarks/kernels.py
 	$(PY) benchmarks/throughput.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/communication.py --data data/fashion --out benchmarks/results
+	$(PY) benchmarks/cnn_accuracy.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/scaling.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/soak.py --out benchmarks/results
 	$(PY) benchmarks/readme_table.py --results benchmarks/results --readme README.md

@@ -15,6 +15,7 @@ import sys
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 SECTIONS = [("throughput", "Throughput per sync mode, beside PyTorch DDP (`benchmarks/throughput.py`)"),
+            ("cnn_accuracy", "Conv nets: accuracy after 10 epochs (`benchmarks/cnn_accuracy.py`)"),
             ("communication", "Bytes sent per step and accuracy per sync mode (`benchmarks/communication.py`)"),
             ("scaling", "Scaling and communication cost model (`benchmarks/scaling.py`, "
                         "plot in `benchmarks/results/scaling.png`)"),

@@ -1,4 +1,4 @@
-"""PyTorch DistributedDataParallel (gloo, CPU, 1 thread per rank) on the same MLP, rows, batches and optimizer.
+"""PyTorch DistributedDataParallel (gloo, CPU, 1 thread per rank) on the same model, rows, batches and optimizer.
 
 Each rank reads its rows through `mpitrain.data` (same rows, same per-epoch shuffle as an
 mpitrain run), so the only difference measured is the training engine and its allreduce.
@@ -25,21 +25,47 @@ from mpitrain.data import Batches, load_rank_rows
 from mpitrain.shard_format import read_manifest
 
 
-def build_torch_model(layers, in_features: int) -> torch.nn.Sequential:
-    """The torch twin of a config's dense layers (He-initialized like the config asks for ReLU layers)."""
-    modules, width = [], in_features
+def build_torch_model(layers, input_shape) -> torch.nn.Sequential:
+    """The torch twin of a config's layers: dense, conv2d, pooling, flatten, dropout, batchnorm, activations.
+
+    Weights are initialized as the config asks (He for `init: he`, else Xavier), biases 0.
+    """
+    activations = {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh, "sigmoid": torch.nn.Sigmoid}
+    modules = []
+
+    def shape():
+        return tuple(torch.nn.Sequential(*modules)(torch.zeros(2, *input_shape)).shape[1:])
+
     for spec in layers:
-        linear = torch.nn.Linear(width, spec["units"])
-        if spec.get("init") == "he":
-            torch.nn.init.kaiming_normal_(linear.weight, nonlinearity="relu")
+        kind, current = spec["type"], shape()
+        if kind == "dense":
+            if len(current) > 1:
+                modules.append(torch.nn.Flatten())
+            modules.append(_initialized(torch.nn.Linear(int(np.prod(current)), spec["units"]), spec))
+        elif kind == "conv2d":
+            modules.append(_initialized(torch.nn.Conv2d(current[0], spec["filters"], spec["kernel"],
+                                                        spec.get("stride", 1), spec.get("padding", "valid")), spec))
+        elif kind in ("maxpool2d", "avgpool2d"):
+            pool = torch.nn.MaxPool2d if kind == "maxpool2d" else torch.nn.AvgPool2d
+            modules.append(pool(spec.get("pool", 2), spec.get("stride")))
+        elif kind == "batchnorm":
+            norm = torch.nn.BatchNorm1d if len(current) == 1 else torch.nn.BatchNorm2d
+            modules.append(norm(current[0], momentum=1 - spec.get("momentum", 0.9)))
         else:
-            torch.nn.init.xavier_uniform_(linear.weight)
-        torch.nn.init.zeros_(linear.bias)
-        modules.append(linear)
-        if spec.get("activation", "none") == "relu":
-            modules.append(torch.nn.ReLU())
-        width = spec["units"]
+            modules.append({"flatten": torch.nn.Flatten, "dropout": lambda: torch.nn.Dropout(spec.get("rate", 0.5)),
+                            **activations}[kind]())
+        if spec.get("activation", "none") != "none":
+            modules.append(activations[spec["activation"]]())
     return torch.nn.Sequential(*modules)
+
+
+def _initialized(module, spec):
+    if spec.get("init") == "he":
+        torch.nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+    else:
+        torch.nn.init.xavier_uniform_(module.weight)
+    torch.nn.init.zeros_(module.bias)
+    return module
 
 
 def worker(rank: int, args, init_file: str, results) -> None:
@@ -52,9 +78,9 @@ def worker(rank: int, args, init_file: str, results) -> None:
     batches = Batches(rows, manifest, config.train.batch_size, backend, "float32", config.train.seed, rank)
     torch.manual_seed(config.train.seed)
     model = torch.nn.parallel.DistributedDataParallel(
-        build_torch_model(config.model.layers, int(np.prod(manifest.feature_shape))))
-    weights = [p for name, p in model.named_parameters() if name.endswith("weight")]
-    biases = [p for name, p in model.named_parameters() if name.endswith("bias")]
+        build_torch_model(config.model.layers, manifest.feature_shape))
+    weights = [m.weight for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
+    biases = [p for p in model.parameters() if all(p is not w for w in weights)]  # and batch-norm scales
     opt = config.optimizer
     optimizer = torch.optim.SGD([{"params": weights, "weight_decay": opt.l2}, {"params": biases}],
                                 lr=opt.lr, momentum=opt.momentum, nesterov=opt.nesterov)
@@ -64,7 +90,7 @@ def worker(rank: int, args, init_file: str, results) -> None:
         tick = time.perf_counter()
         for x, y in batches.epoch(epoch):
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(torch.from_numpy(x).reshape(len(x), -1)), torch.from_numpy(y).long())
+            loss = loss_fn(model(torch.from_numpy(x)), torch.from_numpy(y).long())
             loss.backward()
             optimizer.step()
             now = time.perf_counter()
@@ -75,8 +101,9 @@ def worker(rank: int, args, init_file: str, results) -> None:
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     if rank == 0:
         test = load_rank_rows(config.data.path, manifest, "test", 0, 1, training=False)
+        model.eval()
         with torch.no_grad():
-            logits = model.module(torch.from_numpy(batches.to_model_input(test.x)).reshape(len(test.y), -1))
+            logits = model.module(torch.from_numpy(batches.to_model_input(test.x)))
         accuracy = float((logits.argmax(1).numpy() == test.y).mean())
         results.put({"samples_per_s": samples * args.ranks / float(slowest[0]), "test_accuracy": accuracy})
     dist.destroy_process_group()

@@ -12,9 +12,11 @@ from conftest import MPITRAIN, make_dataset, mpiexec, write_config
 from mpitrain.checkpoint import list_checkpoints
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CNN = {"layers": [{"type": "conv2d", "filters": 4, "kernel": 3, "padding": "same"}, {"type": "batchnorm"},
-                  {"type": "relu"}, {"type": "maxpool2d", "pool": 2}, {"type": "flatten"},
-                  {"type": "dropout", "rate": 0.2}, {"type": "dense", "units": 3}]}
+CNN = {"layers": [  # LeNet's shape, small: two conv + pool blocks (batch norm in the first), dense, softmax
+    {"type": "conv2d", "filters": 4, "kernel": 3, "padding": "same"}, {"type": "batchnorm"}, {"type": "relu"},
+    {"type": "maxpool2d", "pool": 2}, {"type": "conv2d", "filters": 6, "kernel": 3, "activation": "relu"},
+    {"type": "maxpool2d", "pool": 2}, {"type": "flatten"}, {"type": "dense", "units": 12, "activation": "relu"},
+    {"type": "dropout", "rate": 0.2}, {"type": "dense", "units": 3}]}
 
 
 def test_batchnorm_statistics_become_the_ranks_mean_in_every_mode():
@@ -26,7 +28,7 @@ def test_batchnorm_statistics_become_the_ranks_mean_in_every_mode():
 @pytest.mark.parametrize("sync", [{"mode": "allreduce"}, {"mode": "averaging", "frequency": 3},
                                   {"mode": "sharing", "threshold": 1.0e-2}, {"mode": "none"}])
 def test_a_conv_net_with_batchnorm_and_dropout_trains_in_every_mode(tmp_path, sync):
-    make_dataset(tmp_path / "data", n_train=480, shape=(1, 6, 6))
+    make_dataset(tmp_path / "data", n_train=480, shape=(1, 12, 12))
     config = write_config(tmp_path / "exp.yaml", tmp_path / "data", model=CNN, sync=sync)
     result = mpiexec(2, MPITRAIN, "train", config)
     assert result.returncode == 0, result.stderr
