@@ -197,6 +197,20 @@ def test_pipeline_runs_etl_then_training(slurm, tmp_path):
     assert "srun --mpi=pmi2" in log and "--resume" in log
 
 
+def test_pipeline_with_a_failing_etl_never_trains(slurm, tmp_path):
+    """The ETL job fails on a missing source folder; Slurm then cancels the training job that depends on it."""
+    _write_mlp_config(tmp_path / "digits.yaml", "elsewhere", epochs=1)
+    submitted = slurm.run(f"{SLURM}/pipeline.sh", "--source", f"idx:{tmp_path}/missing", "--out", "data/x",
+                          "--shards", 2, "--", "digits.yaml", cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    jobs = dict(re.findall(r"^(etl|train) job (\d+)$", submitted.stdout, re.MULTILINE))
+    assert slurm.wait(jobs["etl"], 120, tmp_path) == "FAILED"
+    assert slurm.wait(jobs["train"], 30, tmp_path) == "CANCELLED"
+    assert f"{tmp_path}/missing" in (tmp_path / f"slurm-mpitrain-etl-{jobs['etl']}.out").read_text()
+    assert not (tmp_path / f"slurm-mpitrain-train-{jobs['train']}.out").exists()
+    assert not (tmp_path / "data").exists() and not (tmp_path / "runs").exists()
+
+
 def test_cancelled_training_resumes_from_its_checkpoint(slurm, tmp_path):
     """scancel after the first checkpoint, sbatch the same job again: it continues at that checkpoint's epoch."""
     make_dataset(tmp_path / "data", n_train=2000, n_test=200, shards=2, num_classes=10, shape=(1, 8, 8))
