@@ -185,7 +185,7 @@ def test_pipeline_runs_etl_then_training(slurm, tmp_path):
     jobs = dict(re.findall(r"^(etl|train) job (\d+)$", submitted.stdout, re.MULTILINE))
     assert set(jobs) == {"etl", "train"}, submitted.stdout
 
-    assert slurm.wait(jobs["train"], 300, tmp_path) == "COMPLETED", _job_logs(tmp_path)
+    assert slurm.wait(jobs["train"], 600, tmp_path) == "COMPLETED", _job_logs(tmp_path)
     assert slurm.job_state(jobs["etl"]) == "COMPLETED"
     assert slurm.job_field(jobs["train"], "StartTime") >= slurm.job_field(jobs["etl"], "EndTime")  # afterok
     manifest = json.loads((tmp_path / "data" / "digits" / "manifest.json").read_text())
@@ -204,7 +204,7 @@ def test_pipeline_with_a_failing_etl_never_trains(slurm, tmp_path):
                           "--shards", 2, "--", "digits.yaml", cwd=tmp_path)
     assert submitted.returncode == 0, submitted.stderr
     jobs = dict(re.findall(r"^(etl|train) job (\d+)$", submitted.stdout, re.MULTILINE))
-    assert slurm.wait(jobs["etl"], 120, tmp_path) == "FAILED"
+    assert slurm.wait(jobs["etl"], 300, tmp_path) == "FAILED"
     assert slurm.wait(jobs["train"], 30, tmp_path) == "CANCELLED"
     assert f"{tmp_path}/missing" in (tmp_path / f"slurm-mpitrain-etl-{jobs['etl']}.out").read_text()
     assert not (tmp_path / f"slurm-mpitrain-train-{jobs['train']}.out").exists()
@@ -225,7 +225,7 @@ def test_cancelled_training_resumes_from_its_checkpoint(slurm, tmp_path):
 
     first = submit()
     _wait_for(lambda: glob.glob(f"{run_dir}/checkpoints/ckpt-*.h5") or slurm.job_state(first) in ENDED,
-              90, "checkpoint", slurm.root)
+              300, "checkpoint", slurm.root)
     assert slurm.run("scancel", first).returncode == 0
     assert slurm.wait(first, 60, tmp_path) == "CANCELLED", _job_logs(tmp_path)
     assert not (run_dir / "summary.json").exists(), "the job finished before it was cancelled"
@@ -234,7 +234,7 @@ def test_cancelled_training_resumes_from_its_checkpoint(slurm, tmp_path):
     assert 1 <= epoch < epochs
 
     second = submit()
-    assert slurm.wait(second, 180, tmp_path) == "COMPLETED", _job_logs(tmp_path)
+    assert slurm.wait(second, 300, tmp_path) == "COMPLETED", _job_logs(tmp_path)
     log = (tmp_path / f"slurm-mpitrain-train-{second}.out").read_text()
     assert f"resuming from {newest} at epoch {epoch + 1} step 0" in log, log
     assert f"epoch {epoch + 1}/{epochs} " in log and f"epoch {epoch}/{epochs} " not in log
