@@ -8,7 +8,7 @@ RANKS ?= 2
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup fashion-mnist demo test bench clean
+.PHONY: setup fashion-mnist slurm demo test bench clean
 
 setup: $(VENV)/.installed
 
@@ -26,6 +26,16 @@ fashion-mnist:
 	       "or point FASHION=/path/to/idx-folder at a folder holding train-images-idx3-ubyte[.gz] and friends"; exit 1; fi; \
 	fi
 
+# Debian's Slurm and munge, for tests/test_slurm.py (it starts its own daemons; nothing runs as a service).
+slurm:
+	@if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v sbatch >/dev/null \
+	    || ! command -v munged >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	       --no-install-recommends slurmctld slurmd slurm-client munge; \
+	  else echo "Slurm not found: run 'sudo apt-get install slurmctld slurmd slurm-client munge'" \
+	       "(tests/test_slurm.py skips without it, and fails under CI=true)"; fi; \
+	fi
+
 demo: setup fashion-mnist
 	$(BIN)/mpitrain etl --source idx:$(FASHION) --out data/fashion --shards 8 --overwrite
 	$(BIN)/mpitrain info data/fashion
@@ -33,7 +43,7 @@ demo: setup fashion-mnist
 	$(BIN)/mpiexec -n $(RANKS) $(BIN)/mpitrain train configs/fashion_mlp.yaml
 	$(BIN)/mpiexec -n $(RANKS) $(BIN)/mpitrain eval runs/fashion_mlp --split test
 
-test: setup fashion-mnist
+test: setup fashion-mnist slurm
 	$(PY) -m pytest -q tests
 
 bench: setup fashion-mnist

@@ -28,6 +28,8 @@ class Communicator:
         self.mpi = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
         self.rank = self.mpi.Get_rank()
         self.size = self.mpi.Get_size()
+        if mpi_comm is None:
+            _check_srun_world(self.size)
         node = self.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         node.Free()
@@ -105,6 +107,19 @@ class Communicator:
                 raise error
             rank, message = failures[0]
             raise MpitrainError(f"{message} (seen on rank {rank})")
+
+
+def _check_srun_world(size: int) -> None:
+    """Refuse to start when srun started several tasks but MPI made each one a world of its own.
+
+    That is what an srun `--mpi` plugin the MPI library does not speak gives: every task
+    would train alone and all of them would write the same run directory.
+    """
+    tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
+    if size == 1 and tasks > 1:
+        raise MpitrainError(f"srun started {tasks} tasks, but each sees an MPI world of 1 rank: srun's MPI plugin "
+                            f"(--mpi={os.environ.get('SLURM_MPI_TYPE', 'none')}) does not match this MPI library; "
+                            "use srun --mpi=pmi2 for MPICH, --mpi=pmix for Open MPI, or mpiexec")
 
 
 def _mpi_type(buf):
