@@ -55,10 +55,17 @@ class Backend:
         return self.device is not None
 
     def to_device(self, array):
-        """A backend array holding `array` (a host array)."""
+        """A backend array holding `array` (a host array), on this rank's GPU from any thread.
+
+        (The current CUDA device is per thread: the batch prefetch thread would otherwise
+        allocate on GPU 0.)
+        """
         array = np.asarray(array)
         self.transfers.count("to_device", array.nbytes)
-        return self.xp.asarray(array)
+        if self.on_gpu:
+            with self.xp.cuda.Device(self.device):
+                return self.xp.asarray(array)
+        return array
 
     def to_host(self, array) -> np.ndarray:
         """A host (numpy) copy of a backend array, or of a 0-d device scalar."""
