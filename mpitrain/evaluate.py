@@ -67,5 +67,6 @@ def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, bac
 def predict(model, rows, to_input, batch_size: int, backend) -> tuple[np.ndarray, np.ndarray]:
     """Predicted classes and class probabilities for this rank's rows (host arrays)."""
     batches = batched_logits(model, rows, to_input, batch_size)
-    probabilities = backend.to_host(backend.xp.concatenate([softmax(logits).astype(np.float32) for logits, _ in batches]))
+    probabilities = backend.to_host(backend.xp.concatenate([softmax(logits).astype(np.float32)
+                                                            for logits, _ in batches]))
     return probabilities.argmax(axis=1).astype(np.int32), probabilities
