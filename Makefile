@@ -8,7 +8,7 @@ RANKS ?= 2
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup fashion-mnist slurm demo test bench clean
+.PHONY: setup fashion-mnist slurm demo test bench bench-gpu clean
 
 setup: $(VENV)/.installed
 
@@ -55,6 +55,15 @@ bench: setup fashion-mnist
 	$(PY) benchmarks/cnn_accuracy.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/scaling.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/soak.py --out benchmarks/results
+	$(PY) benchmarks/readme_table.py --results benchmarks/results --readme README.md
+
+# One GPU: cupy and numba-CUDA kernels beside PyTorch CUDA; stops at once, saying so, without a GPU.
+bench-gpu: setup fashion-mnist
+	$(PY) -m pip install -q -e '.[gpu]'
+	$(PY) -m pip install -q torch==2.14.1 || echo "PyTorch not installed: the PyTorch CUDA baseline is left out"
+	test -f data/fashion/manifest.json || $(BIN)/mpitrain etl --source idx:$(FASHION) --out data/fashion --shards 8
+	$(PY) benchmarks/kernels.py --backend cupy
+	$(PY) benchmarks/throughput.py --backend cupy --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/readme_table.py --results benchmarks/results --readme README.md
 
 clean:

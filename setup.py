@@ -25,7 +25,7 @@ setup(
     extras_require={
         "spark": ["pyspark>=3.5"],
         "mpich": ["mpich"],
-        "gpu": ["cupy-cuda12x", "numba>=0.58"],
+        "gpu": ["cupy-cuda12x", "numba-cuda[cu12]"],  # numba-cuda: the CUDA target with its toolkit wheels
         "test": ["pytest>=7", "scikit-learn>=1.2", "pyspark>=3.5"],
         "bench": ["torch==2.13.0"],
     },

@@ -62,10 +62,11 @@ def torch_available() -> bool:
     return True
 
 
-def run_ddp(args, ranks: int, epochs: int) -> dict:
-    """PyTorch DDP on the same config and data (benchmarks/torch_ddp.py); returns samples/s and accuracy."""
+def run_ddp(args, ranks: int, epochs: int, extra: list[str] = ()) -> dict:
+    """PyTorch DDP on the same config and data (benchmarks/torch_ddp.py, `extra` arguments passed on);
+    returns samples/s and accuracy."""
     out = subprocess.run([sys.executable, os.path.join(HERE, "torch_ddp.py"), "--data", args.data, "--config",
-                          args.config, "--ranks", str(ranks), "--epochs", str(epochs)],
+                          args.config, "--ranks", str(ranks), "--epochs", str(epochs), *extra],
                          check=True, env=ENV, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

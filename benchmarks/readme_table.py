@@ -20,6 +20,8 @@ SECTIONS = [("throughput", "Throughput per sync mode, beside PyTorch DDP (`bench
             ("scaling", "Scaling and communication cost model (`benchmarks/scaling.py`, "
                         "plot in `benchmarks/results/scaling.png`)"),
             ("kernels", "Threshold kernels (`benchmarks/kernels.py`)"),
+            ("throughput_gpu", "One GPU beside PyTorch CUDA (`benchmarks/throughput.py --backend cupy`)"),
+            ("kernels_gpu", "Threshold kernels on the GPU (`benchmarks/kernels.py --backend cupy`)"),
             ("soak", "Soak: kill a random rank, resume, 20 times (`benchmarks/soak.py`)")]
 
 

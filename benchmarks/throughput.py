@@ -12,13 +12,22 @@ Targets, 2 ranks on 2 cores, 1 epoch. MLP: `allreduce` >= 1.0x DDP's samples/s;
 `--accuracy-epochs 10`: the MLP reaches >= 0.895 test accuracy. LeNet: `allreduce` >= 0.8x
 DDP, `sharing` or `averaging` >= 1.0x.
 
+`--backend cupy` measures one GPU instead: the MLP at batch 256 and LeNet at its config's
+batch, 1 rank with `backend: cupy`, beside PyTorch CUDA (no DDP) on the same model, rows and
+batch, taking turns the same way; results in `throughput_gpu.json`. Targets: MLP >= 1.0x
+PyTorch, LeNet >= 0.8x. Without a GPU it stops at once, saying so.
+
     python benchmarks/throughput.py --data data/fashion --out benchmarks/results
+    python benchmarks/throughput.py --data data/fashion --out benchmarks/results --backend cupy
 """
 from __future__ import annotations
 
 import argparse
+import sys
 
 from common import benchmark_parser, markdown_table, run_ddp, run_mpitrain, torch_available, write_results
+
+from mpitrain.backend import gpu_available
 
 AVERAGING = ("averaging", {"sync.frequency": 5})
 MODELS = {  # model: (config, [(ranks, mode, config overrides)])
@@ -26,6 +35,7 @@ MODELS = {  # model: (config, [(ranks, mode, config overrides)])
                                          (2, "none", {}), (2, "allreduce", {}), (2, *AVERAGING)]),
     "LeNet": ("configs/fashion_lenet.yaml", [(2, "allreduce", {}), (2, *AVERAGING), (2, "sharing", {})]),
 }
+GPU_MODELS = {"MLP": ("configs/fashion_mlp.yaml", 256), "LeNet": ("configs/fashion_lenet.yaml", 64)}  # (config, batch)
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -38,7 +48,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeat", type=int, default=3, help="interleaved runs per row; the median counts")
     parser.add_argument("--accuracy-epochs", type=int, default=10, help="MLP accuracy run; 0 skips it")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--backend", choices=["numpy", "cupy"], default="numpy",
+                        help="cupy: one GPU against PyTorch CUDA (throughput_gpu.json)")
     args = parser.parse_args(argv)
+    if args.backend == "cupy":
+        return gpu_main(args)
 
     rows, with_ddp = [], torch_available()
     for model in args.models:
@@ -81,6 +95,46 @@ def model_rows(model: str, args, ranks: int, runs: list, with_ddp: bool) -> list
                      "samples_per_s": ddp["samples_per_s"], "test_accuracy": ddp["test_accuracy"],
                      "bytes_sent_per_step": None, "vs_ddp": 1.0})
     return rows
+
+
+def gpu_main(args) -> dict:
+    """One GPU: mpitrain `backend: cupy` (1 rank) beside PyTorch CUDA, interleaved, the median of each."""
+    if not gpu_available():
+        sys.exit("throughput.py --backend cupy: no CUDA GPU here (cupy is missing or cupy.is_available() is "
+                 "False); nothing was measured. Install mpitrain[gpu] on a GPU machine.")
+    with_torch = torch_available() and _torch_cuda()
+    rows = []
+    for model in args.models:
+        config, batch = GPU_MODELS[model]
+        model_args = argparse.Namespace(**{**vars(args), "config": config})
+        ours, theirs = [], []
+        for _ in range(args.repeat):
+            if with_torch:
+                theirs.append(run_ddp(model_args, 1, args.epochs, ["--device", "cuda", "--batch-size", str(batch)]))
+            ours.append(run_mpitrain(model_args, 1, "none", {"backend": "cupy", "train.batch_size": batch},
+                                     args.epochs))
+        s, torch_run = median_run(ours), median_run(theirs) if theirs else None
+        rows.append({"model": model, "engine": "mpitrain cupy", "batch": batch, "samples_per_s": s["samples_per_s"],
+                     "test_accuracy": s["test_accuracy"], "transfers": s["transfers"],
+                     "vs_torch": s["samples_per_s"] / torch_run["samples_per_s"] if torch_run else None})
+        if torch_run:
+            rows.append({"model": model, "engine": "pytorch cuda", "batch": batch, **torch_run, "vs_torch": 1.0})
+    result = {"epochs": args.epochs, "repeat": args.repeat, "rows": rows}
+    table = (f"Fashion-MNIST on one GPU, {args.epochs} epoch(s), 1 rank; each row the median of {args.repeat} "
+             "runs, interleaved with PyTorch's; targets: MLP >= 1.0x, LeNet >= 0.8x PyTorch\n\n"
+             + markdown_table(["model", "engine", "batch", "samples/s", "vs PyTorch", "test acc"],
+                              [[r["model"], r["engine"], str(r["batch"]), f"{r['samples_per_s']:.0f}",
+                                f"{r['vs_torch']:.2f}x" if r["vs_torch"] else "-", f"{r['test_accuracy']:.4f}"]
+                               for r in rows], "llrrrr") + "\n")
+    write_results(args.out, "throughput_gpu", result, table)
+    return result
+
+
+def _torch_cuda() -> bool:
+    import torch
+    if not torch.cuda.is_available():
+        print("PyTorch has no CUDA here (a CPU build?): the PyTorch CUDA baseline is left out", file=sys.stderr)
+    return torch.cuda.is_available()
 
 
 def markdown(result: dict) -> str:

@@ -2,9 +2,12 @@
 
 Each rank reads its rows through `mpitrain.data` (same rows, same per-epoch shuffle as an
 mpitrain run), so the only difference measured is the training engine and its allreduce.
+With `--device cuda` one process trains on the GPU without DDP (the twin of a 1-rank
+`backend: cupy` run), each batch uploaded as mpitrain uploads it.
 Prints one JSON line: samples/s (all ranks, training steps only) and test accuracy.
 
     python benchmarks/torch_ddp.py --data data/fashion --config configs/fashion_mlp.yaml --ranks 2 --epochs 1
+    python benchmarks/torch_ddp.py --data data/fashion --device cuda --batch-size 256
 """
 from __future__ import annotations
 
@@ -70,15 +73,19 @@ def _initialized(module, spec):
 
 def worker(rank: int, args, init_file: str, results) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=args.ranks)
+    distributed = args.device == "cpu"
+    if distributed:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=args.ranks)
     config = load_config(args.config, [f"data.path={args.data}"])
     manifest = read_manifest(config.data.path)
     backend = create_backend("numpy")
     rows = load_rank_rows(config.data.path, manifest, "train", rank, args.ranks, training=True)
-    batches = Batches(rows, manifest, config.train.batch_size, backend, "float32", config.train.seed, rank)
+    batches = Batches(rows, manifest, args.batch_size or config.train.batch_size, backend, "float32",
+                      config.train.seed, rank)
     torch.manual_seed(config.train.seed)
-    model = torch.nn.parallel.DistributedDataParallel(
-        build_torch_model(config.model.layers, manifest.feature_shape))
+    model = build_torch_model(config.model.layers, manifest.feature_shape).to(args.device)
+    if distributed:
+        model = torch.nn.parallel.DistributedDataParallel(model)
     weights = [m.weight for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
     biases = [p for p in model.parameters() if all(p is not w for w in weights)]  # and batch-norm scales
     opt = config.optimizer
@@ -90,23 +97,30 @@ def worker(rank: int, args, init_file: str, results) -> None:
         tick = time.perf_counter()
         for x, y in batches.epoch(epoch):
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(torch.from_numpy(x)), torch.from_numpy(y).long())
+            x, y = torch.from_numpy(x).to(args.device), torch.from_numpy(y).to(args.device)
+            loss = loss_fn(model(x), y.long())
             loss.backward()
             optimizer.step()
             now = time.perf_counter()
             seconds += now - tick
             samples += len(y)
             tick = time.perf_counter()
+        if args.device == "cuda":  # the work the epoch queued on the GPU counts too
+            torch.cuda.synchronize()
+            seconds += time.perf_counter() - tick
     slowest = torch.tensor([seconds])
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    if distributed:
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     if rank == 0:
         test = load_rank_rows(config.data.path, manifest, "test", 0, 1, training=False)
         model.eval()
         with torch.no_grad():
-            logits = model.module(torch.from_numpy(batches.to_model_input(test.x)))
-        accuracy = float((logits.argmax(1).numpy() == test.y).mean())
+            logits = (model.module if distributed else model)(
+                torch.from_numpy(batches.to_model_input(test.x)).to(args.device))
+        accuracy = float((logits.argmax(1).cpu().numpy() == test.y).mean())
         results.put({"samples_per_s": samples * args.ranks / float(slowest[0]), "test_accuracy": accuracy})
-    dist.destroy_process_group()
+    if distributed:
+        dist.destroy_process_group()
 
 
 def main(argv=None) -> dict:
@@ -115,7 +129,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--config", default="configs/fashion_mlp.yaml")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=0, help="per rank; default: the config's")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: one process, no DDP")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and args.ranks != 1:
+        parser.error("--device cuda runs one process: use --ranks 1")
     context = mp.get_context("spawn")
     results = context.Queue()
     with tempfile.TemporaryDirectory() as tmp:

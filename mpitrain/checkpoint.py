@@ -96,10 +96,11 @@ def load_checkpoint(path: str) -> Checkpoint:
         raise DataError(f"{path}: not a readable mpitrain checkpoint ({e})") from None
 
 
-def restore_model(ckpt: Checkpoint, model) -> None:
-    """Copy a checkpoint's parameters and running statistics into `model` (after `check_fits`)."""
-    model.params[...] = model.xp.asarray(ckpt.params)
-    model.stats[...] = model.xp.asarray(ckpt.stats)
+def restore_model(ckpt: Checkpoint, model, to_device) -> None:
+    """Copy a checkpoint's parameters and running statistics into `model` (after `check_fits`)
+    with `to_device` (the backend's counted host -> device copy)."""
+    model.params[...] = to_device(ckpt.params)
+    model.stats[...] = to_device(ckpt.stats)
 
 
 def _layout(text: str) -> list:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from mpitrain.backend import BACKENDS
 from mpitrain.errors import ConfigError
 
 SYNC_MODES = ("none", "allreduce", "averaging", "sharing")
@@ -133,6 +134,15 @@ class CheckpointConfig:
 
 
 @dataclass
+class CommConfig:
+    cuda_aware: typing.Union[bool, str] = "auto"  # MPI reads device buffers: auto (ask MPI) | true | false
+
+    def validate(self, where):
+        _check(self.cuda_aware in ("auto", True, False), where, "comm.cuda_aware", self.cuda_aware,
+               "auto, true or false")
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -140,14 +150,16 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    backend: str = "numpy"
+    comm: CommConfig = field(default_factory=CommConfig)
+    backend: str = "numpy"  # numpy | cupy | auto (cupy when a GPU is available)
     run_dir: str = ""
     resume: str = "auto"
     report: bool = True  # rank 0 draws RUN_DIR/report.png and report.html at the end of training
 
     def validate(self, where):
-        for section in (self.data, self.model, self.optimizer, self.train, self.sync, self.checkpoint):
+        for section in (self.data, self.model, self.optimizer, self.train, self.sync, self.checkpoint, self.comm):
             section.validate(where)
+        _check(self.backend in BACKENDS, where, "backend", self.backend, f"one of {BACKENDS}")
         _check(self.resume in ("auto", "never"), where, "resume", self.resume, "'auto' or 'never'")
 
     def to_dict(self) -> dict:

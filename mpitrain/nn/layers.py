@@ -123,6 +123,7 @@ class Dropout(Layer):
 
     The mask is drawn from `key` (the model sets it from seed, rank, epoch, step and the
     layer's index), so a resumed run drops the same units; at evaluation it is the identity.
+    The draw is `keyed_bits`, the same on numpy and cupy, so both backends drop the same units.
     """
 
     key = (0,)
@@ -136,14 +137,29 @@ class Dropout(Layer):
         if not training or self.rate == 0:
             self.mask = None
             return x
-        xp = array_module(x)
-        seed = int(np.random.SeedSequence(self.key).generate_state(1, np.uint64)[0])
-        keep = xp.random.default_rng(seed).random(x.shape, dtype=np.float32) >= self.rate
+        keep = keyed_bits(array_module(x), self.key, x.shape) >= np.uint64(math.ceil(self.rate * 2**KEYED_BITS))
         self.mask = keep * x.dtype.type(1 / (1 - self.rate))
         return x * self.mask
 
     def backward(self, dy, input_grad=True):
         return dy if self.mask is None else dy * self.mask
+
+
+KEYED_BITS = 24
+
+
+def keyed_bits(xp, key: tuple, shape):
+    """Uniform random integers in [0, 2**KEYED_BITS), one per element of `shape`, from `key` alone.
+
+    splitmix64 of (seed from `key`, element index) in xp's wrapping uint64 arithmetic: no
+    generator state, and numpy and cupy give the same numbers.
+    """
+    seed = np.random.SeedSequence(key).generate_state(1, np.uint64)[0]
+    z = (xp.arange(1, math.prod(shape) + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + seed).reshape(shape)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return (z ^ (z >> np.uint64(31))) >> np.uint64(64 - KEYED_BITS)
+
 
 ACTIVATIONS = {"relu": ReLU, "tanh": Tanh, "sigmoid": Sigmoid}
 INIT_SCHEMES = ("xavier", "he")

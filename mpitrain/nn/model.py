@@ -68,12 +68,13 @@ class Sequential:
         for i in range(len(self.layers) - 1, first - 1, -1):
             dy = self.layers[i].backward(dy, input_grad=i > first)
 
-    def train_batch(self, x, y, key: tuple = (0,)) -> tuple[float, int]:
-        """Forward and backward on one batch; fills `grads`; returns (mean loss, correct predictions)."""
+    def train_batch(self, x, y, key: tuple = (0,)):
+        """Forward and backward on one batch; fills `grads`; returns (mean loss, correct predictions)
+        as 0-d arrays on the model's device, so a step never waits for the host."""
         logits = self.forward(x, training=True, key=key)
         loss, dlogits = self.loss_fn(logits, y)
         self.backward(dlogits)
-        return loss, int((logits.argmax(axis=1) == y).sum())
+        return loss, (logits.argmax(axis=1) == y).sum()
 
 
 def _flat_views(layers, shapes, xp, dtype):

@@ -5,7 +5,6 @@ import hashlib
 
 import numpy as np
 
-from mpitrain.backend import to_host
 from mpitrain.comm import Communicator
 
 
@@ -69,16 +68,16 @@ class Synchronizer:
         return {}
 
 
-def parameter_hash(*arrays) -> str:
-    """A short hash of the bytes of `arrays` (parameters, statistics), to compare replicas across ranks cheaply."""
+def parameter_hash(*arrays: np.ndarray) -> str:
+    """A short hash of the bytes of host `arrays` (parameters, statistics), to compare replicas across ranks cheaply."""
     digest = hashlib.blake2b(digest_size=8)
     for array in arrays:
-        digest.update(np.ascontiguousarray(to_host(array)).view(np.uint8))
+        digest.update(np.ascontiguousarray(array).view(np.uint8))
     return digest.hexdigest()
 
 
-def check_replicas(comm: Communicator, *arrays) -> list[str]:
-    """Gather every rank's hash of `arrays`; raise on every rank if they differ."""
+def check_replicas(comm: Communicator, *arrays: np.ndarray) -> list[str]:
+    """Gather every rank's hash of host `arrays`; raise on every rank if they differ."""
     hashes = comm.allgather_obj(parameter_hash(*arrays))
     if len(set(hashes)) > 1:
         raise RuntimeError(f"replicas diverged: parameter hashes per rank {hashes}")
