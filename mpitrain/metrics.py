@@ -107,6 +107,20 @@ class MetricsLog:
         self.bar = None
         self.use_bar = comm.is_root and sys.stderr.isatty()
 
+    def resume_at(self, epoch: int, step: int) -> None:
+        """Drop the records a resumed run will write again: those past step `step` of epoch `epoch`
+        (written after the checkpoint it resumes from, before the job ended)."""
+        if not (self.comm.is_root and os.path.exists(self.path)):
+            return
+        position = epoch * self.steps_per_epoch + step
+        with open(self.path) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+        kept = [r for r in records if not (r["kind"] == "window" and r["global_step"] > position
+                                           or r["kind"] == "epoch" and r["epoch"] >= epoch)]
+        with open(self.path + ".tmp", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+        os.replace(self.path + ".tmp", self.path)
+
     def start_epoch(self, epoch: int, start_step: int) -> None:
         if self.use_bar:
             self.bar = tqdm(total=self.steps_per_epoch, initial=start_step, desc=f"epoch {epoch + 1}/{self.epochs}",

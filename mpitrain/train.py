@@ -58,6 +58,7 @@ def train(config: Config, comm) -> dict:
     sync.load_state(sync_state)
     save = Saver(config, comm, backend, sync, model, updater, manifest_sha256)
     metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs)
+    metrics.resume_at(epoch, start_step)
     if comm.is_root:
         log.info("%d ranks, %d training rows per rank, %d steps per epoch, %d parameters, sync %s, backend %s%s",
                  comm.size, len(train_rows.y), batches.steps_per_epoch, model.n_params, config.sync.mode,
