@@ -106,13 +106,13 @@ class RBM:
         reconstruction error (data against E[v | h] for h sampled from p(h | data))."""
         xp, n = self.xp, len(v0)
         ph0 = self.hidden_probs(v0)
-        h0 = _bernoulli(ph0, rng)
+        h0 = bernoulli(ph0, rng)
         reconstruction = self.visible_mean(h0)
         error = float(((v0 - reconstruction) ** 2).sum())
         if self.persistent:
             if self.chain is None or len(self.chain) != n:
                 self.chain = v0.copy()
-            h = _bernoulli(self.hidden_probs(self.chain), rng)
+            h = bernoulli(self.hidden_probs(self.chain), rng)
         else:
             h = h0
         for step in range(self.cd_k):
@@ -122,7 +122,7 @@ class RBM:
                 vk = self.sample_visible_given(h, rng) if self.sample_visible else self.visible_mean(h)
             phk = self.hidden_probs(vk)
             if step + 1 < self.cd_k:
-                h = _bernoulli(phk, rng)
+                h = bernoulli(phk, rng)
         if self.persistent:
             self.chain = vk
         xp.matmul(vk.T, phk, out=self.dW)
@@ -161,5 +161,6 @@ class RBM:
         return total
 
 
-def _bernoulli(p, rng):
+def bernoulli(p, rng):
+    """A 0/1 sample of independent Bernoulli units with probabilities `p`."""
     return (rng.random(p.shape, dtype=p.dtype) < p).astype(p.dtype)
