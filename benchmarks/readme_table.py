@@ -19,7 +19,8 @@ SECTIONS = [("throughput", "Throughput per sync mode, beside PyTorch DDP (`bench
             ("scaling", "Scaling and communication cost model (`benchmarks/scaling.py`, "
                         "plot in `benchmarks/results/scaling.png`)"),
             ("kernels", "Threshold kernels (`benchmarks/kernels.py`)"),
-            ("soak", "Soak: kill a random rank, resume, 20 times (`benchmarks/soak.py`)")]
+            ("soak", "Soak: kill a random rank, resume, 20 times (`benchmarks/soak.py`)"),
+            ("dbn", "Deep belief net, pretrained versus not, beside the seed's MNIST figures (`benchmarks/dbn.py`)")]
 
 
 def replace_between_markers(text: str, content: str, begin: str = BEGIN, end: str = END) -> str:
