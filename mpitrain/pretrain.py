@@ -62,7 +62,8 @@ def pretrain(config, comm, model, batches, rows, manifest_sha256: str) -> None:
              for index, (n_visible, n_hidden) in enumerate(zip(sizes, sizes[1:]))]
     with comm.agreed_errors():
         _check_input_range(config, rows, batches)
-        finished = _load_finished(config, comm, stack, manifest_sha256)
+        finished = _load_finished(config, stack, manifest_sha256) if comm.is_root else []
+    finished = comm.bcast_obj(finished)  # after the agreed errors: every rank gets here, or none
     monitor = batches.to_model_input(rows.x[:p.monitor_rows or len(rows.y)])
     monitor = monitor.reshape(len(monitor), -1)
     for index, rbm in enumerate(stack):
@@ -109,22 +110,21 @@ def _check_input_range(config, rows, batches) -> None:
                             "should map them there; or use pretrain.visible: gaussian)")
 
 
-def _load_finished(config, comm, stack: list[RBM], manifest_sha256: str) -> list[np.ndarray]:
-    """Rank 0 reads the checkpoints of finished layers (in order, up to the first missing one); all get them."""
+def _load_finished(config, stack: list[RBM], manifest_sha256: str) -> list[np.ndarray]:
+    """(Rank 0) the parameters of the finished layers' checkpoints, in order up to the first missing one."""
     finished = []
-    if comm.is_root:
-        for index, rbm in enumerate(stack):
-            path = layer_path(config.run_dir, index)
-            if not os.path.exists(path):
-                break
-            if config.resume == "never":
-                raise ConfigError(f"resume is 'never', but {config.run_dir} holds pretrained layers of an earlier "
-                                  "run; use resume=auto to continue it, or another run_dir")
-            ckpt = load_checkpoint(path)
-            check_fits(ckpt, _layout(rbm, index), None, manifest_sha256, config.data.path)
-            finished.append(ckpt.params)
-        _keep_records_of_finished_layers(os.path.join(config.run_dir, "metrics.jsonl"), len(finished))
-    return comm.bcast_obj(finished)
+    for index, rbm in enumerate(stack):
+        path = layer_path(config.run_dir, index)
+        if not os.path.exists(path):
+            break
+        if config.resume == "never":
+            raise ConfigError(f"resume is 'never', but {config.run_dir} holds pretrained layers of an earlier "
+                              "run; use resume=auto to continue it, or another run_dir")
+        ckpt = load_checkpoint(path)
+        check_fits(ckpt, _layout(rbm, index), None, manifest_sha256, config.data.path)
+        finished.append(ckpt.params)
+    _keep_records_of_finished_layers(os.path.join(config.run_dir, "metrics.jsonl"), len(finished))
+    return finished
 
 
 def _keep_records_of_finished_layers(path: str, finished: int) -> None:

@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import MPITRAIN, command, make_dataset, make_digits_dataset, mpiexec, write_config
+from conftest import MPITRAIN, make_dataset, make_digits_dataset, mpiexec, write_config
 from mpitrain.config import Config, ModelConfig, load_config
 from mpitrain.errors import ConfigError
 from mpitrain.nn.model import build_model
@@ -96,11 +96,13 @@ def test_a_layer_checkpoint_of_another_shape_is_refused(pretrained, tmp_path):
     config, straight = pretrained
     run_dir = tmp_path / "run"
     shutil.copytree(straight / "pretrain", run_dir / "pretrain")
-    result = command(MPITRAIN, "train", config, f"--set=run_dir={run_dir}", "--set=pretrain.layers=[24, 16]")
+    result = mpiexec(2, MPITRAIN, "train", config, f"--set=run_dir={run_dir}", "--set=pretrain.layers=[24, 16]",
+                     timeout=60)
     assert result.returncode == 2
+    assert result.stderr.count("layer-00.h5: holds") == 1
     assert "layer-00.h5: holds 00_rbm/W of shape [64, 32] where this config's model has 00_rbm/W of shape " \
            "[64, 24]" in result.stderr
-    result = command(MPITRAIN, "train", config, f"--set=run_dir={run_dir}", "--set=resume=never")
+    result = mpiexec(2, MPITRAIN, "train", config, f"--set=run_dir={run_dir}", "--set=resume=never", timeout=60)
     assert result.returncode == 2 and "holds pretrained layers of an earlier run" in result.stderr
 
 
