@@ -47,7 +47,8 @@ def main(argv=None) -> dict:
     pretrained, baseline = runs["pretrained"]["test_accuracy"], runs["random init"]["test_accuracy"]
     result = {"ranks": args.ranks, "sync": args.sync, "frequency": args.frequency, "layers": sizes,
               "pretrain_epochs": args.pretrain_epochs, "epochs": args.epochs, "overrides": args.set, "runs": runs,
-              "target": TARGET, "meets_target": pretrained >= TARGET and pretrained >= baseline}
+              "target": TARGET, "accuracy_meets_target": pretrained >= TARGET,
+              "pretraining_at_least_none": pretrained >= baseline}
     write_results(args.out, "dbn", result, markdown(result))
     return result
 
@@ -59,14 +60,20 @@ def markdown(result: dict) -> str:
              f"{r['wall_s']:.0f}"] for name, r in result["runs"].items()]
     layers = "; ".join(f"layer {r['layer'] + 1} ({r['n_visible']}-{r['n_hidden']}): {r['reconstruction_error']:.4f}"
                        for r in result["runs"]["pretrained"]["pretrain"])
-    verdict = "met" if result["meets_target"] else "NOT met"
+    runs = result["runs"]
+    gain = 100 * (runs["pretrained"]["test_accuracy"] - runs["random init"]["test_accuracy"])
     return "\n".join([
         f"DBN 784-{'-'.join(map(str, result['layers']))}-10 on Fashion-MNIST, {result['ranks']} ranks, sync {sync} "
         f"for pretraining and fine-tuning", "",
         markdown_table(["weights", "pretraining", "fine-tuning", "test acc", "test error", "wall s"], rows, "lllrrr"),
         "", f"Reconstruction error (mean squared, per visible unit) after pretraining: {layers}", "",
-        f"Target: test accuracy >= {result['target']} and pretrained >= random init: {verdict}. The seed's Hadoop "
-        "DBN (MNIST): 1.66% test error on 10 nodes, 1.2% for the single-machine original."]) + "\n"
+        f"Targets: test accuracy >= {result['target']}: {_verdict(result['accuracy_meets_target'])}; pretrained >= "
+        f"random init: {_verdict(result['pretraining_at_least_none'])} ({gain:+.2f} pt). The seed's Hadoop DBN "
+        "(MNIST): 1.66% test error on 10 nodes, 1.2% for the single-machine original."]) + "\n"
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "NOT met"
 
 
 if __name__ == "__main__":
