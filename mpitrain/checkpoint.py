@@ -49,10 +49,16 @@ def checkpoint_dir(run_dir: str) -> str:
 
 
 def save_checkpoint(run_dir: str, ckpt: Checkpoint, keep: int) -> str:
-    """Write to a temporary file, fsync, rename; only then delete all but the newest `keep`."""
-    folder = checkpoint_dir(run_dir)
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"ckpt-{ckpt.epoch:04d}-{ckpt.step:06d}.h5")
+    """Write RUN_DIR/checkpoints/ckpt-EEEE-SSSSSS.h5 atomically; only then delete all but the newest `keep`."""
+    path = write_checkpoint(os.path.join(checkpoint_dir(run_dir), f"ckpt-{ckpt.epoch:04d}-{ckpt.step:06d}.h5"), ckpt)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        os.remove(old)
+    return path
+
+
+def write_checkpoint(path: str, ckpt: Checkpoint) -> str:
+    """Write `ckpt` to a temporary file beside `path`, fsync, rename: `path` is complete or absent."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
     with h5py.File(tmp, "w") as f:
         f.create_dataset("params", data=ckpt.params)
@@ -73,8 +79,6 @@ def save_checkpoint(run_dir: str, ckpt: Checkpoint, keep: int) -> str:
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    for old in list_checkpoints(run_dir)[:-keep]:
-        os.remove(old)
     return path
 
 

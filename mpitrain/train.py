@@ -18,6 +18,7 @@ from mpitrain.evaluate import evaluate
 from mpitrain.metrics import MetricsLog, Totals, Traffic, Window, per_step
 from mpitrain.nn.model import build_model
 from mpitrain.nn.updaters import create_updater
+from mpitrain.pretrain import dbn_layers, pretrain
 from mpitrain.shard_format import MANIFEST_NAME, read_manifest, sha256_file
 from mpitrain.sync import check_replicas, create_synchronizer, parameter_hash
 from mpitrain.watchdog import Watchdog
@@ -32,6 +33,8 @@ def train(config: Config, comm) -> dict:
     comm.use_backend(backend, config.comm.cuda_aware)
     with comm.agreed_errors():
         manifest = read_manifest(config.data.path)
+        if config.pretrain.layers and not config.model.layers:
+            config.model.layers = dbn_layers(config.pretrain.layers, manifest.num_classes)
         model = build_model(config.model, manifest.feature_shape, manifest.num_classes, backend.xp)
         train_rows = load_rank_rows(config.data.path, manifest, config.data.train_split, comm.rank, comm.size,
                                     training=True, max_rows=config.data.max_rows,
@@ -54,6 +57,8 @@ def train(config: Config, comm) -> dict:
     if comm.is_root:
         os.makedirs(config.run_dir, exist_ok=True)
         save_config(config, os.path.join(config.run_dir, "config.yaml"))
+    if config.pretrain.layers and (epoch, start_step) == (0, 0):  # fine-tuning has not begun
+        pretrain(config, comm, model, batches, train_rows, manifest_sha256)
     sync.start(model, updater)  # every rank starts from rank 0's parameters and updater state
     sync.load_state(sync_state)
     save = Saver(config, comm, backend, sync, model, updater, manifest_sha256)
@@ -180,7 +185,8 @@ def _resume(config, comm, backend, model, updater, manifest_sha256: str) -> tupl
             updater.state[...] = backend.to_device(ckpt.updater_state)
             position = (ckpt.epoch, ckpt.step, ckpt.iteration, ckpt.sync_state)
             log.info("resuming from %s at epoch %d step %d", ckpt.path, ckpt.epoch + 1, ckpt.step)
-        elif comm.is_root and os.path.exists(os.path.join(config.run_dir, "metrics.jsonl")):
+        elif comm.is_root and os.path.exists(os.path.join(config.run_dir, "metrics.jsonl")) \
+                and not config.pretrain.layers:  # pretraining keeps the records of the layers it skips
             os.remove(os.path.join(config.run_dir, "metrics.jsonl"))
     epoch, step, updater.iteration, sync_state = comm.bcast_obj(position)
     return epoch, step, sync_state

@@ -36,6 +36,25 @@ def make_dataset(path, n_train=600, n_test=200, shards=3, num_classes=3, shape=(
     return manifest
 
 
+def make_digits_dataset(path, shards=2, seed=0) -> Manifest:
+    """scikit-learn's digits (8x8, values 0..16), read by the ETL's own source, written without Spark."""
+    from mpitrain.etl.sources import open_source
+    source = open_source("digits:", seed=seed, test_fraction=0.2)
+    splits, counts = {}, {}
+    for split, n in source.split_rows().items():
+        x, y = source.read(split, 0, n)
+        bounds = [i * n // shards for i in range(shards + 1)]
+        splits[split] = [write_shard(str(path), shard_path(split, i), x[a:b], y[a:b])
+                         for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+        counts[split] = np.bincount(y, minlength=source.num_classes).tolist()
+    scaled = source.read("train", 0, source.split_rows()["train"])[0] * source.scale
+    manifest = Manifest(feature_shape=source.feature_shape, feature_dtype="uint8", scale=source.scale, offset=0.0,
+                        mean=float(scaled.mean()), std=float(scaled.std()), num_classes=source.num_classes,
+                        label_counts=counts, splits=splits, source=source.spec, seed=seed)
+    write_manifest(str(path), manifest)
+    return manifest
+
+
 @pytest.fixture
 def dataset(tmp_path):
     make_dataset(tmp_path / "data")
