@@ -51,6 +51,7 @@ class RBM:
         self.n_params = n_visible * n_hidden + n_visible + n_hidden
         self.params = xp.zeros(self.n_params, dtype=dtype)
         self.grads = xp.zeros(self.n_params, dtype=dtype)
+        self.stats = xp.zeros(0, dtype=dtype)  # no running statistics (the synchronizers average a model's)
         self.W, self.b, self.c = self._views(self.params)
         self.dW, self.db, self.dc = self._views(self.grads)
         decay = np.zeros(self.n_params, dtype=dtype)
