@@ -36,6 +36,19 @@ def make_dataset(path, n_train=600, n_test=200, shards=3, num_classes=3, shape=(
     return manifest
 
 
+@pytest.fixture(scope="module")
+def spark():
+    """One local[2] SparkSession per test module (starting one takes seconds)."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = SparkSession.builder.master("local[2]").appName("mpitrain-tests") \
+        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
 @pytest.fixture
 def dataset(tmp_path):
     make_dataset(tmp_path / "data")
