@@ -44,6 +44,7 @@ bench: setup fashion-mnist
 	$(PY) benchmarks/communication.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/scaling.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/soak.py --out benchmarks/results
+	$(PY) benchmarks/etl.py --out benchmarks/results
 	$(PY) benchmarks/readme_table.py --results benchmarks/results --readme README.md
 
 clean:

@@ -19,7 +19,8 @@ SECTIONS = [("throughput", "Throughput per sync mode, beside PyTorch DDP (`bench
             ("scaling", "Scaling and communication cost model (`benchmarks/scaling.py`, "
                         "plot in `benchmarks/results/scaling.png`)"),
             ("kernels", "Threshold kernels (`benchmarks/kernels.py`)"),
-            ("soak", "Soak: kill a random rank, resume, 20 times (`benchmarks/soak.py`)")]
+            ("soak", "Soak: kill a random rank, resume, 20 times (`benchmarks/soak.py`)"),
+            ("etl", "Spark ETL beside a single-process conversion (`benchmarks/etl.py`)")]
 
 
 def replace_between_markers(text: str, content: str, begin: str = BEGIN, end: str = END) -> str:

@@ -242,13 +242,14 @@ def _shard_task(shard: int, pieces, placement: Placement, shards: int, transform
     return [(split, info, np.bincount(y, minlength=num_classes), float(values.sum()), float(np.square(values).sum()))]
 
 
-def _train_stats(parts, placement: Placement, transforms: Transforms) -> FeatureStats:
-    """Per-feature sums, min and max of the rows the placement sends to the train split."""
+def _train_stats(parts, placement: Placement, source: Source) -> FeatureStats:
+    """Per-feature sums, min and max of the model-visible values of the rows placed in the train split."""
     train = placement.outputs.index(STATS_SPLIT)
+    scale, offset = source.scale, source.offset
 
     def stats(indexed):
         index, part = indexed
-        return FeatureStats.of(transforms.model_values(part.x[placement.place(index, part.y)[0] == train]))
+        return FeatureStats.of(part.x[placement.place(index, part.y)[0] == train] * scale + offset)
 
     return parts.map(stats).reduce(FeatureStats.merge)
 
@@ -275,10 +276,8 @@ def _write_splits(spark, plan: EtlPlan, tmp: str) -> Manifest:
             raise DataError(f"{source.spec}: the {split} split has no good records")
     plan.check_shards(plan.output_rows(rows))
     placements = {split: plan_placement(*plan.carving(split), counts[split]) for split in parts}
-    transforms = Transforms(options.transforms, plan.seed, source.feature_dtype, source.scale, source.offset)
-    if options.transforms.needs_stats:
-        transforms = Transforms(options.transforms, plan.seed, source.feature_dtype, source.scale, source.offset,
-                                _train_stats(parts["train"], placements["train"], transforms))
+    stats = _train_stats(parts["train"], placements["train"], source) if options.transforms.needs_stats else None
+    transforms = Transforms(options.transforms, plan.seed, source.feature_dtype, source.scale, source.offset, stats)
     written = {}
     for split, rdd in parts.items():
         placement, shards = placements[split], plan.shards

@@ -101,15 +101,11 @@ class Transforms:
         span = self.high - self.low
         return self.source_scale / span, (self.source_offset - self.low) / span
 
-    def model_values(self, stored: np.ndarray) -> np.ndarray:
-        """Model-visible float64 values of stored source values, before any transform."""
-        return stored.astype(np.float64) * self.source_scale + self.source_offset
-
     def apply(self, x: np.ndarray, keys: np.ndarray) -> np.ndarray:
         """Stored source values (rows, ...) of rows with shuffle `keys` -> stored output values."""
         if not (self.options.binarize or self.options.standardize):
             return x
-        v = self.model_values(x).reshape(len(x), -1)
+        v = x.reshape(len(x), -1).astype(np.float64) * self.source_scale + self.source_offset
         if self.options.standardize:
             return ((v - self.mean) / self.std).astype(np.float32).reshape(x.shape)
         v = (v - self.low) / (self.high - self.low)
