@@ -280,7 +280,7 @@ def test_spark_submit_csv_with_transforms(csv_data, tmp_path):
                "--conf", "spark.ui.enabled=false", str(REPO / "etl" / "prepare.py"),
                "--source", f"csv:{folder}/*.csv", "--out", str(out), "--shards", "2", "--label", "2",
                "--validation-fraction", "0.25", "--scale", "--binarize", "stochastic", "--seed", "9"]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"wrote {out}: train 96 rows, validation 32 rows, test 32 rows" in done.stdout
     manifest = read_manifest(str(out))
