@@ -58,9 +58,11 @@ def checked_batch(x: np.ndarray, labels: np.ndarray, num_classes: int | None, wh
         label_ok &= labels < num_classes
     expected = f"0..{num_classes - 1}" if num_classes is not None else "an integer >= 0"
     features = x.reshape(len(x), -1)
-    feature_ok = np.isfinite(features).all(axis=1) if features.dtype.kind == "f" else np.ones(len(x), bool)
-    if feature_dtype == "uint8" and features.dtype != np.uint8:
-        feature_ok &= ((features >= 0) & (features <= 255) & (features == np.floor(features))).all(axis=1)
+    feature_ok = np.ones(len(x), bool)
+    if feature_dtype == "uint8" and features.dtype != np.uint8:  # NaN and Inf fail these comparisons too
+        feature_ok = ((features >= 0) & (features <= 255) & (features == np.floor(features))).all(axis=1)
+    elif features.dtype.kind == "f":
+        feature_ok = np.isfinite(features).all(axis=1)
     bad.add(np.flatnonzero(~label_ok), lambda i: f"{where}: label {labels[i]} at record {record(i)}, expected {expected}")
     wanted = "integers 0..255" if feature_dtype == "uint8" else "finite numbers"
     bad.add(np.flatnonzero(label_ok & ~feature_ok),

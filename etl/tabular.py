@@ -84,22 +84,25 @@ class CsvSource(TableSource):
         self.feature_shape = self._shape(len(self.columns) - 1)
 
     def read(self, spark, split):
+        from pyspark.sql import functions as F
         from pyspark.sql.types import DoubleType, FloatType, StringType, StructField, StructType
         schema = StructType([StructField(name, DoubleType() if name == self.label else FloatType())
                              for name in self.columns] + [StructField(CORRUPT, StringType())])
         frame = spark.read.csv(self.paths[split], schema=schema, header=self.options.header, mode="PERMISSIVE",
                                columnNameOfCorruptRecord=CORRUPT)
+        # The features leave the JVM as one array column: one Arrow list per batch, not a column per feature.
+        features = F.array(*[_column(name) for name in self.columns if name != self.label])
+        frame = frame.select(_column(self.label), features, _column(CORRUPT))
         return dataframe_batches(frame, lambda batch: self._convert(split, batch))
 
     def _convert(self, split: str, batch) -> ReadBatch:
-        columns = [batch.column(j).to_numpy(zero_copy_only=False) for j in range(len(self.columns))]
-        lines = batch.column(len(self.columns))
+        labels = batch.column(0).to_numpy(zero_copy_only=False)
+        x = batch.column(1).flatten().to_numpy(zero_copy_only=False).reshape(len(labels), len(self.columns) - 1)
+        lines = batch.column(2)
         malformed = np.flatnonzero(lines.is_valid().to_numpy(zero_copy_only=False))
         bad = BadRecords()
         bad.add(malformed, lambda i: f"{self.paths[split]}: malformed line {lines[int(i)].as_py()[:80]!r}, "
                                      f"expected {len(self.columns)} numbers separated by commas")
-        labels = columns.pop(self.columns.index(self.label))
-        x = np.stack(columns, axis=1) if columns else np.empty((len(labels), 0), np.float32)
         if len(malformed):
             keep = np.ones(len(labels), bool)
             keep[malformed] = False
