@@ -102,7 +102,8 @@ def main(argv=None) -> dict:
         generate_s = time.perf_counter() - start
         start = time.perf_counter()
         spark = SparkSession.builder.master(f"local[{args.cores}]").appName("etl-benchmark") \
-            .config("spark.ui.enabled", "false").config("spark.driver.memory", "4g").getOrCreate()
+            .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false") \
+            .config("spark.driver.memory", "4g").getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
         startup_s = time.perf_counter() - start
         seconds = {"spark": [], "single_process": []}
