@@ -8,7 +8,7 @@ RANKS ?= 2
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup fashion-mnist demo test bench clean
+.PHONY: setup fashion-mnist slurm demo test bench bench-gpu clean
 
 setup: $(VENV)/.installed
 
@@ -26,6 +26,16 @@ fashion-mnist:
 	       "or point FASHION=/path/to/idx-folder at a folder holding train-images-idx3-ubyte[.gz] and friends"; exit 1; fi; \
 	fi
 
+# Debian's Slurm and munge, for tests/test_slurm.py (it starts its own daemons; nothing runs as a service).
+slurm:
+	@if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v sbatch >/dev/null \
+	    || ! command -v munged >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	       --no-install-recommends slurmctld slurmd slurm-client munge; \
+	  else echo "Slurm not found: run 'sudo apt-get install slurmctld slurmd slurm-client munge'" \
+	       "(tests/test_slurm.py skips without it, and fails under CI=true)"; fi; \
+	fi
+
 demo: setup fashion-mnist
 	$(BIN)/mpitrain etl --source idx:$(FASHION) --out data/fashion --shards 8 --overwrite
 	$(BIN)/mpitrain info data/fashion
@@ -33,7 +43,7 @@ demo: setup fashion-mnist
 	$(BIN)/mpiexec -n $(RANKS) $(BIN)/mpitrain train configs/fashion_mlp.yaml
 	$(BIN)/mpiexec -n $(RANKS) $(BIN)/mpitrain eval runs/fashion_mlp --split test
 
-test: setup fashion-mnist
+test: setup fashion-mnist slurm
 	$(PY) -m pytest -q tests
 
 bench: setup fashion-mnist
@@ -42,9 +52,20 @@ bench: setup fashion-mnist
 	$(PY) benchmarks/kernels.py
 	$(PY) benchmarks/throughput.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/communication.py --data data/fashion --out benchmarks/results
+	$(PY) benchmarks/cnn_accuracy.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/scaling.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/soak.py --out benchmarks/results
 	$(PY) benchmarks/etl.py --out benchmarks/results
+	$(PY) benchmarks/dbn.py --data data/fashion --out benchmarks/results
+	$(PY) benchmarks/readme_table.py --results benchmarks/results --readme README.md
+
+# One GPU: cupy and numba-CUDA kernels beside PyTorch CUDA; stops at once, saying so, without a GPU.
+bench-gpu: setup fashion-mnist
+	$(PY) -m pip install -q -e '.[gpu]'
+	$(PY) -m pip install -q torch==2.14.1 || echo "PyTorch not installed: the PyTorch CUDA baseline is left out"
+	test -f data/fashion/manifest.json || $(BIN)/mpitrain etl --source idx:$(FASHION) --out data/fashion --shards 8
+	$(PY) benchmarks/kernels.py --backend cupy
+	$(PY) benchmarks/throughput.py --backend cupy --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/readme_table.py --results benchmarks/results --readme README.md
 
 clean:

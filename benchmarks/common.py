@@ -34,7 +34,8 @@ def benchmark_parser(doc: str, epochs: int) -> argparse.ArgumentParser:
 def run_mpitrain(args, ranks: int, mode: str, extra: dict, epochs: int) -> dict:
     """One `mpiexec -n RANKS mpitrain train` run of `args.config` on `args.data`.
 
-    Returns its summary.json, with its metrics.jsonl window records under "windows".
+    Returns its summary.json, with its metrics.jsonl window records under "windows" (and its DBN
+    pretraining records under "pretrain").
     """
     with tempfile.TemporaryDirectory() as run_dir:
         overrides = {"data.path": args.data, "run_dir": run_dir, "resume": "never", "train.epochs": epochs,
@@ -45,6 +46,8 @@ def run_mpitrain(args, ranks: int, mode: str, extra: dict, epochs: int) -> dict:
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
         summary["windows"] = read_metrics(os.path.join(run_dir, "metrics.jsonl"))[0]
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            summary["pretrain"] = [r for r in map(json.loads, f) if r["kind"] == "pretrain"]
         return summary
 
 
@@ -62,10 +65,11 @@ def torch_available() -> bool:
     return True
 
 
-def run_ddp(args, ranks: int, epochs: int) -> dict:
-    """PyTorch DDP on the same config and data (benchmarks/torch_ddp.py); returns samples/s and accuracy."""
+def run_ddp(args, ranks: int, epochs: int, extra: list[str] = ()) -> dict:
+    """PyTorch DDP on the same config and data (benchmarks/torch_ddp.py, `extra` arguments passed on);
+    returns samples/s and accuracy."""
     out = subprocess.run([sys.executable, os.path.join(HERE, "torch_ddp.py"), "--data", args.data, "--config",
-                          args.config, "--ranks", str(ranks), "--epochs", str(epochs)],
+                          args.config, "--ranks", str(ranks), "--epochs", str(epochs), *extra],
                          check=True, env=ENV, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -9,11 +9,17 @@ figure is the best of `--repeat` runs after a warm-up (which also compiles the k
 
 Target: numba encode >= 50% of the copy's bandwidth.
 
+`--backend cupy` measures the numba-CUDA kernels on cupy arrays instead, beside a
+device-to-device copy (`cupy.copyto`) of the same array; every timed run ends with a device
+synchronize; results in `kernels_gpu.json`. Without a GPU it stops at once, saying so.
+
     python benchmarks/kernels.py [--n 10000000] [--sparsity 1e-3] [--repeat 7] [--out benchmarks/results]
+    python benchmarks/kernels.py --backend cupy
 """
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from functools import partial
 
@@ -23,6 +29,7 @@ import numpy as np
 from common import markdown_table, write_results
 
 from mpitrain import kernels
+from mpitrain.backend import gpu_available
 from mpitrain.kernels import message, reference
 
 
@@ -45,7 +52,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--sparsity", type=float, default=1e-3)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--backend", choices=["numpy", "cupy"], default="numpy",
+                        help="cupy: the numba-CUDA kernels beside a device-to-device copy (kernels_gpu.json)")
     args = parser.parse_args(argv)
+    if args.backend == "cupy":
+        return gpu_main(args)
 
     source = np.random.default_rng(0).standard_normal(args.n).astype(np.float32)
     tau = float(np.quantile(np.abs(source), 1 - args.sparsity))
@@ -66,13 +77,56 @@ def main(argv=None) -> dict:
               "count": kernels.message_count(encoded), "encoding": kernels.message_encoding(encoded),
               "gb_per_s": rates, "ms": {name: 1e3 * s for name, s in seconds.items()},
               "encode_over_copy": rates["encode"] / rates["copy"]}
-    rows = [[name, f"{result['ms'][name]:.2f}", f"{rate:.2f}", f"{rate / rates['copy']:.2f}"]
-            for name, rate in rates.items()]
     table = (f"{args.n} float32, sparsity {args.sparsity}, {result['numba_threads']} numba thread(s); "
-             f"target: encode >= 0.5 x copy\n\n"
-             + markdown_table(["kernel", "ms", "GB/s", "/ copy"], rows, "lrrr") + "\n")
+             f"target: encode >= 0.5 x copy\n\n" + rates_table(result))
     write_results(args.out, "kernels", result, table)
     return result
+
+
+def gpu_main(args) -> dict:
+    """The numba-CUDA encode and decode on cupy arrays, beside a device-to-device copy."""
+    if not gpu_available():
+        sys.exit("kernels.py --backend cupy: no CUDA GPU here (cupy is missing or cupy.is_available() is False); "
+                 "nothing was measured. Install mpitrain[gpu] on a GPU machine.")
+    import cupy
+
+    def synchronized(run):
+        def timed():
+            result = run()
+            cupy.cuda.Device().synchronize()
+            return result
+        return timed
+
+    host = np.random.default_rng(0).standard_normal(args.n).astype(np.float32)
+    tau = float(np.quantile(np.abs(host), 1 - args.sparsity))
+    source = cupy.asarray(host)
+    residual, copy, out = cupy.empty_like(source), cupy.empty_like(source), cupy.zeros_like(source)
+    refill = synchronized(partial(cupy.copyto, residual, source))
+    seconds = {}
+    seconds["copy"], _ = best_seconds(synchronized(partial(cupy.copyto, copy, source)), repeat=args.repeat)
+    seconds["encode"], encoded = best_seconds(synchronized(partial(kernels.threshold_encode, residual, tau)), refill,
+                                              args.repeat)
+    seconds["decode"], _ = best_seconds(synchronized(partial(kernels.threshold_decode, encoded, out)),
+                                        repeat=args.repeat)
+    gbytes = args.n * source.itemsize / 1e9
+    rates = {name: gbytes / s for name, s in seconds.items()}
+    device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+    result = {"n": args.n, "sparsity": args.sparsity, "device": device,
+              "count": kernels.message_count(encoded), "encoding": kernels.message_encoding(encoded),
+              "gb_per_s": rates, "ms": {name: 1e3 * s for name, s in seconds.items()},
+              "encode_over_copy": rates["encode"] / rates["copy"]}
+    table = (f"{args.n} float32 on {result['device']}, sparsity {args.sparsity}; numba-CUDA kernels on cupy arrays "
+             f"beside a device-to-device copy; target: encode >= 0.5 x copy\n\n" + rates_table(result))
+    write_results(args.out, "kernels_gpu", result, table)
+    return result
+
+
+def rates_table(result: dict) -> str:
+    """Each kernel's ms, GB/s and rate over the copy's, as a markdown table."""
+    rates = result["gb_per_s"]
+    rows = [[name, f"{result['ms'][name]:.2f}", f"{rate:.2f}", f"{rate / rates['copy']:.2f}"]
+            for name, rate in rates.items()]
+    return markdown_table(["kernel", "ms", "GB/s", "/ copy"], rows, "lrrr") + "\n"
 
 
 if __name__ == "__main__":

@@ -15,11 +15,15 @@ import sys
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 SECTIONS = [("throughput", "Throughput per sync mode, beside PyTorch DDP (`benchmarks/throughput.py`)"),
+            ("cnn_accuracy", "Conv nets: accuracy after 10 epochs (`benchmarks/cnn_accuracy.py`)"),
             ("communication", "Bytes sent per step and accuracy per sync mode (`benchmarks/communication.py`)"),
             ("scaling", "Scaling and communication cost model (`benchmarks/scaling.py`, "
                         "plot in `benchmarks/results/scaling.png`)"),
             ("kernels", "Threshold kernels (`benchmarks/kernels.py`)"),
+            ("throughput_gpu", "One GPU beside PyTorch CUDA (`benchmarks/throughput.py --backend cupy`)"),
+            ("kernels_gpu", "Threshold kernels on the GPU (`benchmarks/kernels.py --backend cupy`)"),
             ("soak", "Soak: kill a random rank, resume, 20 times (`benchmarks/soak.py`)"),
+            ("dbn", "Deep belief net, pretrained versus not, beside the seed's MNIST figures (`benchmarks/dbn.py`)"),
             ("etl", "Spark ETL beside a single-process conversion (`benchmarks/etl.py`)")]
 
 

@@ -1,23 +1,41 @@
-"""Throughput of the Fashion-MNIST MLP: samples/s per sync mode on 1 and 2 ranks, beside PyTorch DDP.
+"""Throughput on Fashion-MNIST: samples/s per sync mode of the MLP (1 and 2 ranks) and LeNet (2 ranks), beside PyTorch DDP.
 
-Every run uses the same config (configs/fashion_mlp.yaml: 784-500-500-10, SGD momentum 0.9,
-batch 64 per rank), the same HDF5 shards and 1 thread per rank. PyTorch DDP (gloo, CPU)
-runs in the same invocation when torch is installed, so ratios compare like with like; the
-engines take turns (`--repeat` rounds) and each row is the median, so the machine's drift
-reaches every engine alike.
+Every run of a model uses the same config (configs/fashion_mlp.yaml: 784-500-500-10;
+configs/fashion_lenet.yaml: DL4J's LeNet; SGD momentum 0.9, batch 64 per rank), the same
+HDF5 shards and 1 thread per rank. PyTorch DDP (gloo, CPU) on the same model runs in the
+same invocation when torch is installed, so ratios compare like with like; the engines take
+turns (`--repeat` rounds) and each row is the median, so the machine's drift reaches every
+engine alike.
 
-Targets, 2 ranks on 2 cores, 1 epoch: `allreduce` >= 1.0x DDP's samples/s; `averaging`
-(frequency 5) >= 1.5x DDP with test accuracy within 0.5 points of DDP's. With
-`--accuracy-epochs 10`: the MLP reaches >= 0.895 test accuracy.
+Targets, 2 ranks on 2 cores, 1 epoch. MLP: `allreduce` >= 1.0x DDP's samples/s;
+`averaging` (frequency 5) >= 1.5x DDP with test accuracy within 0.5 points of DDP's. With
+`--accuracy-epochs 10`: the MLP reaches >= 0.895 test accuracy. LeNet: `allreduce` >= 0.8x
+DDP, `sharing` or `averaging` >= 1.0x.
+
+`--backend cupy` measures one GPU instead: the MLP at batch 256 and LeNet at its config's
+batch, 1 rank with `backend: cupy`, beside PyTorch CUDA (no DDP) on the same model, rows and
+batch, taking turns the same way; results in `throughput_gpu.json`. Targets: MLP >= 1.0x
+PyTorch, LeNet >= 0.8x. Without a GPU it stops at once, saying so.
 
     python benchmarks/throughput.py --data data/fashion --out benchmarks/results
+    python benchmarks/throughput.py --data data/fashion --out benchmarks/results --backend cupy
 """
 from __future__ import annotations
 
+import argparse
+import sys
+
 from common import benchmark_parser, markdown_table, run_ddp, run_mpitrain, torch_available, write_results
 
-RUNS = [(1, "none", {}), (1, "allreduce", {}), (1, "averaging", {"sync.frequency": 5}),
-        (2, "none", {}), (2, "allreduce", {}), (2, "averaging", {"sync.frequency": 5})]
+from mpitrain.backend import gpu_available
+
+AVERAGING = ("averaging", {"sync.frequency": 5})
+MODELS = {  # model: (config, [(ranks, mode, config overrides)])
+    "MLP": ("configs/fashion_mlp.yaml", [(1, "none", {}), (1, "allreduce", {}), (1, *AVERAGING),
+                                         (2, "none", {}), (2, "allreduce", {}), (2, *AVERAGING)]),
+    "LeNet": ("configs/fashion_lenet.yaml", [(2, "allreduce", {}), (2, *AVERAGING), (2, "sharing", {})]),
+}
+GPU_MODELS = {"MLP": ("configs/fashion_mlp.yaml", 256), "LeNet": ("configs/fashion_lenet.yaml", 64)}  # (config, batch)
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -28,50 +46,106 @@ def median_run(runs: list[dict]) -> dict:
 def main(argv=None) -> dict:
     parser = benchmark_parser(__doc__, epochs=1)
     parser.add_argument("--repeat", type=int, default=3, help="interleaved runs per row; the median counts")
-    parser.add_argument("--accuracy-epochs", type=int, default=10, help="0 skips the accuracy run")
+    parser.add_argument("--accuracy-epochs", type=int, default=10, help="MLP accuracy run; 0 skips it")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--backend", choices=["numpy", "cupy"], default="numpy",
+                        help="cupy: one GPU against PyTorch CUDA (throughput_gpu.json)")
     args = parser.parse_args(argv)
+    if args.backend == "cupy":
+        return gpu_main(args)
 
     rows, with_ddp = [], torch_available()
-    for ranks in (1, 2):
-        # Interleaved repeats, median per row: the machine's speed drifts, and every engine sees the drift.
-        measures = {label: [] for label in ["ddp", *[mode for n, mode, _ in RUNS if n == ranks]]}
-        for _ in range(args.repeat):
-            if with_ddp:
-                measures["ddp"].append(run_ddp(args, ranks, args.epochs))
-            for n, mode, extra in RUNS:
-                if n == ranks:
-                    measures[mode].append(run_mpitrain(args, n, mode, extra, args.epochs))
-        ddp = median_run(measures["ddp"]) if with_ddp else None
-        for n, mode, extra in RUNS:
-            if n != ranks:
-                continue
-            s = median_run(measures[mode])
-            rows.append({"engine": "mpitrain", "ranks": n, "mode": mode + (" (frequency 5)" if extra else ""),
-                         "samples_per_s": s["samples_per_s"], "test_accuracy": s["test_accuracy"],
-                         "bytes_sent_per_step": s["bytes_sent_per_step"],
-                         "vs_ddp": s["samples_per_s"] / ddp["samples_per_s"] if ddp else None})
-        if ddp:
-            rows.append({"engine": "pytorch-ddp", "ranks": ranks, "mode": "DDP gloo",
-                         "samples_per_s": ddp["samples_per_s"], "test_accuracy": ddp["test_accuracy"],
-                         "bytes_sent_per_step": None, "vs_ddp": 1.0})
-    result = {"epochs": args.epochs, "repeat": args.repeat, "config": args.config, "rows": rows}
-    if args.accuracy_epochs:
-        s = run_mpitrain(args, 2, "allreduce", {}, args.accuracy_epochs)
+    for model in args.models:
+        config, runs = MODELS[model]
+        model_args = argparse.Namespace(**{**vars(args), "config": config})
+        for ranks in sorted({n for n, _, _ in runs}):
+            rows += model_rows(model, model_args, ranks, [run for run in runs if run[0] == ranks], with_ddp)
+    result = {"epochs": args.epochs, "repeat": args.repeat, "rows": rows}
+    if args.accuracy_epochs and "MLP" in args.models:
+        s = run_mpitrain(argparse.Namespace(**{**vars(args), "config": MODELS["MLP"][0]}), 2, "allreduce", {},
+                         args.accuracy_epochs)
         result["accuracy_run"] = {"ranks": 2, "mode": "allreduce", "epochs": args.accuracy_epochs,
                                   "test_accuracy": s["test_accuracy"], "samples_per_s": s["samples_per_s"]}
     write_results(args.out, "throughput", result, markdown(result))
     return result
 
 
+def model_rows(model: str, args, ranks: int, runs: list, with_ddp: bool) -> list[dict]:
+    """One row per run of `model` on `ranks` ranks, and DDP's; interleaved repeats, the median each.
+
+    The machine's speed drifts; taking turns lets every engine see the drift alike.
+    """
+    measures = {mode: [] for _, mode, _ in runs}
+    ddp_runs = []
+    for _ in range(args.repeat):
+        if with_ddp:
+            ddp_runs.append(run_ddp(args, ranks, args.epochs))
+        for n, mode, extra in runs:
+            measures[mode].append(run_mpitrain(args, n, mode, extra, args.epochs))
+    ddp = median_run(ddp_runs) if with_ddp else None
+    rows = []
+    for n, mode, extra in runs:
+        s = median_run(measures[mode])
+        rows.append({"model": model, "engine": "mpitrain", "ranks": n,
+                     "mode": mode + (" (frequency 5)" if extra else ""), "samples_per_s": s["samples_per_s"],
+                     "test_accuracy": s["test_accuracy"], "bytes_sent_per_step": s["bytes_sent_per_step"],
+                     "vs_ddp": s["samples_per_s"] / ddp["samples_per_s"] if ddp else None})
+    if ddp:
+        rows.append({"model": model, "engine": "pytorch-ddp", "ranks": ranks, "mode": "DDP gloo",
+                     "samples_per_s": ddp["samples_per_s"], "test_accuracy": ddp["test_accuracy"],
+                     "bytes_sent_per_step": None, "vs_ddp": 1.0})
+    return rows
+
+
+def gpu_main(args) -> dict:
+    """One GPU: mpitrain `backend: cupy` (1 rank) beside PyTorch CUDA, interleaved, the median of each."""
+    if not gpu_available():
+        sys.exit("throughput.py --backend cupy: no CUDA GPU here (cupy is missing or cupy.is_available() is "
+                 "False); nothing was measured. Install mpitrain[gpu] on a GPU machine.")
+    with_torch = torch_available() and _torch_cuda()
+    rows = []
+    for model in args.models:
+        config, batch = GPU_MODELS[model]
+        model_args = argparse.Namespace(**{**vars(args), "config": config})
+        ours, theirs = [], []
+        for _ in range(args.repeat):
+            if with_torch:
+                theirs.append(run_ddp(model_args, 1, args.epochs, ["--device", "cuda", "--batch-size", str(batch)]))
+            ours.append(run_mpitrain(model_args, 1, "none", {"backend": "cupy", "train.batch_size": batch},
+                                     args.epochs))
+        s, torch_run = median_run(ours), median_run(theirs) if theirs else None
+        rows.append({"model": model, "engine": "mpitrain cupy", "batch": batch, "samples_per_s": s["samples_per_s"],
+                     "test_accuracy": s["test_accuracy"], "transfers": s["transfers"],
+                     "vs_torch": s["samples_per_s"] / torch_run["samples_per_s"] if torch_run else None})
+        if torch_run:
+            rows.append({"model": model, "engine": "pytorch cuda", "batch": batch, **torch_run, "vs_torch": 1.0})
+    result = {"epochs": args.epochs, "repeat": args.repeat, "rows": rows}
+    table = (f"Fashion-MNIST on one GPU, {args.epochs} epoch(s), 1 rank; each row the median of {args.repeat} "
+             "runs, interleaved with PyTorch's; targets: MLP >= 1.0x, LeNet >= 0.8x PyTorch\n\n"
+             + markdown_table(["model", "engine", "batch", "samples/s", "vs PyTorch", "test acc"],
+                              [[r["model"], r["engine"], str(r["batch"]), f"{r['samples_per_s']:.0f}",
+                                f"{r['vs_torch']:.2f}x" if r["vs_torch"] else "-", f"{r['test_accuracy']:.4f}"]
+                               for r in rows], "llrrrr") + "\n")
+    write_results(args.out, "throughput_gpu", result, table)
+    return result
+
+
+def _torch_cuda() -> bool:
+    import torch
+    if not torch.cuda.is_available():
+        print("PyTorch has no CUDA here (a CPU build?): the PyTorch CUDA baseline is left out", file=sys.stderr)
+    return torch.cuda.is_available()
+
+
 def markdown(result: dict) -> str:
-    rows = [[r["engine"], str(r["ranks"]), r["mode"], f"{r['samples_per_s']:.0f}",
+    rows = [[r["model"], r["engine"], str(r["ranks"]), r["mode"], f"{r['samples_per_s']:.0f}",
              f"{r['vs_ddp']:.2f}x" if r["vs_ddp"] else "-", f"{r['test_accuracy']:.4f}",
              f"{r['bytes_sent_per_step']:.0f}" if r["bytes_sent_per_step"] is not None else "-"]
             for r in result["rows"]]
-    lines = [f"Fashion-MNIST MLP, {result['epochs']} epoch(s), batch 64 per rank, 1 thread per rank; each row the "
+    lines = [f"Fashion-MNIST, {result['epochs']} epoch(s), batch 64 per rank, 1 thread per rank; each row the "
              f"median of {result['repeat']} runs, interleaved with the other engines", "",
-             markdown_table(["engine", "ranks", "sync", "samples/s", "vs DDP", "test acc", "bytes/step/rank"],
-                            rows, "lrlrrrr")]
+             markdown_table(["model", "engine", "ranks", "sync", "samples/s", "vs DDP", "test acc",
+                             "bytes/step/rank"], rows, "llrlrrrr")]
     if "accuracy_run" in result:
         a = result["accuracy_run"]
         lines += ["", f"Accuracy run: {a['ranks']} ranks, {a['mode']}, {a['epochs']} epochs: "

@@ -1,7 +1,7 @@
 """HDF5 checkpoints, written atomically and independent of the number of ranks.
 
-`checkpoints/ckpt-EEEE-SSSSSS.h5` holds the flat parameters (and each layer's parameters
-under `layers/`, for `h5ls` and other tools), the flat updater state, the synchronizer's
+`checkpoints/ckpt-EEEE-SSSSSS.h5` holds the flat parameters and running statistics (and
+each layer's arrays under `layers/`, for `h5ls` and other tools), the flat updater state, the synchronizer's
 state (e.g. sharing's tau), where to resume (epoch EEEE, step SSSSSS within it), the
 resolved config and the sha256 of the dataset's manifest. Replicas are identical when a
 checkpoint is taken, so rank 0 alone writes it and any number of ranks can resume it.
@@ -35,6 +35,13 @@ class Checkpoint:
     manifest_sha256: str = ""
     config_yaml: str = ""
     path: str = ""
+    stats: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # running statistics (batch norm)
+    stats_layout: list = field(default_factory=list)
+
+    @property
+    def full_layout(self) -> list:
+        """Parameters then running statistics: what a model's `layout + stats_layout` must match."""
+        return list(self.layout) + list(self.stats_layout)
 
 
 def checkpoint_dir(run_dir: str) -> str:
@@ -42,28 +49,36 @@ def checkpoint_dir(run_dir: str) -> str:
 
 
 def save_checkpoint(run_dir: str, ckpt: Checkpoint, keep: int) -> str:
-    """Write to a temporary file, fsync, rename; only then delete all but the newest `keep`."""
-    folder = checkpoint_dir(run_dir)
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"ckpt-{ckpt.epoch:04d}-{ckpt.step:06d}.h5")
+    """Write RUN_DIR/checkpoints/ckpt-EEEE-SSSSSS.h5 atomically; only then delete all but the newest `keep`."""
+    path = write_checkpoint(os.path.join(checkpoint_dir(run_dir), f"ckpt-{ckpt.epoch:04d}-{ckpt.step:06d}.h5"), ckpt)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        os.remove(old)
+    return path
+
+
+def write_checkpoint(path: str, ckpt: Checkpoint) -> str:
+    """Write `ckpt` to a temporary file beside `path`, fsync, rename: `path` is complete or absent."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
     with h5py.File(tmp, "w") as f:
         f.create_dataset("params", data=ckpt.params)
         f.create_dataset("updater_state", data=ckpt.updater_state)
-        layers, offset = f.create_group("layers"), 0
-        for name, shape in ckpt.layout:
-            size = int(np.prod(shape))
-            layers.create_dataset(name, data=ckpt.params[offset:offset + size].reshape(shape))
-            offset += size
+        f.create_dataset("stats", data=ckpt.stats)
+        layers = f.create_group("layers")
+        for flat, layout in ((ckpt.params, ckpt.layout), (ckpt.stats, ckpt.stats_layout)):
+            offset = 0
+            for name, shape in layout:
+                size = int(np.prod(shape))
+                layers.create_dataset(name, data=flat[offset:offset + size].reshape(shape))
+                offset += size
         f.attrs.update(epoch=ckpt.epoch, step=ckpt.step, iteration=ckpt.iteration,
                        layout=json.dumps([[name, list(shape)] for name, shape in ckpt.layout]),
+                       stats_layout=json.dumps([[name, list(shape)] for name, shape in ckpt.stats_layout]),
                        sync_state=json.dumps(ckpt.sync_state), manifest_sha256=ckpt.manifest_sha256,
                        config=ckpt.config_yaml)
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    for old in list_checkpoints(run_dir)[:-keep]:
-        os.remove(old)
     return path
 
 
@@ -78,21 +93,36 @@ def load_checkpoint(path: str) -> Checkpoint:
         with h5py.File(path, "r") as f:
             a = f.attrs
             return Checkpoint(f["params"][...], f["updater_state"][...], int(a["epoch"]), int(a["step"]),
-                              int(a["iteration"]), [(n, tuple(s)) for n, s in json.loads(a["layout"])],
-                              json.loads(a["sync_state"]), str(a["manifest_sha256"]), str(a["config"]), path)
+                              int(a["iteration"]), _layout(a["layout"]), json.loads(a["sync_state"]),
+                              str(a["manifest_sha256"]), str(a["config"]), path, f["stats"][...],
+                              _layout(a["stats_layout"]))
     except (OSError, KeyError, ValueError) as e:
         raise DataError(f"{path}: not a readable mpitrain checkpoint ({e})") from None
 
 
+def restore_model(ckpt: Checkpoint, model, to_device) -> None:
+    """Copy a checkpoint's parameters and running statistics into `model` (after `check_fits`)
+    with `to_device` (the backend's counted host -> device copy)."""
+    model.params[...] = to_device(ckpt.params)
+    model.stats[...] = to_device(ckpt.stats)
+
+
+def _layout(text: str) -> list:
+    return [(name, tuple(shape)) for name, shape in json.loads(text)]
+
+
 def check_fits(ckpt: Checkpoint, layout: list, n_state: int | None = None, manifest_sha256: str | None = None,
                dataset: str = "") -> None:
-    """Refuse a checkpoint of another model, optimizer or dataset, saying what differs."""
-    for (saved, saved_shape), (name, shape) in zip(ckpt.layout, layout):
+    """Refuse a checkpoint of another model, optimizer or dataset, saying what differs.
+
+    `layout` is the model's parameters then its running statistics (`layout + stats_layout`).
+    """
+    for (saved, saved_shape), (name, shape) in zip(ckpt.full_layout, layout):
         if (saved, tuple(saved_shape)) != (name, tuple(shape)):
             raise DataError(f"{ckpt.path}: holds {saved} of shape {list(saved_shape)} where this config's model "
                             f"has {name} of shape {list(shape)}")
-    if len(ckpt.layout) != len(layout):
-        raise DataError(f"{ckpt.path}: holds {len(ckpt.layout)} parameter arrays, this config's model has "
+    if len(ckpt.full_layout) != len(layout):
+        raise DataError(f"{ckpt.path}: holds {len(ckpt.full_layout)} parameter arrays, this config's model has "
                         f"{len(layout)}")
     if n_state is not None and ckpt.updater_state.size != n_state:
         raise DataError(f"{ckpt.path}: holds {ckpt.updater_state.size} updater values, this config's optimizer "

@@ -96,7 +96,7 @@ def _eval(args, comm) -> int:
     from mpitrain.report import class_names, write_confusion_png
     trained = _load_trained(args, comm)
     result = evaluate(trained.model, trained.rows, trained.to_input, args.batch_size, comm,
-                      trained.manifest.num_classes).to_dict()
+                      trained.manifest.num_classes, trained.backend).to_dict()
     if comm.is_root:
         out = os.path.join(args.run_dir, f"eval-{args.split}.json")
         with open(out, "w") as f:
@@ -119,7 +119,7 @@ def _predict(args, comm) -> int:
     import h5py
     from mpitrain.evaluate import predict
     trained = _load_trained(args, comm)
-    classes, probabilities = predict(trained.model, trained.rows, trained.to_input, args.batch_size)
+    classes, probabilities = predict(trained.model, trained.rows, trained.to_input, args.batch_size, trained.backend)
     parts = comm.gather_obj((classes, probabilities, trained.rows.y))
     if comm.is_root:
         out = args.out or os.path.join(args.run_dir, f"predictions-{args.split}.h5")
@@ -137,14 +137,14 @@ def _predict(args, comm) -> int:
 class _Trained:
     """A run's model with a checkpoint's parameters, and this rank's evaluation rows of a split."""
 
-    def __init__(self, model, rows, to_input, manifest, checkpoint):
+    def __init__(self, model, rows, to_input, manifest, checkpoint, backend):
         self.model, self.rows, self.to_input = model, rows, to_input
-        self.manifest, self.checkpoint = manifest, checkpoint
+        self.manifest, self.checkpoint, self.backend = manifest, checkpoint, backend
 
 
 def _load_trained(args, comm) -> _Trained:
     from mpitrain.backend import create_backend
-    from mpitrain.checkpoint import check_fits, list_checkpoints, load_checkpoint
+    from mpitrain.checkpoint import check_fits, list_checkpoints, load_checkpoint, restore_model
     from mpitrain.config import load_config
     from mpitrain.data import Batches, load_rank_rows
     from mpitrain.nn.model import build_model
@@ -161,13 +161,13 @@ def _load_trained(args, comm) -> _Trained:
         if path is None:
             raise DataError(f"{config.run_dir}/checkpoints: no checkpoint; train first or pass --checkpoint")
         ckpt = load_checkpoint(path)
-        check_fits(ckpt, model.layout)
-        model.params[...] = backend.xp.asarray(ckpt.params)
+        check_fits(ckpt, model.layout + model.stats_layout)
+        restore_model(ckpt, model, backend.to_device)
         rows = load_rank_rows(config.data.path, manifest, args.split, comm.rank, comm.size, training=False,
                               verify_checksums=config.data.verify_checksums)
     batches = Batches(rows, manifest, 1, backend, config.model.dtype, 0, comm.rank,
                       normalize=config.data.normalize, prefetch=False)
-    return _Trained(model, rows, batches.to_model_input, manifest, path)
+    return _Trained(model, rows, batches.to_model_input, manifest, path, backend)
 
 
 def _report(args) -> int:

@@ -13,13 +13,16 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from mpitrain.backend import BACKENDS
 from mpitrain.errors import ConfigError
+from mpitrain.nn.rbm import VISIBLE_UNITS
 
 SYNC_MODES = ("none", "allreduce", "averaging", "sharing")
 ENCODINGS = ("auto", "sparse", "bitmap")
 ADAPTIVE_DEFAULTS = {"min_sparsity": 1.0e-4, "max_sparsity": 1.0e-2, "decay": 0.965936}
 RESIDUAL_CLIP_DEFAULTS = {"factor": 5.0, "every": 5}
 OPTIMIZERS = ("sgd", "adagrad", "adam", "rmsprop")
+PROPAGATE = ("mean", "sample")
 
 
 @dataclass
@@ -46,7 +49,6 @@ class ModelConfig:
     dtype: str = "float32"
 
     def validate(self, where):
-        _check(len(self.layers) > 0, where, "model.layers", self.layers, "a non-empty list of layers")
         _check(self.dtype in ("float32", "float64"), where, "model.dtype", self.dtype, "float32 or float64")
 
 
@@ -99,24 +101,62 @@ class SyncConfig:
     residual_clip: typing.Union[bool, dict] = True  # sharing: false, true (defaults) or {factor, every}
     encoding: str = "auto"  # sharing: auto | sparse | bitmap
 
-    def validate(self, where):
-        _check(self.mode in SYNC_MODES, where, "sync.mode", self.mode, f"one of {SYNC_MODES}")
+    def validate(self, where, section: str = "sync"):
+        _check(self.mode in SYNC_MODES, where, f"{section}.mode", self.mode, f"one of {SYNC_MODES}")
         ok = self.frequency == "epoch" or (isinstance(self.frequency, int) and self.frequency >= 1)
-        _check(ok, where, "sync.frequency", self.frequency, "a number of steps >= 1, or 'epoch'")
-        _check(self.threshold > 0, where, "sync.threshold", self.threshold, "a positive number")
-        _check(self.encoding in ENCODINGS, where, "sync.encoding", self.encoding, f"one of {ENCODINGS}")
-        self.adaptive = _options(self.adaptive, ADAPTIVE_DEFAULTS, where, "sync.adaptive")
+        _check(ok, where, f"{section}.frequency", self.frequency, "a number of steps >= 1, or 'epoch'")
+        _check(self.threshold > 0, where, f"{section}.threshold", self.threshold, "a positive number")
+        _check(self.encoding in ENCODINGS, where, f"{section}.encoding", self.encoding, f"one of {ENCODINGS}")
+        self.adaptive = _options(self.adaptive, ADAPTIVE_DEFAULTS, where, f"{section}.adaptive")
         if self.adaptive:
             a = self.adaptive
-            _check(0 < a["min_sparsity"] < a["max_sparsity"] <= 1, where, "sync.adaptive",
+            _check(0 < a["min_sparsity"] < a["max_sparsity"] <= 1, where, f"{section}.adaptive",
                    a, "0 < min_sparsity < max_sparsity <= 1")
-            _check(0 < a["decay"] < 1, where, "sync.adaptive.decay", a["decay"], "a number in (0, 1)")
-        self.residual_clip = _options(self.residual_clip, RESIDUAL_CLIP_DEFAULTS, where, "sync.residual_clip")
+            _check(0 < a["decay"] < 1, where, f"{section}.adaptive.decay", a["decay"], "a number in (0, 1)")
+        self.residual_clip = _options(self.residual_clip, RESIDUAL_CLIP_DEFAULTS, where, f"{section}.residual_clip")
         if self.residual_clip:
             c = self.residual_clip
-            _check(c["factor"] >= 1, where, "sync.residual_clip.factor", c["factor"], "a number >= 1")
-            _check(isinstance(c["every"], int) and c["every"] >= 1, where, "sync.residual_clip.every",
+            _check(c["factor"] >= 1, where, f"{section}.residual_clip.factor", c["factor"], "a number >= 1")
+            _check(isinstance(c["every"], int) and c["every"] >= 1, where, f"{section}.residual_clip.every",
                    c["every"], "an integer >= 1")
+
+
+@dataclass
+class PretrainConfig:
+    """Greedy layer-wise RBM pretraining of a deep belief net (mpitrain.pretrain); off while `layers` is empty."""
+
+    layers: list = field(default_factory=list)  # hidden units per RBM, e.g. [500, 500, 2000]
+    epochs: int = 10  # per layer
+    cd_k: int = 1
+    persistent: bool = False  # persistent CD (fantasy particles kept between batches)
+    lr: float = 0.1
+    momentum: float = 0.5
+    weight_decay: float = 2.0e-4  # L2 on the weights
+    sparsity_target: float = 0.0  # 0: no sparsity penalty
+    sparsity_cost: float = 0.1
+    visible: str = "bernoulli"  # the first RBM's visible units: bernoulli (inputs in [0, 1]) or gaussian
+    sample_visible: bool = False  # sample visible units in the Gibbs chain (else use their means)
+    propagate: str = "mean"  # the next layer trains on the previous layers' mean activations, or samples
+    monitor_rows: int = 2000  # rows per rank for the per-epoch reconstruction error (0: all)
+    pll_max_visible: int = 100  # pseudo-log-likelihood for Bernoulli RBMs up to this many visible units
+    sync: SyncConfig = field(default_factory=lambda: SyncConfig(mode="averaging", frequency="epoch"))
+
+    def validate(self, where):
+        ok = all(isinstance(units, int) and not isinstance(units, bool) and units >= 1 for units in self.layers)
+        _check(ok, where, "pretrain.layers", self.layers, "a list of hidden-unit counts >= 1, e.g. [500, 500, 2000]")
+        for key in ("epochs", "cd_k"):
+            _check(getattr(self, key) >= 1, where, f"pretrain.{key}", getattr(self, key), "an integer >= 1")
+        _check(self.lr > 0, where, "pretrain.lr", self.lr, "a positive number")
+        _check(0 <= self.momentum < 1, where, "pretrain.momentum", self.momentum, "a number in [0, 1)")
+        _check(self.weight_decay >= 0, where, "pretrain.weight_decay", self.weight_decay, "a number >= 0")
+        _check(0 <= self.sparsity_target < 1, where, "pretrain.sparsity_target", self.sparsity_target,
+               "a number in [0, 1) (0: no sparsity penalty)")
+        _check(self.sparsity_cost >= 0, where, "pretrain.sparsity_cost", self.sparsity_cost, "a number >= 0")
+        _check(self.visible in VISIBLE_UNITS, where, "pretrain.visible", self.visible, f"one of {VISIBLE_UNITS}")
+        _check(self.propagate in PROPAGATE, where, "pretrain.propagate", self.propagate, f"one of {PROPAGATE}")
+        for key in ("monitor_rows", "pll_max_visible"):
+            _check(getattr(self, key) >= 0, where, f"pretrain.{key}", getattr(self, key), "an integer >= 0")
+        self.sync.validate(where, "pretrain.sync")
 
 
 @dataclass
@@ -133,6 +173,15 @@ class CheckpointConfig:
 
 
 @dataclass
+class CommConfig:
+    cuda_aware: typing.Union[bool, str] = "auto"  # MPI reads device buffers: auto (ask MPI) | true | false
+
+    def validate(self, where):
+        _check(self.cuda_aware in ("auto", True, False), where, "comm.cuda_aware", self.cuda_aware,
+               "auto, true or false")
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -140,14 +189,24 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    backend: str = "numpy"
+    comm: CommConfig = field(default_factory=CommConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    backend: str = "numpy"  # numpy | cupy | auto (cupy when a GPU is available)
     run_dir: str = ""
     resume: str = "auto"
     report: bool = True  # rank 0 draws RUN_DIR/report.png and report.html at the end of training
 
     def validate(self, where):
-        for section in (self.data, self.model, self.optimizer, self.train, self.sync, self.checkpoint):
+        for section in (self.data, self.model, self.optimizer, self.train, self.sync, self.checkpoint, self.comm,
+                        self.pretrain):
             section.validate(where)
+        _check(self.backend in BACKENDS, where, "backend", self.backend, f"one of {BACKENDS}")
+        _check(len(self.model.layers) > 0 or len(self.pretrain.layers) > 0, where, "model.layers", self.model.layers,
+               "a non-empty list of layers (or pretrain.layers, from which a deep belief net's layers are built)")
+        if self.pretrain.layers and self.pretrain.visible == "bernoulli":
+            _check(not self.data.normalize, where, "data.normalize", self.data.normalize,
+                   "false with pretrain.visible: bernoulli (Bernoulli units take inputs in [0, 1]; "
+                   "or use pretrain.visible: gaussian for standardized inputs)")
         _check(self.resume in ("auto", "never"), where, "resume", self.resume, "'auto' or 'never'")
 
     def to_dict(self) -> dict:
@@ -202,8 +261,9 @@ def _apply_override(raw: dict, override: str, where: str) -> None:
     node[last] = value
 
 
-def _build(cls, raw, where: str, prefix: str):
-    """Turn a mapping into dataclass `cls`, rejecting unknown keys and wrong types."""
+def _build(cls, raw, where: str, prefix: str, base=None):
+    """Turn a mapping into dataclass `cls` (keys missing from it keep `base`'s values, or the class defaults),
+    rejecting unknown keys and wrong types."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: {prefix or 'config'} is {raw!r}, expected a mapping")
     hints = typing.get_type_hints(cls)
@@ -213,14 +273,15 @@ def _build(cls, raw, where: str, prefix: str):
         close = difflib.get_close_matches(str(unknown[0]), known, n=1)
         hint = f"did you mean {prefix + close[0]!r}? " if close else ""
         raise ConfigError(f"{where}: unknown key {prefix + str(unknown[0])!r}; {hint}expected one of {sorted(known)}")
+    base = base if base is not None else cls()
     values = {}
     for name, value in raw.items():
         kind = hints[name]
         if dataclasses.is_dataclass(kind):
-            values[name] = _build(kind, value, where, f"{prefix}{name}.")
+            values[name] = _build(kind, value, where, f"{prefix}{name}.", getattr(base, name))
         else:
             values[name] = _coerce(value, kind, where, prefix + name)
-    return cls(**values)
+    return dataclasses.replace(base, **values)
 
 
 def _coerce(value, kind, where: str, key: str):

@@ -5,7 +5,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpitrain.backend import to_host
 from mpitrain.nn.losses import per_row_cross_entropy, softmax
 
 
@@ -40,31 +39,34 @@ class Evaluation:
 
 
 def batched_logits(model, rows, to_input, batch_size: int):
-    """Yield (logits, labels) over this rank's rows in order, the last batch possibly short."""
+    """Yield (logits, row range) over this rank's rows in order, the last batch possibly short."""
     for start in range(0, len(rows.y), batch_size):
-        x = to_input(rows.x[start:start + batch_size])
-        yield model.forward(x, training=False), rows.y[start:start + batch_size]
+        batch = slice(start, start + batch_size)
+        yield model.forward(to_input(rows.x[batch]), training=False), batch
 
 
-def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int) -> Evaluation:
-    """Evaluate on every rank's rows; a collective, so every rank must call it."""
-    confusion = np.zeros((num_classes, num_classes), dtype=np.int64)
-    loss_sum = np.zeros(1)
-    xp = model.xp
-    for logits, labels in batched_logits(model, rows, to_input, batch_size):
-        labels_dev = xp.asarray(labels)
-        loss_sum += float(per_row_cross_entropy(logits, labels_dev).sum())
-        predicted = to_host(logits.argmax(axis=1))
-        np.add.at(confusion, (labels, predicted), 1)
+def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, backend) -> Evaluation:
+    """Evaluate on every rank's rows; a collective, so every rank must call it.
+
+    Loss and confusion counts add up on the device; one copy brings them to the host.
+    """
+    xp = backend.xp
+    labels = backend.to_device(rows.y)
+    confusion = xp.zeros(num_classes * num_classes, dtype=np.int64)
+    loss_sum = xp.zeros((), dtype=np.float64)
+    for logits, batch in batched_logits(model, rows, to_input, batch_size):
+        loss_sum += per_row_cross_entropy(logits, labels[batch]).sum()
+        confusion += xp.bincount(labels[batch] * num_classes + logits.argmax(axis=1), minlength=num_classes ** 2)
+    totals = backend.to_host(xp.concatenate([confusion.astype(np.float64), loss_sum[None]]))
+    confusion, loss_sum = totals[:-1].astype(np.int64).reshape(num_classes, num_classes), totals[-1:]
     comm.allreduce_(confusion)
     comm.allreduce_(loss_sum)
     return Evaluation(confusion, float(loss_sum[0]))
 
 
-def predict(model, rows, to_input, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+def predict(model, rows, to_input, batch_size: int, backend) -> tuple[np.ndarray, np.ndarray]:
     """Predicted classes and class probabilities for this rank's rows (host arrays)."""
-    classes, probabilities = [], []
-    for logits, _ in batched_logits(model, rows, to_input, batch_size):
-        probabilities.append(to_host(softmax(logits)).astype(np.float32))
-        classes.append(probabilities[-1].argmax(axis=1).astype(np.int32))
-    return np.concatenate(classes), np.concatenate(probabilities)
+    batches = batched_logits(model, rows, to_input, batch_size)
+    probabilities = backend.to_host(backend.xp.concatenate([softmax(logits).astype(np.float32)
+                                                            for logits, _ in batches]))
+    return probabilities.argmax(axis=1).astype(np.int32), probabilities

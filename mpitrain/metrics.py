@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 from tqdm import tqdm
 
 from mpitrain.errors import MpitrainError
@@ -19,27 +19,83 @@ from mpitrain.errors import MpitrainError
 log = logging.getLogger("mpitrain")
 
 
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes a rank sent, and host/device copies (and their bytes) it made to stage collectives."""
+
+    bytes_sent: int = 0
+    staged_copies: int = 0
+    staged_bytes: int = 0
+
+    @classmethod
+    def of(cls, comm) -> Traffic:
+        """What `comm` has sent and staged so far."""
+        staging = comm.staging
+        return cls(comm.bytes_sent, *((staging.copies, staging.bytes) if staging is not None else ()))
+
+    def __sub__(self, other: Traffic) -> Traffic:
+        return Traffic(self.bytes_sent - other.bytes_sent, self.staged_copies - other.staged_copies,
+                       self.staged_bytes - other.staged_bytes)
+
+    def __add__(self, other: Traffic) -> Traffic:
+        return Traffic(self.bytes_sent + other.bytes_sent, self.staged_copies + other.staged_copies,
+                       self.staged_bytes + other.staged_bytes)
+
+
 @dataclass
-class Window:
-    """One rank's sums over the steps since the last record."""
+class Totals:
+    """One rank's sums over some steps, on the host."""
 
     steps: int = 0
     samples: int = 0
     loss_sum: float = 0.0
     correct: int = 0
     seconds: float = 0.0
-    bytes_sent: int = 0
+    traffic: Traffic = Traffic()
     first_bad_step: int = -1  # the first step whose loss was NaN or Inf
 
-    def add(self, step: int, loss: float, correct: int, samples: int, seconds: float, bytes_sent: int) -> None:
-        if not math.isfinite(loss) and self.first_bad_step < 0:
-            self.first_bad_step = step
-        self.steps += 1
-        self.samples += samples
-        self.loss_sum += loss * samples
-        self.correct += correct
+    def __add__(self, other: Totals) -> Totals:
+        bad = [s for s in (self.first_bad_step, other.first_bad_step) if s >= 0]
+        return Totals(self.steps + other.steps, self.samples + other.samples, self.loss_sum + other.loss_sum,
+                      self.correct + other.correct, self.seconds + other.seconds, self.traffic + other.traffic,
+                      min(bad, default=-1))
+
+
+@dataclass
+class Window:
+    """One rank's steps since the last record.
+
+    Each step's loss and correct count stay on the device as 0-d arrays; `totals` reads them
+    all in ONE device -> host copy at the window's end, so no step waits for the host.
+    """
+
+    first_step: int = -1
+    samples: list = field(default_factory=list)
+    losses: list = field(default_factory=list)
+    corrects: list = field(default_factory=list)
+    seconds: float = 0.0
+    traffic: Traffic = Traffic()
+
+    def add(self, step: int, loss, correct, samples: int, seconds: float, traffic: Traffic) -> None:
+        if self.first_step < 0:
+            self.first_step = step
+        self.samples.append(samples)
+        self.losses.append(loss)
+        self.corrects.append(correct)
         self.seconds += seconds
-        self.bytes_sent += bytes_sent
+        self.traffic += traffic
+
+    def totals(self, backend) -> Totals:
+        """The window's sums on the host (one counted copy through `backend`)."""
+        if not self.losses:
+            return Totals(seconds=self.seconds, traffic=self.traffic)
+        xp = backend.xp
+        losses, corrects = backend.to_host(xp.stack([xp.stack(self.losses).astype(np.float64),
+                                                     xp.stack(self.corrects).astype(np.float64)]))
+        bad = ~np.isfinite(losses)
+        return Totals(len(losses), sum(self.samples), float(losses @ np.asarray(self.samples, dtype=np.float64)),
+                      int(corrects.sum()), self.seconds, self.traffic,
+                      self.first_step + int(np.argmax(bad)) if bad.any() else -1)
 
 
 class MetricsLog:
@@ -51,12 +107,26 @@ class MetricsLog:
         self.bar = None
         self.use_bar = comm.is_root and sys.stderr.isatty()
 
+    def resume_at(self, epoch: int, step: int) -> None:
+        """Drop the records a resumed run will write again: those past step `step` of epoch `epoch`
+        (written after the checkpoint it resumes from, before the job ended)."""
+        if not (self.comm.is_root and os.path.exists(self.path)):
+            return
+        position = epoch * self.steps_per_epoch + step
+        with open(self.path) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+        kept = [r for r in records if not (r["kind"] == "window" and r["global_step"] > position
+                                           or r["kind"] == "epoch" and r["epoch"] >= epoch)]
+        with open(self.path + ".tmp", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+        os.replace(self.path + ".tmp", self.path)
+
     def start_epoch(self, epoch: int, start_step: int) -> None:
         if self.use_bar:
             self.bar = tqdm(total=self.steps_per_epoch, initial=start_step, desc=f"epoch {epoch + 1}/{self.epochs}",
                             unit="step", dynamic_ncols=True)
 
-    def window(self, epoch: int, step: int, window: Window, extra: dict) -> dict:
+    def window(self, epoch: int, step: int, window: Totals, extra: dict) -> dict:
         """Record the window ending at `step` (0-based, within `epoch`) on every rank's behalf.
 
         Every rank learns every rank's loss, so a NaN anywhere stops all ranks together.
@@ -74,7 +144,7 @@ class MetricsLog:
             "loss": sum(w.loss_sum for w in windows) / samples,
             "accuracy": sum(w.correct for w in windows) / samples,
             "samples_per_s": samples / max(max(w.seconds for w in windows), 1e-12),
-            "bytes_sent_per_step": sum(w.bytes_sent for w in windows) / len(windows) / max(window.steps, 1),
+            **per_step([w.traffic for w in windows], window.steps),
             "rank_losses": [w.loss_sum / max(w.samples, 1) for w in windows],
             **extra,
         }
@@ -100,3 +170,11 @@ class MetricsLog:
         if self.comm.is_root:
             with open(self.path, "a") as f:
                 f.write(json.dumps({"time": time.time(), **record}) + "\n")
+
+
+def per_step(traffic: list[Traffic], steps: int) -> dict:
+    """The ranks' mean traffic per step: bytes sent, and host/device copies (and bytes) made for staging."""
+    n = len(traffic) * max(steps, 1)
+    return {"bytes_sent_per_step": sum(t.bytes_sent for t in traffic) / n,
+            "staged_copies_per_step": sum(t.staged_copies for t in traffic) / n,
+            "staged_bytes_per_step": sum(t.staged_bytes for t in traffic) / n}

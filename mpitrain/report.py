@@ -23,7 +23,8 @@ FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", 
 REPORT_SIZE = (15, 8)  # inches; at REPORT_DPI: 1500 x 800 pixels
 REPORT_DPI = 100
 RECORD_KEYS = {"window": ("global_step", "samples_per_s", "bytes_sent_per_step"),
-               "epoch": ("epoch", "train_loss", "test_loss", "test_accuracy")}
+               "epoch": ("epoch", "train_loss", "test_loss", "test_accuracy"),
+               "pretrain": ("layer", "epoch", "reconstruction_error")}
 SUMMARY_COLUMNS = {"ranks": "ranks", "epochs": "epochs", "test accuracy": "test_accuracy", "test loss": "test_loss",
                    "samples/s": "samples_per_s", "bytes/step/rank": "bytes_sent_per_step", "wall s": "wall_s"}
 
@@ -68,7 +69,7 @@ def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
             lines = f.read().splitlines()
     except OSError as e:
         raise MpitrainError(f"{path}: cannot read ({e.strerror}); expected the metrics file of a run") from None
-    records = {"window": [], "epoch": []}
+    records = {kind: [] for kind in RECORD_KEYS}
     for number, line in enumerate(lines, start=1):
         try:
             record = json.loads(line)
@@ -77,7 +78,7 @@ def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
                                 f"expected {expected}") from None
         keys = RECORD_KEYS.get(record.get("kind")) if isinstance(record, dict) else None
         if keys is None or any(key not in record for key in keys):
-            raise MpitrainError(f"{path}: line {number} is not a window or epoch record; expected {expected} "
+            raise MpitrainError(f"{path}: line {number} is not a window, epoch or pretrain record; expected {expected} "
                                 f"with these keys: {RECORD_KEYS}")
         records[record["kind"]].append(record)
     if not records["epoch"]:

@@ -47,6 +47,9 @@ def test_frequency_epoch_and_run_dir(tmp_path):
     ("sync: {mode: sharing, adaptive: {speed: 2}}", [], r"unknown key sync.adaptive.speed"),
     ("sync: {mode: sharing, residual_clip: {every: 0}}", [], r"sync.residual_clip.every is 0"),
     ("sync: {mode: sharing, encoding: zip}", [], r"sync.encoding is 'zip'"),
+    ("backend: tpu", [], r"backend is 'tpu', expected one of \('auto', 'numpy', 'cupy'\)"),
+    ("comm: {cuda_aware: maybe}", [], r"comm.cuda_aware is 'maybe', expected auto, true or false"),
+    ("comm: {cuda_aware: 1}", [], r"comm.cuda_aware is 1, expected bool or str"),
     ("[1, 2]", [], r"expected a mapping"),
 ])
 def test_bad_configs_name_the_key(tmp_path, text, override, message):
@@ -65,6 +68,14 @@ def test_sharing_options(tmp_path):
     assert config.sync.residual_clip == {"factor": 5.0, "every": 5}
     config = load_config(write(tmp_path, base + "sync: {mode: sharing, adaptive: false, residual_clip: false}\n"))
     assert config.sync.adaptive is False and config.sync.residual_clip is False
+
+
+def test_backend_and_cuda_aware_choices(tmp_path):
+    base = "data: {path: d}\nmodel: {layers: [{type: dense, units: 2}]}\n"
+    config = load_config(write(tmp_path, base))
+    assert config.backend == "numpy" and config.comm.cuda_aware == "auto"
+    config = load_config(write(tmp_path, base + "backend: auto\ncomm: {cuda_aware: false}\n"))
+    assert config.backend == "auto" and config.comm.cuda_aware is False
 
 
 def test_missing_file_and_bad_yaml(tmp_path):

@@ -2,6 +2,8 @@
 
 A layer declares its parameter shapes; the model hands it views into the one flat
 parameter buffer and the one flat gradient buffer (`bind`), so a sync is one collective.
+Running statistics that are not trained (batch norm's) live in a third flat buffer, the
+model's `stats` (`stat_shapes`, `bind_stats`), averaged across ranks by the synchronizers.
 `backward` writes parameter gradients into those views and returns the input gradient
 (None when `input_grad` is false: the first layer's input gradient is never used).
 """
@@ -23,11 +25,21 @@ class Layer:
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         return input_shape
 
+    def stat_shapes(self, input_shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+        return {}
+
     def bind(self, params: dict, grads: dict) -> None:
         self.params, self.grads = params, grads
 
+    def bind_stats(self, stats: dict) -> None:
+        self.stats = stats
+
     def init_params(self, rng: np.random.Generator, scheme: str) -> dict[str, np.ndarray]:
         """Initial values (host arrays) for each parameter, drawn from `rng`."""
+        return {}
+
+    def init_stats(self) -> dict[str, np.ndarray]:
+        """Initial values (host arrays) of the running statistics."""
         return {}
 
     def forward(self, x, training: bool):
@@ -106,8 +118,50 @@ class Flatten(Layer):
         return dy.reshape(self.input_shape)
 
 
+class Dropout(Layer):
+    """Zeroes each input with probability `rate` in training and scales the rest by 1/(1-rate).
+
+    The mask is drawn from `key` (the model sets it from seed, rank, epoch, step and the
+    layer's index), so a resumed run drops the same units; at evaluation it is the identity.
+    The draw is `keyed_bits`, the same on numpy and cupy, so both backends drop the same units.
+    """
+
+    key = (0,)
+
+    def __init__(self, rate: float = 0.5):
+        if not 0 <= rate < 1:
+            raise ValueError(f"rate {rate!r}, expected a number in [0, 1)")
+        self.rate = rate
+
+    def forward(self, x, training):
+        if not training or self.rate == 0:
+            self.mask = None
+            return x
+        keep = keyed_bits(array_module(x), self.key, x.shape) >= np.uint64(math.ceil(self.rate * 2**KEYED_BITS))
+        self.mask = keep * x.dtype.type(1 / (1 - self.rate))
+        return x * self.mask
+
+    def backward(self, dy, input_grad=True):
+        return dy if self.mask is None else dy * self.mask
+
+
+KEYED_BITS = 24
+
+
+def keyed_bits(xp, key: tuple, shape):
+    """Uniform random integers in [0, 2**KEYED_BITS), one per element of `shape`, from `key` alone.
+
+    splitmix64 of (seed from `key`, element index) in xp's wrapping uint64 arithmetic: no
+    generator state, and numpy and cupy give the same numbers.
+    """
+    seed = np.random.SeedSequence(key).generate_state(1, np.uint64)[0]
+    z = (xp.arange(1, math.prod(shape) + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + seed).reshape(shape)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return (z ^ (z >> np.uint64(31))) >> np.uint64(64 - KEYED_BITS)
+
+
 ACTIVATIONS = {"relu": ReLU, "tanh": Tanh, "sigmoid": Sigmoid}
-LAYER_TYPES = {"dense": Dense, "flatten": Flatten, **ACTIVATIONS}
 INIT_SCHEMES = ("xavier", "he")
 
 

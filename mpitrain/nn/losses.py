@@ -29,14 +29,15 @@ def softmax(logits):
 
 
 def softmax_cross_entropy(logits, labels):
-    """Mean cross-entropy and its gradient softmax(logits) - onehot(labels), over the batch.
+    """Mean cross-entropy (a 0-d array on the logits' device: no host round trip) and its gradient
+    softmax(logits) - onehot(labels), over the batch.
 
     The exponentials are computed once for both (this runs every training step).
     """
     xp = array_module(logits)
     n = len(logits)
     shifted, exp, sums = _shifted_exp(logits)
-    loss = float(_cross_entropy_rows(shifted, sums, labels).sum()) / n
+    loss = _cross_entropy_rows(shifted, sums, labels).sum() / n
     grad = exp / sums
     grad[xp.arange(n), labels] -= 1
     grad /= n

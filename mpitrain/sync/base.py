@@ -5,7 +5,6 @@ import hashlib
 
 import numpy as np
 
-from mpitrain.backend import to_host
 from mpitrain.comm import Communicator
 
 
@@ -14,7 +13,9 @@ class Synchronizer:
 
     `step` is called once per training step after backward (the model's flat `grads` are
     filled) and must update the flat `params`; `end_epoch` runs after each epoch's last
-    step. `replicas_identical` says whether the mode promises bit-identical replicas.
+    step. `replicas_identical` says whether the mode promises bit-identical replicas; such
+    modes also average the model's running statistics (`stats`, batch norm's) at each epoch
+    end and before each checkpoint, so all replicas evaluate alike.
     """
 
     replicas_identical = True
@@ -23,8 +24,10 @@ class Synchronizer:
         self.comm, self.config = comm, config
 
     def start(self, model, updater) -> None:
-        """Make every rank start from rank 0's parameters and updater state."""
+        """Make every rank start from rank 0's parameters, running statistics and updater state."""
         self.comm.bcast_(model.params)
+        if model.stats.size:
+            self.comm.bcast_(model.stats)
         if updater.state.size:
             self.comm.bcast_(updater.state)
         self.comm.bytes_sent = 0
@@ -33,10 +36,25 @@ class Synchronizer:
         raise NotImplementedError
 
     def end_epoch(self, model, updater) -> None:
-        """Nothing by default: modes that sync every step are already in step."""
+        """After an epoch's last step: the mode's own work, then the running statistics averaged."""
+        self._end_epoch(model, updater)
+        self.average_stats(model)
 
     def flush(self, model, updater) -> None:
         """Put pending, rank-local changes into the parameters before a checkpoint (a collective)."""
+        self._flush(model, updater)
+        self.average_stats(model)
+
+    def _end_epoch(self, model, updater) -> None:
+        """Nothing by default: modes that sync every step are already in step."""
+
+    def _flush(self, model, updater) -> None:
+        """Nothing by default: no rank-local changes are pending."""
+
+    def average_stats(self, model) -> None:
+        """Average the running statistics across ranks (modes that keep one model)."""
+        if self.replicas_identical and model.stats.size:
+            self.comm.average_(model.stats)
 
     def state(self) -> dict:
         """Numbers a checkpoint must keep so a resumed run continues exactly (e.g. sharing's tau)."""
@@ -50,14 +68,17 @@ class Synchronizer:
         return {}
 
 
-def parameter_hash(params) -> str:
-    """A short hash of the parameter bytes, to compare replicas across ranks cheaply."""
-    return hashlib.blake2b(np.ascontiguousarray(to_host(params)).view(np.uint8), digest_size=8).hexdigest()
+def parameter_hash(*arrays: np.ndarray) -> str:
+    """A short hash of the bytes of host `arrays` (parameters, statistics), to compare replicas across ranks cheaply."""
+    digest = hashlib.blake2b(digest_size=8)
+    for array in arrays:
+        digest.update(np.ascontiguousarray(array).view(np.uint8))
+    return digest.hexdigest()
 
 
-def check_replicas(comm: Communicator, params) -> list[str]:
-    """Gather every rank's parameter hash; raise on every rank if they differ."""
-    hashes = comm.allgather_obj(parameter_hash(params))
+def check_replicas(comm: Communicator, *arrays: np.ndarray) -> list[str]:
+    """Gather every rank's hash of host `arrays`; raise on every rank if they differ."""
+    hashes = comm.allgather_obj(parameter_hash(*arrays))
     if len(set(hashes)) > 1:
         raise RuntimeError(f"replicas diverged: parameter hashes per rank {hashes}")
     return hashes

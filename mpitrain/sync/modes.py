@@ -25,7 +25,7 @@ class AveragingSync(Synchronizer):
     """Local steps; every `frequency` steps (or once per epoch) average the parameters.
 
     With `average_updater`, the flat updater state is averaged too (DL4J's
-    ParameterAveragingTrainingMaster). An epoch always ends with an averaging, so the
+    ParameterAveragingTrainingMaster); running statistics always are. An epoch always ends with an averaging, so the
     replicas are identical at every epoch end, whatever the frequency.
     """
 
@@ -39,11 +39,11 @@ class AveragingSync(Synchronizer):
         if self.config.frequency != "epoch" and self.steps_since_average >= self.config.frequency:
             self._average(model, updater)
 
-    def end_epoch(self, model, updater) -> None:
+    def _end_epoch(self, model, updater) -> None:
         if self.steps_since_average:
             self._average(model, updater)
 
-    def flush(self, model, updater) -> None:
+    def _flush(self, model, updater) -> None:
         """Average parameters and updater state before a checkpoint, so it holds every rank's work.
 
         A resumed run then continues exactly as an uninterrupted one, which averaged at the
@@ -62,6 +62,7 @@ class AveragingSync(Synchronizer):
 
     def _average(self, model, updater) -> None:
         self.comm.average_(model.params)
+        self.average_stats(model)
         if self.config.average_updater and updater.state.size:
             self.comm.average_(updater.state)
         self.steps_since_average = 0

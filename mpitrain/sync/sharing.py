@@ -59,18 +59,18 @@ class SharingSync(Synchronizer):
         elif sparsity > adaptive["max_sparsity"]:
             self.tau /= adaptive["decay"]
 
-    def end_epoch(self, model, updater) -> None:
+    def _end_epoch(self, model, updater) -> None:
         if updater.state.size:
             self.comm.average_(updater.state)
 
-    def flush(self, model, updater) -> None:
+    def _flush(self, model, updater) -> None:
         """Before a checkpoint: add the ranks' mean residual to the parameters (as the messages
         are added), clear it, and average the updater state, so nothing pending is lost."""
         total = self.residual.copy()
         self.comm.average_(total)
         model.params += total
         self.residual[...] = 0
-        self.end_epoch(model, updater)
+        self._end_epoch(model, updater)
 
     def state(self) -> dict:
         return {"tau": self.tau, "steps": self.steps}

@@ -11,12 +11,12 @@ train_batch = Sequential.train_batch
 steps = 0
 
 
-def train_batch_that_fails(self, x, y):
+def train_batch_that_fails(self, x, y, **kwargs):
     global steps
     steps += 1
     if MPI.COMM_WORLD.Get_rank() == failing_rank and steps == failing_step:
         raise RuntimeError(f"injected fault at step {steps}")
-    return train_batch(self, x, y)
+    return train_batch(self, x, y, **kwargs)
 
 
 Sequential.train_batch = train_batch_that_fails

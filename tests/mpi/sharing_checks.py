@@ -87,7 +87,8 @@ report("nothing lost with a fixed tau",
 # 3: adaptive tau falls below the sparsity band, rises above it, stays inside it
 def one_step(delta, tau):
     n = delta.size
-    flat = SimpleNamespace(params=np.zeros(n, np.float32), grads=np.zeros(n, np.float32), xp=np, n_params=n)
+    flat = SimpleNamespace(params=np.zeros(n, np.float32), grads=np.zeros(n, np.float32), xp=np, n_params=n,
+                           stats=np.zeros(0, np.float32))
     sync = sharing(threshold=tau)
     sync.start(flat, Fixed(delta))
     sync.step(flat, Fixed(delta))

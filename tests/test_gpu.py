@@ -1,0 +1,124 @@
+"""`backend: cupy` against the CPU backend: kernels against their references, training on 1 rank and under
+`mpiexec -n 2` (two ranks sharing one GPU) in every sync mode, results equal within float32 tolerance.
+
+Written for a GPU machine; where cupy sees no GPU every test here is skipped, saying so.
+"""
+import json
+import math
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import MPITRAIN, make_dataset, mpiexec, write_config
+from mpitrain.backend import gpu_available
+from mpitrain.checkpoint import list_checkpoints
+from mpitrain.kernels import message, reference
+
+pytestmark = pytest.mark.skipif(not gpu_available(), reason="no GPU: cupy is not installed or "
+                                "cupy.is_available() is False; the cupy backend's tests need a CUDA GPU")
+CNN = {"layers": [{"type": "conv2d", "filters": 4, "kernel": 3, "padding": "same"}, {"type": "batchnorm"},
+                  {"type": "relu"}, {"type": "maxpool2d", "pool": 2}, {"type": "avgpool2d", "pool": 2},
+                  {"type": "flatten"}, {"type": "dense", "units": 12, "activation": "relu"},
+                  {"type": "dropout", "rate": 0.2}, {"type": "dense", "units": 3}]}  # dropout: the same masks on both
+MODES = [{"mode": "allreduce"}, {"mode": "averaging", "frequency": 3}, {"mode": "sharing", "threshold": 1.0e-2},
+         {"mode": "none"}]
+
+
+@pytest.fixture
+def cupy():
+    import cupy
+    return cupy
+
+
+def test_im2col_col2im_and_max_pool_on_cupy_equal_the_cpu_kernels(cupy):
+    from mpitrain.kernels.im2col import col2im, geometry, im2col
+    from mpitrain.kernels.pool import max_pool, max_pool_backward
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 2, 9, 8)).astype(np.float32)
+    for kernel, stride, padding in ((3, 1, "same"), (2, 2, "valid"), ((3, 2), 2, "same")):
+        g = geometry(x.shape[1:], kernel, stride, padding)
+        cols = im2col(x, g)
+        np.testing.assert_array_equal(im2col(cupy.asarray(x), g).get(), cols)
+        np.testing.assert_allclose(col2im(cupy.asarray(cols), g).get(), col2im(cols, g), rtol=1e-6, atol=1e-6)
+        g1 = geometry((1, *x.shape[2:]), kernel, stride, padding)
+        y, where = max_pool(x, g1)
+        y_dev, where_dev = max_pool(cupy.asarray(x), g1)
+        np.testing.assert_array_equal(y_dev.get(), y)
+        np.testing.assert_array_equal(where_dev.get(), where)
+        np.testing.assert_allclose(max_pool_backward(cupy.asarray(y), where_dev, g1).get(),
+                                   max_pool_backward(y, where, g1), rtol=1e-6)
+
+
+def test_momentum_step_on_cupy_equals_the_cpu_kernel(cupy):
+    from mpitrain.kernels.sgd import momentum_step
+    rng = np.random.default_rng(1)
+    v, g, p = (rng.normal(size=1000).astype(np.float32) for _ in range(3))
+    decay = (rng.random(1000) < 0.5).astype(np.float32) * np.float32(1e-3)
+    for nesterov in (False, True):
+        host = [a.copy() for a in (v, g, p, decay)] + [np.empty_like(v)]
+        device = [cupy.asarray(a) for a in host]
+        momentum_step(*host[:4], 0.05, 0.9, nesterov, host[4])
+        momentum_step(*device[:4], 0.05, 0.9, nesterov, device[4])
+        np.testing.assert_allclose(device[0].get(), host[0], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(device[4].get(), host[4], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("encoding", ["sparse", "bitmap"])
+def test_threshold_kernels_on_cupy_equal_the_reference(cupy, encoding):
+    from mpitrain import kernels
+    residual = np.random.default_rng(2).normal(0, 1e-2, size=50_001).astype(np.float32)
+    expected_residual = residual.copy()
+    expected = message.encode(reference, expected_residual, 1.5e-2, encoding)
+    device = cupy.asarray(residual)
+    encoded = kernels.threshold_encode(device, 1.5e-2, encoding)
+    np.testing.assert_array_equal(encoded.get(), expected)
+    np.testing.assert_array_equal(device.get(), expected_residual)
+    out, expected_out = cupy.zeros(residual.size, dtype=cupy.float32), np.zeros_like(residual)
+    kernels.threshold_decode(encoded, out, 0.5)
+    message.decode(reference, expected, expected_out, 0.5)
+    np.testing.assert_array_equal(out.get(), expected_out)
+    kernels.clip_residual(device, 1e-2)
+    assert float(abs(device).max()) <= 1e-2
+
+
+def trained(tmp_path, name, n, backend, sync, model):
+    folder = tmp_path / name
+    folder.mkdir()
+    config = write_config(folder / "exp.yaml", tmp_path / "data", sync=sync, model=model, backend=backend,
+                          train={"epochs": 1})
+    result = mpiexec(n, MPITRAIN, "train", config, timeout=300)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((folder / "run" / "summary.json").read_text())
+    with h5py.File(list_checkpoints(str(folder / "run"))[-1]) as f:
+        return summary, f["params"][...]
+
+
+@pytest.mark.parametrize("model", [{}, CNN], ids=["mlp", "cnn"])
+def test_one_rank_on_cupy_equals_numpy(tmp_path, model):
+    make_dataset(tmp_path / "data", n_train=320, shape=(1, 8, 8))
+    cpu, cpu_params = trained(tmp_path, "numpy", 1, "numpy", {"mode": "none"}, model)
+    gpu, gpu_params = trained(tmp_path, "cupy", 1, "cupy", {"mode": "none"}, model)
+    assert gpu["backend"] == "cupy" and cpu["backend"] == "numpy"
+    np.testing.assert_allclose(gpu_params, cpu_params, rtol=1e-3, atol=1e-4)
+    assert math.isclose(gpu["test_loss"], cpu["test_loss"], rel_tol=1e-3)
+
+
+@pytest.mark.parametrize("sync", MODES, ids=[m["mode"] for m in MODES])
+def test_two_ranks_sharing_one_gpu_equal_numpy_in_every_mode(tmp_path, sync):
+    make_dataset(tmp_path / "data", n_train=320, shape=(1, 8, 8))
+    cpu, cpu_params = trained(tmp_path, "numpy", 2, "numpy", sync, CNN)
+    gpu, gpu_params = trained(tmp_path, "cupy", 2, "cupy", sync, CNN)
+    assert len(set(gpu["replica_hashes"])) == (2 if sync["mode"] == "none" else 1)
+    assert gpu["host_staging"] == (not gpu["cuda_aware_mpi"])
+    if sync["mode"] == "sharing":  # a threshold decides discretely: rounding may send another element
+        assert abs(gpu["test_accuracy"] - cpu["test_accuracy"]) < 0.05
+    else:
+        np.testing.assert_allclose(gpu_params, cpu_params, rtol=1e-3, atol=1e-4)
+        assert math.isclose(gpu["test_loss"], cpu["test_loss"], rel_tol=1e-3)
+
+
+def test_dropout_masks_are_the_same_on_cupy_and_numpy(cupy):
+    from mpitrain.nn.layers import keyed_bits
+    np.testing.assert_array_equal(keyed_bits(cupy, (5, 1, 2, 3, 4), (64, 33)).get(),
+                                  keyed_bits(np, (5, 1, 2, 3, 4), (64, 33)))

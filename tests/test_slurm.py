@@ -1,0 +1,256 @@
+"""The slurm/ scripts on a real one-node Slurm cluster that this file starts and stops.
+
+The `slurm` fixture writes a slurm.conf (free ports; state, spool, logs and pid files in a
+temporary folder), a munge key, and starts munged, slurmctld and slurmd as plain processes
+(no systemd), all as root; at the end it cancels what is left in the queue and stops the
+daemons by their PIDs, also when a test failed. Debian's packages: `make slurm`.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+import yaml
+
+from conftest import make_dataset
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SLURM = os.path.join(REPO, "slurm")
+DAEMONS = ("munged", "slurmctld", "slurmd")
+CLIENTS = ("sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+         "DEADLINE"}
+
+
+class Cluster:
+    """A running one-node cluster: its folder, and the environment that points Slurm's commands at it."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.env = {**os.environ, "SLURM_CONF": os.path.join(root, "slurm.conf"), "PYTHONUNBUFFERED": "1"}
+        if os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(REPO, ".venv")):
+            self.env["MPITRAIN_VENV"] = sys.prefix  # the scripts' default is the checkout's .venv
+
+    def run(self, *args, cwd=None, timeout: float = 30, env=None) -> subprocess.CompletedProcess:
+        return subprocess.run(list(map(str, args)), cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                              env={**self.env, **(env or {})})
+
+    def job_field(self, job: str, field: str) -> str:
+        """A field of `scontrol show job`, e.g. JobState or StartTime (ISO times compare as strings)."""
+        out = self.run("scontrol", "show", "job", "-o", job).stdout
+        return re.search(rf"\b{field}=(\S+)", out).group(1)
+
+    def job_state(self, job: str) -> str:
+        return self.job_field(job, "JobState")
+
+    def wait(self, job: str, timeout: float, folder) -> str:
+        """Poll until `job` has ended; return its final state (fail on a timeout, showing the queue and logs)."""
+        deadline = time.monotonic() + timeout
+        while (state := self.job_state(job)) not in ENDED:
+            if time.monotonic() > deadline:
+                jobs = self.run("scontrol", "show", "job", "-o").stdout
+                self.run("scancel", job)
+                pytest.fail(f"job {job} still {state} after {timeout:.0f} s\n{jobs}\n{_job_logs(folder)}")
+            time.sleep(0.5)
+        return state
+
+    def queue(self) -> list[str]:
+        return self.run("squeue", "-h", "-o", "%i").stdout.split()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_config(root: str) -> None:
+    node = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
+    node = re.sub(r"^NodeName=\S+", "NodeName=localhost", node)
+    settings = {
+        "ClusterName": "mpitrain-test", "SlurmctldHost": "localhost", "SlurmUser": "root", "SlurmdUser": "root",
+        "SlurmctldPort": _free_port(), "SlurmdPort": _free_port(),
+        "AuthType": "auth/munge", "CredType": "cred/munge", "AuthInfo": f"socket={root}/run/munge.socket",
+        "StateSaveLocation": f"{root}/state", "SlurmdSpoolDir": f"{root}/spool",
+        "SlurmctldPidFile": f"{root}/run/slurmctld.pid", "SlurmdPidFile": f"{root}/run/slurmd.pid",
+        "SlurmctldLogFile": f"{root}/log/slurmctld.log", "SlurmdLogFile": f"{root}/log/slurmd.log",
+        # No cgroups (a container has none to give): Linux process tracking, no task binding.
+        "ProctrackType": "proctrack/linuxproc", "TaskPlugin": "task/none",
+        "SelectType": "select/cons_tres", "SelectTypeParameters": "CR_Core",
+        "JobAcctGatherType": "jobacct_gather/none", "AccountingStorageType": "accounting_storage/none",
+        "MpiDefault": "none", "ReturnToService": 2, "MinJobAge": 600, "KillWait": 3, "InactiveLimit": 0,
+    }
+    with open(os.path.join(root, "slurm.conf"), "w") as f:
+        f.writelines(f"{key}={value}\n" for key, value in settings.items())
+        f.write(f"{node}\nPartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP\n")
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    missing = [name for name in DAEMONS + CLIENTS if shutil.which(name) is None]
+    if missing:
+        message = f"Slurm not installed ({', '.join(missing)} missing): make slurm"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    if os.geteuid() != 0:
+        pytest.skip("the test cluster's daemons run as root")
+    # Not under pytest's private 0700 folder: munged wants its socket's folders open to all.
+    root = tempfile.mkdtemp(prefix="mpitrain-slurm-")
+    os.chmod(root, 0o755)
+    for sub, mode in (("munge", 0o700), ("run", 0o755), ("state", 0o755), ("spool", 0o755), ("log", 0o755)):
+        os.makedirs(os.path.join(root, sub), mode=mode)
+    with open(os.path.join(root, "munge", "munge.key"), "wb") as f:
+        f.write(os.urandom(1024))
+    os.chmod(os.path.join(root, "munge", "munge.key"), 0o400)
+    _write_config(root)
+    cluster = Cluster(root)
+    commands = [
+        ["munged", "--foreground", f"--socket={root}/run/munge.socket", f"--key-file={root}/munge/munge.key",
+         f"--pid-file={root}/run/munged.pid", f"--seed-file={root}/munge/munged.seed",
+         f"--log-file={root}/log/munged.log"],
+        ["slurmctld", "-D", "-i"],
+        ["slurmd", "-D"],
+    ]
+    daemons = []
+    try:
+        for cmd in commands:
+            with open(os.path.join(root, "log", f"{cmd[0]}.out"), "w") as out:
+                daemons.append(subprocess.Popen(cmd, env=cluster.env, stdout=out, stderr=subprocess.STDOUT))
+            if cmd[0] == "munged":
+                _wait_for(lambda: os.path.exists(f"{root}/run/munge.socket"), 20, "munged's socket", root)
+        _wait_for(lambda: cluster.run("sinfo", "-h", "-n", "localhost", "-o", "%T").stdout.strip() == "idle",
+                  60, "the node to be idle in sinfo", root)
+        yield cluster
+    finally:
+        jobs = cluster.queue() if daemons else []
+        if jobs:  # slurmstepd outlives slurmd: end the jobs first
+            cluster.run("scancel", *jobs)
+            _wait_for(lambda: not cluster.queue(), 30, "cancelled jobs to leave the queue", root, fail=False)
+        for daemon in reversed(daemons):
+            daemon.terminate()
+            try:
+                daemon.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _wait_for(ready, timeout: float, what: str, root: str, fail: bool = True) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            if fail:
+                logs = "\n".join(f"--- {path}\n{open(path).read()[-3000:]}"
+                                 for path in sorted(glob.glob(os.path.join(root, "log", "*"))))
+                pytest.fail(f"no {what} after {timeout:.0f} s\n{logs}")
+            return
+        time.sleep(0.25)
+
+
+def _job_logs(folder) -> str:
+    return "\n".join(f"--- {path}\n{open(path).read()[-4000:]}" for path in sorted(glob.glob(f"{folder}/slurm-*.out")))
+
+
+def _write_mlp_config(path, data_path: str, epochs: int, **sections) -> None:
+    config = {
+        "data": {"path": data_path},
+        "model": {"layers": [{"type": "dense", "units": 32, "activation": "relu"}, {"type": "dense", "units": 10}]},
+        "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9},
+        "train": {"epochs": epochs, "batch_size": 16, "seed": 1, "log_every": 1000},
+        "sync": {"mode": "allreduce"},
+        "report": False,
+        **sections,
+    }
+    with open(path, "w") as f:
+        yaml.safe_dump(config, f)
+
+
+def test_pipeline_runs_etl_then_training(slurm, tmp_path):
+    """slurm/pipeline.sh: Spark ETL of digits in one job, then 2-rank training after it (afterok)."""
+    _write_mlp_config(tmp_path / "digits.yaml", "elsewhere", epochs=3)  # the pipeline points it at the ETL's output
+    submitted = slurm.run(f"{SLURM}/pipeline.sh", "--source", "digits:", "--out", "data/digits", "--shards", 2,
+                          "--", "digits.yaml", cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    jobs = dict(re.findall(r"^(etl|train) job (\d+)$", submitted.stdout, re.MULTILINE))
+    assert set(jobs) == {"etl", "train"}, submitted.stdout
+
+    assert slurm.wait(jobs["train"], 600, tmp_path) == "COMPLETED", _job_logs(tmp_path)
+    assert slurm.job_state(jobs["etl"]) == "COMPLETED"
+    assert slurm.job_field(jobs["train"], "StartTime") >= slurm.job_field(jobs["etl"], "EndTime")  # afterok
+    manifest = json.loads((tmp_path / "data" / "digits" / "manifest.json").read_text())
+    assert manifest["num_classes"] == 10 and len(manifest["splits"]["train"]) == 2
+    summary = json.loads((tmp_path / "runs" / "digits" / "summary.json").read_text())  # under the submit folder
+    assert summary["ranks"] == 2 and summary["epochs"] == 3
+    assert summary["test_accuracy"] > 0.8, summary  # 10 classes: chance is 0.1
+    log = (tmp_path / f"slurm-mpitrain-train-{jobs['train']}.out").read_text()
+    assert "srun --mpi=pmi2" in log and "--resume" in log
+
+
+def test_pipeline_with_a_failing_etl_never_trains(slurm, tmp_path):
+    """The ETL job fails on a missing source folder; Slurm then cancels the training job that depends on it."""
+    _write_mlp_config(tmp_path / "digits.yaml", "elsewhere", epochs=1)
+    submitted = slurm.run(f"{SLURM}/pipeline.sh", "--source", f"idx:{tmp_path}/missing", "--out", "data/x",
+                          "--shards", 2, "--", "digits.yaml", cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    jobs = dict(re.findall(r"^(etl|train) job (\d+)$", submitted.stdout, re.MULTILINE))
+    assert slurm.wait(jobs["etl"], 300, tmp_path) == "FAILED"
+    assert slurm.wait(jobs["train"], 30, tmp_path) == "CANCELLED"
+    assert f"{tmp_path}/missing" in (tmp_path / f"slurm-mpitrain-etl-{jobs['etl']}.out").read_text()
+    assert not (tmp_path / f"slurm-mpitrain-train-{jobs['train']}.out").exists()
+    assert not (tmp_path / "data").exists() and not (tmp_path / "runs").exists()
+
+
+def test_cancelled_training_resumes_from_its_checkpoint(slurm, tmp_path):
+    """scancel after the first checkpoint, sbatch the same job again: it continues at that checkpoint's epoch."""
+    make_dataset(tmp_path / "data", n_train=2000, n_test=200, shards=2, num_classes=10, shape=(1, 8, 8))
+    epochs = 20
+    _write_mlp_config(tmp_path / "long.yaml", "data", epochs=epochs, checkpoint={"every": 1, "unit": "epoch", "keep": 2})
+    run_dir = tmp_path / "runs" / "long"
+
+    def submit() -> str:
+        submitted = slurm.run("sbatch", "--parsable", f"{SLURM}/train.sbatch", "long.yaml", cwd=tmp_path)
+        assert submitted.returncode == 0, submitted.stderr
+        return submitted.stdout.strip()
+
+    first = submit()
+    _wait_for(lambda: glob.glob(f"{run_dir}/checkpoints/ckpt-*.h5") or slurm.job_state(first) in ENDED,
+              300, "checkpoint", slurm.root)
+    assert slurm.run("scancel", first).returncode == 0
+    assert slurm.wait(first, 60, tmp_path) == "CANCELLED", _job_logs(tmp_path)
+    assert not (run_dir / "summary.json").exists(), "the job finished before it was cancelled"
+    newest = sorted(glob.glob(f"{run_dir}/checkpoints/ckpt-*.h5"))[-1]
+    epoch = int(re.search(r"ckpt-(\d+)-", newest).group(1))
+    assert 1 <= epoch < epochs
+
+    second = submit()
+    assert slurm.wait(second, 300, tmp_path) == "COMPLETED", _job_logs(tmp_path)
+    log = (tmp_path / f"slurm-mpitrain-train-{second}.out").read_text()
+    assert f"resuming from {newest} at epoch {epoch + 1} step 0" in log, log
+    assert f"epoch {epoch + 1}/{epochs} " in log and f"epoch {epoch}/{epochs} " not in log
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["epochs"] == epochs and summary["ranks"] == 2
+    finished = [json.loads(line)["epoch"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+                if '"test_accuracy"' in line]
+    assert sorted(set(finished)) == list(range(epochs)), finished  # the first job's epochs, then the resumed ones
+
+
+def test_srun_with_a_mismatched_mpi_plugin_fails_on_every_rank(slurm, tmp_path):
+    """srun --mpi=none gives each MPICH task a world of its own: mpitrain refuses to start, on every task."""
+    make_dataset(tmp_path / "data")
+    _write_mlp_config(tmp_path / "tiny.yaml", "data", epochs=1)
+    result = slurm.run("srun", "--ntasks=2", "--mpi=none", os.path.join(sys.prefix, "bin", "mpitrain"), "train",
+                       "tiny.yaml", cwd=tmp_path, timeout=60)
+    assert result.returncode != 0
+    assert result.stderr.count("srun started 2 tasks, but each sees an MPI world of 1 rank") == 2, result.stderr
+    assert not (tmp_path / "runs").exists()
