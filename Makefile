@@ -55,6 +55,7 @@ bench: setup fashion-mnist
 	$(PY) benchmarks/cnn_accuracy.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/scaling.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/soak.py --out benchmarks/results
+	$(PY) benchmarks/etl.py --out benchmarks/results
 	$(PY) benchmarks/dbn.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/readme_table.py --results benchmarks/results --readme README.md
 

@@ -23,10 +23,11 @@ setup(
         "numba>=0.58",
     ],
     extras_require={
-        "spark": ["pyspark>=3.5"],
+        # pyarrow: Spark hands the ETL's Python tasks Arrow batches; PySpark wants pandas < 3
+        "spark": ["pyspark>=3.5", "pyarrow>=11", "pandas>=2,<3", "Pillow>=9"],
         "mpich": ["mpich"],
         "gpu": ["cupy-cuda12x", "numba-cuda[cu12]"],  # numba-cuda: the CUDA target with its toolkit wheels
-        "test": ["pytest>=7", "scikit-learn>=1.2", "pyspark>=3.5"],
+        "test": ["pytest>=7", "scikit-learn>=1.2", "pyspark>=3.5", "pyarrow>=11", "pandas>=2,<3", "Pillow>=9"],
         "bench": ["torch==2.13.0"],
     },
     entry_points={"console_scripts": ["mpitrain = mpitrain.cli:main"]},

@@ -23,7 +23,8 @@ SECTIONS = [("throughput", "Throughput per sync mode, beside PyTorch DDP (`bench
             ("throughput_gpu", "One GPU beside PyTorch CUDA (`benchmarks/throughput.py --backend cupy`)"),
             ("kernels_gpu", "Threshold kernels on the GPU (`benchmarks/kernels.py --backend cupy`)"),
             ("soak", "Soak: kill a random rank, resume, 20 times (`benchmarks/soak.py`)"),
-            ("dbn", "Deep belief net, pretrained versus not, beside the seed's MNIST figures (`benchmarks/dbn.py`)")]
+            ("dbn", "Deep belief net, pretrained versus not, beside the seed's MNIST figures (`benchmarks/dbn.py`)"),
+            ("etl", "Spark ETL beside a single-process conversion (`benchmarks/etl.py`)")]
 
 
 def replace_between_markers(text: str, content: str, begin: str = BEGIN, end: str = END) -> str:

@@ -7,19 +7,80 @@ import sys
 
 from mpitrain.errors import MpitrainError
 from mpitrain.etl.job import plan_etl, write_dataset
+from mpitrain.etl.sources import KNOWN_SOURCES, SourceOptions
+from mpitrain.etl.transforms import BINARIZE_MODES, TransformOptions
+
+
+def _sizes(separator: str):
+    """An argparse type for sizes like 1,28,28 or 28x28."""
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            sizes = tuple(int(part) for part in text.split(separator))
+        except ValueError:
+            sizes = ()
+        if not sizes or min(sizes) < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers separated by {separator!r}")
+        return sizes
+    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ETL options to `parser`."""
-    parser.add_argument("--source", required=True, help="idx:/folder (MNIST-format IDX files) or digits:")
+    parser.add_argument("--source", required=True, help="; ".join(KNOWN_SOURCES))
     parser.add_argument("--out", required=True, help="dataset folder to write; it appears only when complete")
     parser.add_argument("--shards", type=int, required=True, help="shards per split (sizes differ by at most 1)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the row shuffle (default 0)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the row shuffle, split carving and "
+                                                            "stochastic binarize (default 0)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
-    parser.add_argument("--test-fraction", type=float, default=0.2,
-                        help="test split cut from a source without one, e.g. digits: (default 0.2)")
     parser.add_argument("--master", help="Spark master (default: spark-submit's --master or "
                                          "spark-defaults.conf, else local[*])")
+    splits = parser.add_argument_group("splits and bad records")
+    splits.add_argument("--test", default="", metavar="PATH",
+                        help="csv/parquet/images: the test split at PATH (same layout as --source)")
+    splits.add_argument("--test-fraction", type=float, default=0.2,
+                        help="test split carved (stratified) from a source without one (default 0.2)")
+    splits.add_argument("--validation-fraction", type=float, default=0.0,
+                        help="a `validation` split carved (stratified) from the train rows (default 0: none)")
+    splits.add_argument("--max-bad-fraction", type=float, default=0.0,
+                        help="fail when more than this fraction of the records is bad; bad records are "
+                             "dropped, counted and a sample printed (default 0: any bad record fails)")
+    columns = parser.add_argument_group("csv, parquet and images sources")
+    columns.add_argument("--label", default="", help="label column: a name or a 0-based index "
+                                                     "(default: csv the first column, parquet `label`)")
+    columns.add_argument("--no-header", dest="header", action="store_false",
+                         help="csv: the first line is data, not column names")
+    columns.add_argument("--features", type=lambda text: tuple(text.split(",")), default=(),
+                         help="parquet: feature columns, comma-separated (default: all but the label)")
+    columns.add_argument("--feature-shape", type=_sizes(","), default=(), metavar="D1,D2,...",
+                         help="csv/parquet: shape of one row's features, e.g. 1,28,28 (default: flat)")
+    columns.add_argument("--feature-dtype", default="float32", choices=("float32", "uint8"),
+                         help="csv/parquet: stored dtype; uint8 needs integers 0..255 (default float32)")
+    columns.add_argument("--num-classes", type=int, default=0,
+                         help="csv/parquet: number of classes (default: the largest label + 1)")
+    columns.add_argument("--image-size", type=_sizes("x"), default=(), metavar="HEIGHTxWIDTH",
+                         help="images: every image is resized to this, e.g. 28x28")
+    columns.add_argument("--color", default="gray", choices=("gray", "rgb"), help="images: channels (default gray)")
+    transforms = parser.add_argument_group("transforms (recorded in the manifest)")
+    transforms.add_argument("--scale", action="store_true",
+                            help="map features to [0, 1] by the train split's min and max")
+    transforms.add_argument("--standardize", action="store_true",
+                            help="per feature: subtract the train mean, divide by the train std (float32)")
+    transforms.add_argument("--binarize", default="", choices=BINARIZE_MODES,
+                            help="features to 0/1 (uint8): value >= --threshold, or 1 with probability value")
+    transforms.add_argument("--threshold", type=float, default=0.5, help="--binarize threshold (default 0.5)")
+    transforms.add_argument("--one-hot", action="store_true", help="shards also get y_onehot (rows, classes) uint8")
+
+
+def plan_from_args(args: argparse.Namespace):
+    """The EtlPlan of parsed arguments (checked before Spark starts)."""
+    source = SourceOptions(test=args.test, label=args.label, header=args.header, features=args.features,
+                           feature_shape=args.feature_shape, feature_dtype=args.feature_dtype,
+                           num_classes=args.num_classes, image_size=args.image_size, color=args.color)
+    transforms = TransformOptions(scale=args.scale, standardize=args.standardize, binarize=args.binarize,
+                                  threshold=args.threshold, one_hot=args.one_hot)
+    return plan_etl(args.source, args.out, args.shards, args.seed, args.overwrite, test_fraction=args.test_fraction,
+                    validation_fraction=args.validation_fraction, max_bad_fraction=args.max_bad_fraction,
+                    transforms=transforms, source_options=source)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from pyspark.sql import SparkSession
 
     # Checked before Spark starts (seconds), so a wrong --out or --shards fails at once.
-    plan = plan_etl(args.source, args.out, args.shards, args.seed, args.overwrite, args.test_fraction)
+    plan = plan_from_args(args)
     # Executors run this Python (and its installed mpitrain) unless the user chose another.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName("mpitrain-etl")
@@ -43,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         spark.stop()
     rows = ", ".join(f"{split} {manifest.rows(split)} rows" for split in manifest.splits)
+    rows += f" ({manifest.bad_records} bad records dropped)" if manifest.bad_records else ""
     print(f"wrote {plan.out}: {rows}; {plan.shards} shards per split (Spark master {master})")
     return 0
 

@@ -1,31 +1,55 @@
 """The Spark ETL job: a source in, a dataset folder (HDF5 shards + manifest) out.
 
-Per split, tasks read their own record ranges (the driver never loads the data), every
-row gets a random key from (seed, split, index), rows are sorted by it, numbered with
-`zipWithIndex` and partitioned into exactly `shards` shards: shard i holds positions
-[i*n//shards, (i+1)*n//shards). Each shard is written by its executor into a temporary
-sibling of `out`; the driver then writes the manifest (the commit point) and renames
-the folder into place. Only the RDD API is used, so it runs in local mode and on any
-cluster whose executors share the file system holding `out`.
+Per source split, tasks read blocks of rows (the driver never loads the data) and drop bad
+records, counting them. Each row gets a key hashed from its content and the seed; blocks are
+range-partitioned by key and sorted (see `etl/shuffle.py`). From per-partition class counts
+the driver fails on too many bad records, carves stratified test/validation splits, and
+places every row at an exact position of its output split; shard i of a split of n rows
+holds positions [i*n//shards, (i+1)*n//shards). Transforms are fitted on the train split
+(see `etl/transforms.py`). Each shard is written by its executor into a temporary sibling of
+`out`; the driver then writes the manifest (the commit point) and renames the folder into
+place. Only numpy blocks travel between tasks, so it runs in local mode and on any cluster
+whose executors share the file system holding `out`.
 """
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import logging
 import math
 import os
 import re
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from mpitrain.errors import ConfigError, DataError
-from mpitrain.etl.sources import Source, open_source
+from mpitrain.etl.records import BadRecords, ReadBatch
+from mpitrain.etl.shuffle import Placement, key_partition, plan_placement, row_keys, shard_of
+from mpitrain.etl.sources import Source, SourceOptions, carved_rows, open_source
+from mpitrain.etl.transforms import FeatureStats, TransformOptions, Transforms
 from mpitrain.shard_format import MANIFEST_NAME, Manifest, shard_path, write_manifest, write_shard
 
-STATS_SPLIT = "train"  # mean/std come from this split only, so test data never leaks into them
+STATS_SPLIT = "train"  # mean/std and fitted transforms come from this split only, so test data never leaks
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EtlOptions:
+    """What to carve, transform and tolerate; the fields are command-line options (the option groups of etl/cli.py)."""
+
+    test_fraction: float = 0.2  # carved from a source without a test split, stratified
+    validation_fraction: float = 0.0  # of the train rows, carved into a `validation` split, stratified
+    max_bad_fraction: float = 0.0  # the job fails when more of the records are bad
+    transforms: TransformOptions = TransformOptions()
+    source_options: SourceOptions = SourceOptions()
+
+    def __post_init__(self):
+        if not 0 <= self.validation_fraction < 1:
+            raise ConfigError(f"--validation-fraction {self.validation_fraction}: expected 0 (none) up to below 1")
+        if not 0 <= self.max_bad_fraction <= 1:
+            raise ConfigError(f"--max-bad-fraction {self.max_bad_fraction}: expected a fraction 0..1")
 
 
 @dataclass(frozen=True)
@@ -37,28 +61,57 @@ class EtlPlan:
     shards: int
     seed: int
     overwrite: bool
+    options: EtlOptions = EtlOptions()
+
+    def carving(self, split: str) -> tuple[list[str], list[float]]:
+        """Output splits of source split `split` (carved ones first, the rest last) and their fractions."""
+        if split != "train":
+            return [split], []
+        carved = [] if "test" in self.source.splits else [("test", self.options.test_fraction)]
+        if self.options.validation_fraction:
+            carved.append(("validation", self.options.validation_fraction))
+        return [name for name, _ in carved] + ["train"], [fraction for _, fraction in carved]
+
+    def output_rows(self, source_rows: dict[str, int]) -> dict[str, int]:
+        """Rows of each output split, given rows per source split; fractions that leave a split empty fail."""
+        rows = {}
+        for split, n in source_rows.items():
+            outputs, fractions = self.carving(split)
+            for name, fraction in zip(outputs, fractions):
+                rows[name] = carved_rows(name, fraction, n)
+                n -= rows[name]
+            rows[outputs[-1]] = n
+        return rows
+
+    def check_shards(self, rows: dict[str, int]) -> None:
+        smallest = min(rows, key=rows.get)
+        if not 1 <= self.shards <= rows[smallest]:
+            raise ConfigError(f"--shards {self.shards}: expected 1..{rows[smallest]} "
+                              f"(the {smallest} split of {self.source.spec} has {rows[smallest]} rows)")
 
 
-def plan_etl(source: str, out: str, shards: int, seed: int = 0, overwrite: bool = False,
-             test_fraction: float = 0.2) -> EtlPlan:
-    """Check the output folder, open the source and check `shards` against its splits."""
+def plan_etl(source: str, out: str, shards: int, seed: int = 0, overwrite: bool = False, **options) -> EtlPlan:
+    """Check the options and the output folder, open the source and check `shards` where rows are known.
+
+    `options` are EtlOptions fields.
+    """
     if seed < 0:
         raise ConfigError(f"--seed {seed}: expected an integer >= 0")
+    options = EtlOptions(**options)
     out = os.path.abspath(out)
     _check_out(out, overwrite)
-    opened = open_source(source, seed, test_fraction)
-    rows = opened.split_rows()
-    smallest = min(rows, key=rows.get)
-    if not 1 <= shards <= rows[smallest]:
-        raise ConfigError(f"--shards {shards}: expected 1..{rows[smallest]} "
-                          f"(the {smallest} split of {source} has {rows[smallest]} rows)")
-    return EtlPlan(opened, out, shards, seed, overwrite)
+    plan = EtlPlan(open_source(source, options.test_fraction, options.source_options), out, shards, seed, overwrite, options)
+    known = plan.source.known_rows()
+    if known:
+        plan.check_shards(plan.output_rows(known))
+    elif shards < 1:
+        raise ConfigError(f"--shards {shards}: expected at least 1")
+    return plan
 
 
-def run_etl(spark, source: str, out: str, shards: int, seed: int = 0, overwrite: bool = False,
-            test_fraction: float = 0.2) -> Manifest:
+def run_etl(spark, source: str, out: str, shards: int, seed: int = 0, overwrite: bool = False, **options) -> Manifest:
     """Write the dataset `source` to `out` in `shards` shards per split; return its manifest."""
-    return write_dataset(spark, plan_etl(source, out, shards, seed, overwrite, test_fraction))
+    return write_dataset(spark, plan_etl(source, out, shards, seed, overwrite, **options))
 
 
 def write_dataset(spark, plan: EtlPlan) -> Manifest:
@@ -67,9 +120,7 @@ def write_dataset(spark, plan: EtlPlan) -> Manifest:
     os.makedirs(tmp)
     try:
         with _task_data_errors():
-            written = {split: _write_split(spark.sparkContext, plan, tmp, split, rows)
-                       for split, rows in plan.source.split_rows().items()}
-        manifest = _manifest(plan, written)
+            manifest = _write_splits(spark, plan, tmp)
         write_manifest(tmp, manifest)
         _move_into_place(tmp, plan.out, plan.overwrite)
     except BaseException:
@@ -105,48 +156,138 @@ def _move_into_place(tmp: str, out: str, overwrite: bool) -> None:
     shutil.rmtree(old)
 
 
-def _shuffle_key(seed: int, split: str, index: int) -> tuple[int, int]:
-    """A random 64-bit key for one row, the same on every run with this seed; `index` breaks ties."""
-    digest = hashlib.blake2b(f"{seed}/{split}/{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big"), index
+@dataclass
+class KeyedRows:
+    """Rows with their shuffle keys; `seen` and `bad` carry a read batch's record counts through the shuffle."""
+
+    keys: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+    seen: int = 0
+    bad: BadRecords = field(default_factory=BadRecords)
 
 
-def _keyed_rows(source: Source, seed: int, split: str, start: int, stop: int):
-    """Rows [start, stop) of `split` as (shuffle key, (label, feature bytes))."""
-    x, y = source.read(split, start, stop)
-    for i in range(stop - start):
-        yield _shuffle_key(seed, split, start + i), (int(y[i]), x[i].tobytes())
+def _scatter(batch: ReadBatch, seed: int, parts: int):
+    """Cut a read batch into (key partition, KeyedRows); the first piece carries the record counts."""
+    keys = row_keys(batch.x, batch.y, seed)
+    target = key_partition(keys, parts)
+    order = np.argsort(target, kind="stable")
+    bounds = np.searchsorted(target[order], np.arange(parts + 1))
+    pieces = [(p, order[a:b]) for p, (a, b) in enumerate(zip(bounds, bounds[1:])) if b > a] or [(0, order)]
+    for i, (part, rows) in enumerate(pieces):
+        yield part, KeyedRows(keys[rows], batch.x[rows], batch.y[rows],
+                              batch.seen if i == 0 else 0, batch.bad if i == 0 else BadRecords())
 
 
-def _shard_task(source: Source, tmp: str, split: str, shard: int, rows):
-    """Write one shard from its (position, (label, bytes)) rows.
-
-    Returns [(ShardInfo, label counts, sum and sum of squares of the scaled features)].
-    """
-    rows = sorted(rows, key=lambda row: row[0])
-    x = np.frombuffer(b"".join(features for _, (_, features) in rows), np.uint8)
-    x = x.reshape(len(rows), *source.feature_shape)
-    y = np.array([label for _, (label, _) in rows], np.int32)
-    info = write_shard(tmp, shard_path(split, shard), x, y)
-    values = x.astype(np.float64) * source.scale + source.offset
-    counts = np.bincount(y, minlength=source.num_classes)
-    return [(info, counts, float(values.sum()), float(np.square(values).sum()))]
+def _sorted_part(pieces, feature_shape: tuple[int, ...], dtype: str) -> KeyedRows:
+    """One key partition's pieces joined and sorted by key."""
+    pieces = [piece for _, piece in pieces]
+    keys = np.concatenate([p.keys for p in pieces]) if pieces else np.empty(0, np.uint64)
+    order = np.argsort(keys, kind="stable")
+    x = np.concatenate([p.x for p in pieces]) if pieces else np.empty((0, *feature_shape), dtype)
+    y = np.concatenate([p.y for p in pieces]) if pieces else np.empty(0, np.int32)
+    bad = BadRecords()
+    for piece in pieces:
+        bad.merge(piece.bad)
+    return KeyedRows(keys[order], x[order], y[order], sum(p.seen for p in pieces), bad)
 
 
-def _write_split(sc, plan: EtlPlan, tmp: str, split: str, n: int) -> list[tuple]:
-    """Shuffle and shard one split of `n` rows; the tasks' results in shard order (as collected)."""
-    source, seed, shards = plan.source, plan.seed, plan.shards
-    parts = min(n, sc.defaultParallelism)
-    ranges = [(i * n // parts, (i + 1) * n // parts) for i in range(parts)]
-    rows = sc.parallelize(ranges, parts).flatMap(lambda r: _keyed_rows(source, seed, split, *r))
-    # The keys are uniform on [0, 2**64), so equal key ranges give a balanced sort without sampling.
-    ordered = rows.repartitionAndSortWithinPartitions(parts, lambda key: key[0] * parts >> 64)
-    # ((key, row), position) -> (position, row)
-    positioned = ordered.zipWithIndex().map(lambda numbered: (numbered[1], numbered[0][1]))
-    # position p belongs to the shard i with i*n//shards <= p < (i+1)*n//shards
-    by_shard = positioned.partitionBy(shards, lambda p: ((p + 1) * shards - 1) // n)
-    written = by_shard.mapPartitionsWithIndex(lambda shard, it: _shard_task(source, tmp, split, shard, it))
-    return written.collect()
+def _sorted_parts(spark, source: Source, split: str, seed: int):
+    """RDD of (partition index, KeyedRows sorted by key) for one source split; the read runs once (shuffle files)."""
+    batches = source.read(spark, split)
+    parts = max(spark.sparkContext.defaultParallelism, batches.getNumPartitions())
+    keyed = batches.flatMap(lambda batch: _scatter(batch, seed, parts)).partitionBy(parts, lambda part: part)
+    shape, dtype = source.feature_shape, source.feature_dtype
+    return keyed.mapPartitionsWithIndex(lambda index, pieces: [(index, _sorted_part(pieces, shape, dtype))])
+
+
+def _summary(part: KeyedRows) -> tuple[np.ndarray, int, BadRecords]:
+    return np.bincount(part.y), part.seen, part.bad
+
+
+def _check_bad_records(spec: str, seen: int, bad: BadRecords, max_fraction: float) -> None:
+    """Print a sample of the bad records; fail when more than `max_fraction` of all records are bad."""
+    if not bad.count:
+        return
+    sample = "\n  ".join(bad.samples)
+    log.warning("%s: %d of %d records are bad; the first:\n  %s", spec, bad.count, seen, sample)
+    if bad.count > max_fraction * seen:
+        raise DataError(f"{spec}: {bad.count} of {seen} records are bad, more than --max-bad-fraction "
+                        f"{max_fraction:g} allows; the first: {'; '.join(bad.samples)}")
+
+
+def _placed(index: int, part: KeyedRows, placement: Placement, shards: int):
+    """Cut a sorted partition into (global shard index, (positions, keys, x, y)) pieces."""
+    output, position = placement.place(index, part.y)
+    rows = np.array(placement.rows)
+    target = output * shards + shard_of(position, rows[output], shards)
+    order = np.argsort(target, kind="stable")
+    ordered = target[order]
+    for shard in np.unique(ordered):
+        take = order[np.searchsorted(ordered, shard):np.searchsorted(ordered, shard, side="right")]
+        yield int(shard), (position[take], part.keys[take], part.x[take], part.y[take])
+
+
+def _shard_task(shard: int, pieces, placement: Placement, shards: int, transforms: Transforms, tmp: str,
+                num_classes: int):
+    """Write one shard from its pieces; returns [(split, ShardInfo, label counts, sum, sum of squares)]."""
+    position, keys, x, y = (np.concatenate(parts) for parts in zip(*(piece for _, piece in pieces)))
+    order = np.argsort(position)
+    keys, x, y = keys[order], x[order], y[order]
+    split = placement.outputs[shard // shards]
+    stored = transforms.apply(x, keys)
+    info = write_shard(tmp, shard_path(split, shard % shards), stored, y, transforms.one_hot(y, num_classes))
+    scale, offset = transforms.scale_offset
+    values = stored.astype(np.float64) * scale + offset
+    return [(split, info, np.bincount(y, minlength=num_classes), float(values.sum()), float(np.square(values).sum()))]
+
+
+def _train_stats(parts, placement: Placement, source: Source) -> FeatureStats:
+    """Per-feature sums, min and max of the model-visible values of the rows placed in the train split."""
+    train = placement.outputs.index(STATS_SPLIT)
+    scale, offset = source.scale, source.offset
+
+    def stats(indexed):
+        index, part = indexed
+        return FeatureStats.of(part.x[placement.place(index, part.y)[0] == train] * scale + offset)
+
+    return parts.map(stats).reduce(FeatureStats.merge)
+
+
+def _write_splits(spark, plan: EtlPlan, tmp: str) -> Manifest:
+    source, options = plan.source, plan.options
+    source.connect(spark)
+    parts = {split: _sorted_parts(spark, source, split, plan.seed) for split in source.splits}
+    summaries = {split: rdd.values().map(_summary).collect() for split, rdd in parts.items()}
+    all_bad = BadRecords()
+    for results in summaries.values():
+        for _, _, bad in results:
+            all_bad.merge(bad)
+    _check_bad_records(source.spec, sum(seen for results in summaries.values() for _, seen, _ in results),
+                       all_bad, options.max_bad_fraction)
+    num_classes = source.num_classes or max(len(counts) for results in summaries.values() for counts, *_ in results)
+    if num_classes < 2:
+        raise DataError(f"{source.spec}: labels give {num_classes} class(es), expected at least 2")
+    counts = {split: np.array([np.pad(c, (0, num_classes - len(c))) for c, *_ in results])
+              for split, results in summaries.items()}
+    rows = {split: int(c.sum()) for split, c in counts.items()}
+    for split, n in rows.items():
+        if n == 0:
+            raise DataError(f"{source.spec}: the {split} split has no good records")
+    plan.check_shards(plan.output_rows(rows))
+    placements = {split: plan_placement(*plan.carving(split), counts[split]) for split in parts}
+    stats = _train_stats(parts["train"], placements["train"], source) if options.transforms.needs_stats else None
+    transforms = Transforms(options.transforms, plan.seed, source.feature_dtype, source.scale, source.offset, stats)
+    written = {}
+    for split, rdd in parts.items():
+        placement, shards = placements[split], plan.shards
+        results = rdd.flatMap(lambda indexed: _placed(*indexed, placement, shards)) \
+            .partitionBy(len(placement.outputs) * shards, lambda shard: shard) \
+            .mapPartitionsWithIndex(lambda shard, pieces: _shard_task(shard, pieces, placement, shards, transforms,
+                                                                      tmp, num_classes)).collect()
+        for output in placement.outputs:
+            written[output] = [result[1:] for result in results if result[0] == output]
+    return _manifest(plan, transforms, num_classes, written, all_bad.count)
 
 
 @contextlib.contextmanager
@@ -162,7 +303,8 @@ def _task_data_errors():
         raise DataError(found.group(1)) from None
 
 
-def _manifest(plan: EtlPlan, written: dict[str, list[tuple]]) -> Manifest:
+def _manifest(plan: EtlPlan, transforms: Transforms, num_classes: int, written: dict[str, list[tuple]],
+              bad_records: int) -> Manifest:
     source = plan.source
     stats = written[STATS_SPLIT]
     count = sum(info.rows for info, *_ in stats) * math.prod(source.feature_shape)
@@ -170,10 +312,14 @@ def _manifest(plan: EtlPlan, written: dict[str, list[tuple]]) -> Manifest:
     std = math.sqrt(max(sum(squares for *_, squares in stats) / count - mean * mean, 0.0))
     if not std > 0:
         raise DataError(f"{source.spec}: every {STATS_SPLIT} feature is {mean}; expected varying values (std > 0)")
+    scale, offset = transforms.scale_offset
+    order = [split for split in ("train", "validation", "test") if split in written]
+    carved = [{"name": "split", "split": name, "from": "train", "fraction": fraction, "stratified": True,
+               "seed": plan.seed} for name, fraction in zip(*plan.carving("train"))]
     return Manifest(
-        feature_shape=source.feature_shape, feature_dtype=source.feature_dtype,
-        scale=source.scale, offset=source.offset, mean=mean, std=std, num_classes=source.num_classes,
-        label_counts={split: [int(c) for c in sum(counts for _, counts, *_ in results)]
-                      for split, results in written.items()},
-        splits={split: [info for info, *_ in results] for split, results in written.items()},
-        source=source.spec, seed=plan.seed, transforms=[])
+        feature_shape=tuple(source.feature_shape), feature_dtype=transforms.feature_dtype,
+        scale=scale, offset=offset, mean=mean, std=std, num_classes=num_classes,
+        label_counts={split: [int(c) for c in sum(counts for _, counts, *_ in written[split])] for split in order},
+        splits={split: [info for info, *_ in written[split]] for split in order},
+        source=source.spec, seed=plan.seed, transforms=carved + transforms.manifest_entries(),
+        class_names=list(source.class_names), bad_records=bad_records)

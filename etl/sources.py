@@ -1,53 +1,116 @@
-"""ETL sources, chosen by the `--source` string (`idx:/folder`, `digits:`).
+"""ETL sources, chosen by the `--source` string: `idx:/folder`, `digits:`, `csv:PATH`, `parquet:PATH`, `images:/folder`.
 
-A source says how its features are stored (shape, uint8, scale/offset to floats) and
-how many rows each split has; Spark tasks call `read(split, start, stop)` to load only
-their own rows, so the driver never holds the dataset. Sources are pickled into tasks.
+A source says how its features are stored (shape, dtype, scale/offset to floats), which
+splits it has (a source without `test` gets one carved by the job), and reads a split as an
+RDD of `ReadBatch`es: numpy blocks of good rows with the bad records counted. The driver
+never holds the data. Sources are pickled into tasks.
 """
 from __future__ import annotations
 
 import os
+import pickle
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import numpy as np
 
 from mpitrain.errors import ConfigError, DataError
 from mpitrain.etl.idx import find_splits, read_records
+from mpitrain.etl.records import ReadBatch, checked_batch
 
 KNOWN_SOURCES = ("idx:/folder (MNIST-format IDX files, plain or .gz)",
-                 "digits: (scikit-learn's bundled 8x8 digits)")
+                 "digits: (scikit-learn's bundled 8x8 digits)",
+                 "csv:PATH (file, folder or glob; a label column and numeric features)",
+                 "parquet:PATH (a label column; numeric or numeric-array feature columns)",
+                 "images:/folder (CLASS_NAME/*.png|jpg)")
+READ_ROWS = 10000  # rows per read task of a source read by record ranges
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Options of the csv, parquet and images sources (the command line's source options)."""
+
+    test: str = ""  # a separate test split at this path, same kind and layout as the source
+    label: str = ""  # csv: column name or 0-based index (default 0); parquet: name or index (default "label")
+    header: bool = True  # csv: the first line names the columns
+    features: tuple[str, ...] = ()  # parquet: feature columns (default: all but the label)
+    feature_shape: tuple[int, ...] = ()  # csv, parquet: shape of one row's features (default: flat)
+    feature_dtype: str = "float32"  # csv, parquet: stored dtype, float32 or uint8 (integers 0..255)
+    num_classes: int = 0  # csv, parquet: 0 means the largest label + 1
+    image_size: tuple[int, ...] = ()  # images: (height, width) every image is resized to
+    color: str = "gray"  # images: gray (1 channel) or rgb (3 channels)
 
 
 class Source(ABC):
-    """Features stored as uint8; `value * scale + offset` gives the float a model sees."""
+    """Features stored as `feature_dtype`; `value * scale + offset` gives the float a model sees."""
 
     feature_dtype = "uint8"
     offset = 0.0
+    splits: tuple[str, ...] = ("train", "test")
+    class_names: list[str] = []
 
-    def __init__(self, spec: str, feature_shape: tuple[int, ...], scale: float, num_classes: int):
+    def __init__(self, spec: str, feature_shape: tuple[int, ...], scale: float, num_classes: int | None):
         self.spec = spec
         self.feature_shape = feature_shape
         self.scale = scale
-        self.num_classes = num_classes
+        self.num_classes = num_classes  # None: the largest label seen + 1
+
+    def connect(self, spark) -> None:
+        """Learn what only Spark can tell (columns, feature shape); called before `read`."""
+
+    def known_rows(self) -> dict[str, int] | None:
+        """Records per split when known without reading them (for checks before Spark starts)."""
+        return None
 
     @abstractmethod
-    def split_rows(self) -> dict[str, int]:
-        """Rows per split, in manifest order."""
+    def read(self, spark, split: str):
+        """The records of `split` as an RDD of ReadBatch."""
+
+
+class RangeSource(Source):
+    """A source read by record ranges, `READ_ROWS` records per task."""
 
     @abstractmethod
-    def read(self, split: str, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Rows [start, stop) of `split`: features (rows, *feature_shape) uint8 and valid labels."""
+    def known_rows(self) -> dict[str, int]:
+        """Records per split."""
 
-    def _checked_labels(self, labels: np.ndarray, where: str, records: np.ndarray) -> np.ndarray:
-        """`labels` if all are in [0, num_classes); `records` are their record numbers in `where`."""
-        bad = np.flatnonzero((labels < 0) | (labels >= self.num_classes))
-        if bad.size:
-            raise DataError(f"{where}: label {labels[bad[0]]} at record {records[bad[0]]}, "
-                            f"expected 0..{self.num_classes - 1}")
-        return labels
+    @abstractmethod
+    def read_range(self, split: str, start: int, stop: int) -> ReadBatch:
+        """Records [start, stop) of `split`."""
+
+    def read(self, spark, split):
+        n = self.known_rows()[split]
+        ranges = [(start, min(start + READ_ROWS, n)) for start in range(0, n, READ_ROWS)]
+        return spark.sparkContext.parallelize(ranges, len(ranges)).map(lambda r: self.read_range(split, *r))
 
 
-class IdxSource(Source):
+def dataframe_batches(frame, convert):
+    """An RDD of `convert(pyarrow.RecordBatch) -> ReadBatch` over a DataFrame: Arrow in, numpy blocks out.
+
+    Spark hands each Python task whole Arrow record batches (no Python row objects); the
+    ReadBatch goes back pickled, one binary value per record batch.
+    """
+    def run(batches):
+        import pyarrow as pa
+        for batch in batches:
+            data = pickle.dumps(convert(batch), protocol=pickle.HIGHEST_PROTOCOL)
+            yield pa.RecordBatch.from_arrays([pa.array([data], pa.binary())], ["batch"])
+
+    return frame.mapInArrow(run, "batch binary").rdd.map(lambda row: pickle.loads(row.batch))
+
+
+def check_path(spec: str, path: str) -> str:
+    """`path` made absolute when it is a local path (tasks may run in another folder); it must exist."""
+    if "://" in path:
+        return path
+    path = os.path.abspath(path)
+    import glob
+    if not glob.glob(path):
+        raise DataError(f"{spec}: {path} does not exist")
+    return path
+
+
+class IdxSource(RangeSource):
     """An IDX folder with splits `train` and `test`; images become [1, rows, cols] scaled by 1/255."""
 
     def __init__(self, spec: str, folder: str):
@@ -59,39 +122,32 @@ class IdxSource(Source):
                                 f"{list(train_images.row_shape)} like {train_images.path}")
         super().__init__(spec, (1, *train_images.row_shape), 1 / 255, 10)
 
-    def split_rows(self) -> dict[str, int]:
+    def known_rows(self) -> dict[str, int]:
         return {split: images.count for split, (images, _) in self.headers.items()}
 
-    def read(self, split, start, stop):
+    def read_range(self, split, start, stop):
         images, labels = self.headers[split]
         x = read_records(images, start, stop).reshape(stop - start, *self.feature_shape)
-        return x, self._checked_labels(read_records(labels, start, stop), labels.path, np.arange(start, stop))
+        return checked_batch(x, read_records(labels, start, stop), self.num_classes, labels.path,
+                             lambda i: start + i)
 
 
-class DigitsSource(Source):
-    """scikit-learn's `load_digits` (1797 rows, values 0..16 scaled by 1/16).
+class DigitsSource(RangeSource):
+    """scikit-learn's `load_digits` (1797 rows, values 0..16 scaled by 1/16); the job carves its test split."""
 
-    It has no test split, so one is cut here: a `test_fraction` of the rows, drawn with `seed`.
-    """
+    splits = ("train",)
 
-    def __init__(self, spec: str, seed: int, test_fraction: float):
-        n = len(_load_digits().target)
-        n_test = round(n * test_fraction) if 0 < test_fraction < 1 else 0
-        if not 0 < n_test < n:
-            raise ConfigError(f"--test-fraction {test_fraction}: gives {n_test} of {n} rows to the test "
-                              "split, expected a fraction leaving both splits non-empty")
-        order = np.random.default_rng(seed).permutation(n)
-        self.indices = {"train": np.sort(order[n_test:]), "test": np.sort(order[:n_test])}
+    def __init__(self, spec: str):
         super().__init__(spec, (1, 8, 8), 1 / 16, 10)
 
-    def split_rows(self) -> dict[str, int]:
-        return {split: len(indices) for split, indices in self.indices.items()}
+    def known_rows(self) -> dict[str, int]:
+        return {"train": len(_load_digits().target)}
 
-    def read(self, split, start, stop):
+    def read_range(self, split, start, stop):
         digits = _load_digits()
-        rows = self.indices[split][start:stop]
-        x = digits.images[rows].astype(np.uint8).reshape(len(rows), *self.feature_shape)
-        return x, self._checked_labels(digits.target[rows], "sklearn load_digits", rows)
+        x = digits.images[start:stop].astype(np.uint8).reshape(stop - start, *self.feature_shape)
+        return checked_batch(x, digits.target[start:stop], self.num_classes, "sklearn load_digits",
+                             lambda i: start + i)
 
 
 def _load_digits():
@@ -102,11 +158,35 @@ def _load_digits():
     return load_digits()
 
 
-def open_source(spec: str, seed: int = 0, test_fraction: float = 0.2) -> Source:
-    """Parse `--source` and open it (headers validated, no rows read)."""
+def carved_rows(name: str, fraction: float, rows: int) -> int:
+    """Rows a `--NAME-fraction` carves from `rows`; both parts must be non-empty."""
+    carved = round(rows * fraction) if 0 < fraction < 1 else 0
+    if not 0 < carved < rows:
+        raise ConfigError(f"--{name}-fraction {fraction}: gives {carved} of {rows} rows to the {name} split, "
+                          "expected a fraction leaving both splits non-empty")
+    return carved
+
+
+def open_source(spec: str, test_fraction: float = 0.2, options: SourceOptions = SourceOptions()) -> Source:
+    """Parse `--source` and open it (headers validated, no rows read).
+
+    A source without a test split whose rows are known has `test_fraction` checked here.
+    """
+    from mpitrain.etl.images import ImageFolderSource
+    from mpitrain.etl.tabular import CsvSource, ParquetSource
+
     scheme, _, argument = spec.partition(":")
+    kinds = {"csv": CsvSource, "parquet": ParquetSource, "images": ImageFolderSource}
     if scheme == "idx" and argument:
-        return IdxSource(spec, os.path.abspath(argument))  # tasks may run elsewhere, in another folder
-    if scheme == "digits" and not argument:
-        return DigitsSource(spec, seed, test_fraction)
-    raise ConfigError(f"--source {spec!r}: expected one of: {'; '.join(KNOWN_SOURCES)}")
+        source = IdxSource(spec, os.path.abspath(argument))  # tasks may run elsewhere, in another folder
+    elif scheme == "digits" and not argument:
+        source = DigitsSource(spec)
+    elif scheme in kinds and argument:
+        source = kinds[scheme](spec, argument, options)
+    else:
+        raise ConfigError(f"--source {spec!r}: expected one of: {'; '.join(KNOWN_SOURCES)}")
+    if options.test and scheme not in kinds:
+        raise ConfigError(f"--test {options.test}: only csv, parquet and images sources take a separate test split")
+    if "test" not in source.splits and source.known_rows():
+        carved_rows("test", test_fraction, source.known_rows()["train"])
+    return source

@@ -101,7 +101,7 @@ def _eval(args, comm) -> int:
         out = os.path.join(args.run_dir, f"eval-{args.split}.json")
         with open(out, "w") as f:
             json.dump({"checkpoint": trained.checkpoint, "split": args.split, **result}, f, indent=2)
-        names = class_names(trained.manifest.source, trained.manifest.num_classes)
+        names = trained.manifest.class_names or class_names(trained.manifest.source, trained.manifest.num_classes)
         picture = os.path.join(args.run_dir, f"confusion-{args.split}.png")
         write_confusion_png(np.array(result["confusion"]), names, picture,
                             f"{os.path.basename(os.path.abspath(args.run_dir))}, {args.split}: "
@@ -191,7 +191,11 @@ def _info(args) -> int:
           f"{list(manifest.feature_shape)} (scale {manifest.scale:.6g}, offset {manifest.offset:g}, "
           f"mean {manifest.mean:.6g}, std {manifest.std:.6g}), {manifest.num_classes} classes")
     if manifest.source:
-        print(f"source {manifest.source}, seed {manifest.seed}, transforms {manifest.transforms or 'none'}")
+        transforms = ", ".join(t["name"] + "(" + ", ".join(f"{k}={v}" for k, v in t.items()
+                                                           if k != "name" and not isinstance(v, list)) + ")"
+                               for t in manifest.transforms)
+        print(f"source {manifest.source}, seed {manifest.seed}, transforms {transforms or 'none'}"
+              + (f", {manifest.bad_records} bad records dropped" if manifest.bad_records else ""))
     for split, shards in manifest.splits.items():
         print(f"  {split}: {manifest.rows(split)} rows in {len(shards)} shards; "
               f"label counts {manifest.label_counts.get(split)}")

@@ -48,7 +48,9 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
     source: str = ""
     seed: int = 0
-    transforms: list[str] = field(default_factory=list)
+    transforms: list[dict] = field(default_factory=list)  # {"name": ..., fitted parameters}, in applied order
+    class_names: list[str] = field(default_factory=list)  # empty: the classes are known by index only
+    bad_records: int = 0  # records the ETL dropped (at most --max-bad-fraction of them)
 
     def rows(self, split: str) -> int:
         return sum(shard.rows for shard in self.shards(split))
@@ -79,8 +81,12 @@ def sha256_file(path: str) -> str:
     return digest.hexdigest()
 
 
-def write_shard(dataset_dir: str, relative_path: str, x: np.ndarray, y: np.ndarray) -> ShardInfo:
-    """Write one shard and return its manifest entry (rows and sha256 of the file)."""
+def write_shard(dataset_dir: str, relative_path: str, x: np.ndarray, y: np.ndarray,
+                extras: dict[str, np.ndarray] | None = None) -> ShardInfo:
+    """Write one shard and return its manifest entry (rows and sha256 of the file).
+
+    `extras` are further per-row datasets (e.g. `y_onehot`), chunked like `x`; readers may ignore them.
+    """
     if len(x) != len(y):
         raise ValueError(f"{relative_path}: {len(x)} feature rows but {len(y)} labels")
     if x.dtype.name not in FEATURE_DTYPES:
@@ -92,6 +98,8 @@ def write_shard(dataset_dir: str, relative_path: str, x: np.ndarray, y: np.ndarr
         chunk = (max(1, min(rows, CHUNK_ROWS)),)
         f.create_dataset("x", data=x, chunks=chunk + x.shape[1:] if rows else None)
         f.create_dataset("y", data=y.astype(np.int32), chunks=chunk if rows else None)
+        for name, data in (extras or {}).items():
+            f.create_dataset(name, data=data, chunks=chunk + data.shape[1:] if rows else None)
         f.attrs["rows"] = rows
         f.attrs["schema_version"] = SCHEMA_VERSION
     return ShardInfo(relative_path, rows, sha256_file(path))
@@ -142,6 +150,9 @@ def read_manifest(dataset_dir: str) -> Manifest:
     numbers = {key: float(need(key, (int, float))) for key in ("scale", "offset", "mean", "std")}
     if not all(math.isfinite(v) for v in numbers.values()) or numbers["std"] <= 0:
         raise DataError(f"{path}: scale/offset/mean/std {numbers}, expected finite numbers and std > 0")
+    class_names = data.get("class_names", [])
+    if class_names and len(class_names) != num_classes:
+        raise DataError(f"{path}: class_names has {len(class_names)} names, expected num_classes {num_classes}")
     splits = {}
     for name, split in need("splits", dict).items():
         try:
@@ -152,7 +163,9 @@ def read_manifest(dataset_dir: str) -> Manifest:
         feature_shape=tuple(shape), feature_dtype=dtype, num_classes=num_classes,
         label_counts={k: list(v) for k, v in need("label_counts", dict).items()},
         splits=splits, schema_version=version, source=str(data.get("source", "")),
-        seed=int(data.get("seed", 0)), transforms=list(data.get("transforms", [])), **numbers)
+        seed=int(data.get("seed", 0)), transforms=list(data.get("transforms", [])),
+        class_names=[str(name) for name in class_names], bad_records=int(data.get("bad_records", 0)),
+        **numbers)
 
 
 def check_shard(dataset_dir: str, manifest: Manifest, shard: ShardInfo, verify_checksum: bool) -> str:

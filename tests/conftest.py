@@ -36,21 +36,38 @@ def make_dataset(path, n_train=600, n_test=200, shards=3, num_classes=3, shape=(
     return manifest
 
 
-def make_digits_dataset(path, shards=2, seed=0) -> Manifest:
-    """scikit-learn's digits (8x8, values 0..16), read by the ETL's own source, written without Spark."""
-    from mpitrain.etl.sources import open_source
-    source = open_source("digits:", seed=seed, test_fraction=0.2)
+@pytest.fixture(scope="module")
+def spark():
+    """One local[2] SparkSession per test module (starting one takes seconds)."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = SparkSession.builder.master("local[2]").appName("mpitrain-tests") \
+        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def make_digits_dataset(path, shards=2, seed=0, test_fraction=0.2) -> Manifest:
+    """scikit-learn's digits (8x8, values 0..16, scale 1/16) in a seeded train/test split, written without Spark."""
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    order = np.random.default_rng(seed).permutation(len(digits.target))
+    n_test = round(test_fraction * len(order))
+    x_all = digits.images.astype(np.uint8).reshape(-1, 1, 8, 8)
+    y_all = digits.target.astype(np.int32)
     splits, counts = {}, {}
-    for split, n in source.split_rows().items():
-        x, y = source.read(split, 0, n)
-        bounds = [i * n // shards for i in range(shards + 1)]
+    for split, rows in (("train", order[n_test:]), ("test", order[:n_test])):
+        x, y = x_all[rows], y_all[rows]
+        bounds = [i * len(rows) // shards for i in range(shards + 1)]
         splits[split] = [write_shard(str(path), shard_path(split, i), x[a:b], y[a:b])
                          for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
-        counts[split] = np.bincount(y, minlength=source.num_classes).tolist()
-    scaled = source.read("train", 0, source.split_rows()["train"])[0] * source.scale
-    manifest = Manifest(feature_shape=source.feature_shape, feature_dtype="uint8", scale=source.scale, offset=0.0,
-                        mean=float(scaled.mean()), std=float(scaled.std()), num_classes=source.num_classes,
-                        label_counts=counts, splits=splits, source=source.spec, seed=seed)
+        counts[split] = np.bincount(y, minlength=10).tolist()
+    scaled = x_all[order[n_test:]] / 16
+    manifest = Manifest(feature_shape=(1, 8, 8), feature_dtype="uint8", scale=1 / 16, offset=0.0,
+                        mean=float(scaled.mean()), std=float(scaled.std()), num_classes=10,
+                        label_counts=counts, splits=splits, source="digits:", seed=seed)
     write_manifest(str(path), manifest)
     return manifest
 

@@ -66,17 +66,6 @@ def siblings(out: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def spark():
-    from pyspark.sql import SparkSession
-
-    session = SparkSession.builder.master("local[2]").appName("test_etl") \
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
-
-
-@pytest.fixture(scope="module")
 def idx_data(tmp_path_factory):
     folder = tmp_path_factory.mktemp("idx") / "raw"
     return folder, make_idx_folder(folder)
@@ -132,7 +121,7 @@ def test_missing_split_and_unknown_source(tmp_path):
     with pytest.raises(DataError, match="no t10k-labels-idx1-ubyte or t10k-labels-idx1-ubyte.gz"):
         open_source(f"idx:{tmp_path / 'raw'}")
     with pytest.raises(ConfigError, match="expected one of: idx:/folder.*digits:"):
-        open_source("csv:/data")
+        open_source("tfrecord:/data")
 
 
 def test_fashion_mnist_headers_parse():

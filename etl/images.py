@@ -1,0 +1,77 @@
+"""`images:/folder`: one sub-folder per class (`CLASS_NAME/*.png|jpg`), read by Spark, decoded by Pillow.
+
+Class indices follow the sorted class folder names (recorded in the manifest as `class_names`).
+Every image is converted to grayscale or RGB and resized to `--image-size` (bilinear), giving
+uint8 features of shape [channels, height, width] (NCHW), scaled by 1/255. A file Pillow cannot
+decode, or an image outside the class folders, is a bad record.
+"""
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+
+from mpitrain.errors import ConfigError, DataError
+from mpitrain.etl.records import BadRecords, ReadBatch, checked_batch
+from mpitrain.etl.sources import Source, SourceOptions, check_path, dataframe_batches
+
+EXTENSIONS = "*.{png,PNG,jpg,JPG,jpeg,JPEG}"
+MODES = {"gray": ("L", 1), "rgb": ("RGB", 3)}
+
+
+class ImageFolderSource(Source):
+    """Class folders of PNG/JPEG images; `--test FOLDER` gives a test split with the same class folders."""
+
+    def __init__(self, spec: str, folder: str, options: SourceOptions):
+        self.paths = {"train": check_path(spec, folder)}
+        if options.test:
+            self.paths["test"] = check_path(f"--test {options.test}", options.test)
+        self.splits = tuple(self.paths)
+        if options.color not in MODES:
+            raise ConfigError(f"--color {options.color}: expected one of {tuple(MODES)}")
+        if len(options.image_size) != 2 or min(options.image_size) < 1:
+            raise ConfigError(f"--image-size {options.image_size}: expected HEIGHTxWIDTH, e.g. 28x28 "
+                              "(every image is resized to it)")
+        self.class_names = sorted(entry.name for entry in os.scandir(self.paths["train"]) if entry.is_dir())
+        if len(self.class_names) < 2:
+            raise DataError(f"{self.paths['train']}: {len(self.class_names)} class folders, expected at least 2 "
+                            "(CLASS_NAME/*.png|jpg)")
+        self.mode, channels = MODES[options.color]
+        super().__init__(spec, (channels, *options.image_size), 1 / 255, len(self.class_names))
+
+    def read(self, spark, split):
+        frame = spark.read.format("binaryFile").option("pathGlobFilter", EXTENSIONS) \
+            .option("recursiveFileLookup", "true").load(self.paths[split]).select("path", "content")
+        return dataframe_batches(frame, lambda batch: self._convert(split, batch))
+
+    def _convert(self, split: str, batch) -> ReadBatch:
+        paths = batch.column(0).to_pylist()
+        contents = batch.column(1)
+        index = {name: i for i, name in enumerate(self.class_names)}
+        x = np.empty((len(paths), *self.feature_shape), np.uint8)
+        labels = np.full(len(paths), -1, np.int64)
+        bad, problems = BadRecords(), {}
+        for i, path in enumerate(paths):
+            class_name = path.rstrip("/").split("/")[-2]
+            if class_name not in index:
+                problems[i] = f"{path}: in folder {class_name!r}, expected one of the class folders {self.class_names}"
+                continue
+            try:
+                x[i] = self._decode(contents[i].as_py())
+                labels[i] = index[class_name]
+            except (OSError, ValueError, SyntaxError) as e:  # Pillow's errors for files it cannot decode
+                problems[i] = f"{path}: cannot decode the image ({e})"
+        failed = np.array(sorted(problems), np.int64)
+        bad.add(failed, lambda i: problems[int(i)])
+        keep = labels >= 0
+        batch = checked_batch(x[keep], labels[keep], self.num_classes, self.paths[split], lambda i: i, bad)
+        batch.seen = len(paths)
+        return batch
+
+    def _decode(self, data: bytes) -> np.ndarray:
+        from PIL import Image
+        with Image.open(io.BytesIO(data)) as image:
+            height, width = self.feature_shape[1:]
+            pixels = np.asarray(image.convert(self.mode).resize((width, height), Image.Resampling.BILINEAR))
+        return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)

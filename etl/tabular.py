@@ -1,0 +1,168 @@
+"""Table sources read by Spark: `csv:PATH` and `parquet:PATH` (a file, a folder of parts, or a glob).
+
+One column holds integer class labels 0..K-1; the features are the other columns (CSV: all
+numeric; Parquet: the chosen columns, numbers or arrays of numbers such as flattened images).
+Both reach Python as Arrow record batches, never as row objects. Labels are 0..K-1 with K
+`--num-classes`, or the largest label seen + 1.
+"""
+from __future__ import annotations
+
+from mpitrain.errors import ConfigError, DataError
+from mpitrain.etl.records import BadRecords, ReadBatch, checked_batch
+from mpitrain.etl.sources import Source, SourceOptions, check_path, dataframe_batches
+from mpitrain.shard_format import FEATURE_DTYPES
+
+import numpy as np
+
+CORRUPT = "_corrupt_record"  # Spark's column for CSV lines it cannot parse (mode PERMISSIVE)
+
+
+def _column(name: str):
+    from pyspark.sql.functions import col
+    return col(f"`{name}`")
+
+
+def _describe(label, features: np.ndarray) -> str:
+    """A row by its leading values, e.g. '7,0,0,12,...', to find it with grep."""
+    leading = ",".join(f"{v:g}" for v in features[:4])
+    return f"'{label:g},{leading}{',...' if len(features) > 4 else ''}'"
+
+
+class TableSource(Source):
+    """What CSV and Parquet share: the split paths, the label column, feature shape and dtype."""
+
+    default_label = "0"
+
+    def __init__(self, spec: str, path: str, options: SourceOptions):
+        self.paths = {"train": check_path(spec, path)}
+        if options.test:
+            self.paths["test"] = check_path(f"--test {options.test}", options.test)
+        self.splits = tuple(self.paths)
+        if options.feature_dtype not in FEATURE_DTYPES:
+            raise ConfigError(f"--feature-dtype {options.feature_dtype}: expected one of {FEATURE_DTYPES}")
+        self.options = options
+        self.feature_dtype = options.feature_dtype
+        super().__init__(spec, (), 1.0, options.num_classes or None)
+        if self.num_classes is not None and self.num_classes < 2:
+            raise ConfigError(f"--num-classes {self.num_classes}: expected at least 2")
+
+    def _label(self, columns: list[str]) -> str:
+        """The label column: `--label` as a name, or as a 0-based index."""
+        label = self.options.label or self.default_label
+        if label in columns:
+            return label
+        if label.isdigit() and int(label) < len(columns):
+            return columns[int(label)]
+        raise ConfigError(f"--label {label}: no such column in {self.spec}; expected a name or a 0-based index "
+                          f"of {columns[:20]}{' ...' if len(columns) > 20 else ''}")
+
+    def _shape(self, width: int) -> tuple[int, ...]:
+        shape = self.options.feature_shape or (width,)
+        if int(np.prod(shape)) != width:
+            raise ConfigError(f"--feature-shape {','.join(map(str, shape))}: holds {int(np.prod(shape))} values, "
+                              f"expected {width} (the feature values of a row of {self.spec})")
+        return tuple(shape)
+
+    def _batch(self, split: str, labels: np.ndarray, x: np.ndarray, bad: BadRecords, seen: int) -> ReadBatch:
+        batch = checked_batch(x.reshape(len(x), *self.feature_shape), labels, self.num_classes, self.paths[split],
+                              lambda i: _describe(labels[i], x[i]), bad, self.feature_dtype)
+        batch.seen = seen
+        return batch
+
+
+class CsvSource(TableSource):
+    """CSV with a label column (`--label`, default the first) and numeric features; `--no-header` without names.
+
+    Unparsable lines (text, too few or too many fields) are bad records, as are empty or
+    non-finite values.
+    """
+
+    def connect(self, spark) -> None:
+        # Only the first line is read to learn the columns (all strings); no schema inference pass.
+        self.columns = spark.read.csv(self.paths["train"], header=self.options.header).columns
+        self.label = self._label(self.columns)
+        self.feature_shape = self._shape(len(self.columns) - 1)
+
+    def read(self, spark, split):
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import DoubleType, FloatType, StringType, StructField, StructType
+        schema = StructType([StructField(name, DoubleType() if name == self.label else FloatType())
+                             for name in self.columns] + [StructField(CORRUPT, StringType())])
+        frame = spark.read.csv(self.paths[split], schema=schema, header=self.options.header, mode="PERMISSIVE",
+                               columnNameOfCorruptRecord=CORRUPT)
+        # The features leave the JVM as one array column: one Arrow list per batch, not a column per feature.
+        features = F.array(*[_column(name) for name in self.columns if name != self.label])
+        frame = frame.select(_column(self.label), features, _column(CORRUPT))
+        return dataframe_batches(frame, lambda batch: self._convert(split, batch))
+
+    def _convert(self, split: str, batch) -> ReadBatch:
+        labels = batch.column(0).to_numpy(zero_copy_only=False)
+        x = batch.column(1).flatten().to_numpy(zero_copy_only=False).reshape(len(labels), len(self.columns) - 1)
+        lines = batch.column(2)
+        malformed = np.flatnonzero(lines.is_valid().to_numpy(zero_copy_only=False))
+        bad = BadRecords()
+        bad.add(malformed, lambda i: f"{self.paths[split]}: malformed line {lines[int(i)].as_py()[:80]!r}, "
+                                     f"expected {len(self.columns)} numbers separated by commas")
+        if len(malformed):
+            keep = np.ones(len(labels), bool)
+            keep[malformed] = False
+            labels, x = labels[keep], x[keep]
+        return self._batch(split, labels, x, bad, batch.num_rows)
+
+
+class ParquetSource(TableSource):
+    """Parquet with a label column (`--label`, default `label`) and `--features` columns (default: the rest).
+
+    A feature column holds numbers or arrays of numbers (a flattened image); every array must
+    have the length of the first row's, else the record is bad.
+    """
+
+    default_label = "label"
+
+    def connect(self, spark) -> None:
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import ArrayType, NumericType
+        frame = spark.read.parquet(self.paths["train"])
+        self.label = self._label(frame.columns)
+        self.features = list(self.options.features) or [c for c in frame.columns if c != self.label]
+        types = {field.name: field.dataType for field in frame.schema.fields}
+        for name in [self.label, *self.features]:
+            kind = types.get(name)
+            numeric = isinstance(kind, NumericType) or (name != self.label and isinstance(kind, ArrayType)
+                                                        and isinstance(kind.elementType, NumericType))
+            if not numeric:
+                raise ConfigError(f"{self.spec}: column {name!r} is {kind.simpleString() if kind else 'missing'}; "
+                                  "expected numbers" + ("" if name == self.label else " or arrays of numbers") +
+                                  f" (columns: {frame.columns})")
+        arrays = [name for name in self.features if isinstance(types[name], ArrayType)]
+        first = frame.where(" and ".join(f"`{a}` is not null" for a in arrays) or "true") \
+            .select(*[F.size(_column(a)) for a in arrays]).first() if arrays else ()
+        if arrays and first is None:
+            raise DataError(f"{self.spec}: no row with all of {arrays} present; expected array features")
+        lengths = dict(zip(arrays, first or ()))
+        self.widths = [lengths.get(name, 0) for name in self.features]  # 0: a scalar column
+        self.feature_shape = self._shape(sum(max(w, 1) for w in self.widths))
+
+    def read(self, spark, split):
+        frame = spark.read.parquet(self.paths[split]).select(*map(_column, [self.label, *self.features]))
+        return dataframe_batches(frame, lambda batch: self._convert(split, batch))
+
+    def _convert(self, split: str, batch) -> ReadBatch:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        seen, bad = batch.num_rows, BadRecords()
+        good = np.ones(seen, bool)
+        for j, (name, width) in enumerate(zip(self.features, self.widths), start=1):
+            if width:
+                lengths = pc.fill_null(pc.list_value_length(batch.column(j)), -1).to_numpy(zero_copy_only=False)
+                wrong = good & (lengths != width)
+                bad.add(np.flatnonzero(wrong), lambda i: f"{self.paths[split]}: column {name!r} holds "
+                                                         f"{'no' if lengths[i] < 0 else lengths[i]} values at record "
+                                                         f"{i} of a batch, expected {width}")
+                good &= ~wrong
+        batch = batch.filter(pa.array(good)) if not good.all() else batch
+        parts = [batch.column(j).flatten().to_numpy(zero_copy_only=False).reshape(-1, width) if width
+                 else batch.column(j).to_numpy(zero_copy_only=False)[:, None]
+                 for j, width in enumerate(self.widths, start=1)]
+        x = np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+        return self._batch(split, batch.column(0).to_numpy(zero_copy_only=False), x, bad, seen)
