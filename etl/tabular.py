@@ -14,9 +14,6 @@ from mpitrain.shard_format import FEATURE_DTYPES
 
 import numpy as np
 
-CORRUPT = "_corrupt_record"  # Spark's column for CSV lines it cannot parse (mode PERMISSIVE)
-
-
 def _column(name: str):
     from pyspark.sql.functions import col
     return col(f"`{name}`")
@@ -73,41 +70,73 @@ class TableSource(Source):
 class CsvSource(TableSource):
     """CSV with a label column (`--label`, default the first) and numeric features; `--no-header` without names.
 
-    Unparsable lines (text, too few or too many fields) are bad records, as are empty or
-    non-finite values.
+    Spark reads the files as lines (splitting large files across tasks); each task parses its
+    Arrow batch of lines at once with pyarrow's C++ CSV reader. Lines with too few or too many
+    fields are bad records, as are empty or non-finite values; a batch holding text where a
+    number belongs is parsed again line by line to find it.
     """
 
     def connect(self, spark) -> None:
-        # Only the first line is read to learn the columns (all strings); no schema inference pass.
-        self.columns = spark.read.csv(self.paths["train"], header=self.options.header).columns
+        first = spark.read.text(self.paths["train"]).first()
+        if first is None:
+            raise DataError(f"{self.spec}: no lines; expected a header or rows of numbers")
+        fields = first.value.split(",")
+        self.header_line = first.value if self.options.header else None
+        self.columns = [f.strip() for f in fields] if self.options.header else [f"_c{i}" for i in range(len(fields))]
         self.label = self._label(self.columns)
+        self.label_index = self.columns.index(self.label)
         self.feature_shape = self._shape(len(self.columns) - 1)
 
     def read(self, spark, split):
-        from pyspark.sql import functions as F
-        from pyspark.sql.types import DoubleType, FloatType, StringType, StructField, StructType
-        schema = StructType([StructField(name, DoubleType() if name == self.label else FloatType())
-                             for name in self.columns] + [StructField(CORRUPT, StringType())])
-        frame = spark.read.csv(self.paths[split], schema=schema, header=self.options.header, mode="PERMISSIVE",
-                               columnNameOfCorruptRecord=CORRUPT)
-        # The features leave the JVM as one array column: one Arrow list per batch, not a column per feature.
-        features = F.array(*[_column(name) for name in self.columns if name != self.label])
-        frame = frame.select(_column(self.label), features, _column(CORRUPT))
-        return dataframe_batches(frame, lambda batch: self._convert(split, batch))
+        return dataframe_batches(spark.read.text(self.paths[split]), lambda batch: self._convert(split, batch))
 
     def _convert(self, split: str, batch) -> ReadBatch:
-        labels = batch.column(0).to_numpy(zero_copy_only=False)
-        x = batch.column(1).flatten().to_numpy(zero_copy_only=False).reshape(len(labels), len(self.columns) - 1)
-        lines = batch.column(2)
-        malformed = np.flatnonzero(lines.is_valid().to_numpy(zero_copy_only=False))
+        lines = [line for line in batch.column(0).to_pylist() if line and line != self.header_line]
         bad = BadRecords()
-        bad.add(malformed, lambda i: f"{self.paths[split]}: malformed line {lines[int(i)].as_py()[:80]!r}, "
-                                     f"expected {len(self.columns)} numbers separated by commas")
-        if len(malformed):
-            keep = np.ones(len(labels), bool)
-            keep[malformed] = False
-            labels, x = labels[keep], x[keep]
-        return self._batch(split, labels, x, bad, batch.num_rows)
+        malformed = []
+        try:
+            values = self._parse_block(lines, malformed)
+        except ValueError:  # text where a number belongs: find the lines
+            values = self._parse_lines(lines, malformed)
+        bad.add(np.arange(len(malformed)), lambda i: f"{self.paths[split]}: malformed line {malformed[i][:80]!r}, "
+                                                     f"expected {len(self.columns)} numbers separated by commas")
+        labels = values[:, self.label_index].astype(np.float64)
+        x = np.delete(values, self.label_index, axis=1).astype(np.float32)
+        return self._batch(split, labels, x, bad, len(lines))
+
+    def _parse_block(self, lines: list[str], malformed: list[str]) -> np.ndarray:
+        """All lines at once with pyarrow; rows of the wrong width go to `malformed`. Empty values are NaN."""
+        import pyarrow as pa
+        import pyarrow.csv as pcsv
+
+        def skip(row):
+            malformed.append(row.text)
+            return "skip"
+
+        names = [str(i) for i in range(len(self.columns))]
+        try:
+            table = pcsv.read_csv(pa.py_buffer("\n".join(lines).encode()),
+                                  read_options=pcsv.ReadOptions(column_names=names, use_threads=False),
+                                  parse_options=pcsv.ParseOptions(invalid_row_handler=skip),
+                                  convert_options=pcsv.ConvertOptions(column_types={n: pa.float64() for n in names}))
+        except pa.ArrowInvalid as e:
+            malformed.clear()
+            raise ValueError(str(e)) from None
+        if table.num_rows == 0:
+            return np.zeros((0, len(names)))
+        return np.column_stack([column.to_numpy() for column in table.columns])
+
+    def _parse_lines(self, lines: list[str], malformed: list[str]) -> np.ndarray:
+        rows = []
+        for line in lines:
+            fields = line.split(",")
+            try:
+                if len(fields) != len(self.columns):
+                    raise ValueError
+                rows.append([float(f) if f.strip() else np.nan for f in fields])
+            except ValueError:
+                malformed.append(line)
+        return np.array(rows, dtype=np.float64).reshape(len(rows), len(self.columns))
 
 
 class ParquetSource(TableSource):
