@@ -7,6 +7,9 @@ FASHION ?= /usr/share/datasets/fashion-mnist
 RANKS ?= 2
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+# One node: UCX over shared memory only (pip MPICH's UCX network address exchange sometimes fails
+# at MPI_Init on a single host, pmodels/mpich#7417). On a cluster, set UCX_TLS for its network.
+export UCX_TLS ?= self,sm
 
 .PHONY: setup fashion-mnist slurm demo test bench bench-gpu clean
 

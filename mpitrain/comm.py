@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import time
 import traceback
 from contextlib import contextmanager
 
@@ -259,6 +260,7 @@ def install_abort_hook() -> None:
         sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.rstrip().splitlines()))
         sys.stderr.flush()
         if MPI.COMM_WORLD.Get_size() > 1:
+            time.sleep(0.5)  # let the launcher forward the traceback: Abort tears the job down, pipes and all
             MPI.COMM_WORLD.Abort(1)
         os._exit(1)
 

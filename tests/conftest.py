@@ -10,6 +10,10 @@ import pytest
 
 from mpitrain.shard_format import Manifest, shard_path, write_manifest, write_shard
 
+# pip's MPICH runs over UCX; on some hosts UCX's network address exchange fails at MPI_Init now
+# and then ("failed to unpack address, invalid bandwidth 0.00", pmodels/mpich#7417). The tests
+# run on one node: shared memory is all they need. Exported, so Slurm jobs inherit it too.
+os.environ.setdefault("UCX_TLS", "self,sm")
 VENV_BIN = os.path.dirname(sys.executable)
 MPIEXEC = os.path.join(VENV_BIN, "mpiexec")
 MPITRAIN = os.path.join(VENV_BIN, "mpitrain")
