@@ -71,12 +71,7 @@ def main(argv=None) -> dict:
     seconds["decode_reference"], _ = best_seconds(partial(message.decode, reference, encoded, out),
                                                   repeat=args.repeat)
 
-    gbytes = args.n * source.itemsize / 1e9
-    rates = {name: gbytes / s for name, s in seconds.items()}
-    result = {"n": args.n, "sparsity": args.sparsity, "numba_threads": numba.get_num_threads(),
-              "count": kernels.message_count(encoded), "encoding": kernels.message_encoding(encoded),
-              "gb_per_s": rates, "ms": {name: 1e3 * s for name, s in seconds.items()},
-              "encode_over_copy": rates["encode"] / rates["copy"]}
+    result = kernel_result(args, seconds, encoded, source.itemsize, numba_threads=numba.get_num_threads())
     table = (f"{args.n} float32, sparsity {args.sparsity}, {result['numba_threads']} numba thread(s); "
              f"target: encode >= 0.5 x copy\n\n" + rates_table(result))
     write_results(args.out, "kernels", result, table)
@@ -108,17 +103,22 @@ def gpu_main(args) -> dict:
                                               args.repeat)
     seconds["decode"], _ = best_seconds(synchronized(partial(kernels.threshold_decode, encoded, out)),
                                         repeat=args.repeat)
-    gbytes = args.n * source.itemsize / 1e9
-    rates = {name: gbytes / s for name, s in seconds.items()}
     device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
-    result = {"n": args.n, "sparsity": args.sparsity, "device": device,
-              "count": kernels.message_count(encoded), "encoding": kernels.message_encoding(encoded),
-              "gb_per_s": rates, "ms": {name: 1e3 * s for name, s in seconds.items()},
-              "encode_over_copy": rates["encode"] / rates["copy"]}
+    result = kernel_result(args, seconds, encoded, source.itemsize, device=device)
     table = (f"{args.n} float32 on {result['device']}, sparsity {args.sparsity}; numba-CUDA kernels on cupy arrays "
              f"beside a device-to-device copy; target: encode >= 0.5 x copy\n\n" + rates_table(result))
     write_results(args.out, "kernels_gpu", result, table)
     return result
+
+
+def kernel_result(args, seconds: dict, encoded, itemsize: int, **where) -> dict:
+    """What a kernels run writes: the sizes, `where` it ran, each kernel's GB/s of residual read and ms."""
+    gbytes = args.n * itemsize / 1e9
+    rates = {name: gbytes / s for name, s in seconds.items()}
+    return {"n": args.n, "sparsity": args.sparsity, **where,
+            "count": kernels.message_count(encoded), "encoding": kernels.message_encoding(encoded),
+            "gb_per_s": rates, "ms": {name: 1e3 * s for name, s in seconds.items()},
+            "encode_over_copy": rates["encode"] / rates["copy"]}
 
 
 def rates_table(result: dict) -> str:
