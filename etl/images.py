@@ -14,7 +14,7 @@ import numpy as np
 
 from mpitrain.errors import ConfigError, DataError
 from mpitrain.etl.records import BadRecords, ReadBatch, checked_batch
-from mpitrain.etl.sources import Source, SourceOptions, check_path, dataframe_batches
+from mpitrain.etl.sources import Source, SourceOptions, dataframe_batches, split_paths
 
 EXTENSIONS = "*.{png,PNG,jpg,JPG,jpeg,JPEG}"
 MODES = {"gray": ("L", 1), "rgb": ("RGB", 3)}
@@ -24,9 +24,7 @@ class ImageFolderSource(Source):
     """Class folders of PNG/JPEG images; `--test FOLDER` gives a test split with the same class folders."""
 
     def __init__(self, spec: str, folder: str, options: SourceOptions):
-        self.paths = {"train": check_path(spec, folder)}
-        if options.test:
-            self.paths["test"] = check_path(f"--test {options.test}", options.test)
+        self.paths = split_paths(spec, folder, options)
         self.splits = tuple(self.paths)
         if options.color not in MODES:
             raise ConfigError(f"--color {options.color}: expected one of {tuple(MODES)}")

@@ -99,6 +99,14 @@ def dataframe_batches(frame, convert):
     return frame.mapInArrow(run, "batch binary").rdd.map(lambda row: pickle.loads(row.batch))
 
 
+def split_paths(spec: str, path: str, options: SourceOptions) -> dict[str, str]:
+    """{"train": path} and, with `--test PATH`, {"test": PATH}: each checked to exist."""
+    paths = {"train": check_path(spec, path)}
+    if options.test:
+        paths["test"] = check_path(f"--test {options.test}", options.test)
+    return paths
+
+
 def check_path(spec: str, path: str) -> str:
     """`path` made absolute when it is a local path (tasks may run in another folder); it must exist."""
     if "://" in path:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from mpitrain.errors import ConfigError, DataError
 from mpitrain.etl.records import BadRecords, ReadBatch, checked_batch
-from mpitrain.etl.sources import Source, SourceOptions, check_path, dataframe_batches
+from mpitrain.etl.sources import Source, SourceOptions, dataframe_batches, split_paths
 from mpitrain.shard_format import FEATURE_DTYPES
 
 import numpy as np
@@ -31,9 +31,7 @@ class TableSource(Source):
     default_label = "0"
 
     def __init__(self, spec: str, path: str, options: SourceOptions):
-        self.paths = {"train": check_path(spec, path)}
-        if options.test:
-            self.paths["test"] = check_path(f"--test {options.test}", options.test)
+        self.paths = split_paths(spec, path, options)
         self.splits = tuple(self.paths)
         if options.feature_dtype not in FEATURE_DTYPES:
             raise ConfigError(f"--feature-dtype {options.feature_dtype}: expected one of {FEATURE_DTYPES}")
