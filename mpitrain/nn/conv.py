@@ -15,6 +15,11 @@ from mpitrain.kernels.pool import max_pool, max_pool_backward
 from mpitrain.nn.layers import Layer, initial_weights
 
 
+def _check_padding(padding: str) -> None:
+    if padding not in PADDINGS:
+        raise ValueError(f"padding {padding!r}, expected one of {PADDINGS}")
+
+
 def _window_geometry(input_shape, kernel, stride, padding, layer: str):
     if len(input_shape) != 3:
         raise ValueError(f"a {layer} layer takes images (channels, height, width), got inputs of shape "
@@ -27,8 +32,7 @@ class Conv2D(Layer):
 
     def __init__(self, filters: int, kernel, stride: int = 1, padding: str = "valid", activation: str = "none",
                  init: str | None = None):
-        if padding not in PADDINGS:
-            raise ValueError(f"padding {padding!r}, expected one of {PADDINGS}")
+        _check_padding(padding)
         self.filters, self.kernel, self.stride, self.padding = filters, kernel, stride, padding
         self.activation, self.init = activation, init
 
@@ -68,8 +72,7 @@ class _Pool2D(Layer):
     `g1` is the window geometry of one channel."""
 
     def __init__(self, pool=2, stride: int | None = None, padding: str = "valid"):
-        if padding not in PADDINGS:
-            raise ValueError(f"padding {padding!r}, expected one of {PADDINGS}")
+        _check_padding(padding)
         self.pool, self.stride, self.padding = pool, stride or (pool if isinstance(pool, int) else pool[0]), padding
 
     def output_shape(self, input_shape):
