@@ -1,11 +1,12 @@
 """HDF5 checkpoints, written atomically and independent of the number of ranks.
 
 `checkpoints/ckpt-EEEE-SSSSSS.h5` holds the flat parameters and running statistics (and
-each layer's arrays under `layers/`, for `h5ls` and other tools), the flat updater state, the synchronizer's
-state (e.g. sharing's tau), where to resume (epoch EEEE, step SSSSSS within it), the
-resolved config and the sha256 of the dataset's manifest. Replicas are identical when a
-checkpoint is taken, so rank 0 alone writes it and any number of ranks can resume it.
-All other randomness derives from (seed, epoch, step, rank), so no RNG state is stored.
+each layer's arrays under `layers/`, for `h5ls` and other tools), the flat updater state, the
+synchronizer's state (e.g. sharing's tau) and arrays under `sync/` (sharing's pending
+residual), where to resume (epoch EEEE, step SSSSSS within it), the resolved config and the
+sha256 of the dataset's manifest. Replicas are identical when a checkpoint is taken, so
+rank 0 alone writes it and any number of ranks can resume it. All other randomness derives
+from (seed, epoch, step, rank), so no RNG state is stored.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ class Checkpoint:
     path: str = ""
     stats: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # running statistics (batch norm)
     stats_layout: list = field(default_factory=list)
+    sync_buffers: dict = field(default_factory=dict)  # the synchronizer's arrays (sharing: the mean residual)
 
     @property
     def full_layout(self) -> list:
@@ -64,6 +66,8 @@ def write_checkpoint(path: str, ckpt: Checkpoint) -> str:
         f.create_dataset("params", data=ckpt.params)
         f.create_dataset("updater_state", data=ckpt.updater_state)
         f.create_dataset("stats", data=ckpt.stats)
+        for name, array in ckpt.sync_buffers.items():
+            f.create_dataset(f"sync/{name}", data=array)
         layers = f.create_group("layers")
         for flat, layout in ((ckpt.params, ckpt.layout), (ckpt.stats, ckpt.stats_layout)):
             offset = 0
@@ -95,7 +99,7 @@ def load_checkpoint(path: str) -> Checkpoint:
             return Checkpoint(f["params"][...], f["updater_state"][...], int(a["epoch"]), int(a["step"]),
                               int(a["iteration"]), _layout(a["layout"]), json.loads(a["sync_state"]),
                               str(a["manifest_sha256"]), str(a["config"]), path, f["stats"][...],
-                              _layout(a["stats_layout"]))
+                              _layout(a["stats_layout"]), {k: v[...] for k, v in f.get("sync", {}).items()})
     except (OSError, KeyError, ValueError) as e:
         raise DataError(f"{path}: not a readable mpitrain checkpoint ({e})") from None
 

@@ -53,14 +53,14 @@ def train(config: Config, comm) -> dict:
     sync = create_synchronizer(config.sync, comm)
 
     model.init_params(config.train.seed, config.model.init)
-    epoch, start_step, sync_state = _resume(config, comm, backend, model, updater, manifest_sha256)
+    epoch, start_step, sync_state, sync_buffers = _resume(config, comm, backend, model, updater, manifest_sha256)
     if comm.is_root:
         os.makedirs(config.run_dir, exist_ok=True)
         save_config(config, os.path.join(config.run_dir, "config.yaml"))
     if config.pretrain.layers and (epoch, start_step) == (0, 0):  # fine-tuning has not begun
         pretrain(config, comm, model, batches, train_rows, manifest_sha256)
     sync.start(model, updater)  # every rank starts from rank 0's parameters and updater state
-    sync.load_state(sync_state)
+    sync.load_state(sync_state, sync_buffers)
     save = Saver(config, comm, backend, sync, model, updater, manifest_sha256)
     metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs)
     metrics.resume_at(epoch, start_step)
@@ -161,17 +161,20 @@ class Saver:
             save_checkpoint(self.config.run_dir, Checkpoint(
                 to_host(model.params), to_host(updater.state), epoch, step, updater.iteration, model.layout,
                 self.sync.state(), self.manifest_sha256, self.config_yaml, stats=to_host(model.stats),
-                stats_layout=model.stats_layout), self.config.checkpoint.keep)
+                stats_layout=model.stats_layout, sync_buffers={name: to_host(array) for name, array in
+                                                               self.sync.buffers().items()}),
+                self.config.checkpoint.keep)
 
 
-def _resume(config, comm, backend, model, updater, manifest_sha256: str) -> tuple[int, int, dict]:
-    """Load the newest checkpoint on rank 0; return (epoch, step, synchronizer state) to continue from.
+def _resume(config, comm, backend, model, updater, manifest_sha256: str) -> tuple[int, int, dict, dict]:
+    """Load the newest checkpoint on rank 0; return (epoch, step, synchronizer state) to continue from,
+    and the synchronizer's arrays (rank 0's; empty on the others).
 
     `resume: never` refuses a run directory that already holds checkpoints rather than
     overwrite them; a fresh start begins a fresh metrics.jsonl. A checkpoint of another
     model, optimizer or dataset is refused, saying what differs.
     """
-    position = (0, 0, 0, {})
+    position, sync_buffers = (0, 0, 0, {}), {}
     with comm.agreed_errors():
         checkpoints = list_checkpoints(config.run_dir) if comm.is_root else []
         if checkpoints and config.resume == "never":
@@ -183,10 +186,10 @@ def _resume(config, comm, backend, model, updater, manifest_sha256: str) -> tupl
                        config.data.path)
             restore_model(ckpt, model, backend.to_device)
             updater.state[...] = backend.to_device(ckpt.updater_state)
-            position = (ckpt.epoch, ckpt.step, ckpt.iteration, ckpt.sync_state)
+            position, sync_buffers = (ckpt.epoch, ckpt.step, ckpt.iteration, ckpt.sync_state), ckpt.sync_buffers
             log.info("resuming from %s at epoch %d step %d", ckpt.path, ckpt.epoch + 1, ckpt.step)
         elif comm.is_root and os.path.exists(os.path.join(config.run_dir, "metrics.jsonl")) \
                 and not config.pretrain.layers:  # pretraining keeps the records of the layers it skips
             os.remove(os.path.join(config.run_dir, "metrics.jsonl"))
     epoch, step, updater.iteration, sync_state = comm.bcast_obj(position)
-    return epoch, step, sync_state
+    return epoch, step, sync_state, sync_buffers

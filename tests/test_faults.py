@@ -10,7 +10,8 @@ import h5py
 import pytest
 
 from conftest import MPIEXEC, MPITRAIN, make_dataset, mpiexec, write_config
-from mpitrain.checkpoint import list_checkpoints
+from mpitrain.checkpoint import list_checkpoints, load_checkpoint
+from mpitrain.sync import parameter_hash
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -49,6 +50,21 @@ def test_resume_matches_an_uninterrupted_run_bit_for_bit(tmp_path, sync, model):
     result = run(pieces, 2, "train.epochs=3")
     assert result.returncode == 0 and "resuming from" in result.stderr, result.stderr
     assert final_hash(tmp_path / "pieces" / "run") == final_hash(tmp_path / "straight" / "run")
+    # the last checkpoint holds the model the run evaluated (sharing keeps its pending residual beside it)
+    last = load_checkpoint(list_checkpoints(str(tmp_path / "pieces" / "run"))[-1])
+    assert parameter_hash(last.params, last.stats) == final_hash(tmp_path / "pieces" / "run")
+    assert (abs(last.sync_buffers["residual"]).max() > 0) if sync["mode"] == "sharing" else not last.sync_buffers
+
+
+def test_sharing_resumes_on_another_number_of_ranks(tmp_path):
+    make_dataset(tmp_path / "data", n_train=600)
+    config = write_config(tmp_path / "exp.yaml", tmp_path / "data", sync={"mode": "sharing", "threshold": 2.0e-3},
+                          train={"epochs": 1})
+    assert run(config, 2).returncode == 0
+    result = run(config, 4, "train.epochs=2")
+    assert result.returncode == 0 and "resuming from" in result.stderr, result.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["ranks"] == 4 and summary["epochs"] == 2 and len(set(summary["replica_hashes"])) == 1
 
 
 def test_an_exception_mid_epoch_on_rank_1_of_4_ends_the_job(tmp_path):

@@ -68,7 +68,9 @@ def test_sharing_keeps_its_promises(n):
     assert result.returncode == 0, result.stdout + result.stderr
     for check in ("replicas identical after every step", "nothing lost with a fixed tau",
                   "adaptive tau falls when too sparse", "adaptive tau rises when too dense",
-                  "adaptive tau stays inside the band", "mixed sparse and bitmap messages decode exactly"):
+                  "adaptive tau stays inside the band", "mixed sparse and bitmap messages decode exactly",
+                  "flush keeps the parameters and the pending updates",
+                  "a resumed synchronizer starts every rank from the saved residual"):
         assert f"OK {check} {n}" in result.stdout, result.stdout
 
 

@@ -60,8 +60,13 @@ class Synchronizer:
         """Numbers a checkpoint must keep so a resumed run continues exactly (e.g. sharing's tau)."""
         return {}
 
-    def load_state(self, state: dict) -> None:
-        """Take back what `state` returned (of this mode, or another mode's: then nothing applies)."""
+    def buffers(self) -> dict:
+        """Arrays a checkpoint must keep beside `state` (identical on every rank after `flush`)."""
+        return {}
+
+    def load_state(self, state: dict, buffers: dict) -> None:
+        """Take back what `state` and `buffers` held (a collective). `buffers` is rank 0's only (empty
+        elsewhere); a checkpoint of another mode leaves this one's defaults."""
 
     def stats(self) -> dict:
         """Mode-specific numbers for metrics.jsonl (e.g. tau and sparsity)."""

@@ -14,9 +14,17 @@ tau adapts after DL4J's AdaptiveThresholdAlgorithm: when the last step's sparsit
 all ranks' messages, so every rank computes the same tau) fell below the band, tau is
 multiplied by `decay`; above it, divided. The residual is clipped to +-factor*tau every
 `every` steps, and the updater state is averaged at each epoch end.
+
+Before a checkpoint every rank's residual is replaced by the ranks' mean, which keeps the
+pending update (the mean residual is what the messages would add) and lets rank 0 save it
+beside the parameters; a resumed run, with any number of ranks, starts every rank from it.
+The parameters are left as trained: adding the residual to them at once would apply
+updates that accumulated for many steps in one step (on the MLP it cost a point of test
+accuracy), and the saved model would not be the one just evaluated.
 """
 from __future__ import annotations
 
+from mpitrain.backend import array_module
 from mpitrain.kernels import clip_residual, message_count, threshold_decode, threshold_encode
 from mpitrain.sync.base import Synchronizer
 
@@ -64,20 +72,24 @@ class SharingSync(Synchronizer):
             self.comm.average_(updater.state)
 
     def _flush(self, model, updater) -> None:
-        """Before a checkpoint: add the ranks' mean residual to the parameters (as the messages
-        are added), clear it, and average the updater state, so nothing pending is lost."""
-        total = self.residual.copy()
-        self.comm.average_(total)
-        model.params += total
-        self.residual[...] = 0
+        """Before a checkpoint: every rank's residual becomes the ranks' mean (so nothing pending is lost
+        and rank 0 holds it all), and the updater state is averaged."""
+        self.comm.average_(self.residual)
         self._end_epoch(model, updater)
 
     def state(self) -> dict:
-        return {"tau": self.tau, "steps": self.steps}
+        return {"tau": self.tau, "steps": self.steps, "residual": True}
 
-    def load_state(self, state: dict) -> None:
+    def buffers(self) -> dict:
+        return {"residual": self.residual}
+
+    def load_state(self, state: dict, buffers: dict) -> None:
         self.tau = float(state.get("tau", self.tau))
         self.steps = int(state.get("steps", 0))
+        if state.get("residual"):  # rank 0 read it: every rank continues from the saved mean residual
+            if "residual" in buffers:
+                self.residual[...] = array_module(self.residual).asarray(buffers["residual"])
+            self.comm.bcast_(self.residual)
 
     def stats(self) -> dict:
         return dict(self.last)

@@ -4,7 +4,9 @@
 - with a fixed tau and no clipping, sum over ranks of raw updates == sent + residuals
   (the parameters move by the mean of what was sent, so sent = N * applied);
 - adaptive tau falls when too sparse and rises when too dense;
-- one rank sparse and another bitmap in the same step decode to the exact expected sum.
+- one rank sparse and another bitmap in the same step decode to the exact expected sum;
+- a flush (before a checkpoint) leaves the parameters alone and gives every rank the ranks'
+  mean residual, so the pending total is kept, and a resumed synchronizer starts from it.
 Prints one OK line per check on rank 0.
 """
 from types import SimpleNamespace
@@ -83,6 +85,20 @@ applied = model.params - start
 report("nothing lost with a fixed tau",
        np.allclose(summed(updater.total), comm.size * applied + summed(sync.residual), rtol=0, atol=1e-12)
        and np.abs(sync.residual).max() > 0)  # some of it really was delayed
+
+# 2b: a flush keeps the parameters as trained and the pending total, as the ranks' mean residual
+before_params, pending = model.params.copy(), summed(sync.residual)
+sync.flush(model, updater)
+report("flush keeps the parameters and the pending updates",
+       np.array_equal(model.params, before_params) and len(set(check_replicas(comm, sync.residual))) == 1
+       and np.allclose(comm.size * sync.residual, pending, rtol=0, atol=1e-15)
+       and np.allclose(summed(updater.total), comm.size * applied + summed(sync.residual), rtol=0, atol=1e-12))
+resumed = sharing(threshold=2.0 ** -8, adaptive=False, residual_clip=False)
+resumed.start(model, updater)
+saved = {"residual": sync.residual.copy()} if comm.is_root else {}  # as rank 0 reads a checkpoint
+resumed.load_state(sync.state(), saved)
+report("a resumed synchronizer starts every rank from the saved residual",
+       np.array_equal(resumed.residual, sync.residual) and np.abs(resumed.residual).max() > 0)
 
 # 3: adaptive tau falls below the sparsity band, rises above it, stays inside it
 def one_step(delta, tau):
