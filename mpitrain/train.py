@@ -60,7 +60,8 @@ def train(config: Config, comm) -> dict:
     if config.pretrain.layers and (epoch, start_step) == (0, 0):  # fine-tuning has not begun
         pretrain(config, comm, model, batches, train_rows, manifest_sha256)
     sync.start(model, updater)  # every rank starts from rank 0's parameters and updater state
-    sync.load_state(sync_state, sync_buffers)
+    sync.load_state(sync_state)
+    sync.load_buffers(sync_buffers)  # e.g. sharing's residual, saved by rank 0
     save = Saver(config, comm, backend, sync, model, updater, manifest_sha256)
     metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs)
     metrics.resume_at(epoch, start_step)

@@ -5,6 +5,7 @@ import hashlib
 
 import numpy as np
 
+from mpitrain.backend import array_module
 from mpitrain.comm import Communicator
 
 
@@ -64,9 +65,17 @@ class Synchronizer:
         """Arrays a checkpoint must keep beside `state` (identical on every rank after `flush`)."""
         return {}
 
-    def load_state(self, state: dict, buffers: dict) -> None:
-        """Take back what `state` and `buffers` held (a collective). `buffers` is rank 0's only (empty
-        elsewhere); a checkpoint of another mode leaves this one's defaults."""
+    def load_state(self, state: dict) -> None:
+        """Take back what `state` returned (of this mode, or another mode's: then nothing applies)."""
+
+    def load_buffers(self, saved: dict) -> None:
+        """Copy the arrays rank 0 read from a checkpoint (`saved`; empty on the other ranks) into this
+        mode's `buffers` on every rank (a collective); arrays this mode does not keep are ignored."""
+        own = self.buffers()
+        for name in self.comm.bcast_obj(sorted(set(saved) & set(own))):
+            if self.comm.is_root:
+                own[name][...] = array_module(own[name]).asarray(saved[name])
+            self.comm.bcast_(own[name])
 
     def stats(self) -> dict:
         """Mode-specific numbers for metrics.jsonl (e.g. tau and sparsity)."""

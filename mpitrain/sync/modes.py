@@ -57,7 +57,7 @@ class AveragingSync(Synchronizer):
     def state(self) -> dict:
         return {"steps_since_average": self.steps_since_average}
 
-    def load_state(self, state: dict, buffers: dict) -> None:
+    def load_state(self, state: dict) -> None:
         self.steps_since_average = int(state.get("steps_since_average", 0))
 
     def _average(self, model, updater) -> None:

@@ -24,7 +24,6 @@ accuracy), and the saved model would not be the one just evaluated.
 """
 from __future__ import annotations
 
-from mpitrain.backend import array_module
 from mpitrain.kernels import clip_residual, message_count, threshold_decode, threshold_encode
 from mpitrain.sync.base import Synchronizer
 
@@ -78,18 +77,14 @@ class SharingSync(Synchronizer):
         self._end_epoch(model, updater)
 
     def state(self) -> dict:
-        return {"tau": self.tau, "steps": self.steps, "residual": True}
+        return {"tau": self.tau, "steps": self.steps}
 
     def buffers(self) -> dict:
         return {"residual": self.residual}
 
-    def load_state(self, state: dict, buffers: dict) -> None:
+    def load_state(self, state: dict) -> None:
         self.tau = float(state.get("tau", self.tau))
         self.steps = int(state.get("steps", 0))
-        if state.get("residual"):  # rank 0 read it: every rank continues from the saved mean residual
-            if "residual" in buffers:
-                self.residual[...] = array_module(self.residual).asarray(buffers["residual"])
-            self.comm.bcast_(self.residual)
 
     def stats(self) -> dict:
         return dict(self.last)
