@@ -17,7 +17,7 @@ from . import message as _message
 from .message import MAX_ELEMENTS, check_size  # noqa: F401  (public: the int32 size limit)
 
 __all__ = ["threshold_encode", "threshold_decode", "bitmap_encode", "bitmap_decode", "clip_residual",
-           "message_count", "message_encoding", "check_size", "MAX_ELEMENTS", "implementation"]
+           "add_to_residual", "warm_up", "message_count", "message_encoding", "check_size", "MAX_ELEMENTS", "implementation"]
 
 
 def implementation(array):
@@ -56,6 +56,22 @@ def bitmap_decode(message, out, sign: float = 1.0) -> None:
 def clip_residual(residual, limit: float) -> None:
     """Clip the residual in place to [-limit, limit]."""
     _message.clip(implementation(residual), residual, limit)
+
+
+def add_to_residual(residual, update, limit: float | None = None) -> None:
+    """residual += update, then clipped to [-limit, limit] unless limit is None; one pass, in place."""
+    _message.accumulate(implementation(residual), residual, update, limit)
+
+
+def warm_up(like) -> None:
+    """Run each sharing kernel once on a few elements of `like`'s dtype and device, so a run's first
+    step is not charged for loading them (numba's first CPU call takes about 0.5 s; CUDA kernels
+    compile at their first launch)."""
+    residual = like[:2 * _message.BITS_PER_WORD].copy()
+    residual[...] = 1
+    add_to_residual(residual, residual.copy(), 2.0)
+    for encoding in ("sparse", "bitmap"):
+        threshold_decode(threshold_encode(residual, 1.0, encoding), residual)
 
 
 def message_count(message) -> int:

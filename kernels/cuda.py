@@ -15,7 +15,7 @@ import functools
 import numpy as np
 from numba import cuda, int32, int64
 
-from .cpu import add_index, clip_element, count_sent, decode_word, encode_word, write_range
+from .cpu import add_index, clipped, count_sent, decode_word, encode_word, write_range
 
 
 def _device(array):
@@ -125,7 +125,14 @@ def _decode_words(words, out, delta):
 def _clip(residual, limit):
     i = cuda.grid(1)
     if i < residual.size:
-        clip_element(residual, i, limit)
+        residual[i] = clipped(residual[i], limit)
+
+
+@cuda.jit
+def _add_clipped(residual, update, limit):
+    i = cuda.grid(1)
+    if i < residual.size:
+        residual[i] = clipped(residual[i] + update[i], limit)
 
 
 class CudaKernels:
@@ -162,6 +169,9 @@ class CudaKernels:
 
     def clip(self, residual, limit) -> None:
         _launch(_clip, residual.size, self.block, _device(residual), limit)
+
+    def add_clipped(self, residual, update, limit) -> None:
+        _launch(_add_clipped, residual.size, self.block, _device(residual), _device(update), limit)
 
     @staticmethod
     def empty(like, size: int):

@@ -141,3 +141,13 @@ def clip(impl, residual, limit) -> None:
     """Clip the residual in place to [-limit, limit] (NaN stays NaN)."""
     check_vector(residual, "residual")
     impl.clip(residual, positive(limit, residual.dtype, "limit"))
+
+
+def accumulate(impl, residual, update, limit=None) -> None:
+    """residual += update, clipped to [-limit, limit] unless limit is None, in one pass (NaN stays NaN)."""
+    check_vector(residual, "residual")
+    if update.shape != residual.shape or update.dtype != residual.dtype:
+        raise ValueError(f"update must match the residual ({residual.size} {residual.dtype}), "
+                         f"got {update.size} {update.dtype}")
+    bound = residual.dtype.type(np.inf) if limit is None else positive(limit, residual.dtype, "limit")
+    impl.add_clipped(residual, update, bound)

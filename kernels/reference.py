@@ -58,6 +58,11 @@ def clip(residual, limit) -> None:
     np.clip(residual, -limit, limit, out=residual)
 
 
+def add_clipped(residual, update, limit) -> None:
+    residual += update
+    clip(residual, limit)
+
+
 def empty(like, size: int) -> np.ndarray:
     return np.empty(size, dtype=np.int32)
 

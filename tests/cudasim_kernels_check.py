@@ -70,6 +70,13 @@ def check_clip() -> None:
     message.clip(reference, expected, 1.5)
     message.clip(TILES, device, 1.5)
     assert np.array_equal(bits(device.copy_to_host()), bits(expected)), "clip differs"
+    update = np.random.default_rng(1).standard_normal(residual.size).astype(np.float32)
+    for limit in (1.5, None):
+        device = cuda.to_device(expected)
+        message.accumulate(TILES, device, cuda.to_device(update), limit)
+        added = expected.copy()
+        message.accumulate(reference, added, update, limit)
+        assert np.array_equal(bits(device.copy_to_host()), bits(added)), f"add then clip to {limit} differs"
     print("ok clip", flush=True)
 
 

@@ -190,6 +190,27 @@ def test_clip_matches_reference():
         kernels.clip_residual(got, 0.0)
 
 
+@pytest.mark.parametrize("limit", [1.5, None])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_add_to_residual_matches_reference(limit, dtype):
+    rng = np.random.default_rng(1)
+    residual = np.r_[rng.standard_normal(3000) * 3, [np.inf, -np.inf, np.nan, -0.0, 1.5, -1.5, 1.0]].astype(dtype)
+    update = np.r_[rng.standard_normal(3000), [1.0, 1.0, 0.0, -0.0, 0.25, -0.25, np.nan]].astype(dtype)
+    expected, got = residual.copy(), residual.copy()
+    message.accumulate(reference, expected, update, limit)
+    kernels.add_to_residual(got, update, limit)
+    np.testing.assert_array_equal(bits(got), bits(expected))
+    assert np.isnan(got[-5]) and np.isnan(got[-1]), "NaN must survive, so encode reports it"
+    if limit is None:
+        np.testing.assert_array_equal(got[:3000], (residual + update)[:3000])
+    else:
+        assert np.nanmax(np.abs(got)) == 1.5 and got[-3] == 1.5 and got[-2] == -1.5
+    with pytest.raises(ValueError, match="update must match the residual"):
+        kernels.add_to_residual(got, update[:10])
+    with pytest.raises(ValueError, match="limit"):
+        kernels.add_to_residual(got, update, 0.0)
+
+
 @pytest.mark.parametrize("tau", [0.0, -1.0, np.nan, np.inf, 1e-50, 1e39])
 def test_bad_tau_raises(tau):
     with pytest.raises(ValueError, match="tau must be finite and > 0"):

@@ -55,6 +55,9 @@ class SGD(Updater):
     def __init__(self, config, params, decay_mask):
         self.n_slots = 1 if config.momentum else 0
         super().__init__(config, params, decay_mask)
+        if self.n_slots:  # load the fused kernel now: numba's first call takes about 0.5 s, not the first step's
+            tiny = array_module(params).zeros(4, dtype=params.dtype)
+            momentum_step(tiny, tiny, tiny, tiny, 0.0, 0.0, False, tiny)
 
     def delta(self, grads, params):
         if not self.config.momentum:

@@ -24,7 +24,7 @@ accuracy), and the saved model would not be the one just evaluated.
 """
 from __future__ import annotations
 
-from mpitrain.kernels import clip_residual, message_count, threshold_decode, threshold_encode
+from mpitrain.kernels import add_to_residual, message_count, threshold_decode, threshold_encode, warm_up
 from mpitrain.sync.base import Synchronizer
 
 
@@ -41,13 +41,13 @@ class SharingSync(Synchronizer):
     def start(self, model, updater) -> None:
         super().start(model, updater)
         self.residual = model.xp.zeros_like(model.params)
+        warm_up(model.params)
 
     def step(self, model, updater) -> None:
-        self.residual += updater.delta(model.grads, model.params)
         self.steps += 1
         clip = self.config.residual_clip
-        if clip and self.steps % clip["every"] == 0:
-            clip_residual(self.residual, clip["factor"] * self.tau)
+        limit = clip["factor"] * self.tau if clip and self.steps % clip["every"] == 0 else None
+        add_to_residual(self.residual, updater.delta(model.grads, model.params), limit)  # one pass
         sent_tau = self.tau
         messages = self.comm.allgatherv(threshold_encode(self.residual, sent_tau, self.config.encoding))
         for message in messages:  # rank order on every rank: identical sums, identical replicas
