@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from mpitrain.augment import AUGMENT_DEFAULTS
 from mpitrain.backend import BACKENDS
 from mpitrain.errors import ConfigError
 from mpitrain.nn.rbm import VISIBLE_UNITS
@@ -35,10 +36,15 @@ class DataConfig:
     shuffle: bool = True
     max_rows: int = 0  # use only the first max_rows rows of each split (0: all)
     prefetch: bool = True
+    augment: typing.Union[bool, dict] = False  # training images: false, true (defaults) or {flip, shift}
 
     def validate(self, where):
         _check(self.path != "", where, "data.path", self.path, "the dataset folder written by `mpitrain etl`")
         _check(self.max_rows >= 0, where, "data.max_rows", self.max_rows, "0 (all rows) or a positive count")
+        self.augment = _options(self.augment, AUGMENT_DEFAULTS, where, "data.augment")
+        if self.augment:
+            _check(self.augment["shift"] >= 0, where, "data.augment.shift", self.augment["shift"],
+                   "a number of pixels >= 0")
 
 
 @dataclass

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
+from mpitrain.augment import augment_images
 from mpitrain.errors import DataError
 from mpitrain.shard_format import Manifest, check_shard
 
@@ -88,12 +89,15 @@ class Batches:
     The shuffle is seeded by (seed, epoch, rank), so a run is reproducible and a resumed
     run sees the same batches. The last incomplete batch is dropped, so all ranks run
     `steps_per_epoch` steps. The next batch is prepared in a thread while this one trains.
+    `augment` ({flip, shift}, or False) flips and shifts image rows (`mpitrain.augment`).
     """
 
     def __init__(self, data: RankRows, manifest: Manifest, batch_size: int, backend, dtype,
-                 seed: int, rank: int, shuffle: bool = True, normalize: bool = True, prefetch: bool = True):
+                 seed: int, rank: int, shuffle: bool = True, normalize: bool = True, prefetch: bool = True,
+                 augment: dict | bool = False):
         self.data, self.batch_size, self.backend, self.dtype = data, batch_size, backend, np.dtype(dtype)
         self.seed, self.rank, self.shuffle, self.prefetch = seed, rank, shuffle, prefetch
+        self.augment = augment
         std = manifest.std if normalize else 1.0
         mean = manifest.mean if normalize else 0.0
         self.scale = manifest.scale / std
@@ -107,19 +111,23 @@ class Batches:
             np.random.default_rng([self.seed, epoch, self.rank]).shuffle(order)
         steps = range(start_step, self.steps_per_epoch)
         if not self.prefetch:
-            yield from (self._batch(order, step) for step in steps)
+            yield from (self._batch(order, epoch, step) for step in steps)
             return
         with ThreadPoolExecutor(max_workers=1) as pool:
             pending = None
             for step in steps:
-                pending = pending or pool.submit(self._batch, order, step)
+                pending = pending or pool.submit(self._batch, order, epoch, step)
                 batch = pending.result()
-                pending = pool.submit(self._batch, order, step + 1) if step + 1 < self.steps_per_epoch else None
+                pending = (pool.submit(self._batch, order, epoch, step + 1) if step + 1 < self.steps_per_epoch
+                           else None)
                 yield batch
 
-    def _batch(self, order: np.ndarray, step: int):
+    def _batch(self, order: np.ndarray, epoch: int, step: int):
         index = np.sort(order[step * self.batch_size:(step + 1) * self.batch_size])
-        return self.to_model_input(self.data.x[index]), self.backend.to_device(self.data.y[index])
+        x = self.data.x[index]
+        if self.augment:
+            x = augment_images(x, (self.seed, epoch, self.rank, step), **self.augment)
+        return self.to_model_input(x), self.backend.to_device(self.data.y[index])
 
     def to_model_input(self, stored: np.ndarray):
         """Stored features (uint8 or float32) to normalized floats on the backend."""

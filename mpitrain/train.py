@@ -43,12 +43,16 @@ def train(config: Config, comm) -> dict:
                                    training=False, max_rows=config.data.max_rows,
                                    verify_checksums=config.data.verify_checksums)
         manifest_sha256 = sha256_file(os.path.join(config.data.path, MANIFEST_NAME))
+        if config.data.augment and len(manifest.feature_shape) != 3:
+            raise ConfigError(f"data.augment flips and shifts images, but {config.data.path} holds rows of "
+                              f"shape {tuple(manifest.feature_shape)}; expected images (channels, height, width)")
         if len(train_rows.y) < config.train.batch_size:
             raise ConfigError(f"train.batch_size is {config.train.batch_size} (per rank), but each of the "
                               f"{comm.size} ranks has only {len(train_rows.y)} training rows")
     batches = Batches(train_rows, manifest, config.train.batch_size, backend, config.model.dtype,
                       config.train.seed, comm.rank, shuffle=config.data.shuffle,
-                      normalize=config.data.normalize, prefetch=config.data.prefetch)
+                      normalize=config.data.normalize, prefetch=config.data.prefetch,
+                      augment=config.data.augment)
     updater = create_updater(config.optimizer, model.params, model.decay_mask)
     sync = create_synchronizer(config.sync, comm)
 

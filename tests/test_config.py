@@ -47,6 +47,8 @@ def test_frequency_epoch_and_run_dir(tmp_path):
     ("sync: {mode: sharing, adaptive: {speed: 2}}", [], r"unknown key sync.adaptive.speed"),
     ("sync: {mode: sharing, residual_clip: {every: 0}}", [], r"sync.residual_clip.every is 0"),
     ("sync: {mode: sharing, encoding: zip}", [], r"sync.encoding is 'zip'"),
+    ("", ["data.augment={shift: -1}"], r"data.augment.shift is -1"),
+    ("", ["data.augment={rotate: 10}"], r"unknown key data.augment.rotate"),
     ("backend: tpu", [], r"backend is 'tpu', expected one of \('auto', 'numpy', 'cupy'\)"),
     ("comm: {cuda_aware: maybe}", [], r"comm.cuda_aware is 'maybe', expected auto, true or false"),
     ("comm: {cuda_aware: 1}", [], r"comm.cuda_aware is 1, expected bool or str"),
@@ -68,6 +70,13 @@ def test_sharing_options(tmp_path):
     assert config.sync.residual_clip == {"factor": 5.0, "every": 5}
     config = load_config(write(tmp_path, base + "sync: {mode: sharing, adaptive: false, residual_clip: false}\n"))
     assert config.sync.adaptive is False and config.sync.residual_clip is False
+
+
+def test_augment_options(tmp_path):
+    path = write(tmp_path, "data: {path: d}\nmodel: {layers: [{type: dense, units: 2}]}\n")
+    assert load_config(path).data.augment is False
+    assert load_config(path, ["data.augment=true"]).data.augment == {"flip": True, "shift": 2}
+    assert load_config(path, ["data.augment={shift: 1}"]).data.augment == {"flip": True, "shift": 1}
 
 
 def test_backend_and_cuda_aware_choices(tmp_path):

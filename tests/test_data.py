@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import make_dataset
+from mpitrain.augment import augment_images
 from mpitrain.backend import create_backend
 from mpitrain.data import Batches, eval_rows_for_rank, load_rank_rows, read_rows, rows_for_rank
 from mpitrain.errors import DataError
@@ -142,3 +143,46 @@ def test_nan_features_in_a_float_dataset(tmp_path):
                                            {"train": shards}))
     with pytest.raises(DataError, match="shard-00000.h5: features contain NaN or Inf"):
         load_rank_rows(str(tmp_path), read_manifest(str(tmp_path)), "train", 0, 1, training=True)
+
+
+def shifted(image: np.ndarray, down: int, right: int) -> np.ndarray:
+    """`image` (C, H, W) moved by (down, right) pixels, the uncovered border 0."""
+    out = np.zeros_like(image)
+    height, width = image.shape[1:]
+    out[:, max(down, 0):height + min(down, 0), max(right, 0):width + min(right, 0)] = \
+        image[:, max(-down, 0):height - max(down, 0), max(-right, 0):width - max(right, 0)]
+    return out
+
+
+def test_augment_flips_and_shifts_each_whole_image():
+    rng = np.random.default_rng(0)
+    x = np.zeros((300, 2, 9, 7), dtype=np.uint8)
+    x[:, :, 2:-2, 2:-2] = rng.integers(1, 256, size=(300, 2, 5, 3))  # a 2-pixel zero border: nothing falls off
+    out = augment_images(x, (3, 1, 0, 5), flip=True, shift=2)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    found = []
+    for image, original in zip(out, x):
+        matches = [(mirror, down, right) for mirror in (False, True) for down in range(-2, 3)
+                   for right in range(-2, 3)
+                   if np.array_equal(image, shifted(original[..., ::-1] if mirror else original, down, right))]
+        assert len(matches) == 1, "each output is one flip + shift of its own input"
+        found.append(matches[0])
+    mirrors, downs, rights = zip(*found)
+    assert 100 < sum(mirrors) < 200 and set(downs) == set(rights) == set(range(-2, 3))
+    np.testing.assert_array_equal(out, augment_images(x, (3, 1, 0, 5), flip=True, shift=2))
+    assert not np.array_equal(out, augment_images(x, (3, 1, 0, 6), flip=True, shift=2))
+    np.testing.assert_array_equal(augment_images(x, (0,), flip=False, shift=0), x)
+
+
+def test_augmented_batches_are_keyed_by_epoch_and_step(tmp_path):
+    manifest = make_dataset(tmp_path, n_train=64, n_test=8, shape=(1, 6, 6))
+    rows = load_rank_rows(str(tmp_path), manifest, "train", 0, 1, training=True)
+    backend = create_backend("numpy")
+    plain = list(Batches(rows, manifest, 16, backend, "float32", seed=3, rank=0).epoch(1))
+    augmented = Batches(rows, manifest, 16, backend, "float32", seed=3, rank=0, augment={"flip": True, "shift": 1})
+    epoch1 = list(augmented.epoch(1))
+    assert all(np.array_equal(y, y_plain) for (_, y), (_, y_plain) in zip(epoch1, plain))
+    assert not any(np.array_equal(x, x_plain) for (x, _), (x_plain, _) in zip(epoch1, plain))
+    resumed = list(augmented.epoch(1, start_step=2))
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(epoch1[2:], resumed))
+    assert not np.array_equal(epoch1[0][0], next(augmented.epoch(2))[0])

@@ -118,6 +118,13 @@ def test_batch_larger_than_rank_rows_is_an_error(tmp_path):
     assert "train.batch_size is 16 (per rank), but each of the 4 ranks has only 10 training rows" in result.stderr
 
 
+def test_augmenting_rows_that_are_not_images_is_an_error(tmp_path):
+    make_dataset(tmp_path / "data", n_train=40, shape=(16,))
+    result, _ = train(tmp_path, 2, timeout=60, data={"augment": True})
+    assert result.returncode == 2
+    assert result.stderr.count("data.augment flips and shifts images") == 1 and "(16,)" in result.stderr
+
+
 def test_eval_and_predict_after_training_and_resume_on_other_rank_count(tmp_path):
     make_dataset(tmp_path / "data", n_train=480)
     result, run_dir = train(tmp_path, 2, train={"epochs": 1})
