@@ -22,7 +22,7 @@ MODES = [("allreduce", {}), ("averaging", {"sync.frequency": 5}), ("sharing", {}
 def main(argv=None) -> dict:
     parser = benchmark_parser(__doc__, epochs=5)
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--repeat", type=int, default=3, help="interleaved 1-epoch runs of sharing and DDP")
+    parser.add_argument("--repeat", type=int, default=5, help="interleaved 1-epoch runs of sharing and DDP")
     args = parser.parse_args(argv)
 
     rows = []
