@@ -11,6 +11,8 @@ import argparse
 
 from common import benchmark_parser, markdown_table, run_mpitrain, write_results
 
+from mpitrain.config import load_config
+
 MODELS = [("LeNet", "configs/fashion_lenet.yaml", 0.915), ("batch-norm CNN", "configs/fashion_cnn_bn.yaml", 0.925)]
 
 
@@ -23,7 +25,8 @@ def main(argv=None) -> dict:
     for name, config, target in MODELS:
         s = run_mpitrain(argparse.Namespace(**{**vars(args), "config": config}), args.ranks, args.mode, {},
                          args.epochs)
-        rows.append({"model": name, "config": config, "target": target, "test_accuracy": s["test_accuracy"],
+        rows.append({"model": name, "config": config, "batch_size": load_config(config).train.batch_size,
+                     "target": target, "test_accuracy": s["test_accuracy"],
                      "samples_per_s": s["samples_per_s"], "bytes_sent_per_step": s["bytes_sent_per_step"],
                      "n_params": s["n_params"], "wall_s": s["wall_s"]})
     result = {"epochs": args.epochs, "ranks": args.ranks, "mode": args.mode, "rows": rows}
@@ -32,12 +35,13 @@ def main(argv=None) -> dict:
 
 
 def markdown(result: dict) -> str:
-    rows = [[r["model"], f"`{r['config']}`", str(r["n_params"]), f"{r['test_accuracy']:.4f}", f"{r['target']:.3f}",
+    rows = [[r["model"], f"`{r['config']}`", str(r["n_params"]), str(r["batch_size"]), f"{r['test_accuracy']:.4f}",
+             f"{r['target']:.3f}",
              "met" if r["test_accuracy"] >= r["target"] else "NOT met", f"{r['bytes_sent_per_step']:.0f}",
              f"{r['wall_s'] / 60:.1f}"] for r in result["rows"]]
-    return (f"{result['ranks']} ranks, `{result['mode']}`, {result['epochs']} epochs, batch 64 per rank\n\n"
-            + markdown_table(["model", "config", "parameters", "test acc", "target", "", "bytes/step/rank",
-                              "minutes"], rows, "llrrrlrr") + "\n")
+    return (f"{result['ranks']} ranks, `{result['mode']}`, {result['epochs']} epochs\n\n"
+            + markdown_table(["model", "config", "parameters", "batch/rank", "test acc", "target", "",
+                              "bytes/step/rank", "minutes"], rows, "llrrrrlrr") + "\n")
 
 
 if __name__ == "__main__":
