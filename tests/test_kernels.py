@@ -2,7 +2,7 @@
 
 `kernels.*` on numpy arrays runs the numba CPU kernels; `message.*(reference, ...)` runs the
 reference through the same shared steps. Floats are compared bit for bit (so -0.0 != 0.0).
-`edge_cases` is shared with cudasim_kernels_check.py, which holds the CUDA kernels to the same.
+`edge_cases` is shared with cuda_kernels_check.py, which holds the CUDA kernels to the same.
 """
 from __future__ import annotations
 

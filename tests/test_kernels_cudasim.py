@@ -1,7 +1,7 @@
 """The numba-CUDA kernels against the numpy reference under the CUDA simulator.
 
 The simulator must be enabled before numba.cuda is first imported, and other tests in this
-process may import numba first, so the checks run in a subprocess: cudasim_kernels_check.py.
+process may import numba first, so the checks run in a subprocess: cuda_kernels_check.py.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cudasim_kernels_check.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_kernels_check.py")
 
 
 def test_cuda_kernels_match_reference_under_simulator():

@@ -1,8 +1,9 @@
-"""Hold the numba-CUDA kernels to the numpy reference under the CUDA simulator.
+"""Hold the numba-CUDA kernels to the numpy reference, under the CUDA simulator or on a GPU.
 
-Run as `NUMBA_ENABLE_CUDASIM=1 python tests/cudasim_kernels_check.py` (test_kernels_cudasim.py
-does so in a subprocess: the simulator must be on before numba.cuda is first imported). Every
-mismatch raises AssertionError, so the exit status is non-zero; success prints OK last.
+Run as `NUMBA_ENABLE_CUDASIM=1 python tests/cuda_kernels_check.py` (test_kernels_cudasim.py does so
+in a subprocess: the simulator must be on before numba.cuda is first imported), or without the
+simulator on a CUDA GPU (test_gpu.py), where the default launch shape also runs on millions of
+elements. Every mismatch raises AssertionError, so the exit status is non-zero; success prints OK last.
 The simulator runs each thread as a Python thread: n stays small, blocks are small.
 """
 from __future__ import annotations
@@ -12,9 +13,10 @@ import time
 
 import numpy as np
 
-assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run with NUMBA_ENABLE_CUDASIM=1"
-
 from numba import cuda  # noqa: E402
+
+SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+assert SIMULATED or cuda.is_available(), "run with NUMBA_ENABLE_CUDASIM=1, or on a machine with a CUDA GPU"
 from test_kernels import bits, edge_cases, residual_with_fraction  # noqa: E402
 
 from mpitrain import kernels  # noqa: E402
@@ -51,6 +53,14 @@ def assert_raises(text: str, run, *args) -> None:
     raise AssertionError(f"no ValueError saying {text!r}")
 
 
+def assert_same_values(got, expected, name) -> None:
+    """Bit for bit, except that a NaN may have another payload: an arithmetic NaN comes out of the GPU
+    as the canonical NaN, while x86 passes on the NaN operand's bits."""
+    nan = np.isnan(expected)
+    differ = (bits(got) != bits(expected)) & ~(nan & np.isnan(got))
+    assert not differ.any(), f"{name} differs at {np.flatnonzero(differ)[:5]}: {got[differ][:5]} != {expected[differ][:5]}"
+
+
 def check_errors() -> None:
     residual, tau = residual_with_fraction(300, 0.1)
     residual[[40, 290]] = np.nan
@@ -76,8 +86,21 @@ def check_clip() -> None:
         message.accumulate(TILES, device, cuda.to_device(update), limit)
         added = expected.copy()
         message.accumulate(reference, added, update, limit)
-        assert np.array_equal(bits(device.copy_to_host()), bits(added)), f"add then clip to {limit} differs"
+        assert_same_values(device.copy_to_host(), added, f"add then clip to {limit}")
     print("ok clip", flush=True)
+
+
+def check_default_launch() -> None:
+    """The launch shape training uses, on a GPU only: millions of elements, many blocks, both bodies."""
+    for encoding, fraction in (("sparse", 0.001), ("bitmap", 0.2)):
+        check(cuda_kernels.DEFAULT, "3M elements", *residual_with_fraction(3_000_001, fraction, seed=9), encoding)
+    residual = np.random.default_rng(10).standard_normal(3_000_001).astype(np.float32)
+    update = np.random.default_rng(11).standard_normal(residual.size).astype(np.float32)
+    device, expected = cuda.to_device(residual), residual.copy()
+    message.accumulate(cuda_kernels.DEFAULT, device, cuda.to_device(update), 1.5)
+    message.accumulate(reference, expected, update, 1.5)
+    assert_same_values(device.copy_to_host(), expected, "3M elements: add then clip")
+    print("ok default launch", flush=True)
 
 
 def check_dispatch() -> None:
@@ -104,6 +127,8 @@ def main() -> None:
     check(CARRY, "scan carried over 10 tiles", *residual_with_fraction(600, 0.03, seed=8), "sparse")
     check_errors()
     check_clip()
+    if not SIMULATED:
+        check_default_launch()
     check_dispatch()
     print(f"OK ({time.perf_counter() - start:.1f} s)")
 
