@@ -95,6 +95,7 @@ def worker(rank: int, args, init_file: str, results) -> None:
     seconds, samples = 0.0, 0
     for epoch in range(args.epochs):
         tick = time.perf_counter()
+        counted = epoch >= args.warmup_epochs
         for x, y in batches.epoch(epoch):
             optimizer.zero_grad(set_to_none=True)
             x, y = torch.from_numpy(x).to(args.device), torch.from_numpy(y).to(args.device)
@@ -102,12 +103,12 @@ def worker(rank: int, args, init_file: str, results) -> None:
             loss.backward()
             optimizer.step()
             now = time.perf_counter()
-            seconds += now - tick
-            samples += len(y)
+            seconds += (now - tick) * counted
+            samples += len(y) * counted
             tick = time.perf_counter()
         if args.device == "cuda":  # the work the epoch queued on the GPU counts too
             torch.cuda.synchronize()
-            seconds += time.perf_counter() - tick
+            seconds += (time.perf_counter() - tick) * counted
     slowest = torch.tensor([seconds])
     if distributed:
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -130,6 +131,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=0, help="per rank; default: the config's")
+    parser.add_argument("--warmup-epochs", type=int, default=0,
+                        help="first epochs trained but not counted in samples/s (of --epochs)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: one process, no DDP")
     args = parser.parse_args(argv)
     if args.device == "cuda" and args.ranks != 1:

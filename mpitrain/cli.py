@@ -80,8 +80,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _setup_logging(rank: int) -> None:
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format="[mpitrain] %(message)s", stream=sys.stderr)
+    """mpitrain's messages at INFO on rank 0 and WARNING elsewhere; other libraries' at WARNING, so
+    their INFO chatter (numba-cuda's deallocations at exit, say) stays out of a run's log."""
+    logging.basicConfig(level=logging.WARNING, format="[%(name)s] %(message)s", stream=sys.stderr)
+    logging.getLogger("mpitrain").setLevel(logging.INFO if rank == 0 else logging.WARNING)
 
 
 def _train(args, comm) -> int:

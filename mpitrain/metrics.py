@@ -143,6 +143,7 @@ class MetricsLog:
             "global_step": epoch * self.steps_per_epoch + step + 1,
             "loss": sum(w.loss_sum for w in windows) / samples,
             "accuracy": sum(w.correct for w in windows) / samples,
+            "samples": samples,
             "samples_per_s": samples / max(max(w.seconds for w in windows), 1e-12),
             **per_step([w.traffic for w in windows], window.steps),
             "rank_losses": [w.loss_sum / max(w.samples, 1) for w in windows],

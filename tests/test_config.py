@@ -1,5 +1,7 @@
 """Config loading: defaults, overrides, and one clear error per bad key or value."""
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -92,3 +94,14 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_config(str(tmp_path / "nope.yaml"))
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(write(tmp_path, "data: [unclosed"))
+
+
+def test_logging_keeps_other_libraries_info_out():
+    code = ("import logging; from mpitrain.cli import _setup_logging; _setup_logging(0); "
+            "logging.getLogger('numba.cuda.cudadrv.driver').info('add pending dealloc'); "
+            "logging.getLogger('numba.cuda.cudadrv.driver').warning('a library warning'); "
+            "logging.getLogger('mpitrain').info('epoch 1/2 done'); logging.getLogger('mpitrain.data').info('rows')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == ["[numba.cuda.cudadrv.driver] a library warning", "[mpitrain] epoch 1/2 done",
+                                          "[mpitrain.data] rows"]

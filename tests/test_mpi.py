@@ -45,6 +45,7 @@ def test_replicas_bit_identical_in_every_mode(tmp_path, n, mode):
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in epochs if r["kind"] == "epoch"] == [0, 1]
     assert all(len(r["rank_losses"]) == n for r in epochs if r["kind"] == "window")
+    assert sum(r["samples"] for r in epochs if r["kind"] == "window" and r["epoch"] == 1) == 480  # every row once
     if mode == "allreduce":
         assert s["bytes_sent_per_step"] == s["n_params"] * 4
     if mode == "sharing":
