@@ -7,8 +7,9 @@ A row (n, oh, ow) holds the C*KH*KW input values its output pixel sees, so a con
 `cols.reshape(N*OH*OW, -1) @ W.reshape(F, -1).T`. Pixels outside the image read `fill`
 (0 for convolution and average pooling, -inf for max pooling).
 numpy arrays run numba kernels parallel over the batch (each image is one thread's, so
-col2im never races); other arrays (cupy) run the reference, written with strided slices of
-any array module, one slice per kernel offset; the tests compare both element for element.
+col2im never races); other arrays (cupy) run the reference, written for any array module:
+im2col copies one strided view of all windows, col2im adds one strided slice per kernel
+offset; the tests compare both element for element.
 """
 from __future__ import annotations
 
@@ -95,17 +96,19 @@ def _padded(xp, n: int, g: Geometry, dtype, fill: float):
 
 
 def im2col_reference(x, g: Geometry, fill: float = 0.0, out=None):
-    """im2col with strided slices of any array module (numpy or cupy)."""
+    """im2col of any array module (numpy or cupy): the padded images seen through one strided view of
+    every window, copied once (on a GPU, one copy kernel instead of one per kernel offset)."""
     from mpitrain.backend import array_module
     xp = array_module(x)
     padded, inside = _padded(xp, len(x), g, x.dtype, fill)
     padded[inside] = x
-    out = xp.empty((len(x), *g.cols_shape), dtype=x.dtype) if out is None else out
     s, (kh, kw) = g.stride, g.kernel
-    for i in range(kh):
-        for j in range(kw):
-            window = padded[:, :, i:i + s * g.out_height:s, j:j + s * g.out_width:s]  # (N, C, OH, OW)
-            out[:, :, :, :, i, j] = window.transpose(0, 2, 3, 1)
+    step_n, step_c, step_h, step_w = padded.strides
+    windows = xp.lib.stride_tricks.as_strided(padded, (len(x), *g.cols_shape),
+                                              (step_n, s * step_h, s * step_w, step_c, step_h, step_w))
+    if out is None:
+        return xp.ascontiguousarray(windows)
+    out[...] = windows
     return out
 
 

@@ -30,6 +30,8 @@ def test_im2col_and_col2im_kernels_equal_the_reference(shape, kernel, stride, pa
     x = rng.normal(size=(3, *shape)).astype(np.float32)
     cols = im2col(x, g, fill)
     np.testing.assert_array_equal(cols, im2col_reference(x, g, fill))
+    into = np.full_like(cols, np.nan)  # the cupy path's call: into a given array
+    np.testing.assert_array_equal(cols, im2col_reference(x, g, fill, into))
     dcols = rng.normal(size=cols.shape).astype(np.float32)
     np.testing.assert_allclose(col2im(dcols, g), col2im_reference(dcols, g), rtol=1e-6, atol=1e-6)
 
