@@ -102,7 +102,7 @@ def im2col_reference(x, g: Geometry, fill: float = 0.0, out=None):
     xp = array_module(x)
     padded, inside = _padded(xp, len(x), g, x.dtype, fill)
     padded[inside] = x
-    s, (kh, kw) = g.stride, g.kernel
+    s = g.stride
     step_n, step_c, step_h, step_w = padded.strides
     windows = xp.lib.stride_tricks.as_strided(padded, (len(x), *g.cols_shape),
                                               (step_n, s * step_h, s * step_w, step_c, step_h, step_w))

@@ -13,10 +13,11 @@ import time
 
 import numpy as np
 
-from numba import cuda  # noqa: E402
+from numba import cuda
 
 SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 assert SIMULATED or cuda.is_available(), "run with NUMBA_ENABLE_CUDASIM=1, or on a machine with a CUDA GPU"
+
 from test_kernels import bits, edge_cases, residual_with_fraction  # noqa: E402
 
 from mpitrain import kernels  # noqa: E402

@@ -5,15 +5,14 @@ Written for a GPU machine; where cupy sees no GPU every test here is skipped, sa
 """
 import json
 import math
-import os
-import subprocess
-import sys
 
 import h5py
 import numpy as np
 import pytest
 
 from conftest import MPITRAIN, make_dataset, mpiexec, write_config
+from test_kernels_cudasim import run_cuda_kernels_check
+
 from mpitrain.backend import gpu_available
 from mpitrain.checkpoint import list_checkpoints
 from mpitrain.kernels import message, reference
@@ -87,12 +86,7 @@ def test_threshold_kernels_on_cupy_equal_the_reference(cupy, encoding):
 
 def test_numba_cuda_kernels_on_the_gpu_equal_the_reference():
     """cuda_kernels_check.py, which test_kernels_cudasim.py runs under the simulator, on the real device."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_kernels_check.py")
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    result = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.splitlines()[-1].startswith("OK"), result.stdout
-    assert "ok default launch" in result.stdout
+    assert "ok default launch" in run_cuda_kernels_check(simulator=False, timeout=600)
 
 
 def trained(tmp_path, name, n, backend, sync, model):

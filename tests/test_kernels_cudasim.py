@@ -16,8 +16,16 @@ pytest.importorskip("numba")
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_kernels_check.py")
 
 
-def test_cuda_kernels_match_reference_under_simulator():
-    result = subprocess.run([sys.executable, SCRIPT], env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"},
-                            capture_output=True, text=True, timeout=240)
+def run_cuda_kernels_check(simulator: bool, timeout: int) -> str:
+    """Run cuda_kernels_check.py under the simulator or on the GPU; its output, once it has passed."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    if simulator:
+        env["NUMBA_ENABLE_CUDASIM"] = "1"
+    result = subprocess.run([sys.executable, SCRIPT], env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[-1].startswith("OK"), result.stdout
+    return result.stdout
+
+
+def test_cuda_kernels_match_reference_under_simulator():
+    run_cuda_kernels_check(simulator=True, timeout=240)
