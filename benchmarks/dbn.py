@@ -2,7 +2,8 @@
 
 The seeds' Hadoop DBN job on MPI (`configs/fashion_dbn.yaml`): 4 ranks (`mpiexec -n 4`; more
 ranks than cores is fine, MPICH oversubscribes), greedy RBM pretraining with the parameters
-averaged once per epoch, then backpropagation fine-tuning with the same synchronization.
+averaged once per epoch, then backpropagation fine-tuning; both synchronize as the config says
+unless --pretrain-sync/--sync (and their frequencies) override it.
 The baseline is the same network from Xavier-initialized weights, fine-tuned for the same
 epochs, in the same run. The seed reported 1.66% MNIST test error on 10 nodes against 1.2%
 for the single-machine original; Fashion-MNIST is the harder dataset.
@@ -13,10 +14,12 @@ Target: test accuracy >= 0.89 after fine-tuning, and pretraining at least as acc
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from common import benchmark_parser, markdown_table, run_mpitrain, write_results
 
+from mpitrain.config import load_config
 from mpitrain.pretrain import dbn_layers
 
 TARGET = 0.89
@@ -26,27 +29,34 @@ def main(argv=None) -> dict:
     parser = benchmark_parser(__doc__, epochs=10)
     parser.set_defaults(config="configs/fashion_dbn.yaml")
     parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--pretrain-epochs", type=int, default=5, help="epochs per RBM layer")
-    parser.add_argument("--sync", default="averaging", help="sync.mode of pretraining and fine-tuning")
-    parser.add_argument("--frequency", default="epoch", help="sync.frequency of pretraining and fine-tuning")
+    parser.add_argument("--pretrain-epochs", type=int, help="epochs per RBM layer (default: the config's)")
+    parser.add_argument("--pretrain-sync", help="pretrain.sync.mode (default: the config's)")
+    parser.add_argument("--pretrain-frequency", help="pretrain.sync.frequency (default: the config's)")
+    parser.add_argument("--sync", help="sync.mode of fine-tuning (default: the config's)")
+    parser.add_argument("--frequency", help="sync.frequency of fine-tuning (default: the config's)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="more config overrides for both runs")
     args = parser.parse_args(argv)
 
-    sizes = [500, 500, 2000]
-    common = {"sync.frequency": args.frequency, "pretrain.sync.mode": args.sync,
-              "pretrain.sync.frequency": args.frequency, "pretrain.layers": json.dumps(sizes),
-              "pretrain.epochs": args.pretrain_epochs, **dict(o.split("=", 1) for o in args.set)}
+    config = load_config(args.config, args.set)
+    pretrain, sizes = config.pretrain, [500, 500, 2000]
+    pretrain_epochs = args.pretrain_epochs or pretrain.epochs
+    sync = {"pretrain": {"mode": args.pretrain_sync or pretrain.sync.mode,
+                         "frequency": args.pretrain_frequency or pretrain.sync.frequency},
+            "fine-tuning": {"mode": args.sync or config.sync.mode, "frequency": args.frequency or config.sync.frequency}}
+    common = {"pretrain.sync.mode": sync["pretrain"]["mode"], "pretrain.sync.frequency": sync["pretrain"]["frequency"],
+              "sync.frequency": sync["fine-tuning"]["frequency"], "pretrain.layers": json.dumps(sizes),
+              "pretrain.epochs": pretrain_epochs, **dict(o.split("=", 1) for o in args.set)}
     runs = {}
     for name, extra in (("pretrained", {}),
                         ("random init", {"pretrain.layers": "[]", "model.layers": json.dumps(dbn_layers(sizes, 10))})):
-        s = run_mpitrain(args, args.ranks, args.sync, {**common, **extra}, args.epochs)
+        s = run_mpitrain(args, args.ranks, sync["fine-tuning"]["mode"], {**common, **extra}, args.epochs)
         runs[name] = {"test_accuracy": s["test_accuracy"], "test_loss": s["test_loss"], "wall_s": s["wall_s"],
                       "samples_per_s": s["samples_per_s"], "bytes_sent_per_step": s["bytes_sent_per_step"],
-                      "pretrain": [r for r in s["pretrain"] if r["epoch"] + 1 == args.pretrain_epochs]}
+                      "pretrain": [r for r in s["pretrain"] if r["epoch"] + 1 == pretrain_epochs]}
     pretrained, baseline = runs["pretrained"]["test_accuracy"], runs["random init"]["test_accuracy"]
-    result = {"ranks": args.ranks, "sync": args.sync, "frequency": args.frequency, "layers": sizes,
-              "pretrain_epochs": args.pretrain_epochs, "epochs": args.epochs, "overrides": args.set, "runs": runs,
+    result = {"ranks": args.ranks, "sync": sync, "layers": sizes, "optimizer": dataclasses.asdict(config.optimizer),
+              "pretrain_epochs": pretrain_epochs, "epochs": args.epochs, "overrides": args.set, "runs": runs,
               "target": TARGET, "accuracy_meets_target": pretrained >= TARGET,
               "pretraining_at_least_none": pretrained >= baseline}
     write_results(args.out, "dbn", result, markdown(result))
@@ -54,7 +64,9 @@ def main(argv=None) -> dict:
 
 
 def markdown(result: dict) -> str:
-    sync = f"{result['sync']} (frequency {result['frequency']})"
+    sync = {part: s["mode"] + (f" (frequency {s['frequency']})" if s["mode"] == "averaging" else "")
+            for part, s in result["sync"].items()}
+    optimizer = result["optimizer"]
     rows = [[name, f"{result['pretrain_epochs']} epochs per layer, CD-1" if r["pretrain"] else "none",
              f"{result['epochs']} epochs", f"{r['test_accuracy']:.4f}", f"{100 * (1 - r['test_accuracy']):.2f}%",
              f"{r['wall_s']:.0f}"] for name, r in result["runs"].items()]
@@ -63,8 +75,9 @@ def markdown(result: dict) -> str:
     runs = result["runs"]
     gain = 100 * (runs["pretrained"]["test_accuracy"] - runs["random init"]["test_accuracy"])
     return "\n".join([
-        f"DBN 784-{'-'.join(map(str, result['layers']))}-10 on Fashion-MNIST, {result['ranks']} ranks, sync {sync} "
-        f"for pretraining and fine-tuning", "",
+        f"DBN 784-{'-'.join(map(str, result['layers']))}-10 on Fashion-MNIST, {result['ranks']} ranks; pretraining "
+        f"synchronized by {sync['pretrain']}, fine-tuning by {sync['fine-tuning']} with {optimizer['type']} "
+        f"(lr {optimizer['lr']:g}, decayed x{optimizer['lr_decay']:g} per epoch)", "",
         markdown_table(["weights", "pretraining", "fine-tuning", "test acc", "test error", "wall s"], rows, "lllrrr"),
         "", f"Reconstruction error (mean squared, per visible unit) after pretraining: {layers}", "",
         f"Targets: test accuracy >= {result['target']}: {_verdict(result['accuracy_meets_target'])}; pretrained >= "
