@@ -67,6 +67,18 @@ def test_sharing_resumes_on_another_number_of_ranks(tmp_path):
     assert summary["ranks"] == 4 and summary["epochs"] == 2 and len(set(summary["replica_hashes"])) == 1
 
 
+def test_sharing_resumed_by_another_mode_says_its_residual_is_dropped(tmp_path):
+    make_dataset(tmp_path / "data", n_train=600)
+    config = write_config(tmp_path / "exp.yaml", tmp_path / "data", sync={"mode": "sharing", "threshold": 2.0e-3},
+                          train={"epochs": 1})
+    assert run(config, 2).returncode == 0
+    result = run(config, 2, "train.epochs=2", "sync.mode=allreduce")
+    assert result.returncode == 0 and "resuming from" in result.stderr, result.stderr
+    assert result.stderr.count("the checkpoint's 'residual' (of another sync mode) is dropped: "
+                               "sync.mode allreduce does not keep it") == 1, result.stderr
+    assert not load_checkpoint(list_checkpoints(str(tmp_path / "run"))[-1]).sync_buffers
+
+
 def test_an_exception_mid_epoch_on_rank_1_of_4_ends_the_job(tmp_path):
     make_dataset(tmp_path / "data", n_train=800)
     config = write_config(tmp_path / "exp.yaml", tmp_path / "data")

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 
 import numpy as np
 
 from mpitrain.backend import array_module
 from mpitrain.comm import Communicator
+
+log = logging.getLogger("mpitrain")
 
 
 class Synchronizer:
@@ -70,8 +73,11 @@ class Synchronizer:
 
     def load_buffers(self, saved: dict) -> None:
         """Copy the arrays rank 0 read from a checkpoint (`saved`; empty on the other ranks) into this
-        mode's `buffers` on every rank (a collective); arrays this mode does not keep are ignored."""
+        mode's `buffers` on every rank (a collective); arrays this mode does not keep are dropped, saying so."""
         own = self.buffers()
+        for name in sorted(set(saved) - set(own)):  # only rank 0 has read any
+            log.warning("the checkpoint's %r (of another sync mode) is dropped: sync.mode %s does not keep it",
+                        name, self.config.mode)
         for name in self.comm.bcast_obj(sorted(set(saved) & set(own))):
             if self.comm.is_root:
                 own[name][...] = array_module(own[name]).asarray(saved[name])
