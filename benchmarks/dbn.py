@@ -38,25 +38,22 @@ def main(argv=None) -> dict:
                         help="more config overrides for both runs")
     args = parser.parse_args(argv)
 
-    config = load_config(args.config, args.set)
-    pretrain, sizes = config.pretrain, [500, 500, 2000]
-    pretrain_epochs = args.pretrain_epochs or pretrain.epochs
-    sync = {"pretrain": {"mode": args.pretrain_sync or pretrain.sync.mode,
-                         "frequency": args.pretrain_frequency or pretrain.sync.frequency},
-            "fine-tuning": {"mode": args.sync or config.sync.mode, "frequency": args.frequency or config.sync.frequency}}
-    common = {"pretrain.sync.mode": sync["pretrain"]["mode"], "pretrain.sync.frequency": sync["pretrain"]["frequency"],
-              "sync.frequency": sync["fine-tuning"]["frequency"], "pretrain.layers": json.dumps(sizes),
-              "pretrain.epochs": pretrain_epochs, **dict(o.split("=", 1) for o in args.set)}
+    flags = {"pretrain.epochs": args.pretrain_epochs, "pretrain.sync.mode": args.pretrain_sync,
+             "pretrain.sync.frequency": args.pretrain_frequency, "sync.mode": args.sync, "sync.frequency": args.frequency}
+    overrides = [f"{key}={value}" for key, value in flags.items() if value is not None] + args.set
+    config, sizes = load_config(args.config, overrides), [500, 500, 2000]  # what both runs train with
+    sync = {"pretrain": dataclasses.asdict(config.pretrain.sync), "fine-tuning": dataclasses.asdict(config.sync)}
+    common = {"pretrain.layers": json.dumps(sizes), **dict(o.split("=", 1) for o in overrides)}
     runs = {}
     for name, extra in (("pretrained", {}),
                         ("random init", {"pretrain.layers": "[]", "model.layers": json.dumps(dbn_layers(sizes, 10))})):
-        s = run_mpitrain(args, args.ranks, sync["fine-tuning"]["mode"], {**common, **extra}, args.epochs)
+        s = run_mpitrain(args, args.ranks, config.sync.mode, {**common, **extra}, args.epochs)
         runs[name] = {"test_accuracy": s["test_accuracy"], "test_loss": s["test_loss"], "wall_s": s["wall_s"],
                       "samples_per_s": s["samples_per_s"], "bytes_sent_per_step": s["bytes_sent_per_step"],
-                      "pretrain": [r for r in s["pretrain"] if r["epoch"] + 1 == pretrain_epochs]}
+                      "pretrain": [r for r in s["pretrain"] if r["epoch"] + 1 == config.pretrain.epochs]}
     pretrained, baseline = runs["pretrained"]["test_accuracy"], runs["random init"]["test_accuracy"]
     result = {"ranks": args.ranks, "sync": sync, "layers": sizes, "optimizer": dataclasses.asdict(config.optimizer),
-              "pretrain_epochs": pretrain_epochs, "epochs": args.epochs, "overrides": args.set, "runs": runs,
+              "pretrain_epochs": config.pretrain.epochs, "epochs": args.epochs, "overrides": overrides, "runs": runs,
               "target": TARGET, "accuracy_meets_target": pretrained >= TARGET,
               "pretraining_at_least_none": pretrained >= baseline}
     write_results(args.out, "dbn", result, markdown(result))

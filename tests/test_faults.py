@@ -56,23 +56,24 @@ def test_resume_matches_an_uninterrupted_run_bit_for_bit(tmp_path, sync, model):
     assert (abs(last.sync_buffers["residual"]).max() > 0) if sync["mode"] == "sharing" else not last.sync_buffers
 
 
-def test_sharing_resumes_on_another_number_of_ranks(tmp_path):
+def one_epoch_of_sharing(tmp_path):
+    """The config of a finished 1-epoch sharing run on 2 ranks (its checkpoints hold a residual)."""
     make_dataset(tmp_path / "data", n_train=600)
     config = write_config(tmp_path / "exp.yaml", tmp_path / "data", sync={"mode": "sharing", "threshold": 2.0e-3},
                           train={"epochs": 1})
     assert run(config, 2).returncode == 0
-    result = run(config, 4, "train.epochs=2")
+    return config
+
+
+def test_sharing_resumes_on_another_number_of_ranks(tmp_path):
+    result = run(one_epoch_of_sharing(tmp_path), 4, "train.epochs=2")
     assert result.returncode == 0 and "resuming from" in result.stderr, result.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["ranks"] == 4 and summary["epochs"] == 2 and len(set(summary["replica_hashes"])) == 1
 
 
 def test_sharing_resumed_by_another_mode_says_its_residual_is_dropped(tmp_path):
-    make_dataset(tmp_path / "data", n_train=600)
-    config = write_config(tmp_path / "exp.yaml", tmp_path / "data", sync={"mode": "sharing", "threshold": 2.0e-3},
-                          train={"epochs": 1})
-    assert run(config, 2).returncode == 0
-    result = run(config, 2, "train.epochs=2", "sync.mode=allreduce")
+    result = run(one_epoch_of_sharing(tmp_path), 2, "train.epochs=2", "sync.mode=allreduce")
     assert result.returncode == 0 and "resuming from" in result.stderr, result.stderr
     assert result.stderr.count("the checkpoint's 'residual' (of another sync mode) is dropped: "
                                "sync.mode allreduce does not keep it") == 1, result.stderr
