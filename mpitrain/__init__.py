@@ -1,3 +1,21 @@
-"""mpitrain: Spark ETL to HDF5 shards, then data-parallel training over MPI."""
+"""mpitrain: Spark ETL to HDF5 shards, then data-parallel training over MPI.
+
+`import mpitrain` gives the Python API (`mpitrain.api`: `init`, `Config`, `DatasetReader`,
+`Sequential`, `create_synchronizer`, `train`, ...). Its names load on first use, so tools
+that need no MPI (the ETL, `mpitrain info`) never start it.
+"""
 
 __version__ = "0.1.0"
+
+API = ("init", "setup_logging", "Communicator", "Config", "DataConfig", "ModelConfig", "OptimizerConfig",
+       "TrainConfig", "SyncConfig", "CheckpointConfig", "CommConfig", "PretrainConfig", "load_config",
+       "DatasetReader", "Sequential", "build_model", "Dense", "Conv2D", "MaxPool2D", "AvgPool2D", "Flatten",
+       "Dropout", "BatchNorm", "ReLU", "Tanh", "Sigmoid", "create_synchronizer", "setup_run", "train",
+       "evaluate", "predict")
+
+
+def __getattr__(name: str):
+    if name in API:
+        from mpitrain import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'mpitrain' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""HDF5 checkpoints, written atomically and independent of the number of ranks.
+"""The checkpoint file format: HDF5, written atomically, independent of the number of ranks.
 
 `checkpoints/ckpt-EEEE-SSSSSS.h5` holds the flat parameters and running statistics (and
 each layer's arrays under `layers/`, for `h5ls` and other tools), the flat updater state, the
@@ -6,7 +6,8 @@ synchronizer's state (e.g. sharing's tau) and arrays under `sync/` (sharing's pe
 residual), where to resume (epoch EEEE, step SSSSSS within it), the resolved config and the
 sha256 of the dataset's manifest. Replicas are identical when a checkpoint is taken, so
 rank 0 alone writes it and any number of ranks can resume it. All other randomness derives
-from (seed, epoch, step, rank), so no RNG state is stored.
+from (seed, epoch, step, rank), so no RNG state is stored. `mpitrain.checkpointer` decides
+when to write them and which one a run resumes from.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import h5py
 import numpy as np
 
 from mpitrain.errors import DataError
+from mpitrain.nn.flat import flat_views
 
 PATTERN = re.compile(r"ckpt-(\d{4})-(\d{6})\.h5$")
 
@@ -32,13 +34,13 @@ class Checkpoint:
     step: int
     iteration: int
     layout: list = field(default_factory=list)  # [(layer parameter name, shape)] in buffer order
-    sync_state: dict = field(default_factory=dict)
+    sync_numbers: dict = field(default_factory=dict)  # a sync mode's saved numbers (sharing: tau); file: sync_state
     manifest_sha256: str = ""
     config_yaml: str = ""
     path: str = ""
     stats: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # running statistics (batch norm)
     stats_layout: list = field(default_factory=list)
-    sync_buffers: dict = field(default_factory=dict)  # the synchronizer's arrays (sharing: the mean residual)
+    sync_arrays: dict = field(default_factory=dict)  # a sync mode's saved arrays (sharing: the mean residual)
 
     @property
     def full_layout(self) -> list:
@@ -66,19 +68,16 @@ def write_checkpoint(path: str, ckpt: Checkpoint) -> str:
         f.create_dataset("params", data=ckpt.params)
         f.create_dataset("updater_state", data=ckpt.updater_state)
         f.create_dataset("stats", data=ckpt.stats)
-        for name, array in ckpt.sync_buffers.items():
+        for name, array in ckpt.sync_arrays.items():
             f.create_dataset(f"sync/{name}", data=array)
         layers = f.create_group("layers")
         for flat, layout in ((ckpt.params, ckpt.layout), (ckpt.stats, ckpt.stats_layout)):
-            offset = 0
-            for name, shape in layout:
-                size = int(np.prod(shape))
-                layers.create_dataset(name, data=flat[offset:offset + size].reshape(shape))
-                offset += size
+            for (name, _), view in zip(layout, flat_views(flat, layout)):
+                layers.create_dataset(name, data=view)
         f.attrs.update(epoch=ckpt.epoch, step=ckpt.step, iteration=ckpt.iteration,
                        layout=json.dumps([[name, list(shape)] for name, shape in ckpt.layout]),
                        stats_layout=json.dumps([[name, list(shape)] for name, shape in ckpt.stats_layout]),
-                       sync_state=json.dumps(ckpt.sync_state), manifest_sha256=ckpt.manifest_sha256,
+                       sync_state=json.dumps(ckpt.sync_numbers), manifest_sha256=ckpt.manifest_sha256,
                        config=ckpt.config_yaml)
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
@@ -102,13 +101,6 @@ def load_checkpoint(path: str) -> Checkpoint:
                               _layout(a["stats_layout"]), {k: v[...] for k, v in f.get("sync", {}).items()})
     except (OSError, KeyError, ValueError) as e:
         raise DataError(f"{path}: not a readable mpitrain checkpoint ({e})") from None
-
-
-def restore_model(ckpt: Checkpoint, model, to_device) -> None:
-    """Copy a checkpoint's parameters and running statistics into `model` (after `check_fits`)
-    with `to_device` (the backend's counted host -> device copy)."""
-    model.params[...] = to_device(ckpt.params)
-    model.stats[...] = to_device(ckpt.stats)
 
 
 def _layout(text: str) -> list:

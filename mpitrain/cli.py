@@ -1,8 +1,10 @@
 """`mpitrain train|eval|predict|etl|report|info`: the command line, and the one place user errors are caught.
 
 Multi-rank commands run the same under `mpiexec -n N`, `srun`, or alone (1 rank). An
-uncaught exception on any rank aborts the whole job (see `comm.install_abort_hook`);
+uncaught exception on any rank aborts the whole job (see `launch.install_abort_hook`);
 a user error (bad config, bad data) prints one line on rank 0 and exits 2 on every rank.
+The commands are thin: `train` is `mpitrain.train`, and `eval`/`predict` build their run
+with the same `mpitrain.run.setup_run`, as a Python script would (`mpitrain.api`).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import sys
 
 import numpy as np
 
-from mpitrain.errors import DataError, MpitrainError
+from mpitrain.errors import MpitrainError
 
 log = logging.getLogger("mpitrain")
 
@@ -25,7 +27,8 @@ def main(argv=None) -> int:
     rank = 0
     try:
         if args.command in ("train", "eval", "predict"):
-            from mpitrain.comm import Communicator, install_abort_hook
+            from mpitrain.comm import Communicator
+            from mpitrain.launch import install_abort_hook
             install_abort_hook()
             comm = Communicator()
             rank = comm.rank
@@ -80,25 +83,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _setup_logging(rank: int) -> None:
-    """mpitrain's messages at INFO on rank 0 and WARNING elsewhere; other libraries' at WARNING, so
-    their INFO chatter (numba-cuda's deallocations at exit, say) stays out of a run's log."""
-    logging.basicConfig(level=logging.WARNING, format="[%(name)s] %(message)s", stream=sys.stderr)
-    logging.getLogger("mpitrain").setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    from mpitrain.api import setup_logging
+    setup_logging(rank)
 
 
 def _train(args, comm) -> int:
     from mpitrain.config import load_config
-    from mpitrain.train import train
+    from mpitrain.training import train
     train(load_config(args.config, args.set + ([args.resume] if args.resume else [])), comm)
     return 0
 
 
 def _eval(args, comm) -> int:
-    from mpitrain.evaluate import evaluate
+    from mpitrain.evaluation import evaluate
     from mpitrain.report import class_names, write_confusion_png
     trained = _load_trained(args, comm)
-    result = evaluate(trained.model, trained.rows, trained.to_input, args.batch_size, comm,
-                      trained.manifest.num_classes, trained.backend).to_dict()
+    result = evaluate(trained.run.model, trained.rows, trained.to_input, args.batch_size, trained.run.comm,
+                      trained.manifest.num_classes, trained.run.backend).to_dict()
     if comm.is_root:
         out = os.path.join(args.run_dir, f"eval-{args.split}.json")
         with open(out, "w") as f:
@@ -119,9 +120,10 @@ def _eval(args, comm) -> int:
 
 def _predict(args, comm) -> int:
     import h5py
-    from mpitrain.evaluate import predict
+    from mpitrain.evaluation import predict
     trained = _load_trained(args, comm)
-    classes, probabilities = predict(trained.model, trained.rows, trained.to_input, args.batch_size, trained.backend)
+    classes, probabilities = predict(trained.run.model, trained.rows, trained.to_input, args.batch_size,
+                                     trained.run.backend)
     parts = comm.gather_obj((classes, probabilities, trained.rows.y))
     if comm.is_root:
         out = args.out or os.path.join(args.run_dir, f"predictions-{args.split}.h5")
@@ -137,39 +139,28 @@ def _predict(args, comm) -> int:
 
 
 class _Trained:
-    """A run's model with a checkpoint's parameters, and this rank's evaluation rows of a split."""
+    """A run set up as training set it up, a checkpoint's parameters in its model, and this rank's rows of a split."""
 
-    def __init__(self, model, rows, to_input, manifest, checkpoint, backend):
-        self.model, self.rows, self.to_input = model, rows, to_input
-        self.manifest, self.checkpoint, self.backend = manifest, checkpoint, backend
+    def __init__(self, run, rows, checkpoint: str):
+        self.run, self.rows, self.checkpoint = run, rows, checkpoint
+        self.manifest = run.reader.manifest
+        self.to_input = run.batches(rows, 1, training=False).to_model_input
 
 
 def _load_trained(args, comm) -> _Trained:
-    from mpitrain.backend import create_backend
-    from mpitrain.checkpoint import check_fits, list_checkpoints, load_checkpoint, restore_model
+    """The run of `args.run_dir` (its config.yaml), its checkpoint, and this rank's rows of `args.split` (a collective)."""
     from mpitrain.config import load_config
-    from mpitrain.data import Batches, load_rank_rows
-    from mpitrain.nn.model import build_model
-    from mpitrain.shard_format import read_manifest
+    from mpitrain.run import setup_run
 
     with comm.agreed_errors():
-        config_path = os.path.join(args.run_dir, "config.yaml")
-        config = load_config(config_path, [f"run_dir={os.path.abspath(args.run_dir)}"])
-        backend = create_backend(config.backend, comm.local_rank, comm.local_size)
-        manifest = read_manifest(config.data.path)
-        model = build_model(config.model, manifest.feature_shape, manifest.num_classes, backend.xp)
-        checkpoints = list_checkpoints(config.run_dir)
-        path = args.checkpoint or (checkpoints[-1] if checkpoints else None)
-        if path is None:
-            raise DataError(f"{config.run_dir}/checkpoints: no checkpoint; train first or pass --checkpoint")
-        ckpt = load_checkpoint(path)
-        check_fits(ckpt, model.layout + model.stats_layout)
-        restore_model(ckpt, model, backend.to_device)
-        rows = load_rank_rows(config.data.path, manifest, args.split, comm.rank, comm.size, training=False,
-                              verify_checksums=config.data.verify_checksums)
-    batches = Batches(rows, manifest, 1, backend, config.model.dtype, 0, comm.rank,
-                      normalize=config.data.normalize, prefetch=False)
-    return _Trained(model, rows, batches.to_model_input, manifest, path, backend)
+        # the run's own folder, wherever it was trained; eval and predict score every row of the split
+        config = load_config(os.path.join(args.run_dir, "config.yaml"),
+                             [f"run_dir={os.path.abspath(args.run_dir)}", "data.max_rows=0"])
+    run = setup_run(config, comm)
+    with run.comm.agreed_errors():
+        checkpoint = run.checkpointer.restore(run.model, args.checkpoint)
+        rows = run.reader.rows(args.split, training=False)
+    return _Trained(run, rows, checkpoint)
 
 
 def _report(args) -> int:

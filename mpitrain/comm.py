@@ -1,129 +1,141 @@
-"""The only module that imports mpi4py.
+"""The collectives mpitrain uses, on one MPI communicator; with `mpitrain.launch`, the only module that imports mpi4py.
 
-Array calls (`allreduce_`, `allgatherv`, `bcast_`) move flat buffers without pickling;
-object calls (`bcast_obj`, `gather_obj`, `allgather_obj`) pickle small Python values.
-Every array call counts the bytes this rank contributes, so each sync mode can report
-bytes sent per rank per step on the same scale.
+    comm = Communicator()                           # COMM_WORLD: rank, size, node-local rank
+    comm = comm.for_backend(backend, cuda_aware)    # the variant for the backend's arrays, picked once
 
-Device (cupy) buffers go to MPI directly when the MPI library is CUDA-aware; otherwise
-`HostStaging` copies them device -> pinned host -> MPI -> device, and counts the copies.
-Either way the current CUDA stream is synchronized before MPI reads a buffer.
+Array calls (`allreduce_`, `average_`, `bcast_`, `allgatherv`) move flat buffers without
+pickling; object calls (`bcast_obj`, `gather_obj`, `allgather_obj`, `max`) pickle small
+Python values. Every array call counts the bytes this rank contributes, so each sync mode
+reports bytes sent per rank per step on the same scale.
+
+Every method here is a collective unless it says otherwise: every rank of the
+communicator must call it, in the same order, with buffers of the same size and dtype
+(`allgatherv`: any length). A rank that skips one leaves the others waiting.
+
+Device (cupy) buffers go to MPI directly when the MPI library is CUDA-aware. Otherwise
+`for_backend` gives a `StagedCommunicator`, which copies them device -> pinned host ->
+MPI -> device and counts the copies (ChainerMN's non-CUDA-aware communicator is the
+model): the variant is chosen once, and no collective asks whether it stages. Either way
+the current CUDA stream is synchronized before MPI reads a buffer.
 """
 from __future__ import annotations
 
-import ctypes
-import os
-import sys
-import time
-import traceback
 from contextlib import contextmanager
 
 import numpy as np
 from mpi4py import MPI
 
 from mpitrain.errors import MpitrainError
+from mpitrain.launch import abort_job, check_srun_world, cuda_aware_mpi
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
               np.dtype(np.int32): MPI.INT32_T, np.dtype(np.int64): MPI.INT64_T}
 
 
 class Communicator:
-    """World rank/size, node-local rank, and the collectives mpitrain uses, on one MPI communicator."""
+    """World rank/size, node-local rank, and the collectives, with buffers handed to MPI as they are.
 
-    def __init__(self, mpi_comm=None, staging: HostStaging | None = None):
+    `mpi_comm` defaults to COMM_WORLD (then an srun world of 1 rank per task is refused);
+    tests pass a `Dup()`. `backend` is None until `for_backend` picks the variant.
+    """
+
+    staged_copies = staged_bytes = 0  # host staging's copies (a StagedCommunicator counts them)
+
+    def __init__(self, mpi_comm=None, backend=None, cuda_aware: bool = False):
         self.mpi = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
         self.rank = self.mpi.Get_rank()
         self.size = self.mpi.Get_size()
         if mpi_comm is None:
-            _check_srun_world(self.size)
+            check_srun_world(self.size)
         node = self.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         node.Free()
+        self.backend, self.cuda_aware = backend, cuda_aware
         self.bytes_sent = 0
-        self.staging = staging
-        self.cuda_aware = False  # set by use_backend
 
     @property
     def is_root(self) -> bool:
         return self.rank == 0
 
-    def use_backend(self, backend, cuda_aware="auto") -> None:
-        """Collectives on `backend`'s arrays: staged through pinned host memory when they live on a
-        GPU and MPI cannot read device memory (`cuda_aware`: auto asks MPI, true/false overrides)."""
-        self.cuda_aware = cuda_aware_mpi() if cuda_aware == "auto" else bool(cuda_aware)
-        self.staging = HostStaging(backend) if backend.on_gpu and not self.cuda_aware else None
+    @property
+    def staged(self) -> bool:
+        """Whether device buffers are staged through host memory."""
+        return False
+
+    def for_backend(self, backend, cuda_aware="auto") -> Communicator:
+        """The communicator for `backend`'s arrays, on the same MPI communicator (a collective).
+
+        Device buffers behind an MPI that cannot read them (`cuda_aware`: auto asks the MPI
+        library, true/false overrides) get a `StagedCommunicator`; otherwise a plain one.
+        """
+        aware = cuda_aware_mpi() if cuda_aware == "auto" else bool(cuda_aware)
+        variant = StagedCommunicator if backend.on_gpu and not aware else Communicator
+        return variant(self.mpi, backend, aware)
 
     def allreduce_(self, buf) -> None:
-        """Sum a contiguous array over all ranks, in place."""
+        """Sum a contiguous array over all ranks, in place. A collective."""
         _synchronize_device(buf)
         self.bytes_sent += buf.nbytes
-        if not self._staged(buf):
-            self.mpi.Allreduce(MPI.IN_PLACE, [buf, _mpi_type(buf)], op=MPI.SUM)
-            return
-        host = self.staging.to_host(buf)
-        self.mpi.Allreduce(MPI.IN_PLACE, [host, _mpi_type(host)], op=MPI.SUM)
-        self.staging.to_device(host, buf)
+        self._allreduce(buf)
 
     def average_(self, buf) -> None:
-        """Average a contiguous array over all ranks, in place."""
+        """Average a contiguous array over all ranks, in place. A collective."""
         self.allreduce_(buf)
         buf /= self.size
 
     def bcast_(self, buf, root: int = 0) -> None:
-        """Broadcast a contiguous array from `root`, in place."""
+        """Broadcast a contiguous array from `root`, in place. A collective."""
         _synchronize_device(buf)
         if self.rank == root:
             self.bytes_sent += buf.nbytes * (self.size - 1)
-        if not self._staged(buf):
-            self.mpi.Bcast([buf, _mpi_type(buf)], root=root)
-            return
-        host = self.staging.to_host(buf) if self.rank == root else self.staging.pinned("send", buf.dtype, buf.size)
-        self.mpi.Bcast([host, _mpi_type(host)], root=root)
-        if self.rank != root:
-            self.staging.to_device(host, buf)
+        self._bcast(buf, root)
 
     def allgatherv(self, message) -> list:
-        """Exchange variable-length 1-D messages: Allgather of sizes, then Allgatherv of bodies.
+        """Exchange variable-length 1-D messages: Allgather of sizes, then Allgatherv of bodies. A collective.
 
-        The messages come back as views into one array on the device `message` is on.
+        The messages come back, in rank order, as views into one array on the device `message` is on.
         """
         _synchronize_device(message)
         counts = np.zeros(self.size, dtype=np.int64)
         self.mpi.Allgather(np.array([message.size], dtype=np.int64), counts)
         offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
         self.bytes_sent += 8 + message.nbytes
-        total = int(counts.sum())
-        if not self._staged(message):
-            out = _empty_like(message, total)
-            self.mpi.Allgatherv([message, _mpi_type(message)], [out, counts, offsets, _mpi_type(out)])
-        else:
-            send, received = self.staging.to_host(message), self.staging.pinned("recv", message.dtype, total)
-            self.mpi.Allgatherv([send, _mpi_type(send)], [received, counts, offsets, _mpi_type(received)])
-            out = _empty_like(message, total)
-            self.staging.to_device(received, out)
+        out = _empty_like(message, int(counts.sum()))
+        self._allgatherv(message, out, counts, offsets)
         return [out[o:o + c] for o, c in zip(offsets, counts)]
 
-    def _staged(self, buf) -> bool:
-        return self.staging is not None and self.staging.stages(buf)
+    def _allreduce(self, buf) -> None:
+        self.mpi.Allreduce(MPI.IN_PLACE, _spec(buf), op=MPI.SUM)
+
+    def _bcast(self, buf, root: int) -> None:
+        self.mpi.Bcast(_spec(buf), root=root)
+
+    def _allgatherv(self, message, out, counts, offsets) -> None:
+        self.mpi.Allgatherv(_spec(message), [out, counts, offsets, _mpi_type(out)])
 
     def bcast_obj(self, value, root: int = 0):
+        """`root`'s small Python value on every rank (pickled). A collective."""
         return self.mpi.bcast(value, root=root)
 
     def gather_obj(self, value, root: int = 0):
+        """Every rank's value as a list on `root` (None elsewhere; pickled). A collective."""
         return self.mpi.gather(value, root=root)
 
     def allgather_obj(self, value) -> list:
+        """Every rank's value as a list, in rank order, on every rank (pickled). A collective."""
         return self.mpi.allgather(value)
 
     def max(self, value: float) -> float:
+        """The largest of the ranks' numbers, on every rank. A collective."""
         return self.mpi.allreduce(value, op=MPI.MAX)
 
     def barrier(self) -> None:
+        """Wait until every rank got here. A collective."""
         self.mpi.Barrier()
 
     def abort(self) -> None:
-        """End every rank of the job now (MPI_Abort on COMM_WORLD)."""
-        MPI.COMM_WORLD.Abort(1)
+        """End every rank of the job now (MPI_Abort on COMM_WORLD). Not a collective: one rank may call it."""
+        abort_job()
 
     @contextmanager
     def agreed_errors(self):
@@ -147,91 +159,85 @@ class Communicator:
             raise MpitrainError(f"{message} (seen on rank {rank})")
 
 
-def _check_srun_world(size: int) -> None:
-    """Refuse to start when srun started several tasks but MPI made each one a world of its own.
-
-    That is what an srun `--mpi` plugin the MPI library does not speak gives: every task
-    would train alone and all of them would write the same run directory.
-    """
-    tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
-    if size == 1 and tasks > 1:
-        raise MpitrainError(f"srun started {tasks} tasks, but each sees an MPI world of 1 rank: srun's MPI plugin "
-                            f"(--mpi={os.environ.get('SLURM_MPI_TYPE', 'none')}) does not match this MPI library; "
-                            "use srun --mpi=pmi2 for MPICH, --mpi=pmix for Open MPI, or mpiexec")
-
-
-class HostStaging:
+class StagedCommunicator(Communicator):
     """Device -> pinned host -> MPI -> device, for an MPI that cannot read device memory.
 
-    Copies go through the backend (`copy_to_host`, `copy_to_device`), which counts them; the
-    pinned buffers are kept and reused, one per role ("send", "recv") and dtype, grown when a
-    larger one is needed. With the numpy backend the same code runs with plain host buffers,
-    so the staging path is tested without a GPU.
+    Copies go through the backend (`copy_to_host`, `copy_to_device`), which counts them;
+    this communicator counts them too (`staged_copies`, `staged_bytes`). The pinned buffers
+    are kept and reused, one per role ("send", "recv") and dtype, grown when a larger one is
+    needed. Host (numpy) buffers of a GPU run (evaluation counts) go to MPI as they are.
+    With the numpy backend every buffer is staged through plain host buffers, so this path
+    is tested without a GPU.
     """
 
-    def __init__(self, backend):
-        self.backend = backend
-        self.buffers = {}
-        self.copies, self.bytes = 0, 0
+    def __init__(self, mpi_comm=None, backend=None, cuda_aware: bool = False):
+        super().__init__(mpi_comm, backend, cuda_aware)
+        self.pinned_buffers = {}
+        self.staged_copies, self.staged_bytes = 0, 0
+
+    @property
+    def staged(self) -> bool:
+        return True
 
     def stages(self, buf) -> bool:
         """Device buffers are staged; host ones too with the numpy backend (the tests' way to run this path)."""
         return not (self.backend.on_gpu and isinstance(buf, np.ndarray))
 
+    def _allreduce(self, buf) -> None:
+        if not self.stages(buf):
+            return super()._allreduce(buf)
+        host = self._to_host(buf)
+        super()._allreduce(host)
+        self._to_device(host, buf)
+
+    def _bcast(self, buf, root: int) -> None:
+        if not self.stages(buf):
+            return super()._bcast(buf, root)
+        host = self._to_host(buf) if self.rank == root else self.pinned("send", buf.dtype, buf.size)
+        super()._bcast(host, root)
+        if self.rank != root:
+            self._to_device(host, buf)
+
+    def _allgatherv(self, message, out, counts, offsets) -> None:
+        if not self.stages(message):
+            return super()._allgatherv(message, out, counts, offsets)
+        received = self.pinned("recv", message.dtype, out.size)
+        super()._allgatherv(self._to_host(message), received, counts, offsets)
+        self._to_device(received, out)
+
     def pinned(self, role: str, dtype, size: int) -> np.ndarray:
-        """A reused host buffer of `size` elements for `role`."""
+        """A reused host buffer of `size` elements for `role`. Not a collective."""
         key = (role, np.dtype(dtype))
-        buffer = self.buffers.get(key)
+        buffer = self.pinned_buffers.get(key)
         if buffer is None or buffer.size < size:  # grown to twice its size at least: few pinned allocations
             grown = max(size, 2 * buffer.size if buffer is not None else 0)
-            buffer = self.buffers[key] = self.backend.empty_pinned(grown, dtype)
+            buffer = self.pinned_buffers[key] = self.backend.empty_pinned(grown, dtype)
         return buffer[:size]
 
-    def to_host(self, buf) -> np.ndarray:
+    def _to_host(self, buf) -> np.ndarray:
         """A host copy of `buf`, in the "send" buffer."""
         host = self.pinned("send", buf.dtype, buf.size)
         self.backend.copy_to_host(buf.reshape(-1), host)
         self._count(host.nbytes)
         return host
 
-    def to_device(self, host: np.ndarray, buf) -> None:
+    def _to_device(self, host: np.ndarray, buf) -> None:
         """Copy `host` back into the device buffer `buf`."""
         self.backend.copy_to_device(host, buf.reshape(-1))
         self._count(host.nbytes)
 
     def _count(self, nbytes: int) -> None:
-        self.copies += 1
-        self.bytes += nbytes
-
-
-def cuda_aware_mpi() -> bool:
-    """Whether the MPI library mpi4py loaded reads and writes device memory itself.
-
-    Asks the library's `int MPIX_Query_cuda_support(void)` (Open MPI, MVAPICH2 and MPICH
-    export it; 1 when built with CUDA and enabled at run time). mpi4py has no binding for
-    it, so it is looked up with ctypes in the loaded libmpi; False when there is none.
-    """
-    for path in _loaded_mpi_libraries():
-        query = getattr(ctypes.CDLL(path), "MPIX_Query_cuda_support", None)
-        if query is not None:
-            query.restype = ctypes.c_int
-            return query() == 1
-    return False
-
-
-def _loaded_mpi_libraries() -> list[str]:
-    """Paths of the MPI libraries mapped into this process (Linux: /proc/self/maps)."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "/libmpi" in line and ".so" in line}
-    except OSError:
-        return []
-    return sorted(paths)
+        self.staged_copies += 1
+        self.staged_bytes += nbytes
 
 
 def _empty_like(message, size: int):
     from mpitrain.backend import array_module
     return array_module(message).empty(size, dtype=message.dtype)
+
+
+def _spec(buf) -> list:
+    return [buf, _mpi_type(buf)]
 
 
 def _mpi_type(buf):
@@ -246,22 +252,3 @@ def _synchronize_device(buf) -> None:
     if not isinstance(buf, np.ndarray):
         import cupy
         cupy.cuda.get_current_stream().synchronize()
-
-
-def install_abort_hook() -> None:
-    """Turn an uncaught exception on any rank into MPI_Abort.
-
-    Without this, the failing rank exits while the others wait forever in their next
-    collective: the job hangs until the wall-clock limit instead of failing at once.
-    """
-    def hook(kind, value, tb):
-        rank = MPI.COMM_WORLD.Get_rank()
-        text = "".join(traceback.format_exception(kind, value, tb))
-        sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.rstrip().splitlines()))
-        sys.stderr.flush()
-        if MPI.COMM_WORLD.Get_size() > 1:
-            time.sleep(0.5)  # let the launcher forward the traceback: Abort tears the job down, pipes and all
-            MPI.COMM_WORLD.Abort(1)
-        os._exit(1)
-
-    sys.excepthook = hook

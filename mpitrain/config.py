@@ -1,6 +1,9 @@
 """Run configuration: YAML sections validated into dataclasses, with `--set section.key=value` overrides.
 
-Every error names the config file and the dotted key, and says what was expected.
+Every error names the config file and the dotted key, and says what was expected. Each
+field carries its meaning (and, where it is a choice, the allowed values, taken from the
+registry that implements them) in its metadata: `mpitrain.config_reference` turns them
+into docs/configuration.md, and `validate` checks the choices when the config is loaded.
 """
 from __future__ import annotations
 
@@ -16,27 +19,59 @@ import yaml
 from mpitrain.augment import AUGMENT_DEFAULTS
 from mpitrain.backend import BACKENDS
 from mpitrain.errors import ConfigError
+from mpitrain.kernels.message import ENCODINGS as MESSAGE_ENCODINGS
+from mpitrain.nn.layers import INIT_SCHEMES
+from mpitrain.nn.losses import LOSSES
+from mpitrain.nn.model import LAYER_TYPES
 from mpitrain.nn.rbm import VISIBLE_UNITS
+from mpitrain.nn.updaters import UPDATERS
+from mpitrain.sync import SYNCHRONIZERS
 
-SYNC_MODES = ("none", "allreduce", "averaging", "sharing")
-ENCODINGS = ("auto", "sparse", "bitmap")
+ENCODINGS = ("auto", *MESSAGE_ENCODINGS)
 ADAPTIVE_DEFAULTS = {"min_sparsity": 1.0e-4, "max_sparsity": 1.0e-2, "decay": 0.965936}
 RESIDUAL_CLIP_DEFAULTS = {"factor": 5.0, "every": 5}
-OPTIMIZERS = ("sgd", "adagrad", "adam", "rmsprop")
 PROPAGATE = ("mean", "sample")
 
 
+def option(default, doc: str, choices: typing.Iterable | None = None):
+    """A config field: its default, what it means, and (for a choice) the allowed values."""
+    metadata = {"doc": doc, "choices": tuple(choices) if choices is not None else None}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def section(cls, doc: str, factory=None):
+    """A config section (a nested dataclass) and what it is for."""
+    return field(default_factory=factory or cls, metadata={"doc": doc, "choices": None})
+
+
+class Section:
+    """Base of the config sections: checks each choice field against its allowed values."""
+
+    def check_choices(self, where: str, prefix: str) -> None:
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            _check(choices is None or getattr(self, f.name) in choices, where, prefix + f.name,
+                   getattr(self, f.name), f"one of {choices}")
+
+
 @dataclass
-class DataConfig:
-    path: str = ""
-    train_split: str = "train"
-    test_split: str = "test"
-    normalize: bool = True
-    verify_checksums: bool = True
-    shuffle: bool = True
-    max_rows: int = 0  # use only the first max_rows rows of each split (0: all)
-    prefetch: bool = True
-    augment: typing.Union[bool, dict] = False  # training images: false, true (defaults) or {flip, shift}
+class DataConfig(Section):
+    path: str = option("", "The dataset folder written by `mpitrain etl` (it holds manifest.json); relative to the "
+                           "current folder.")
+    train_split: str = option("train", "The split trained on.")
+    test_split: str = option("test", "The split evaluated after every epoch.")
+    normalize: bool = option(True, "Standardize inputs with the manifest's mean and std (after its scale and offset); "
+                                   "false keeps scale * stored + offset.")
+    verify_checksums: bool = option(True, "Check each shard's sha256 against the manifest before reading it.")
+    shuffle: bool = option(True, "Shuffle each rank's training rows every epoch, seeded by (seed, epoch, rank).")
+    max_rows: int = option(0, "Use only the first max_rows rows of each split (0: all rows).")
+    prefetch: bool = option(True, "Prepare the next batch in a thread while this one trains.")
+    augment: typing.Union[bool, dict] = option(
+        False, "Training images only: false, true (the defaults) or a mapping {flip, shift}: mirror each image "
+               "left-right with probability 1/2 (flip: true) and move it by up to `shift` pixels (default 2), "
+               "drawn by (seed, epoch, rank, step) so a resume sees the same images.")
 
     def validate(self, where):
         _check(self.path != "", where, "data.path", self.path, "the dataset folder written by `mpitrain etl`")
@@ -48,31 +83,39 @@ class DataConfig:
 
 
 @dataclass
-class ModelConfig:
-    layers: list = field(default_factory=list)
-    loss: str = "softmax_cross_entropy"
-    init: str = "xavier"
-    dtype: str = "float32"
+class ModelConfig(Section):
+    layers: list = option([], "The layers in order, each a mapping {type: NAME, ...its arguments}; a dense or "
+                              "conv2d layer's `activation` adds that activation layer after it. Layer types: "
+                              + ", ".join(f"`{name}`" for name in LAYER_TYPES) + ". Left out with "
+                              "`pretrain.layers`, the deep belief net's layers are built from those.")
+    loss: str = option("softmax_cross_entropy", "The loss on the last layer's outputs.", LOSSES)
+    init: str = option("xavier", "Initial weights: Glorot uniform (xavier) or He normal (he); a layer's own "
+                                 "`init` wins.", INIT_SCHEMES)
+    dtype: str = option("float32", "The floating-point type of parameters and activations.", ("float32", "float64"))
 
     def validate(self, where):
-        _check(self.dtype in ("float32", "float64"), where, "model.dtype", self.dtype, "float32 or float64")
+        self.check_choices(where, "model.")
+        for i, spec in enumerate(self.layers):
+            ok = isinstance(spec, dict) and spec.get("type") in LAYER_TYPES
+            _check(ok, where, f"model.layers[{i}]", spec, f"a mapping whose type is one of {tuple(LAYER_TYPES)}")
 
 
 @dataclass
-class OptimizerConfig:
-    type: str = "sgd"
-    lr: float = 0.01
-    lr_decay: float = 1.0  # the learning rate of epoch e is lr * lr_decay**e
-    momentum: float = 0.0
-    nesterov: bool = False
-    l2: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    rho: float = 0.95
-    eps: float = 1e-8
+class OptimizerConfig(Section):
+    type: str = option("sgd", "The updater: SGD (with momentum or Nesterov momentum), AdaGrad, Adam or RMSProp.",
+                       UPDATERS)
+    lr: float = option(0.01, "The learning rate.")
+    lr_decay: float = option(1.0, "Per-epoch decay: epoch e (from 0) runs at lr * lr_decay**e.")
+    momentum: float = option(0.0, "SGD's momentum (0: plain SGD).")
+    nesterov: bool = option(False, "SGD: Nesterov momentum instead of classical momentum.")
+    l2: float = option(0.0, "L2 weight decay on weights (never on biases or batch-norm scales).")
+    beta1: float = option(0.9, "Adam: decay of the first-moment estimate.")
+    beta2: float = option(0.999, "Adam: decay of the second-moment estimate.")
+    rho: float = option(0.95, "RMSProp: decay of the mean squared gradient.")
+    eps: float = option(1e-8, "AdaGrad, RMSProp, Adam: added to the denominator.")
 
     def validate(self, where):
-        _check(self.type in OPTIMIZERS, where, "optimizer.type", self.type, f"one of {OPTIMIZERS}")
+        self.check_choices(where, "optimizer.")
         _check(self.lr > 0, where, "optimizer.lr", self.lr, "a positive number")
         _check(0 < self.lr_decay <= 1, where, "optimizer.lr_decay", self.lr_decay, "a number in (0, 1]")
         for key in ("momentum", "beta1", "beta2", "rho"):
@@ -83,12 +126,13 @@ class OptimizerConfig:
 
 
 @dataclass
-class TrainConfig:
-    epochs: int = 1
-    batch_size: int = 64  # per rank
-    seed: int = 0
-    log_every: int = 50  # steps per metrics window
-    watchdog_s: float = 1800.0  # abort the job when a rank makes no progress for this long
+class TrainConfig(Section):
+    epochs: int = option(1, "Epochs to train (a resumed run continues up to this many).")
+    batch_size: int = option(64, "Rows per step on each rank: N ranks train on N x batch_size rows per step.")
+    seed: int = option(0, "Seeds initial weights, shuffling, dropout and augmentation.")
+    log_every: int = option(50, "Steps per metrics window (a record in metrics.jsonl, a log line on rank 0).")
+    watchdog_s: float = option(1800.0, "Abort the job when a rank makes no progress for this many seconds, printing "
+                                       "where it is and every thread's stack.")
 
     def validate(self, where):
         for key in ("epochs", "batch_size", "log_every"):
@@ -97,22 +141,30 @@ class TrainConfig:
 
 
 @dataclass
-class SyncConfig:
-    mode: str = "allreduce"
-    frequency: typing.Union[int, str] = 1  # steps between averagings, or "epoch"
-    average_updater: bool = False
-    check_replicas: bool = True
-    threshold: float = 1.0e-3  # sharing: the initial tau
-    adaptive: typing.Union[bool, dict] = True  # sharing: false, true (defaults) or {min_sparsity, ...}
-    residual_clip: typing.Union[bool, dict] = True  # sharing: false, true (defaults) or {factor, every}
-    encoding: str = "auto"  # sharing: auto | sparse | bitmap
+class SyncConfig(Section):
+    mode: str = option("allreduce", "How the ranks keep one model: allreduce (gradients every step), averaging "
+                                    "(parameters every `frequency` steps), sharing (threshold-encoded updates) or "
+                                    "none. See docs/sync-modes.md.", SYNCHRONIZERS)
+    frequency: typing.Union[int, str] = option(1, "averaging: steps between averagings, or 'epoch'.")
+    average_updater: bool = option(False, "averaging: average the updater state too (DL4J's "
+                                          "ParameterAveragingTrainingMaster).")
+    check_replicas: bool = option(True, "Compare a hash of the parameters across ranks at every epoch end (modes "
+                                        "that promise identical replicas).")
+    threshold: float = option(1.0e-3, "sharing: the initial threshold tau.")
+    adaptive: typing.Union[bool, dict] = option(
+        True, "sharing: adapt tau to keep the sparsity in a band: false, true (the defaults) or a mapping "
+              "{min_sparsity: 1e-4, max_sparsity: 1e-2, decay: 0.965936}.")
+    residual_clip: typing.Union[bool, dict] = option(
+        True, "sharing: clip the residual to +-factor*tau every `every` steps: false, true (the defaults) or a "
+              "mapping {factor: 5.0, every: 5}.")
+    encoding: str = option("auto", "sharing: message body: sparse indices, a bitmap, or auto (a bitmap once "
+                                    "denser than 1/16).", ENCODINGS)
 
     def validate(self, where, section: str = "sync"):
-        _check(self.mode in SYNC_MODES, where, f"{section}.mode", self.mode, f"one of {SYNC_MODES}")
+        self.check_choices(where, f"{section}.")
         ok = self.frequency == "epoch" or (isinstance(self.frequency, int) and self.frequency >= 1)
         _check(ok, where, f"{section}.frequency", self.frequency, "a number of steps >= 1, or 'epoch'")
         _check(self.threshold > 0, where, f"{section}.threshold", self.threshold, "a positive number")
-        _check(self.encoding in ENCODINGS, where, f"{section}.encoding", self.encoding, f"one of {ENCODINGS}")
         self.adaptive = _options(self.adaptive, ADAPTIVE_DEFAULTS, where, f"{section}.adaptive")
         if self.adaptive:
             a = self.adaptive
@@ -128,28 +180,32 @@ class SyncConfig:
 
 
 @dataclass
-class PretrainConfig:
+class PretrainConfig(Section):
     """Greedy layer-wise RBM pretraining of a deep belief net (mpitrain.pretrain); off while `layers` is empty."""
 
-    layers: list = field(default_factory=list)  # hidden units per RBM, e.g. [500, 500, 2000]
-    epochs: int = 10  # per layer
-    cd_k: int = 1
-    persistent: bool = False  # persistent CD (fantasy particles kept between batches)
-    lr: float = 0.1
-    momentum: float = 0.5
-    weight_decay: float = 2.0e-4  # L2 on the weights
-    sparsity_target: float = 0.0  # 0: no sparsity penalty
-    sparsity_cost: float = 0.1
-    visible: str = "bernoulli"  # the first RBM's visible units: bernoulli (inputs in [0, 1]) or gaussian
-    sample_visible: bool = False  # sample visible units in the Gibbs chain (else use their means)
-    propagate: str = "mean"  # the next layer trains on the previous layers' mean activations, or samples
-    monitor_rows: int = 2000  # rows per rank for the per-epoch reconstruction error (0: all)
-    pll_max_visible: int = 100  # pseudo-log-likelihood for Bernoulli RBMs up to this many visible units
-    sync: SyncConfig = field(default_factory=lambda: SyncConfig(mode="averaging", frequency="epoch"))
+    layers: list = option([], "Hidden units per RBM, e.g. [500, 500, 2000]; empty: no pretraining.")
+    epochs: int = option(10, "Epochs per layer.")
+    cd_k: int = option(1, "Gibbs steps of contrastive divergence (CD-k).")
+    persistent: bool = option(False, "Persistent CD: fantasy particles kept between batches.")
+    lr: float = option(0.1, "The RBMs' learning rate (SGD).")
+    momentum: float = option(0.5, "The RBMs' SGD momentum.")
+    weight_decay: float = option(2.0e-4, "L2 on the RBMs' weights.")
+    sparsity_target: float = option(0.0, "Target mean activation of the hidden units (0: no sparsity penalty).")
+    sparsity_cost: float = option(0.1, "Weight of the sparsity penalty.")
+    visible: str = option("bernoulli", "The first RBM's visible units: bernoulli (inputs in [0, 1]) or gaussian "
+                                       "(standardized inputs).", VISIBLE_UNITS)
+    sample_visible: bool = option(False, "Sample the visible units in the Gibbs chain (else use their means).")
+    propagate: str = option("mean", "The next layer trains on the layers below's mean activations, or samples of "
+                                    "them.", PROPAGATE)
+    monitor_rows: int = option(2000, "Rows per rank for the per-epoch reconstruction error (0: all).")
+    pll_max_visible: int = option(100, "Pseudo-log-likelihood for Bernoulli RBMs of up to this many visible units.")
+    sync: SyncConfig = section(SyncConfig, "How the ranks keep one RBM (the keys of `sync`; default averaging once "
+                                           "per epoch).", lambda: SyncConfig(mode="averaging", frequency="epoch"))
 
     def validate(self, where):
         ok = all(isinstance(units, int) and not isinstance(units, bool) and units >= 1 for units in self.layers)
         _check(ok, where, "pretrain.layers", self.layers, "a list of hidden-unit counts >= 1, e.g. [500, 500, 2000]")
+        self.check_choices(where, "pretrain.")
         for key in ("epochs", "cd_k"):
             _check(getattr(self, key) >= 1, where, f"pretrain.{key}", getattr(self, key), "an integer >= 1")
         _check(self.lr > 0, where, "pretrain.lr", self.lr, "a positive number")
@@ -158,62 +214,63 @@ class PretrainConfig:
         _check(0 <= self.sparsity_target < 1, where, "pretrain.sparsity_target", self.sparsity_target,
                "a number in [0, 1) (0: no sparsity penalty)")
         _check(self.sparsity_cost >= 0, where, "pretrain.sparsity_cost", self.sparsity_cost, "a number >= 0")
-        _check(self.visible in VISIBLE_UNITS, where, "pretrain.visible", self.visible, f"one of {VISIBLE_UNITS}")
-        _check(self.propagate in PROPAGATE, where, "pretrain.propagate", self.propagate, f"one of {PROPAGATE}")
         for key in ("monitor_rows", "pll_max_visible"):
             _check(getattr(self, key) >= 0, where, f"pretrain.{key}", getattr(self, key), "an integer >= 0")
         self.sync.validate(where, "pretrain.sync")
 
 
 @dataclass
-class CheckpointConfig:
-    every: int = 1
-    unit: str = "epoch"
-    keep: int = 3
+class CheckpointConfig(Section):
+    every: int = option(1, "Checkpoint every this many units.")
+    unit: str = option("epoch", "What `every` counts: epochs or steps (a mid-epoch checkpoint resumes at its step).",
+                       ("epoch", "step", "steps"))
+    keep: int = option(3, "Keep the newest this many checkpoints (the last one of a run is always written).")
 
     def validate(self, where):
         _check(self.every >= 1, where, "checkpoint.every", self.every, "an integer >= 1")
-        _check(self.unit in ("epoch", "step", "steps"), where, "checkpoint.unit", self.unit, "'epoch' or 'steps'")
+        self.check_choices(where, "checkpoint.")
         self.unit = "step" if self.unit == "steps" else self.unit
         _check(self.keep >= 1, where, "checkpoint.keep", self.keep, "an integer >= 1")
 
 
 @dataclass
-class CommConfig:
-    cuda_aware: typing.Union[bool, str] = "auto"  # MPI reads device buffers: auto (ask MPI) | true | false
+class CommConfig(Section):
+    cuda_aware: typing.Union[bool, str] = option(
+        "auto", "Whether MPI reads device (GPU) buffers itself: auto asks the MPI library; false stages collectives "
+                "through pinned host memory.", ("auto", True, False))
 
     def validate(self, where):
-        _check(self.cuda_aware in ("auto", True, False), where, "comm.cuda_aware", self.cuda_aware,
-               "auto, true or false")
+        self.check_choices(where, "comm.")
 
 
 @dataclass
-class Config:
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    sync: SyncConfig = field(default_factory=SyncConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    comm: CommConfig = field(default_factory=CommConfig)
-    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
-    backend: str = "numpy"  # numpy | cupy | auto (cupy when a GPU is available)
-    run_dir: str = ""
-    resume: str = "auto"
-    report: bool = True  # rank 0 draws RUN_DIR/report.png and report.html at the end of training
+class Config(Section):
+    data: DataConfig = section(DataConfig, "The dataset and how batches are made of it.")
+    model: ModelConfig = section(ModelConfig, "The network.")
+    optimizer: OptimizerConfig = section(OptimizerConfig, "The updater (each rank's step from its gradient).")
+    train: TrainConfig = section(TrainConfig, "The training loop.")
+    sync: SyncConfig = section(SyncConfig, "How the ranks keep one model.")
+    checkpoint: CheckpointConfig = section(CheckpointConfig, "When checkpoints are written and how many are kept.")
+    comm: CommConfig = section(CommConfig, "Collectives.")
+    pretrain: PretrainConfig = section(PretrainConfig, "Greedy RBM pretraining of a deep belief net.")
+    backend: str = option("numpy", "The array backend: numpy (CPU), cupy (GPU), or auto (cupy when a GPU is "
+                                   "available).", BACKENDS)
+    run_dir: str = option("", "The run directory (default: runs/NAME for a config file NAME.yaml).")
+    resume: str = option("auto", "auto: continue from the run directory's newest checkpoint; never: refuse a run "
+                                 "directory that holds checkpoints.", ("auto", "never"))
+    report: bool = option(True, "Rank 0 draws RUN_DIR/report.png and report.html at the end of training.")
 
     def validate(self, where):
-        for section in (self.data, self.model, self.optimizer, self.train, self.sync, self.checkpoint, self.comm,
-                        self.pretrain):
-            section.validate(where)
-        _check(self.backend in BACKENDS, where, "backend", self.backend, f"one of {BACKENDS}")
+        for part in (self.data, self.model, self.optimizer, self.train, self.sync, self.checkpoint, self.comm,
+                     self.pretrain):
+            part.validate(where)
+        self.check_choices(where, "")
         _check(len(self.model.layers) > 0 or len(self.pretrain.layers) > 0, where, "model.layers", self.model.layers,
                "a non-empty list of layers (or pretrain.layers, from which a deep belief net's layers are built)")
         if self.pretrain.layers and self.pretrain.visible == "bernoulli":
             _check(not self.data.normalize, where, "data.normalize", self.data.normalize,
                    "false with pretrain.visible: bernoulli (Bernoulli units take inputs in [0, 1]; "
                    "or use pretrain.visible: gaussian for standardized inputs)")
-        _check(self.resume in ("auto", "never"), where, "resume", self.resume, "'auto' or 'never'")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

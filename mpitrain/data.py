@@ -1,5 +1,8 @@
 """Each rank's rows of a split: which rows, reading them from the shards, and batches.
 
+    reader = DatasetReader("data/fashion", comm)        # the manifest; this rank's rows on demand
+    rows = reader.rows("train", training=True)
+
 The global row space of a split is its shards in manifest order. For training it is cut
 into `world_size` equal contiguous ranges (the remainder is dropped and logged), so every
 rank runs the same number of steps and no collective waits for a rank that has finished.
@@ -8,6 +11,7 @@ For evaluation every row counts, so the ranges may differ in length by one.
 from __future__ import annotations
 
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -16,7 +20,7 @@ import numpy as np
 
 from mpitrain.augment import augment_images
 from mpitrain.errors import DataError
-from mpitrain.shard_format import Manifest, check_shard
+from mpitrain.shard_format import MANIFEST_NAME, Manifest, check_shard, read_manifest, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,27 @@ class RankRows:
     x: np.ndarray
     y: np.ndarray
     rows: range
+
+
+class DatasetReader:
+    """A dataset folder as one rank reads it: its manifest, the manifest's sha256 (the dataset's
+    identity, recorded in checkpoints), and this rank's rows of a split.
+
+    Not a collective: each rank reads its own rows (build it in `comm.agreed_errors()` where
+    every rank must fail alike). `comm` gives the rank and the number of ranks.
+    """
+
+    def __init__(self, path: str, comm, *, verify_checksums: bool = True, max_rows: int = 0):
+        self.path = os.path.abspath(path)
+        self.rank, self.size = comm.rank, comm.size
+        self.verify_checksums, self.max_rows = verify_checksums, max_rows
+        self.manifest = read_manifest(self.path)
+        self.manifest_sha256 = sha256_file(os.path.join(self.path, MANIFEST_NAME))
+
+    def rows(self, split: str, training: bool) -> RankRows:
+        """This rank's rows of `split`: equal ranges for training, all rows for evaluation."""
+        return load_rank_rows(self.path, self.manifest, split, self.rank, self.size, training=training,
+                              max_rows=self.max_rows, verify_checksums=self.verify_checksums)
 
 
 def load_rank_rows(dataset_dir: str, manifest: Manifest, split: str, rank: int, size: int, *,

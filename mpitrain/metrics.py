@@ -30,8 +30,7 @@ class Traffic:
     @classmethod
     def of(cls, comm) -> Traffic:
         """What `comm` has sent and staged so far."""
-        staging = comm.staging
-        return cls(comm.bytes_sent, *((staging.copies, staging.bytes) if staging is not None else ()))
+        return cls(comm.bytes_sent, comm.staged_copies, comm.staged_bytes)
 
     def __sub__(self, other: Traffic) -> Traffic:
         return Traffic(self.bytes_sent - other.bytes_sent, self.staged_copies - other.staged_copies,
@@ -99,27 +98,16 @@ class Window:
 
 
 class MetricsLog:
-    """Collects windows from all ranks (a collective) and appends records to RUN_DIR/metrics.jsonl."""
+    """Collects windows from all ranks (a collective) and appends records to RUN_DIR/metrics.jsonl.
+
+    Which earlier records a resumed run keeps is the checkpointer's decision (`keep_records`).
+    """
 
     def __init__(self, run_dir: str, comm, steps_per_epoch: int, epochs: int):
         self.comm, self.steps_per_epoch, self.epochs = comm, steps_per_epoch, epochs
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self.bar = None
         self.use_bar = comm.is_root and sys.stderr.isatty()
-
-    def resume_at(self, epoch: int, step: int) -> None:
-        """Drop the records a resumed run will write again: those past step `step` of epoch `epoch`
-        (written after the checkpoint it resumes from, before the job ended)."""
-        if not (self.comm.is_root and os.path.exists(self.path)):
-            return
-        position = epoch * self.steps_per_epoch + step
-        with open(self.path) as f:
-            records = [json.loads(line) for line in f if line.strip()]
-        kept = [r for r in records if not (r["kind"] == "window" and r["global_step"] > position
-                                           or r["kind"] == "epoch" and r["epoch"] >= epoch)]
-        with open(self.path + ".tmp", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
-        os.replace(self.path + ".tmp", self.path)
 
     def start_epoch(self, epoch: int, start_step: int) -> None:
         if self.use_bar:
@@ -171,6 +159,29 @@ class MetricsLog:
         if self.comm.is_root:
             with open(self.path, "a") as f:
                 f.write(json.dumps({"time": time.time(), **record}) + "\n")
+
+
+def keep_records(path: str, keep) -> None:
+    """Rewrite the metrics file `path` (if any) with only the records for which `keep(record)` holds.
+
+    Atomic (a temporary file, then a rename). A line that is not JSON (the last one of a
+    job killed while writing it) is dropped.
+    """
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        kept = [line if line.endswith("\n") else line + "\n" for line in f if _keeps(line, keep)]
+    with open(path + ".tmp", "w") as f:
+        f.writelines(kept)
+    os.replace(path + ".tmp", path)
+
+
+def _keeps(line: str, keep) -> bool:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(record, dict) and keep(record)
 
 
 def per_step(traffic: list[Traffic], steps: int) -> dict:

@@ -7,7 +7,7 @@ mode works, the RBM has one flat buffer like any model). After `pretrain.epochs`
 next RBM trains on the previous layers' mean activations (or samples from them:
 `pretrain.propagate`), which each rank computes from its own rows, batch by batch: nothing
 is gathered. Finally RBM k's weights and hidden biases become the k-th dense layer (sigmoid)
-of the supervised model, which `mpitrain.train` fine-tunes with backpropagation.
+of the supervised model, which `mpitrain.training` fine-tunes with backpropagation.
 
 Each finished layer is checkpointed to RUN_DIR/pretrain/layer-LL.h5 (atomically, by rank 0),
 so a resumed run skips finished layers; a layer interrupted half way starts again. A
@@ -19,14 +19,11 @@ of at most `pll_max_visible` visible units the pseudo-log-likelihood per row.
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 
 import numpy as np
 
-from mpitrain.checkpoint import Checkpoint, check_fits, load_checkpoint, write_checkpoint
 from mpitrain.config import OptimizerConfig
 from mpitrain.errors import ConfigError, MpitrainError
 from mpitrain.metrics import MetricsLog
@@ -45,13 +42,10 @@ def dbn_layers(sizes: list[int], num_classes: int) -> list[dict]:
            [{"type": "dense", "units": num_classes}]
 
 
-def layer_path(run_dir: str, index: int) -> str:
-    return os.path.join(run_dir, "pretrain", f"layer-{index:02d}.h5")
-
-
-def pretrain(config, comm, model, batches, rows, manifest_sha256: str) -> None:
-    """Pretrain the RBMs of `config.pretrain.layers` greedily (resuming finished ones) and copy them into
-    `model`'s hidden layers. A collective: every rank calls it with its own rows and batches."""
+def pretrain(config, comm, model, batches, rows, checkpointer) -> None:
+    """Pretrain the RBMs of `config.pretrain.layers` greedily (resuming finished ones, which `checkpointer`
+    keeps) and copy them into `model`'s hidden layers. A collective: every rank calls it with its own
+    rows and batches."""
     p = config.pretrain
     hidden = _hidden_layers(model, p.layers)
     sizes = [hidden[0].params["W"].shape[0], *p.layers]
@@ -61,17 +55,21 @@ def pretrain(config, comm, model, batches, rows, manifest_sha256: str) -> None:
              for index, (n_visible, n_hidden) in enumerate(zip(sizes, sizes[1:]))]
     with comm.agreed_errors():
         _check_input_range(config, rows, batches)
-        finished = _load_finished(config, stack, manifest_sha256) if comm.is_root else []
+        finished = checkpointer.finished_layers([_layout(rbm, index) for index, rbm in enumerate(stack)]) \
+            if comm.is_root else []
     finished = comm.bcast_obj(finished)  # after the agreed errors: every rank gets here, or none
     monitor = batches.to_model_input(rows.x[:p.monitor_rows or len(rows.y)])
     monitor = monitor.reshape(len(monitor), -1)
     for index, rbm in enumerate(stack):
         if index < len(finished):
             rbm.params[...] = model.xp.asarray(finished[index])
-            log.info("pretrain layer %d/%d: loaded %s", index + 1, len(stack), layer_path(config.run_dir, index))
+            log.info("pretrain layer %d/%d: loaded %s", index + 1, len(stack), checkpointer.layer_path(index))
         else:
             _train_layer(config, comm, stack, index, batches, monitor)
-            _save_layer(config, comm, rbm, index, manifest_sha256, batches.backend.to_host)
+            if comm.is_root:  # the replicas agree after the last epoch's sync
+                path = checkpointer.save_layer(index, _layout(rbm, index), batches.backend.to_host(rbm.params),
+                                               config.pretrain.epochs)
+                log.info("pretrain layer %d: wrote %s", index + 1, path)
         monitor = rbm.hidden_probs(monitor)
     for rbm, dense in zip(stack, hidden):
         dense.params["W"][...] = rbm.W
@@ -87,7 +85,8 @@ def _hidden_layers(model, sizes: list[int]) -> list[Dense]:
         after = model.layers[i + 1] if i is not None and i + 1 < len(model.layers) else None
         if not (isinstance(layer, Dense) and layer.units == units and isinstance(after, Sigmoid)):
             found = "missing" if layer is None else f"a {type(layer).__name__.lower()} layer" + (
-                f" of {layer.units} units with activation {layer.activation!r}" if isinstance(layer, Dense) else "")
+                f" of {layer.units} units followed by " + (f"a {type(after).__name__.lower()} layer" if after
+                                                            else "nothing") if isinstance(layer, Dense) else "")
             raise ConfigError(f"pretrain.layers is {sizes}: model.layers must begin with dense layers of these units, "
                               f"each with activation: sigmoid (the RBMs' hidden units), then the output layer; "
                               f"its parameter layer {k + 1} is {found} (leave model.layers out to have them built)")
@@ -107,42 +106,6 @@ def _check_input_range(config, rows, batches) -> None:
         raise MpitrainError(f"{config.data.path}: inputs range over [{low:.4g}, {high:.4g}], but "
                             "pretrain.visible: bernoulli needs inputs in [0, 1] (the manifest's scale/offset "
                             "should map them there; or use pretrain.visible: gaussian)")
-
-
-def _load_finished(config, stack: list[RBM], manifest_sha256: str) -> list[np.ndarray]:
-    """(Rank 0) the parameters of the finished layers' checkpoints, in order up to the first missing one."""
-    finished = []
-    for index, rbm in enumerate(stack):
-        path = layer_path(config.run_dir, index)
-        if not os.path.exists(path):
-            break
-        if config.resume == "never":
-            raise ConfigError(f"resume is 'never', but {config.run_dir} holds pretrained layers of an earlier "
-                              "run; use resume=auto to continue it, or another run_dir")
-        ckpt = load_checkpoint(path)
-        check_fits(ckpt, _layout(rbm, index), None, manifest_sha256, config.data.path)
-        finished.append(ckpt.params)
-    _keep_records_of_finished_layers(os.path.join(config.run_dir, "metrics.jsonl"), len(finished))
-    return finished
-
-
-def _keep_records_of_finished_layers(path: str, finished: int) -> None:
-    """Start metrics.jsonl afresh, keeping only the pretrain records of the layers being skipped."""
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        kept = [line for line in f if line.strip() and _is_finished_layer_record(line, finished)]
-    with open(path + ".tmp", "w") as f:
-        f.writelines(kept)
-    os.replace(path + ".tmp", path)
-
-
-def _is_finished_layer_record(line: str, finished: int) -> bool:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
-        return False
-    return record.get("kind") == "pretrain" and record.get("layer", finished) < finished
 
 
 def _layout(rbm: RBM, index: int) -> list:
@@ -227,12 +190,3 @@ def _write_record(config, comm, metrics: MetricsLog, record: dict, layers: int) 
         log.info("%s: reconstruction error %.5f (during training %.5f)%s, %.0f samples/s", where,
                  record["reconstruction_error"], record["train_reconstruction_error"],
                  "" if pll is None else f", pseudo-log-likelihood {pll:.3f}", record["samples_per_s"])
-
-
-def _save_layer(config, comm, rbm: RBM, index: int, manifest_sha256: str, to_host) -> None:
-    """Rank 0 checkpoints a finished layer (its replicas agree after the last epoch's sync)."""
-    if comm.is_root:
-        path = write_checkpoint(layer_path(config.run_dir, index), Checkpoint(
-            to_host(rbm.params), np.zeros(0, dtype=rbm.params.dtype), config.pretrain.epochs, 0, 0,
-            _layout(rbm, index), {}, manifest_sha256, ""))
-        log.info("pretrain layer %d: wrote %s", index + 1, path)

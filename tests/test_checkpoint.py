@@ -23,7 +23,7 @@ def test_save_list_prune_load(tmp_path):
                                                      "ckpt-0010-000000.h5"]
     ckpt = load_checkpoint(paths[-1])
     assert (ckpt.epoch, ckpt.step, ckpt.iteration) == (10, 0, 1000)
-    assert ckpt.layout == LAYOUT and ckpt.sync_state == {"tau": 0.25} and ckpt.config_yaml.startswith("train")
+    assert ckpt.layout == LAYOUT and ckpt.sync_numbers == {"tau": 0.25} and ckpt.config_yaml.startswith("train")
     np.testing.assert_array_equal(ckpt.params, np.arange(13))
     with h5py.File(paths[-1]) as f:  # named per-layer datasets, readable by any HDF5 tool
         np.testing.assert_array_equal(f["layers/00_dense/b"][...], [6, 7, 8])

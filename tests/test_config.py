@@ -52,7 +52,7 @@ def test_frequency_epoch_and_run_dir(tmp_path):
     ("", ["data.augment={shift: -1}"], r"data.augment.shift is -1"),
     ("", ["data.augment={rotate: 10}"], r"unknown key data.augment.rotate"),
     ("backend: tpu", [], r"backend is 'tpu', expected one of \('auto', 'numpy', 'cupy'\)"),
-    ("comm: {cuda_aware: maybe}", [], r"comm.cuda_aware is 'maybe', expected auto, true or false"),
+    ("comm: {cuda_aware: maybe}", [], r"comm.cuda_aware is 'maybe', expected one of \('auto', True, False\)"),
     ("comm: {cuda_aware: 1}", [], r"comm.cuda_aware is 1, expected bool or str"),
     ("[1, 2]", [], r"expected a mapping"),
 ])

@@ -174,7 +174,7 @@ def test_bernoulli_units_need_unnormalized_inputs(tmp_path):
 
 @pytest.mark.parametrize("layers, message", [
     ([{"type": "dense", "units": 8, "activation": "relu"}, {"type": "dense", "units": 3}],
-     "its parameter layer 1 is a dense layer of 8 units with activation 'relu'"),
+     "its parameter layer 1 is a dense layer of 8 units followed by a relu layer"),
     ([{"type": "dense", "units": 9, "activation": "sigmoid"}, {"type": "dense", "units": 3}],
      "its parameter layer 1 is a dense layer of 9 units"),
     ([{"type": "dense", "units": 8, "activation": "sigmoid"}, {"type": "dense", "units": 4, "activation": "sigmoid"},

@@ -53,7 +53,7 @@ def test_resume_matches_an_uninterrupted_run_bit_for_bit(tmp_path, sync, model):
     # the last checkpoint holds the model the run evaluated (sharing keeps its pending residual beside it)
     last = load_checkpoint(list_checkpoints(str(tmp_path / "pieces" / "run"))[-1])
     assert parameter_hash(last.params, last.stats) == final_hash(tmp_path / "pieces" / "run")
-    assert (abs(last.sync_buffers["residual"]).max() > 0) if sync["mode"] == "sharing" else not last.sync_buffers
+    assert (abs(last.sync_arrays["residual"]).max() > 0) if sync["mode"] == "sharing" else not last.sync_arrays
 
 
 def one_epoch_of_sharing(tmp_path):
@@ -77,7 +77,7 @@ def test_sharing_resumed_by_another_mode_says_its_residual_is_dropped(tmp_path):
     assert result.returncode == 0 and "resuming from" in result.stderr, result.stderr
     assert result.stderr.count("the checkpoint's 'residual' (of another sync mode) is dropped: "
                                "sync.mode allreduce does not keep it") == 1, result.stderr
-    assert not load_checkpoint(list_checkpoints(str(tmp_path / "run"))[-1]).sync_buffers
+    assert not load_checkpoint(list_checkpoints(str(tmp_path / "run"))[-1]).sync_arrays
 
 
 def test_an_exception_mid_epoch_on_rank_1_of_4_ends_the_job(tmp_path):

@@ -1,23 +1,43 @@
-"""metrics.jsonl on resume: the records written after the checkpoint a run resumes from are dropped."""
+"""metrics.jsonl on resume: the checkpointer drops the records written after the checkpoint a run resumes from."""
 import json
 from types import SimpleNamespace
 
+from mpitrain.checkpointer import Checkpointer
 from mpitrain.metrics import MetricsLog
 
 
+def records(tmp_path) -> list:
+    return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_resume_drops_records_past_the_checkpoint_and_keeps_other_kinds(tmp_path):
-    log = MetricsLog(str(tmp_path), SimpleNamespace(is_root=True), steps_per_epoch=10, epochs=5)
+    root = SimpleNamespace(is_root=True)
+    log = MetricsLog(str(tmp_path), root, steps_per_epoch=10, epochs=5)
     for epoch in range(3):
         for step in (5, 10):
             log.write({"kind": "window", "epoch": epoch, "step": step, "global_step": epoch * 10 + step})
         log.write({"kind": "epoch", "epoch": epoch})
     log.write({"kind": "pretrain", "layer": 0})
-    log.resume_at(2, 0)  # the checkpoint after epoch 2 was never written: epoch 2 runs again
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["global_step"] for r in records if r["kind"] == "window"] == [5, 10, 15, 20]
-    assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [0, 1]
-    assert [r["kind"] for r in records].count("pretrain") == 1
-    log.resume_at(1, 5)  # mid-epoch checkpoint: step 5 of epoch 1 is kept, later ones go
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["global_step"] for r in records if r["kind"] == "window"] == [5, 10, 15]
-    assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [0]
+    checkpointer = Checkpointer(str(tmp_path), root, None, "", "")
+    checkpointer.drop_records_after(2, 0)  # the checkpoint after epoch 2 was never written: epoch 2 runs again
+    assert [r["global_step"] for r in records(tmp_path) if r["kind"] == "window"] == [5, 10, 15, 20]
+    assert [r["epoch"] for r in records(tmp_path) if r["kind"] == "epoch"] == [0, 1]
+    assert [r["kind"] for r in records(tmp_path)].count("pretrain") == 1
+    checkpointer.drop_records_after(1, 5)  # mid-epoch checkpoint: step 5 of epoch 1 is kept, later ones go
+    assert [r["global_step"] for r in records(tmp_path) if r["kind"] == "window"] == [5, 10, 15]
+    assert [r["epoch"] for r in records(tmp_path) if r["kind"] == "epoch"] == [0]
+
+
+def test_records_are_kept_by_epoch_and_step_whatever_the_rank_count(tmp_path):
+    """Two ranks had 10 steps per epoch; the resumed run on four has 5: epoch 0's records stay as written,
+    and a line cut short by a killed job goes."""
+    log = MetricsLog(str(tmp_path), SimpleNamespace(is_root=True), steps_per_epoch=10, epochs=3)
+    for step in (5, 10):
+        log.write({"kind": "window", "epoch": 0, "step": step, "global_step": step})
+    log.write({"kind": "epoch", "epoch": 0})
+    log.write({"kind": "window", "epoch": 1, "step": 5, "global_step": 15})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "window", "epo')
+    Checkpointer(str(tmp_path), SimpleNamespace(is_root=True), None, "", "").drop_records_after(1, 0)
+    assert [(r["kind"], r["epoch"], r.get("step")) for r in records(tmp_path)] == \
+        [("window", 0, 5), ("window", 0, 10), ("epoch", 0, None)]

@@ -1,19 +1,20 @@
-"""A sequential model that owns ONE flat parameter buffer and ONE flat gradient buffer.
+"""A sequential model on the flat-buffer contract (`mpitrain.nn.flat`): layers hold views into
+ONE parameter buffer and ONE gradient buffer, so averaging either across ranks is a single
+collective; batch norm's running statistics have a flat buffer of their own, `stats`.
 
-Layers hold views into both, so averaging parameters or gradients across ranks is a
-single collective on a contiguous array. Running statistics (batch norm) have a flat
-buffer of their own, `stats`, for the same reason.
+    model = Sequential([Dense(256, activation="relu"), Dropout(0.2), Dense(10)], input_shape=(1, 28, 28))
+    model = build_model(config.model, manifest.feature_shape, manifest.num_classes, xp)   # from a config
 """
 from __future__ import annotations
 
 import inspect
-import math
 
 import numpy as np
 
 from mpitrain.errors import ConfigError
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
+from mpitrain.nn.flat import FlatModel, flat_views
 from mpitrain.nn.layers import ACTIVATIONS, INIT_SCHEMES, Dense, Dropout, Flatten, Layer
 from mpitrain.nn.losses import LOSSES
 
@@ -21,30 +22,30 @@ LAYER_TYPES = {"dense": Dense, "flatten": Flatten, "conv2d": Conv2D, "maxpool2d"
                "avgpool2d": AvgPool2D, "dropout": Dropout, "batchnorm": BatchNorm, **ACTIVATIONS}
 
 
-class Sequential:
-    """Layers applied in order, a loss on the last layer's output, flat buffers for all parameters."""
+class Sequential(FlatModel):
+    """Layers applied in order, a loss on the last layer's output, flat buffers for all parameters.
 
-    def __init__(self, layers: list[Layer], input_shape: tuple[int, ...], loss: str, xp, dtype="float32"):
-        self.layers, self.input_shape, self.xp = layers, tuple(input_shape), xp
+    A dense or conv2d layer's `activation` becomes a layer of its own right after it.
+    """
+
+    def __init__(self, layers: list[Layer], input_shape: tuple[int, ...], loss: str = "softmax_cross_entropy",
+                 xp=np, dtype="float32"):
+        self.layers, self.input_shape, self.loss = _with_activation_layers(layers), tuple(input_shape), loss
         self.loss_fn = LOSSES[loss]
         shapes, stat_shapes, shape = [], [], self.input_shape
-        for layer in layers:
+        for layer in self.layers:
             shapes.append(layer.param_shapes(shape))
             stat_shapes.append(layer.stat_shapes(shape))
             shape = layer.output_shape(shape)
         self.output_shape = shape
-        self.params, self.layout, params = _flat_views(layers, shapes, xp, dtype)
-        self.grads, _, grads = _flat_views(layers, shapes, xp, dtype)
-        self.stats, self.stats_layout, stats = _flat_views(layers, stat_shapes, xp, dtype)
-        self.n_params = self.params.size
-        for layer, layer_params, layer_grads, layer_stats in zip(layers, params, grads, stats):
+        super().__init__(_layout(self.layers, shapes), _layout(self.layers, stat_shapes), xp, dtype)
+        params, grads = _per_layer(flat_views(self.params, self.layout), shapes), \
+            _per_layer(flat_views(self.grads, self.layout), shapes)
+        for layer, layer_params, layer_grads, layer_stats in zip(self.layers, params, grads,
+                                                                 _per_layer(flat_views(self.stats, self.stats_layout),
+                                                                            stat_shapes)):
             layer.bind(layer_params, layer_grads)
             layer.bind_stats(layer_stats)
-        decay, offset = np.zeros(self.n_params, dtype=dtype), 0
-        for name, s in self.layout:
-            decay[offset:offset + math.prod(s)] = name.endswith("/W")  # L2 on weights, not biases or BN scales
-            offset += math.prod(s)
-        self.decay_mask = xp.asarray(decay)
 
     def init_params(self, seed: int, scheme: str) -> None:
         """Draw initial parameters on the host from `seed`, so every backend starts alike."""
@@ -76,19 +77,49 @@ class Sequential:
         self.backward(dlogits)
         return loss, (logits.argmax(axis=1) == y).sum()
 
+    def layer_specs(self) -> list[dict]:
+        """`model.layers` of a config that builds this model again: `{type: NAME, **arguments}` per layer."""
+        names = {cls: name for name, cls in LAYER_TYPES.items()}
+        specs = []
+        for layer in self.layers:
+            if type(layer) not in names:
+                raise ConfigError(f"a {type(layer).__name__} layer is not one of mpitrain's layer types "
+                                  f"{sorted(LAYER_TYPES)}, so a run's config.yaml cannot name it")
+            arguments = {name: _plain(getattr(layer, name)) for name in inspect.signature(type(layer)).parameters
+                         if name != "activation"}  # activations are layers of their own by now
+            specs.append({"type": names[type(layer)], **arguments})
+        return specs
 
-def _flat_views(layers, shapes, xp, dtype):
-    """One zeroed flat buffer for the arrays of `shapes` (a dict per layer), the layout
-    [(name, shape)] in buffer order, and each layer's {name: view into the buffer}."""
-    buffer = xp.zeros(sum(math.prod(s) for layer_shapes in shapes for s in layer_shapes.values()), dtype=dtype)
-    layout, views, offset = [], [], 0
-    for index, (layer, layer_shapes) in enumerate(zip(layers, shapes)):
-        views.append({})
-        for name, s in layer_shapes.items():
-            layout.append((f"{index:02d}_{type(layer).__name__.lower()}/{name}", tuple(s)))
-            views[-1][name] = buffer[offset:offset + math.prod(s)].reshape(s)
-            offset += math.prod(s)
-    return buffer, layout, views
+
+def _with_activation_layers(layers: list[Layer]) -> list[Layer]:
+    """`layers` with each layer's `activation` (if any) moved into an activation layer right after it."""
+    expanded = []
+    for layer in layers:
+        expanded.append(layer)
+        activation = getattr(layer, "activation", "none")
+        if activation != "none":
+            expanded.append(ACTIVATIONS[activation]())
+            layer.activation = "none"
+    return expanded
+
+
+def _layout(layers, shapes) -> list:
+    """[(name, shape)] in buffer order, each name `LL_type/array` (e.g. `00_dense/W`)."""
+    return [(f"{index:02d}_{type(layer).__name__.lower()}/{name}", tuple(s))
+            for index, (layer, layer_shapes) in enumerate(zip(layers, shapes)) for name, s in layer_shapes.items()]
+
+
+def _per_layer(views: list, shapes: list[dict]) -> list[dict]:
+    """Regroup the flat list of views into one {name: view} per layer."""
+    grouped, views = [], iter(views)
+    for layer_shapes in shapes:
+        grouped.append({name: next(views) for name in layer_shapes})
+    return grouped
+
+
+def _plain(value):
+    """A YAML-safe value: tuples become lists."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def build_model(config, input_shape, num_classes: int, xp) -> Sequential:
@@ -98,13 +129,9 @@ def build_model(config, input_shape, num_classes: int, xp) -> Sequential:
     `activation` adds that activation layer after it. The last layer must give
     `num_classes` outputs. A layer that does not fit its input shape is named.
     """
-    if config.loss not in LOSSES:
-        raise ConfigError(f"model.loss is {config.loss!r}, expected one of {sorted(LOSSES)}")
-    if config.init not in INIT_SCHEMES:
-        raise ConfigError(f"model.init is {config.init!r}, expected one of {INIT_SCHEMES}")
     layers, shape = [], tuple(input_shape)
     for i, spec in enumerate(config.layers):
-        for layer in _layer_from_spec(spec, f"model.layers[{i}]"):
+        for layer in _with_activation_layers([_layer_from_spec(spec, f"model.layers[{i}]")]):
             try:
                 layer.param_shapes(shape)
                 shape = layer.output_shape(shape)
@@ -118,7 +145,7 @@ def build_model(config, input_shape, num_classes: int, xp) -> Sequential:
     return model
 
 
-def _layer_from_spec(spec, key: str) -> list[Layer]:
+def _layer_from_spec(spec, key: str) -> Layer:
     if not isinstance(spec, dict) or "type" not in spec:
         raise ConfigError(f"{key} is {spec!r}, expected a mapping with a 'type' key")
     kwargs = {k: v for k, v in spec.items() if k != "type"}
@@ -136,7 +163,6 @@ def _layer_from_spec(spec, key: str) -> list[Layer]:
     if init is not None and init not in INIT_SCHEMES:
         raise ConfigError(f"{key}.init is {init!r}, expected one of {INIT_SCHEMES}")
     try:
-        layer = cls(**kwargs)
+        return cls(**kwargs)
     except ValueError as e:
         raise ConfigError(f"{key}: {e}") from None
-    return [layer] if activation == "none" else [layer, ACTIVATIONS[activation]()]

@@ -1,7 +1,7 @@
 """Restricted Boltzmann machines trained by contrastive divergence (CD-k) or persistent CD.
 
-An RBM owns ONE flat parameter buffer (W, visible bias b, hidden bias c) and ONE flat
-gradient buffer, like `Sequential`, so the same updaters (momentum, weight decay as L2 on
+An RBM is a `FlatModel` (`mpitrain.nn.flat`) like `Sequential`: ONE flat parameter buffer
+(W, visible bias b, hidden bias c) and ONE flat gradient buffer, so the same updaters (momentum, weight decay as L2 on
 W) and synchronizers (`allreduce`, `averaging`, `sharing`) apply unchanged. `grads` hold
 the gradient of a loss to MINIMIZE: minus the CD estimate of the log-likelihood gradient,
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from mpitrain.backend import array_module
+from mpitrain.nn.flat import FlatModel, flat_views
 
 VISIBLE_UNITS = ("bernoulli", "gaussian")
 
@@ -36,7 +37,7 @@ def softplus(x):
     return xp.logaddexp(0, x)
 
 
-class RBM:
+class RBM(FlatModel):
     """One RBM layer: `n_visible` -> `n_hidden`, its flat buffers, CD-k/PCD statistics and monitors."""
 
     def __init__(self, n_visible: int, n_hidden: int, xp, visible: str = "bernoulli", cd_k: int = 1,
@@ -47,22 +48,11 @@ class RBM:
         self.n_visible, self.n_hidden, self.xp, self.visible = n_visible, n_hidden, xp, visible
         self.cd_k, self.persistent, self.sample_visible = cd_k, persistent, sample_visible
         self.sparsity_target, self.sparsity_cost = sparsity_target, sparsity_cost
-        self.layout = [("W", (n_visible, n_hidden)), ("b_visible", (n_visible,)), ("c_hidden", (n_hidden,))]
-        self.n_params = n_visible * n_hidden + n_visible + n_hidden
-        self.params = xp.zeros(self.n_params, dtype=dtype)
-        self.grads = xp.zeros(self.n_params, dtype=dtype)
-        self.stats = xp.zeros(0, dtype=dtype)  # no running statistics (the synchronizers average a model's)
-        self.W, self.b, self.c = self._views(self.params)
-        self.dW, self.db, self.dc = self._views(self.grads)
-        decay = np.zeros(self.n_params, dtype=dtype)
-        decay[:n_visible * n_hidden] = 1  # weight decay on W, never on the biases
-        self.decay_mask = xp.asarray(decay)
+        super().__init__([("W", (n_visible, n_hidden)), ("b_visible", (n_visible,)), ("c_hidden", (n_hidden,))], [],
+                         xp, dtype)  # weight decay on W, never on the biases; no running statistics
+        self.W, self.b, self.c = flat_views(self.params, self.layout)
+        self.dW, self.db, self.dc = flat_views(self.grads, self.layout)
         self.chain = None  # PCD: the fantasy particles' visible states
-
-    def _views(self, flat):
-        nw = self.n_visible * self.n_hidden
-        return (flat[:nw].reshape(self.n_visible, self.n_hidden), flat[nw:nw + self.n_visible],
-                flat[nw + self.n_visible:])
 
     def init_params(self, seed: int, visible_mean) -> None:
         """W ~ N(0, 0.01^2) drawn on the host from `seed`; hidden biases 0; visible biases from the data.

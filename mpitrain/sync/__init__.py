@@ -22,5 +22,7 @@ __all__ = ["Synchronizer", "create_synchronizer", "check_replicas", "parameter_h
 
 
 def create_synchronizer(config, comm) -> Synchronizer:
-    """The synchronizer for `config.mode` (a SyncConfig) on communicator `comm`."""
+    """The synchronizer for `config.mode` (a SyncConfig, validated here) on communicator `comm`, which must be
+    the one the run uses (`mpitrain.init()`'s, or the run's `comm`)."""
+    config.validate("create_synchronizer")
     return SYNCHRONIZERS[config.mode](comm, config)

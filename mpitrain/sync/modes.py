@@ -54,11 +54,11 @@ class AveragingSync(Synchronizer):
         if not self.config.average_updater and updater.state.size:
             self.comm.average_(updater.state)
 
-    def state(self) -> dict:
+    def numbers(self) -> dict:
         return {"steps_since_average": self.steps_since_average}
 
-    def load_state(self, state: dict) -> None:
-        self.steps_since_average = int(state.get("steps_since_average", 0))
+    def load_numbers(self, numbers: dict) -> None:
+        self.steps_since_average = int(numbers.get("steps_since_average", 0))
 
     def _average(self, model, updater) -> None:
         self.comm.average_(model.params)

@@ -76,15 +76,15 @@ class SharingSync(Synchronizer):
         self.comm.average_(self.residual)
         self._end_epoch(model, updater)
 
-    def state(self) -> dict:
+    def numbers(self) -> dict:
         return {"tau": self.tau, "steps": self.steps}
 
-    def buffers(self) -> dict:
+    def arrays(self) -> dict:
         return {"residual": self.residual}
 
-    def load_state(self, state: dict) -> None:
-        self.tau = float(state.get("tau", self.tau))
-        self.steps = int(state.get("steps", 0))
+    def load_numbers(self, numbers: dict) -> None:
+        self.tau = float(numbers.get("tau", self.tau))
+        self.steps = int(numbers.get("steps", 0))
 
-    def stats(self) -> dict:
+    def metrics(self) -> dict:
         return dict(self.last)

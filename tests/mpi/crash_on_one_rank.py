@@ -1,5 +1,6 @@
 """Under mpiexec -n 2: rank 1 raises while rank 0 waits in a collective; the hook must abort the job."""
-from mpitrain.comm import Communicator, install_abort_hook
+from mpitrain.comm import Communicator
+from mpitrain.launch import install_abort_hook
 
 install_abort_hook()
 comm = Communicator()

@@ -78,7 +78,7 @@ identical, sent = True, 0
 for step in range(40):
     model.train_batch(rng.normal(size=(8, 5)), rng.integers(0, 3, size=8))
     sync.step(model, updater)
-    sent += sync.stats()["sent"]
+    sent += sync.metrics()["sent"]
     identical &= len(set(check_replicas(comm, model.params))) == 1
 report("replicas identical after every step", identical and sent > 0)
 applied = model.params - start
@@ -96,8 +96,8 @@ report("flush keeps the parameters and the pending updates",
 resumed = sharing(threshold=2.0 ** -8, adaptive=False, residual_clip=False)
 resumed.start(model, updater)
 saved = {"residual": sync.residual.copy()} if comm.is_root else {}  # as rank 0 reads a checkpoint
-resumed.load_state(sync.state())
-resumed.load_buffers(saved)
+resumed.load_numbers(sync.numbers())
+resumed.load_arrays(saved)
 report("a resumed synchronizer starts every rank from the saved residual",
        np.array_equal(resumed.residual, sync.residual) and np.abs(resumed.residual).max() > 0)
 
@@ -118,7 +118,7 @@ in_band[:5] = 2.0
 report("adaptive tau falls when too sparse", one_step(np.full(1000, 1e-6, np.float32), 1.0)[0].tau == 1.0 * decay)
 report("adaptive tau rises when too dense", one_step(np.full(1000, 10.0, np.float32), 1.0)[0].tau == 1.0 / decay)
 sync, _ = one_step(in_band, 1.0)
-report("adaptive tau stays inside the band", sync.tau == 1.0 and sync.stats()["sparsity"] == 0.005)
+report("adaptive tau stays inside the band", sync.tau == 1.0 and sync.metrics()["sparsity"] == 0.005)
 
 
 # 4: mixed encodings in one step: even ranks send 3 elements (sparse), odd ranks all 64 (bitmap)
@@ -137,4 +137,4 @@ expected = sum(np.where(np.abs(d) >= 0.5, np.sign(d) * 0.5, 0) for d in map(delt
 report("mixed sparse and bitmap messages decode exactly",
        np.array_equal(flat.params, expected.astype(np.float32))
        and np.array_equal(sync.residual, mine - np.where(np.abs(mine) >= 0.5, np.sign(mine) * 0.5, 0))
-       and (comm.size == 1 or sync.stats()["sent"] == sum(np.count_nonzero(np.abs(delta_of(r)) >= 0.5) for r in range(comm.size))))
+       and (comm.size == 1 or sync.metrics()["sent"] == sum(np.count_nonzero(np.abs(delta_of(r)) >= 0.5) for r in range(comm.size))))

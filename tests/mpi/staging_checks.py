@@ -17,18 +17,19 @@ import numpy as np
 from mpi4py import MPI
 
 from mpitrain.backend import create_backend
-from mpitrain.comm import Communicator, HostStaging, cuda_aware_mpi
+from mpitrain.comm import Communicator, StagedCommunicator
+from mpitrain.launch import cuda_aware_mpi
 from mpitrain.config import OptimizerConfig, SyncConfig, load_config
 from mpitrain.nn.layers import Dense, Tanh
 from mpitrain.nn.model import Sequential
 from mpitrain.nn.updaters import create_updater
 from mpitrain.sync import create_synchronizer
-from mpitrain.train import train
+from mpitrain.training import train
 
 name, config_path = sys.argv[1:3]
 plain = Communicator(MPI.COMM_WORLD.Dup())
 backend = create_backend(name, plain.local_rank, plain.local_size)
-staged = Communicator(MPI.COMM_WORLD.Dup(), HostStaging(backend))
+staged = StagedCommunicator(MPI.COMM_WORLD.Dup(), backend)
 xp, rank, size = backend.xp, plain.rank, plain.size
 exact = name == "numpy"  # device GEMMs round differently: cupy training is compared within float32 tolerance
 
@@ -42,9 +43,9 @@ def report(check, ok):
 
 def copies(run):
     """Run `run()`; return (staged copies, staged bytes, device->host, host->device) it made."""
-    before = (staged.staging.copies, staged.staging.bytes, backend.transfers.to_host, backend.transfers.to_device)
+    before = (staged.staged_copies, staged.staged_bytes, backend.transfers.to_host, backend.transfers.to_device)
     run()
-    after = (staged.staging.copies, staged.staging.bytes, backend.transfers.to_host, backend.transfers.to_device)
+    after = (staged.staged_copies, staged.staged_bytes, backend.transfers.to_host, backend.transfers.to_device)
     return tuple(a - b for a, b in zip(after, before))
 
 
@@ -76,14 +77,13 @@ report("allgatherv equals the unstaged exchange",
 # host->device: the upload of the message itself, then the staged copy of all messages
 report("allgatherv copies the message out and all messages in", made == (2, message.nbytes + total, 1, 2))
 
-report("host buffers are not staged on the GPU path", staged.staging.stages(buf) and
-       HostStaging(SimpleNamespace(on_gpu=True)).stages(np.zeros(1)) is False)
+report("host buffers are not staged on the GPU path", staged.stages(buf) and
+       StagedCommunicator(plain.mpi, SimpleNamespace(on_gpu=True)).stages(np.zeros(1)) is False)
 for setting, aware in (("auto", cuda_aware_mpi()), (True, True), (False, False)):
-    plain.use_backend(SimpleNamespace(on_gpu=True), setting)
-    device_staged = plain.staging is not None
-    plain.use_backend(SimpleNamespace(on_gpu=False), setting)
+    on_gpu = plain.for_backend(SimpleNamespace(on_gpu=True), setting)
+    on_cpu = plain.for_backend(SimpleNamespace(on_gpu=False), setting)
     report(f"cuda_aware {setting}: device buffers staged only without CUDA-aware MPI",
-           plain.cuda_aware == aware and device_staged == (not aware) and plain.staging is None)
+           on_gpu.cuda_aware == aware and on_gpu.staged == (not aware) and not on_cpu.staged)
 
 
 def replica(comm, array_backend, mode):
@@ -122,10 +122,10 @@ class Staged(Communicator):
         super().__init__(mpi_comm)
         self.forced = forced
 
-    def use_backend(self, array_backend, cuda_aware="auto"):
-        super().use_backend(array_backend, cuda_aware)
+    def for_backend(self, array_backend, cuda_aware="auto"):
         if self.forced:
-            self.staging = HostStaging(array_backend)
+            return StagedCommunicator(self.mpi, array_backend, cuda_aware=False)
+        return super().for_backend(array_backend, cuda_aware)
 
 
 summaries = {}

@@ -1,0 +1,61 @@
+"""mpitrain from Python, for people who script rather than write YAML; `import mpitrain` gives these names.
+
+    # mpiexec -n 2 python examples/mlp_sharing.py
+    import mpitrain
+
+    comm = mpitrain.init(backend="numpy")              # every rank: communicator + backend; errors end the job
+    reader = mpitrain.DatasetReader("data/fashion", comm)
+    model = mpitrain.Sequential([mpitrain.Dense(256, activation="relu"), mpitrain.Dense(10)],
+                                reader.manifest.feature_shape, xp=comm.backend.xp)
+    sync = mpitrain.create_synchronizer(mpitrain.SyncConfig(mode="sharing"), comm)
+    config = mpitrain.Config(optimizer=mpitrain.OptimizerConfig(lr=0.05, momentum=0.9),
+                             train=mpitrain.TrainConfig(epochs=2), run_dir="runs/mlp_sharing")
+    summary = mpitrain.train(config, comm, reader=reader, model=model, sync=sync)
+
+`mpitrain train CONFIG` runs the same `train`, with every part built from the YAML config;
+a part built here replaces the config's, and the run directory's config.yaml records it, so
+`mpitrain eval RUN_DIR` and `predict` work on a scripted run as on any other. Every call
+that takes `comm` is a collective: every rank makes it, in the same order.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+from mpitrain import API
+from mpitrain.comm import Communicator
+from mpitrain.config import (CheckpointConfig, CommConfig, Config, DataConfig, ModelConfig, OptimizerConfig,
+                             PretrainConfig, SyncConfig, TrainConfig, load_config)
+from mpitrain.data import DatasetReader
+from mpitrain.evaluation import evaluate, predict
+from mpitrain.launch import install_abort_hook
+from mpitrain.nn.batchnorm import BatchNorm
+from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
+from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
+from mpitrain.nn.model import Sequential, build_model
+from mpitrain.run import setup_run
+from mpitrain.sync import create_synchronizer
+from mpitrain.training import train
+
+__all__ = list(API)
+
+
+def init(backend: str = "auto", cuda_aware="auto", mpi_comm=None) -> Communicator:
+    """Start mpitrain on this rank and return the communicator for `backend` (numpy | cupy | auto).
+
+    A collective (call it once, on every rank, before anything else of mpitrain's): an
+    uncaught exception on any rank then ends the whole job (MPI_Abort) instead of leaving
+    the others waiting; mpitrain logs at INFO on rank 0. `mpi_comm` defaults to COMM_WORLD.
+    """
+    from mpitrain.backend import create_backend
+    install_abort_hook()
+    comm = Communicator(mpi_comm)
+    setup_logging(comm.rank)
+    return comm.for_backend(create_backend(backend, comm.local_rank, comm.local_size), cuda_aware)
+
+
+def setup_logging(rank: int) -> None:
+    """mpitrain's messages at INFO on rank 0 and WARNING elsewhere; other libraries' at WARNING, so
+    their INFO chatter (numba-cuda's deallocations at exit, say) stays out of a run's log."""
+    logging.basicConfig(level=logging.WARNING, format="[%(name)s] %(message)s", stream=sys.stderr)
+    logging.getLogger("mpitrain").setLevel(logging.INFO if rank == 0 else logging.WARNING)

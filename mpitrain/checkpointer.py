@@ -1,0 +1,158 @@
+"""The one owner of a run's checkpoints: it saves them, finds the newest, validates it and resumes from it.
+
+    checkpointer = Checkpointer(run_dir, comm, backend, manifest_sha256, data_path, keep=3, config_yaml=text)
+    start = checkpointer.resume(model, updater)           # where to begin: a Position (a collective)
+    ...
+    checkpointer.save(epoch, step, model, updater, sync)  # a collective; rank 0 writes
+
+The file format is `mpitrain.checkpoint`'s. Here is the policy: `resume: never` refuses a run
+directory that holds checkpoints; a checkpoint of another model, optimizer or dataset is
+refused, saying what differs; records of metrics.jsonl written after the checkpoint (by a
+job that ended before its next one) are dropped, a fresh start begins a fresh file; a
+checkpoint is never written with NaN or Inf parameters; only the newest `keep` are kept.
+Pretraining's finished layers (RUN_DIR/pretrain/layer-LL.h5) are checkpoints of this
+kind too, one per RBM, so a resumed run skips them.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mpitrain.checkpoint import Checkpoint, check_fits, list_checkpoints, load_checkpoint, save_checkpoint, \
+    write_checkpoint
+from mpitrain.errors import ConfigError, DataError, MpitrainError
+from mpitrain.metrics import keep_records
+
+log = logging.getLogger("mpitrain")
+
+
+@dataclass
+class Position:
+    """Where a run continues: at step `step` of epoch `epoch` (0-based), the updater at `iteration`,
+    with a sync mode's saved numbers and arrays (the arrays on rank 0 only)."""
+
+    epoch: int = 0
+    step: int = 0
+    iteration: int = 0
+    sync_numbers: dict = field(default_factory=dict)
+    sync_arrays: dict = field(default_factory=dict)
+
+
+class Checkpointer:
+    """Saves, finds, validates and resumes the checkpoints of the run in `run_dir`; see the module docstring."""
+
+    def __init__(self, run_dir: str, comm, backend, manifest_sha256: str, data_path: str, *, keep: int = 3,
+                 resume: str = "auto", config_yaml: str = ""):
+        self.run_dir, self.comm, self.backend = run_dir, comm, backend
+        self.manifest_sha256, self.data_path = manifest_sha256, data_path
+        self.keep, self.policy, self.config_yaml = keep, resume, config_yaml
+        self.metrics_path = os.path.join(run_dir, "metrics.jsonl")
+
+    def paths(self) -> list[str]:
+        """The run's complete checkpoints, oldest first."""
+        return list_checkpoints(self.run_dir)
+
+    def resume(self, model, updater, pretraining: bool = False) -> Position:
+        """Load the newest checkpoint on rank 0 into `model` and `updater` and say where to continue.
+
+        A collective: every rank calls it and gets the same Position (the sync arrays on rank 0
+        only; `Synchronizer.load_arrays` hands them on). With `pretraining`, a fresh start keeps
+        metrics.jsonl for `finished_layers` to sort out.
+        """
+        position = Position()
+        with self.comm.agreed_errors():
+            checkpoints = self.paths() if self.comm.is_root else []
+            if checkpoints and self.policy == "never":
+                raise ConfigError(f"resume is 'never', but {self.run_dir} holds checkpoints of an earlier run; "
+                                  "use resume=auto to continue it, or another run_dir")
+            if checkpoints:
+                ckpt = load_checkpoint(checkpoints[-1])
+                check_fits(ckpt, model.layout + model.stats_layout, updater.state.size, self.manifest_sha256,
+                           self.data_path)
+                self._restore(ckpt, model)
+                updater.state[...] = self.backend.to_device(ckpt.updater_state)
+                position = Position(ckpt.epoch, ckpt.step, ckpt.iteration, ckpt.sync_numbers, ckpt.sync_arrays)
+                self.drop_records_after(ckpt.epoch, ckpt.step)
+                log.info("resuming from %s at epoch %d step %d", ckpt.path, ckpt.epoch + 1, ckpt.step)
+            elif self.comm.is_root and os.path.exists(self.metrics_path) and not pretraining:
+                os.remove(self.metrics_path)
+        numbers = self.comm.bcast_obj((position.epoch, position.step, position.iteration, position.sync_numbers))
+        return Position(*numbers, sync_arrays=position.sync_arrays)
+
+    def save(self, epoch: int, step: int, model, updater, sync) -> None:
+        """Checkpoint "resume at step `step` of epoch `epoch`"; never one with NaN or Inf parameters.
+
+        A collective: the synchronizer's `flush` puts pending rank-local work into the
+        parameters, every rank reports whether its parameters are finite, then rank 0 writes.
+        """
+        to_host = self.backend.to_host
+        sync.flush(model, updater)
+        finite = self.comm.allgather_obj(bool(to_host(model.xp.isfinite(model.params).all())))
+        if not all(finite):
+            raise MpitrainError(f"parameters hold NaN or Inf on rank {finite.index(False)} before the checkpoint "
+                                f"of epoch {epoch} step {step}; it is not written, the last good one is kept; "
+                                "try a lower optimizer.lr")
+        if self.comm.is_root:
+            save_checkpoint(self.run_dir, Checkpoint(
+                to_host(model.params), to_host(updater.state), epoch, step, updater.iteration, model.layout,
+                sync.numbers(), self.manifest_sha256, self.config_yaml, stats=to_host(model.stats),
+                stats_layout=model.stats_layout,
+                sync_arrays={name: to_host(array) for name, array in sync.arrays().items()}), self.keep)
+
+    def restore(self, model, path: str | None = None) -> str:
+        """Load checkpoint `path` (default: the run's newest) into `model` on this rank; return its path.
+
+        Not a collective: each rank reads the file (evaluation and prediction).
+        """
+        if path is None:
+            checkpoints = self.paths()
+            if not checkpoints:
+                raise DataError(f"{self.run_dir}/checkpoints: no checkpoint; train first or pass --checkpoint")
+            path = checkpoints[-1]
+        ckpt = load_checkpoint(path)
+        check_fits(ckpt, model.layout + model.stats_layout)
+        self._restore(ckpt, model)
+        return path
+
+    def finished_layers(self, layouts: list[list]) -> list[np.ndarray]:
+        """(Rank 0) The parameters of pretraining's finished layers, in order up to the first missing one.
+
+        `layouts` holds each RBM's layout; a layer file of another shape or dataset is refused.
+        metrics.jsonl starts afresh, keeping the pretrain records of the layers being skipped.
+        """
+        finished = []
+        for index, layout in enumerate(layouts):
+            path = self.layer_path(index)
+            if not os.path.exists(path):
+                break
+            if self.policy == "never":
+                raise ConfigError(f"resume is 'never', but {self.run_dir} holds pretrained layers of an earlier "
+                                  "run; use resume=auto to continue it, or another run_dir")
+            ckpt = load_checkpoint(path)
+            check_fits(ckpt, layout, None, self.manifest_sha256, self.data_path)
+            finished.append(ckpt.params)
+        keep_records(self.metrics_path, lambda r: r.get("kind") == "pretrain" and r.get("layer", 0) < len(finished))
+        return finished
+
+    def save_layer(self, index: int, layout: list, params: np.ndarray, epochs: int) -> str:
+        """(Rank 0) Write pretraining's finished layer `index` (host parameters of `layout`)."""
+        return write_checkpoint(self.layer_path(index), Checkpoint(
+            params, np.zeros(0, dtype=params.dtype), epochs, 0, 0, layout, {}, self.manifest_sha256, ""))
+
+    def layer_path(self, index: int) -> str:
+        return os.path.join(self.run_dir, "pretrain", f"layer-{index:02d}.h5")
+
+    def _restore(self, ckpt: Checkpoint, model) -> None:
+        model.params[...] = self.backend.to_device(ckpt.params)
+        model.stats[...] = self.backend.to_device(ckpt.stats)
+
+    def drop_records_after(self, epoch: int, step: int) -> None:
+        """Drop the records a resumed run writes again: windows past step `step` of epoch `epoch` and
+        epoch records from `epoch` on. Records are matched by (epoch, step within it), so resuming on
+        another rank count (other steps per epoch) keeps the earlier ones as they were."""
+        keep_records(self.metrics_path, lambda r: r.get("kind") not in ("window", "epoch")
+                     or (r["kind"] == "window" and (r["epoch"], r["step"]) <= (epoch, step))
+                     or (r["kind"] == "epoch" and r["epoch"] < epoch))

@@ -1,0 +1,99 @@
+"""Setting up a run: the parts that training, evaluation and prediction share, built in one place.
+
+    run = setup_run(load_config("configs/fashion_mlp.yaml"), Communicator())
+    run.model, run.reader.manifest, run.checkpointer.paths()
+
+`setup_run` picks the array backend and the communicator variant for it (host staging or
+not), opens the dataset, builds the model and the run's checkpointer. `mpitrain.train`
+goes on to train; `mpitrain eval` and `predict` restore a checkpoint into the same model.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import yaml
+
+from mpitrain.backend import Backend, create_backend
+from mpitrain.checkpointer import Checkpointer
+from mpitrain.config import Config
+from mpitrain.data import Batches, DatasetReader, RankRows
+from mpitrain.errors import ConfigError
+from mpitrain.nn.model import Sequential, build_model
+from mpitrain.pretrain import dbn_layers
+
+
+@dataclass
+class Run:
+    """A run's parts: its config, the communicator for its backend, its dataset, model and checkpoints."""
+
+    config: Config
+    comm: object  # mpitrain.comm.Communicator, the variant for `backend`
+    backend: Backend
+    reader: DatasetReader
+    model: Sequential
+    checkpointer: Checkpointer
+
+    def batches(self, rows: RankRows, batch_size: int, training: bool) -> Batches:
+        """Batches of this rank's `rows` as the config's data section says (shuffled and augmented
+        only in `training`)."""
+        data, train = self.config.data, self.config.train
+        return Batches(rows, self.reader.manifest, batch_size, self.backend, self.config.model.dtype, train.seed,
+                       self.comm.rank, shuffle=training and data.shuffle, normalize=data.normalize,
+                       prefetch=training and data.prefetch, augment=training and data.augment)
+
+
+def on_backend(comm, config: Config):
+    """`comm` if a backend was already chosen for it (`mpitrain.init`), else the variant for
+    `config.backend` (a collective). The config then names the backend that runs."""
+    if comm.backend is None:
+        backend = create_backend(config.backend, comm.local_rank, comm.local_size)  # before any allocation
+        comm = comm.for_backend(backend, config.comm.cuda_aware)
+    config.backend = comm.backend.name
+    return comm
+
+
+def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, model: Sequential | None = None) -> Run:
+    """Build the parts of the run `config` describes on every rank of `comm` (a collective).
+
+    A `reader` or `model` built by the caller (the Python API) replaces the config's; the
+    config is updated to describe them (and validated, as `load_config` validates a file),
+    so the run directory's config.yaml rebuilds the same model for `mpitrain eval`. A user
+    error on any rank is raised on every rank.
+    """
+    if reader is not None:
+        config.data.path = reader.path
+    if model is not None:
+        config.model.layers, config.model.loss = model.layer_specs(), model.loss
+        config.model.dtype = str(model.params.dtype)
+    config.validate("the config")
+    if not config.run_dir:
+        raise ConfigError("the config: run_dir is empty; expected the run directory, e.g. Config(run_dir='runs/x')")
+    config.run_dir, config.data.path = os.path.abspath(config.run_dir), os.path.abspath(config.data.path)
+    comm = on_backend(comm, config)
+    with comm.agreed_errors():
+        if reader is None:
+            reader = DatasetReader(config.data.path, comm, verify_checksums=config.data.verify_checksums,
+                                   max_rows=config.data.max_rows)
+        manifest = reader.manifest
+        if model is None:
+            if config.pretrain.layers and not config.model.layers:
+                config.model.layers = dbn_layers(config.pretrain.layers, manifest.num_classes)
+            model = build_model(config.model, manifest.feature_shape, manifest.num_classes, comm.backend.xp)
+        else:
+            _check_fits(model, manifest, comm.backend)
+    checkpointer = Checkpointer(config.run_dir, comm, comm.backend, reader.manifest_sha256, reader.path,
+                                keep=config.checkpoint.keep, resume=config.resume,
+                                config_yaml=yaml.safe_dump(config.to_dict(), sort_keys=False))
+    return Run(config, comm, comm.backend, reader, model, checkpointer)
+
+
+def _check_fits(model: Sequential, manifest, backend) -> None:
+    """A caller's model must live on the run's backend and map the dataset's rows to its classes."""
+    if model.xp is not backend.xp:
+        raise ConfigError(f"the model's arrays are {model.xp.__name__} arrays, but the run's backend is "
+                          f"{backend.name}; build it with xp=comm.backend.xp")
+    if model.input_shape != tuple(manifest.feature_shape) or model.output_shape != (manifest.num_classes,):
+        raise ConfigError(f"the model maps inputs of shape {list(model.input_shape)} to {list(model.output_shape)}, "
+                          f"but the dataset has rows of shape {list(manifest.feature_shape)} and "
+                          f"{manifest.num_classes} classes")

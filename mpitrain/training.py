@@ -1,0 +1,190 @@
+"""The training loop, as the story of a run: set up the run, train the epochs, finish.
+
+    mpiexec -n 4 mpitrain train configs/fashion_mlp.yaml          # the command line
+    summary = mpitrain.train(config, comm)                       # the same, from Python
+
+`train` is a collective: every rank calls it. Rank 0 writes the run directory (config.yaml,
+checkpoints/, metrics.jsonl, summary.json, the report).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+from mpitrain.config import Config, save_config
+from mpitrain.data import Batches, RankRows
+from mpitrain.errors import ConfigError
+from mpitrain.evaluation import Evaluation, evaluate
+from mpitrain.metrics import MetricsLog, Totals, Traffic, Window, per_step
+from mpitrain.nn.updaters import Updater, create_updater
+from mpitrain.pretrain import pretrain
+from mpitrain.run import Run, setup_run
+from mpitrain.sync import Synchronizer, check_replicas, create_synchronizer, parameter_hash
+from mpitrain.watchdog import Watchdog
+
+log = logging.getLogger("mpitrain")
+
+
+def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer | None = None) -> dict:
+    """Train as `config` says on every rank of `comm` (a collective); returns the summary.
+
+    `reader` (a DatasetReader), `model` (a Sequential) and `sync` (a Synchronizer built on
+    the run's communicator) replace the parts the config would build (the Python API).
+    """
+    started = time.perf_counter()
+    run = setup_run(config, comm, reader=reader, model=model)
+    loop = _set_up_training(run, sync)
+    done = _train_epochs(run, loop)
+    return _finish(run, loop, done, started)
+
+
+@dataclass
+class _Loop:
+    """What the epochs need beyond the run's parts: rows, batches, updater, synchronizer, metrics, start."""
+
+    train_rows: RankRows
+    test_rows: RankRows
+    batches: Batches
+    updater: Updater
+    sync: Synchronizer
+    metrics: MetricsLog
+    epoch: int
+    step: int
+
+
+@dataclass
+class _Done:
+    """What the epochs did on this rank: time and samples of training steps, traffic, the last evaluation."""
+
+    seconds: float = 0.0
+    samples: int = 0
+    steps: int = 0
+    traffic: Traffic = Traffic()
+    evaluation: Evaluation | None = None
+    hashes: list = field(default_factory=list)
+
+
+def _set_up_training(run: Run, sync: Synchronizer | None) -> _Loop:
+    """Rows, batches, updater and synchronizer; resume or start (pretraining first when asked); config.yaml."""
+    config, comm, model = run.config, run.comm, run.model
+    with comm.agreed_errors():
+        train_rows = run.reader.rows(config.data.train_split, training=True)
+        test_rows = run.reader.rows(config.data.test_split, training=False)
+        if config.data.augment and len(run.reader.manifest.feature_shape) != 3:
+            raise ConfigError(f"data.augment flips and shifts images, but {run.reader.path} holds rows of "
+                              f"shape {tuple(run.reader.manifest.feature_shape)}; expected images (channels, height, "
+                              "width)")
+        if len(train_rows.y) < config.train.batch_size:
+            raise ConfigError(f"train.batch_size is {config.train.batch_size} (per rank), but each of the "
+                              f"{comm.size} ranks has only {len(train_rows.y)} training rows")
+        if sync is not None and sync.comm is not comm:
+            raise ConfigError("the synchronizer was built on another communicator than the run's; build it on "
+                              "the one mpitrain.init() returned")
+    batches = run.batches(train_rows, config.train.batch_size, training=True)
+    updater = create_updater(config.optimizer, model.params, model.decay_mask)
+    sync = sync or create_synchronizer(config.sync, comm)
+    config.sync = sync.config  # the run's config.yaml and summary say which mode ran
+
+    model.init_params(config.train.seed, config.model.init)
+    start = run.checkpointer.resume(model, updater, pretraining=bool(config.pretrain.layers))
+    updater.iteration = start.iteration
+    if comm.is_root:
+        os.makedirs(config.run_dir, exist_ok=True)
+        save_config(config, os.path.join(config.run_dir, "config.yaml"))
+    if config.pretrain.layers and (start.epoch, start.step) == (0, 0):  # fine-tuning has not begun
+        pretrain(config, comm, model, batches, train_rows, run.checkpointer)
+    sync.start(model, updater)  # every rank starts from rank 0's parameters and updater state
+    sync.load_numbers(start.sync_numbers)
+    sync.load_arrays(start.sync_arrays)  # e.g. sharing's residual, saved by rank 0
+    if comm.is_root:
+        log.info("%d ranks, %d training rows per rank, %d steps per epoch, %d parameters, sync %s, backend %s%s",
+                 comm.size, len(train_rows.y), batches.steps_per_epoch, model.n_params, config.sync.mode,
+                 run.backend.name, ", collectives staged through host memory" if comm.staged else "")
+    metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs)
+    return _Loop(train_rows, test_rows, batches, updater, sync, metrics, start.epoch, start.step)
+
+
+def _train_epochs(run: Run, loop: _Loop) -> _Done:
+    """The epochs from where the run starts: steps with their sync, metrics windows, checkpoints; at each
+    epoch's end the sync's epoch work, the replica check, an evaluation and (by the cadence) a checkpoint."""
+    config, comm, model, backend = run.config, run.comm, run.model, run.backend
+    batches, sync, updater, metrics = loop.batches, loop.sync, loop.updater, loop.metrics
+    done, start_step = _Done(), loop.step
+    with Watchdog(config.train.watchdog_s, comm.rank, comm.abort) as watchdog:
+        for epoch in range(loop.epoch, config.train.epochs):
+            metrics.start_epoch(epoch, start_step)
+            updater.start_epoch(epoch)
+            window, epoch_totals = Window(), Totals()
+            tick = time.perf_counter()
+            for step, (x, y) in enumerate(batches.epoch(epoch, start_step), start=start_step):
+                watchdog.beat(f"epoch {epoch + 1} step {step + 1}")
+                loss, correct = model.train_batch(x, y, key=(config.train.seed, comm.rank, epoch, step))
+                before = Traffic.of(comm)
+                sync.step(model, updater)
+                now = time.perf_counter()
+                window.add(step, loss, correct, len(y), now - tick, Traffic.of(comm) - before)
+                last = step + 1 == batches.steps_per_epoch
+                if (step + 1) % config.train.log_every == 0 or last:
+                    waited = time.perf_counter()
+                    totals = window.totals(backend)  # the window's one device -> host copy ...
+                    totals.seconds += time.perf_counter() - waited  # ... waits for its queued GPU work
+                    metrics.window(epoch, step, totals, sync.metrics())
+                    epoch_totals += totals
+                    window = Window()
+                if config.checkpoint.unit == "step" and (step + 1) % config.checkpoint.every == 0 and not last:
+                    run.checkpointer.save(epoch, step + 1, model, updater, sync)
+                tick = time.perf_counter()
+            watchdog.beat(f"the end of epoch {epoch + 1} (sync, replica check, evaluation, checkpoint)")
+            before = Traffic.of(comm)
+            sync.end_epoch(model, updater)
+            done.traffic += epoch_totals.traffic + (Traffic.of(comm) - before)
+            done.seconds += epoch_totals.seconds
+            done.samples += epoch_totals.samples
+            done.steps += epoch_totals.steps
+            if sync.replicas_identical and config.sync.check_replicas:
+                done.hashes = check_replicas(comm, *map(backend.to_host, (model.params, model.stats)))
+            done.evaluation = _evaluate(run, loop)
+            metrics.end_epoch({"epoch": epoch, "train_loss": epoch_totals.loss_sum / max(epoch_totals.samples, 1),
+                               "test_accuracy": done.evaluation.accuracy, "test_loss": done.evaluation.loss,
+                               "replica_hashes": done.hashes})
+            if epoch + 1 == config.train.epochs or (config.checkpoint.unit == "epoch"
+                                                    and (epoch + 1) % config.checkpoint.every == 0):
+                run.checkpointer.save(epoch + 1, 0, model, updater, sync)  # the end of training is always kept
+            start_step = 0
+    return done
+
+
+def _evaluate(run: Run, loop: _Loop) -> Evaluation:
+    return evaluate(run.model, loop.test_rows, loop.batches.to_model_input, 256, run.comm,
+                    run.reader.manifest.num_classes, run.backend)
+
+
+def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
+    """The summary over all ranks (a collective); rank 0 writes summary.json and the report."""
+    config, comm, model, backend = run.config, run.comm, run.model, run.backend
+    evaluation = done.evaluation or _evaluate(run, loop)  # resumed a finished run: evaluate what it left
+    slowest = comm.max(done.seconds)
+    summary = {
+        "test_accuracy": evaluation.accuracy, "test_loss": evaluation.loss,
+        "samples_per_s": sum(comm.allgather_obj(done.samples)) / slowest if slowest else 0.0,
+        **per_step([done.traffic], done.steps),
+        "epochs": config.train.epochs, "ranks": comm.size, "sync_mode": config.sync.mode,
+        "wall_s": comm.max(time.perf_counter() - started), "steps_per_epoch": loop.batches.steps_per_epoch,
+        "n_params": model.n_params,
+        "replica_hashes": comm.allgather_obj(parameter_hash(*map(backend.to_host, (model.params, model.stats)))),
+        "backend": backend.name, "cuda_aware_mpi": comm.cuda_aware, "host_staging": comm.staged,
+        "transfers": backend.transfers.to_dict(),
+        "evaluation": evaluation.to_dict(),
+    }
+    if comm.is_root:
+        with open(os.path.join(config.run_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        log.info("test accuracy %.4f, %.0f samples/s, %.0f bytes sent per step per rank",
+                 summary["test_accuracy"], summary["samples_per_s"], summary["bytes_sent_per_step"])
+        if config.report:
+            from mpitrain.report import write_report
+            log.info("wrote %s and %s", *write_report([config.run_dir], config.run_dir))
+    return summary
