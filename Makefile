@@ -60,7 +60,7 @@ bench: setup fashion-mnist
 	$(PY) benchmarks/soak.py --out benchmarks/results
 	$(PY) benchmarks/etl.py --out benchmarks/results
 	$(PY) benchmarks/dbn.py --data data/fashion --out benchmarks/results
-	$(PY) benchmarks/readme_table.py --results benchmarks/results --readme README.md
+	$(PY) benchmarks/readme_table.py --results benchmarks/results --page docs/benchmarks.md --readme README.md
 
 # One GPU: cupy and numba-CUDA kernels beside PyTorch CUDA; stops at once, saying so, without a GPU.
 bench-gpu: setup fashion-mnist
@@ -69,7 +69,7 @@ bench-gpu: setup fashion-mnist
 	test -f data/fashion/manifest.json || $(BIN)/mpitrain etl --source idx:$(FASHION) --out data/fashion --shards 8
 	$(PY) benchmarks/kernels.py --backend cupy
 	$(PY) benchmarks/throughput.py --backend cupy --data data/fashion --out benchmarks/results
-	$(PY) benchmarks/readme_table.py --results benchmarks/results --readme README.md
+	$(PY) benchmarks/readme_table.py --results benchmarks/results --page docs/benchmarks.md --readme README.md
 
 clean:
 	rm -rf $(VENV) *.egg-info data runs

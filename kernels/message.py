@@ -1,7 +1,7 @@
 """The threshold message format and the encode/decode steps all implementations share.
 
-A message is an int32 array `[count, n, tau as float32 bits, encoding]` + body (DESIGN.md,
-"Synchronization modes: sharing"). Encoding 0 (sparse): `count` signed 1-based indices in
+A message is an int32 array `[count, n, tau as float32 bits, encoding]` + body
+(docs/architecture.md, "sharing"). Encoding 0 (sparse): `count` signed 1-based indices in
 ascending order, +(i+1) for +tau at element i, -(i+1) for -tau. Encoding 1 (bitmap):
 ceil(n/16) words, element i in word i//16 at bit i%16 (sent) and bit i%16+16 (sent negative);
 the kernels see the bitmap body as uint32, the bit pattern the int32 message carries.

@@ -1,8 +1,14 @@
-"""Real Fashion-MNIST rows through the whole pipeline: `mpitrain etl`, `mpitrain info`, 2-rank training."""
+"""Real Fashion-MNIST rows through the whole pipeline, as README.md's quick start runs it: `mpitrain etl`,
+`mpitrain info`, 2-rank training, distributed evaluation, the report."""
 import json
 import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
 
-from conftest import FASHION, MPITRAIN, command, mpiexec, require_fashion_mnist
+from conftest import FASHION, MPIEXEC, MPITRAIN, require_fashion_mnist
 from mpitrain.etl.idx import IMAGES_MAGIC, LABELS_MAGIC, find_splits, read_records
 from test_etl import write_idx
 
@@ -20,20 +26,37 @@ def fashion_subset(folder) -> None:
         write_idx(folder / f"{PREFIX[split]}-labels-idx1-ubyte.gz", read_records(labels, 0, n), LABELS_MAGIC)
 
 
-def test_two_ranks_learn_fashion_mnist(tmp_path):
+def quick_start_commands() -> list[list[str]]:
+    """The commands of README.md's quick start, split into arguments."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        text = f.read()
+    block = re.search(r"## Quick start\n+```\n(.*?)```", text, re.S).group(1)
+    return [shlex.split(line) for line in block.splitlines() if line.strip()]
+
+
+def test_readme_quick_start_runs_and_two_ranks_learn_fashion_mnist(tmp_path):
+    """Every quick-start command, run as written in a fresh folder holding configs/, with three changes for
+    time: the Fashion-MNIST folder is a subset of its rows, Spark gets 2 cores, training runs 3 epochs."""
     require_fashion_mnist()
     fashion_subset(tmp_path / "idx")
-    result = command(MPITRAIN, "etl", "--source", f"idx:{tmp_path / 'idx'}", "--out", tmp_path / "fashion",
-                     "--shards", "4", "--master", "local[2]", timeout=300)
-    assert result.returncode == 0, result.stderr
-    info = command(MPITRAIN, "info", tmp_path / "fashion", timeout=60)
-    assert info.returncode == 0 and "train: 4000 rows in 4 shards" in info.stdout and "checksums verified" in info.stdout
-    run_dir = tmp_path / "run"
-    result = mpiexec(2, MPITRAIN, "train", os.path.join(REPO, "configs", "fashion_mlp.yaml"),
-                     f"--set=data.path={tmp_path / 'fashion'}", f"--set=run_dir={run_dir}", "--set=train.epochs=3",
-                     "--set=sync.mode=averaging", "--set=sync.frequency=5", timeout=300)
-    assert result.returncode == 0, result.stderr
+    shutil.copytree(os.path.join(REPO, "configs"), tmp_path / "configs")
+    commands = quick_start_commands()
+    assert [c[c.index("mpitrain") + 1] for c in commands] == ["etl", "info", "train", "eval", "report"]
+    outputs = []
+    for args in commands:
+        args = [f"idx:{tmp_path / 'idx'}" if a == f"idx:{FASHION}" else a for a in args]
+        args = [MPIEXEC if a == "mpiexec" else MPITRAIN if a == "mpitrain" else a for a in args]
+        args += {"etl": ["--master", "local[2]"], "train": ["--set", "train.epochs=3"]}.get(
+            args[args.index(MPITRAIN) + 1], [])
+        result = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                                env={**os.environ, "PYSPARK_PYTHON": sys.executable, "OMP_NUM_THREADS": "1"})
+        assert result.returncode == 0, f"{args}: {result.stdout}{result.stderr}"
+        outputs.append(result.stdout)
+    assert "train: 4000 rows in 8 shards" in outputs[1] and "checksums verified" in outputs[1]
+    run_dir = tmp_path / "runs" / "fashion_mlp"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["ranks"] == 2 and len(set(summary["replica_hashes"])) == 1
+    assert summary["ranks"] == 2 and summary["sync_mode"] == "sharing" and len(set(summary["replica_hashes"])) == 1
     assert summary["test_accuracy"] > 0.75  # chance is 0.10; the full run reaches ~0.89
     assert summary["evaluation"]["rows"] == 1000
+    assert f"accuracy {summary['test_accuracy']:.4f}" in outputs[3]  # eval scores the checkpoint training ended on
+    assert (run_dir / "confusion-test.png").exists() and (run_dir / "report.png").exists()

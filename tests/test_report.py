@@ -1,4 +1,4 @@
-"""Reports from real runs (2-rank allreduce and sharing), the confusion picture, and the README results rewrite."""
+"""Reports from real runs (2-rank allreduce and sharing), the confusion picture, and the benchmark tables rewrite."""
 import json
 import os
 import shutil
@@ -12,7 +12,7 @@ from mpitrain.cli import main
 from mpitrain.report import FASHION_MNIST_CLASSES, REPORT_DPI, REPORT_SIZE, class_names
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from readme_table import BEGIN, END, main as rewrite_readme, replace_between_markers  # noqa: E402
+from readme_table import HEADLINE_BEGIN, HEADLINE_END, main as rewrite_tables, markers  # noqa: E402
 from scaling import cost  # noqa: E402
 
 REPORT_PIXELS = (REPORT_SIZE[1] * REPORT_DPI, REPORT_SIZE[0] * REPORT_DPI)
@@ -64,22 +64,32 @@ def test_damaged_metrics_give_one_clear_error(runs, tmp_path, capsys, damage, me
     assert err.count("error:") == 1 and str(run_dir / "metrics.jsonl") in err and message in err
 
 
-def test_readme_rewrite_touches_only_the_text_between_markers(tmp_path):
+def test_bench_tables_rewrite_only_measured_sections_and_the_headline(tmp_path):
+    """docs/benchmarks.md: a benchmark's section is rewritten from its results, another's is kept as it was;
+    README.md: only the headline between its markers changes, to rows copied from the page."""
+    (begin, end), (other_begin, other_end) = markers("throughput"), markers("dbn")
+    page, readme = tmp_path / "benchmarks.md", tmp_path / "README.md"
+    page.write_text(f"# Benchmarks\n{begin}\nold table\n{end}\n{other_begin}\nthe DBN's last figures\n{other_end}\ntail\n")
     before, after = "# Title\n\nintro\n", "\n## After\n\ntail text\n"
-    readme = tmp_path / "README.md"
-    readme.write_text(f"{before}{BEGIN}\nold table\n{END}{after}")
+    readme.write_text(f"{before}{HEADLINE_BEGIN}\nold headline\n{HEADLINE_END}{after}")
     results = tmp_path / "results"
     results.mkdir()
     machine = {"date": "2026-11-22 22:50 UTC", "arch": "x86_64", "cores": 2, "versions": {"python": "3.11.2"}}
     (results / "throughput.json").write_text(json.dumps({"rows": [], "machine": machine}))
-    (results / "throughput.md").write_text("| engine | samples/s |\n| --- | ---: |\n| mpitrain | 123 |\n")
+    (results / "throughput.md").write_text("| model | ranks | sync | samples/s |\n| --- | ---: | --- | ---: |\n"
+                                           "| MLP | 2 | allreduce | 123 |\n| MLP | 1 | allreduce | 99 |\n")
     for _ in range(2):  # idempotent
-        rewrite_readme(["--results", str(results), "--readme", str(readme)])
-        text = readme.read_text()
-        assert text.startswith(before + BEGIN) and text.endswith(END + after)
-        assert "old table" not in text and "| mpitrain | 123 |" in text and "x86_64, 2 cores" in text
-    with pytest.raises(ValueError, match="expected one"):
-        replace_between_markers(f"{END}\n{BEGIN}\n", "x")
+        rewrite_tables(["--results", str(results), "--page", str(page), "--readme", str(readme)])
+        text = page.read_text()
+        assert "old table" not in text and "| MLP | 2 | allreduce | 123 |" in text and "x86_64, 2 cores" in text
+        assert f"{other_begin}\nthe DBN's last figures\n{other_end}" in text and text.endswith("tail\n")
+        headline = readme.read_text()
+        assert headline.startswith(before + HEADLINE_BEGIN) and headline.endswith(HEADLINE_END + after)
+        assert "old headline" not in headline and "| MLP | 2 | allreduce | 123 |" in headline
+        assert "| MLP | 1 | allreduce | 99 |" not in headline  # the headline keeps the 2-rank rows
+    (results / "throughput.json").unlink()
+    with pytest.raises(SystemExit, match="no results"):
+        rewrite_tables(["--results", str(results), "--page", str(page), "--readme", str(readme)])
 
 
 def test_cost_model_uses_ring_bounds():
