@@ -40,7 +40,7 @@ def main() -> None:
     mpitrain.train(config, comm, reader=reader, model=model, sync=sync)
 
     run = mpitrain.setup_run(mpitrain.load_config(f"{args.run_dir}/config.yaml"), comm)  # as `mpitrain eval` does
-    checkpoint = run.checkpointer.restore(run.model)
+    checkpoint = run.checkpointer.restore(run.model).path
     rows = run.reader.rows("test", training=False)
     result = mpitrain.evaluate(run.model, rows, run.batches(rows, 256, training=False).to_model_input, 256, run.comm,
                                run.reader.manifest.num_classes, run.backend)

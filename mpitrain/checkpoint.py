@@ -15,12 +15,13 @@ import glob
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 
 import h5py
 import numpy as np
 
-from mpitrain.errors import DataError
+from mpitrain.errors import DataError, describe
 from mpitrain.nn.flat import flat_views
 
 PATTERN = re.compile(r"ckpt-(\d{4})-(\d{6})\.h5$")
@@ -41,6 +42,13 @@ class Checkpoint:
     stats: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # running statistics (batch norm)
     stats_layout: list = field(default_factory=list)
     sync_arrays: dict = field(default_factory=dict)  # a sync mode's saved arrays (sharing: the mean residual)
+    meaning: dict = field(default_factory=dict)  # what the arrays mean: layer types, loss, optimizer, its state slots
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of arrays its file holds (parameters and statistics twice: flat, and per layer)."""
+        return sum(a.nbytes for a in (self.params, self.params, self.updater_state, self.stats, self.stats,
+                                      *self.sync_arrays.values()))
 
     @property
     def full_layout(self) -> list:
@@ -61,28 +69,48 @@ def save_checkpoint(run_dir: str, ckpt: Checkpoint, keep: int) -> str:
 
 
 def write_checkpoint(path: str, ckpt: Checkpoint) -> str:
-    """Write `ckpt` to a temporary file beside `path`, fsync, rename: `path` is complete or absent."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with h5py.File(tmp, "w") as f:
-        f.create_dataset("params", data=ckpt.params)
-        f.create_dataset("updater_state", data=ckpt.updater_state)
-        f.create_dataset("stats", data=ckpt.stats)
-        for name, array in ckpt.sync_arrays.items():
-            f.create_dataset(f"sync/{name}", data=array)
-        layers = f.create_group("layers")
-        for flat, layout in ((ckpt.params, ckpt.layout), (ckpt.stats, ckpt.stats_layout)):
-            for (name, _), view in zip(layout, flat_views(flat, layout)):
-                layers.create_dataset(name, data=view)
-        f.attrs.update(epoch=ckpt.epoch, step=ckpt.step, iteration=ckpt.iteration,
-                       layout=json.dumps([[name, list(shape)] for name, shape in ckpt.layout]),
-                       stats_layout=json.dumps([[name, list(shape)] for name, shape in ckpt.stats_layout]),
-                       sync_state=json.dumps(ckpt.sync_numbers), manifest_sha256=ckpt.manifest_sha256,
-                       config=ckpt.config_yaml)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write `ckpt` to a temporary file beside `path`, fsync, rename: `path` is complete or absent.
+
+    When the file system refuses (full, read-only), the temporary file is removed, the
+    checkpoints already there are left alone, and the error names the folder and the space needed.
+    """
+    folder, tmp = os.path.dirname(path), path + ".tmp"
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with h5py.File(tmp, "w") as f:
+            _write(f, ckpt)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        free = shutil.disk_usage(folder).free if os.path.isdir(folder) else 0
+        raise DataError(f"{folder}: {describe(e)} while writing {os.path.basename(path)} (it needs about "
+                        f"{_megabytes(ckpt.nbytes)}, {_megabytes(free)} free); the partial file is removed, the "
+                        "checkpoints already there are kept") from None
     return path
+
+
+def _write(f: h5py.File, ckpt: Checkpoint) -> None:
+    f.create_dataset("params", data=ckpt.params)
+    f.create_dataset("updater_state", data=ckpt.updater_state)
+    f.create_dataset("stats", data=ckpt.stats)
+    for name, array in ckpt.sync_arrays.items():
+        f.create_dataset(f"sync/{name}", data=array)
+    layers = f.create_group("layers")
+    for flat, layout in ((ckpt.params, ckpt.layout), (ckpt.stats, ckpt.stats_layout)):
+        for (name, _), view in zip(layout, flat_views(flat, layout)):
+            layers.create_dataset(name, data=view)
+    f.attrs.update(epoch=ckpt.epoch, step=ckpt.step, iteration=ckpt.iteration,
+                   layout=json.dumps([[name, list(shape)] for name, shape in ckpt.layout]),
+                   stats_layout=json.dumps([[name, list(shape)] for name, shape in ckpt.stats_layout]),
+                   sync_state=json.dumps(ckpt.sync_numbers), meaning=json.dumps(ckpt.meaning),
+                   manifest_sha256=ckpt.manifest_sha256, config=ckpt.config_yaml)
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 2**20:.1f} MB"
 
 
 def list_checkpoints(run_dir: str) -> list[str]:
@@ -98,7 +126,8 @@ def load_checkpoint(path: str) -> Checkpoint:
             return Checkpoint(f["params"][...], f["updater_state"][...], int(a["epoch"]), int(a["step"]),
                               int(a["iteration"]), _layout(a["layout"]), json.loads(a["sync_state"]),
                               str(a["manifest_sha256"]), str(a["config"]), path, f["stats"][...],
-                              _layout(a["stats_layout"]), {k: v[...] for k, v in f.get("sync", {}).items()})
+                              _layout(a["stats_layout"]), {k: v[...] for k, v in f.get("sync", {}).items()},
+                              json.loads(a.get("meaning", "{}")))
     except (OSError, KeyError, ValueError) as e:
         raise DataError(f"{path}: not a readable mpitrain checkpoint ({e})") from None
 
@@ -108,11 +137,17 @@ def _layout(text: str) -> list:
 
 
 def check_fits(ckpt: Checkpoint, layout: list, n_state: int | None = None, manifest_sha256: str | None = None,
-               dataset: str = "") -> None:
+               dataset: str = "", meaning: dict | None = None) -> None:
     """Refuse a checkpoint of another model, optimizer or dataset, saying what differs.
 
-    `layout` is the model's parameters then its running statistics (`layout + stats_layout`).
+    `layout` is the model's parameters then its running statistics (`layout + stats_layout`);
+    `meaning` what its arrays mean (see `Checkpoint.meaning`): keys both sides have must agree.
     """
+    for key, here in (meaning or {}).items():
+        saved = ckpt.meaning.get(key, here)
+        if saved != here:
+            raise DataError(f"{ckpt.path}: {_difference(key, saved, here)}; a resumed run must keep what the "
+                            "checkpoint's arrays mean (docs/sync-modes.md says what may change)")
     for (saved, saved_shape), (name, shape) in zip(ckpt.full_layout, layout):
         if (saved, tuple(saved_shape)) != (name, tuple(shape)):
             raise DataError(f"{ckpt.path}: holds {saved} of shape {list(saved_shape)} where this config's model "
@@ -126,3 +161,14 @@ def check_fits(ckpt: Checkpoint, layout: list, n_state: int | None = None, manif
     if manifest_sha256 is not None and ckpt.manifest_sha256 != manifest_sha256:
         raise DataError(f"{ckpt.path}: taken on a dataset whose manifest.json has sha256 "
                         f"{ckpt.manifest_sha256[:16]}..., but {dataset} has {manifest_sha256[:16]}...")
+
+
+def _difference(key: str, saved, here) -> str:
+    """One line on how a checkpoint's `key` (see `Checkpoint.meaning`) differs from this config's."""
+    if key == "layers":
+        if len(saved) != len(here):
+            return f"holds a model of {len(saved)} layers ({', '.join(saved)}), this config's has {len(here)}"
+        index = next(i for i, (a, b) in enumerate(zip(saved, here)) if a != b)
+        return f"its layer {index} is {saved[index]}, this config's is {here[index]}"
+    names = {"loss": "model.loss", "optimizer": "optimizer.type", "updater_state": "the optimizer's state"}
+    return f"was trained with {names[key]} {saved}, this config has {here}"

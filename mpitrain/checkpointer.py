@@ -41,6 +41,15 @@ class Position:
     sync_arrays: dict = field(default_factory=dict)
 
 
+def meaning(model, updater=None) -> dict:
+    """What a checkpoint's arrays mean, beyond their shapes: the model's layer types (activations
+    included) and loss, and the optimizer and what each slot of its state holds."""
+    described = {"layers": [type(layer).__name__.lower() for layer in model.layers], "loss": model.loss}
+    if updater is not None:
+        described.update(optimizer=type(updater).__name__.lower(), updater_state=list(updater.slot_names))
+    return described
+
+
 class Checkpointer:
     """Saves, finds, validates and resumes the checkpoints of the run in `run_dir`; see the module docstring."""
 
@@ -71,7 +80,7 @@ class Checkpointer:
             if checkpoints:
                 ckpt = load_checkpoint(checkpoints[-1])
                 check_fits(ckpt, model.layout + model.stats_layout, updater.state.size, self.manifest_sha256,
-                           self.data_path)
+                           self.data_path, meaning(model, updater))
                 self._restore(ckpt, model)
                 updater.state[...] = self.backend.to_device(ckpt.updater_state)
                 position = Position(ckpt.epoch, ckpt.step, ckpt.iteration, ckpt.sync_numbers, ckpt.sync_arrays)
@@ -95,17 +104,22 @@ class Checkpointer:
             raise MpitrainError(f"parameters hold NaN or Inf on rank {finite.index(False)} before the checkpoint "
                                 f"of epoch {epoch} step {step}; it is not written, the last good one is kept; "
                                 "try a lower optimizer.lr")
-        if self.comm.is_root:
-            save_checkpoint(self.run_dir, Checkpoint(
-                to_host(model.params), to_host(updater.state), epoch, step, updater.iteration, model.layout,
-                sync.numbers(), self.manifest_sha256, self.config_yaml, stats=to_host(model.stats),
-                stats_layout=model.stats_layout,
-                sync_arrays={name: to_host(array) for name, array in sync.arrays().items()}), self.keep)
+        with self.comm.agreed_errors():  # a full disk on rank 0 ends every rank, not just rank 0
+            if self.comm.is_root:
+                save_checkpoint(self.run_dir, Checkpoint(
+                    to_host(model.params), to_host(updater.state), epoch, step, updater.iteration, model.layout,
+                    sync.numbers(), self.manifest_sha256, self.config_yaml, stats=to_host(model.stats),
+                    stats_layout=model.stats_layout,
+                    sync_arrays={name: to_host(array) for name, array in sync.arrays().items()},
+                    meaning=meaning(model, updater)), self.keep)
 
-    def restore(self, model, path: str | None = None) -> str:
-        """Load checkpoint `path` (default: the run's newest) into `model` on this rank; return its path.
+    def restore(self, model, path: str | None = None, other_dataset: bool = False) -> Checkpoint:
+        """Load checkpoint `path` (default: the run's newest) into `model` on this rank and return it.
 
-        Not a collective: each rank reads the file (evaluation and prediction).
+        Not a collective: each rank reads the file (evaluation and prediction). A checkpoint
+        trained on another dataset than the run's `data.path` holds now (re-written by the
+        ETL, say: scores could then count rows the model trained on) is refused unless
+        `other_dataset`.
         """
         if path is None:
             checkpoints = self.paths()
@@ -113,9 +127,14 @@ class Checkpointer:
                 raise DataError(f"{self.run_dir}/checkpoints: no checkpoint; train first or pass --checkpoint")
             path = checkpoints[-1]
         ckpt = load_checkpoint(path)
-        check_fits(ckpt, model.layout + model.stats_layout)
+        check_fits(ckpt, model.layout + model.stats_layout, meaning=meaning(model))
+        if ckpt.manifest_sha256 != self.manifest_sha256 and not other_dataset:
+            raise DataError(f"{path}: trained on a dataset whose manifest.json had sha256 {ckpt.manifest_sha256[:16]}..., "
+                            f"but {self.data_path}/manifest.json now has {self.manifest_sha256[:16]}... (re-written "
+                            "or another dataset: its rows may include ones the model trained on); pass "
+                            "--allow-other-dataset to use it anyway")
         self._restore(ckpt, model)
-        return path
+        return ckpt
 
     def finished_layers(self, layouts: list[list]) -> list[np.ndarray]:
         """(Rank 0) The parameters of pretraining's finished layers, in order up to the first missing one.

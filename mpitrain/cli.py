@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 from mpitrain.errors import MpitrainError
+from mpitrain.files import os_errors, write_file
 
 log = logging.getLogger("mpitrain")
 
@@ -61,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--split", default="test")
         sub.add_argument("--checkpoint", help="checkpoint file (default: the run's newest)")
         sub.add_argument("--batch-size", type=int, default=256)
+        sub.add_argument("--allow-other-dataset", action="store_true",
+                         help="use a checkpoint trained on another dataset than data.path holds now (recorded in "
+                              "the output)")
         if name == "predict":
             sub.add_argument("--out", help="output HDF5 file (default: RUN_DIR/predictions-SPLIT.h5)")
         sub.set_defaults(run=run)
@@ -100,21 +104,22 @@ def _eval(args, comm) -> int:
     trained = _load_trained(args, comm)
     result = evaluate(trained.run.model, trained.rows, trained.to_input, args.batch_size, trained.run.comm,
                       trained.manifest.num_classes, trained.run.backend).to_dict()
-    if comm.is_root:
-        out = os.path.join(args.run_dir, f"eval-{args.split}.json")
-        with open(out, "w") as f:
-            json.dump({"checkpoint": trained.checkpoint, "split": args.split, **result}, f, indent=2)
-        names = trained.manifest.class_names or class_names(trained.manifest.source, trained.manifest.num_classes)
-        picture = os.path.join(args.run_dir, f"confusion-{args.split}.png")
-        write_confusion_png(np.array(result["confusion"]), names, picture,
-                            f"{os.path.basename(os.path.abspath(args.run_dir))}, {args.split}: "
-                            f"accuracy {result['accuracy']:.4f}")
-        print(f"{args.split}: accuracy {result['accuracy']:.4f}  loss {result['loss']:.4f}  "
-              f"rows {result['rows']}  ({trained.checkpoint})")
-        print(f"{'class':>12}  precision  recall")
-        for name, p, r in zip(names, result["precision"], result["recall"]):
-            print(f"{name:>12}  {p:9.4f}  {r:6.4f}")
-        print(f"wrote {out} and {picture}")
+    with comm.agreed_errors():
+        if comm.is_root:
+            out = os.path.join(args.run_dir, f"eval-{args.split}.json")
+            write_file(out, lambda f: json.dump({**trained.provenance(args), **result}, f, indent=2))
+            names = trained.manifest.class_names or class_names(trained.manifest.source, trained.manifest.num_classes)
+            picture = os.path.join(args.run_dir, f"confusion-{args.split}.png")
+            with os_errors(picture, "drawing the confusion matrix"):
+                write_confusion_png(np.array(result["confusion"]), names, picture,
+                                    f"{os.path.basename(os.path.abspath(args.run_dir))}, {args.split}: "
+                                    f"accuracy {result['accuracy']:.4f}")
+            print(f"{args.split}: accuracy {result['accuracy']:.4f}  loss {result['loss']:.4f}  "
+                  f"rows {result['rows']}  ({trained.checkpoint.path})")
+            print(f"{'class':>12}  precision  recall")
+            for name, p, r in zip(names, result["precision"], result["recall"]):
+                print(f"{name:>12}  {p:9.4f}  {r:6.4f}")
+            print(f"wrote {out} and {picture}")
     return 0
 
 
@@ -125,26 +130,38 @@ def _predict(args, comm) -> int:
     classes, probabilities = predict(trained.run.model, trained.rows, trained.to_input, args.batch_size,
                                      trained.run.backend)
     parts = comm.gather_obj((classes, probabilities, trained.rows.y))
-    if comm.is_root:
-        out = args.out or os.path.join(args.run_dir, f"predictions-{args.split}.h5")
-        tmp = out + ".tmp"
-        with h5py.File(tmp, "w") as f:
-            f.create_dataset("predicted", data=np.concatenate([p[0] for p in parts]))
-            f.create_dataset("probabilities", data=np.concatenate([p[1] for p in parts]))
-            f.create_dataset("label", data=np.concatenate([p[2] for p in parts]))
-            f.attrs.update(split=args.split, checkpoint=trained.checkpoint)
-        os.replace(tmp, out)
-        print(f"wrote {out}: {sum(len(p[0]) for p in parts)} rows of split {args.split!r}")
+    with comm.agreed_errors():
+        if comm.is_root:
+            def write(f):
+                with h5py.File(f, "w") as h5:
+                    h5.create_dataset("predicted", data=np.concatenate([p[0] for p in parts]))
+                    h5.create_dataset("probabilities", data=np.concatenate([p[1] for p in parts]))
+                    h5.create_dataset("label", data=np.concatenate([p[2] for p in parts]))
+                    h5.attrs.update(trained.provenance(args))
+            write_file(_predictions_path(args), write, binary=True)
+            print(f"wrote {_predictions_path(args)}: {sum(len(p[0]) for p in parts)} rows of split {args.split!r}")
     return 0
+
+
+def _predictions_path(args) -> str:
+    return args.out or os.path.join(args.run_dir, f"predictions-{args.split}.h5")
 
 
 class _Trained:
     """A run set up as training set it up, a checkpoint's parameters in its model, and this rank's rows of a split."""
 
-    def __init__(self, run, rows, checkpoint: str):
+    def __init__(self, run, rows, checkpoint):
         self.run, self.rows, self.checkpoint = run, rows, checkpoint
         self.manifest = run.reader.manifest
         self.to_input = run.batches(rows, 1, training=False).to_model_input
+
+    def provenance(self, args) -> dict:
+        """What the scores were computed from: the checkpoint, the split, the dataset, and whether the
+        checkpoint was trained on another dataset than the one scored (allowed by --allow-other-dataset)."""
+        return {"checkpoint": self.checkpoint.path, "split": args.split, "dataset": self.run.reader.path,
+                "manifest_sha256": self.run.reader.manifest_sha256,
+                "trained_on_manifest_sha256": self.checkpoint.manifest_sha256,
+                "other_dataset": self.checkpoint.manifest_sha256 != self.run.reader.manifest_sha256}
 
 
 def _load_trained(args, comm) -> _Trained:
@@ -153,12 +170,18 @@ def _load_trained(args, comm) -> _Trained:
     from mpitrain.run import setup_run
 
     with comm.agreed_errors():
+        if args.batch_size < 1:
+            raise MpitrainError(f"--batch-size is {args.batch_size}, expected an integer >= 1")
+        if args.command == "predict" and os.path.isdir(_predictions_path(args)):
+            raise MpitrainError(f"--out {_predictions_path(args)}: is a folder; expected an HDF5 file path")
+        if not os.path.isdir(args.run_dir):
+            raise MpitrainError(f"{args.run_dir}: no such run directory; expected a folder written by `mpitrain train`")
         # the run's own folder, wherever it was trained; eval and predict score every row of the split
         config = load_config(os.path.join(args.run_dir, "config.yaml"),
                              [f"run_dir={os.path.abspath(args.run_dir)}", "data.max_rows=0"])
     run = setup_run(config, comm)
     with run.comm.agreed_errors():
-        checkpoint = run.checkpointer.restore(run.model, args.checkpoint)
+        checkpoint = run.checkpointer.restore(run.model, args.checkpoint, other_dataset=args.allow_other_dataset)
         rows = run.reader.rows(args.split, training=False)
     return _Trained(run, rows, checkpoint)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import os
 import types
 import typing
@@ -22,10 +23,13 @@ from mpitrain.errors import ConfigError
 from mpitrain.kernels.message import ENCODINGS as MESSAGE_ENCODINGS
 from mpitrain.nn.layers import INIT_SCHEMES
 from mpitrain.nn.losses import LOSSES
-from mpitrain.nn.model import LAYER_TYPES
+from mpitrain.nn.model import LAYER_TYPES, check_layer_spec
 from mpitrain.nn.rbm import VISIBLE_UNITS
 from mpitrain.nn.updaters import UPDATERS
+from mpitrain.rundir import own_run_dir
 from mpitrain.sync import SYNCHRONIZERS
+
+log = logging.getLogger("mpitrain")
 
 ENCODINGS = ("auto", *MESSAGE_ENCODINGS)
 ADAPTIVE_DEFAULTS = {"min_sparsity": 1.0e-4, "max_sparsity": 1.0e-2, "decay": 0.965936}
@@ -96,8 +100,10 @@ class ModelConfig(Section):
     def validate(self, where):
         self.check_choices(where, "model.")
         for i, spec in enumerate(self.layers):
-            ok = isinstance(spec, dict) and spec.get("type") in LAYER_TYPES
-            _check(ok, where, f"model.layers[{i}]", spec, f"a mapping whose type is one of {tuple(LAYER_TYPES)}")
+            try:
+                check_layer_spec(spec, f"model.layers[{i}]")
+            except ConfigError as e:
+                raise ConfigError(f"{where}: {e}") from None
 
 
 @dataclass
@@ -259,6 +265,7 @@ class Config(Section):
     resume: str = option("auto", "auto: continue from the run directory's newest checkpoint; never: refuse a run "
                                  "directory that holds checkpoints.", ("auto", "never"))
     report: bool = option(True, "Rank 0 draws RUN_DIR/report.png and report.html at the end of training.")
+    ignored: typing.ClassVar[list] = []  # load_config: options set for a sync mode the config does not use
 
     def validate(self, where):
         for part in (self.data, self.model, self.optimizer, self.train, self.sync, self.checkpoint, self.comm,
@@ -279,22 +286,39 @@ class Config(Section):
 def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
     """Read a YAML config, apply `section.key=value` overrides, validate, resolve paths.
 
-    `run_dir` defaults to `runs/<config file stem>`; `data.path` and `run_dir` become
-    absolute, so the saved `RUN_DIR/config.yaml` works from any directory.
+    `run_dir` defaults to `runs/<config file stem>`; a run's own config.yaml (its folder holds
+    the run's files) always gets its own folder, so a copied run directory never writes into
+    the original; `--set run_dir=...` wins over both. `data.path` and `run_dir` become
+    absolute, so the saved `RUN_DIR/config.yaml` works from any directory. Options of a sync
+    mode other than the one chosen are listed in `config.ignored`.
     """
     try:
         with open(path) as f:
-            raw = yaml.safe_load(f) or {}
+            raw = yaml.load(f, Loader=_UniqueKeyLoader) or {}
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder; expected a YAML config file") from None
+    except PermissionError:
+        raise ConfigError(f"{path}: not readable (permission denied)") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file; expected a YAML config file") from None
+    except _DuplicateKey as e:
+        raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    own = own_run_dir(path)
+    if own and os.path.abspath(str(raw.get("run_dir", ""))) != own:
+        log.info("%s is the config of the run in %s: run_dir is that folder (the file says %s)", path, own,
+                 raw.get("run_dir"))
+        raw["run_dir"] = own
     for override in overrides:
         _apply_override(raw, override, path)
     config = _build(Config, raw, path, "")
     config.validate(path)
+    config.ignored = _ignored_options(raw)
     if not config.run_dir:
         config.run_dir = os.path.join("runs", os.path.splitext(os.path.basename(path))[0])
     config.run_dir = os.path.abspath(config.run_dir)
@@ -302,9 +326,45 @@ def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
     return config
 
 
-def save_config(config: Config, path: str) -> None:
-    with open(path, "w") as f:
-        yaml.safe_dump(config.to_dict(), f, sort_keys=False)
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last, silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _DuplicateKey(f"{key!r} appears twice (line {key_node.start_mark.line + 1}); PyYAML would keep "
+                                    "only the last, so the first would be ignored: merge them")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+# Which sync mode reads each of the sync section's options (the others apply to every mode).
+SYNC_OPTION_MODES = {"frequency": "averaging", "average_updater": "averaging", "threshold": "sharing",
+                     "adaptive": "sharing", "residual_clip": "sharing", "encoding": "sharing"}
+
+
+def _ignored_options(raw: dict) -> list[str]:
+    """The options a config sets for a sync mode it does not use, e.g. sync.threshold under allreduce."""
+    ignored = []
+    for section, default in (("sync", SyncConfig.mode), ("pretrain.sync", "averaging")):
+        node = raw
+        for part in section.split("."):
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        mode = node.get("mode", default) if isinstance(node, dict) else default
+        ignored += [f"{section}.{key} (read by {SYNC_OPTION_MODES[key]} only; {section}.mode is {mode})"
+                    for key in node if SYNC_OPTION_MODES.get(key, mode) != mode]
+    return ignored
+
+
+def save_config(config: Config, f) -> None:
+    """Write `config` as YAML to the open text file `f`."""
+    yaml.safe_dump(config.to_dict(), f, sort_keys=False)
 
 
 def _apply_override(raw: dict, override: str, where: str) -> None:

@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 
 from mpitrain.augment import augment_images
-from mpitrain.errors import DataError
+from mpitrain.errors import DataError, describe
 from mpitrain.shard_format import MANIFEST_NAME, Manifest, check_shard, read_manifest, sha256_file
 
 log = logging.getLogger(__name__)
@@ -91,9 +91,13 @@ def read_rows(dataset_dir: str, manifest: Manifest, split: str, rows: range, ver
         lo, hi = max(start, rows.start), min(stop, rows.stop)
         if lo < hi:
             path = check_shard(dataset_dir, manifest, shard, verify_checksums)
-            with h5py.File(path, "r") as f:
-                f["x"].read_direct(x, np.s_[lo - start:hi - start], np.s_[lo - rows.start:hi - rows.start])
-                f["y"].read_direct(y, np.s_[lo - start:hi - start], np.s_[lo - rows.start:hi - rows.start])
+            try:
+                with h5py.File(path, "r") as f:
+                    f["x"].read_direct(x, np.s_[lo - start:hi - start], np.s_[lo - rows.start:hi - rows.start])
+                    f["y"].read_direct(y, np.s_[lo - start:hi - start], np.s_[lo - rows.start:hi - rows.start])
+            except OSError as e:
+                raise DataError(f"{path}: {describe(e)} while reading rows {lo - start}..{hi - start - 1}; expected "
+                                "a readable shard") from None
             _check_values(path, x[lo - rows.start:hi - rows.start], y[lo - rows.start:hi - rows.start],
                           manifest.num_classes)
         start = stop

@@ -11,3 +11,9 @@ class ConfigError(MpitrainError):
 
 class DataError(MpitrainError):
     """A missing, corrupt or inconsistent dataset file."""
+
+
+def describe(error: OSError) -> str:
+    """An operating-system error in a few words, for a one-line message: "Permission denied",
+    "No space left on device" (its strerror), else its text (h5py's errors have no strerror)."""
+    return error.strerror or str(error)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from mpitrain.errors import MpitrainError
+from mpitrain.errors import MpitrainError, describe
 
 log = logging.getLogger("mpitrain")
 
@@ -156,24 +156,49 @@ class MetricsLog:
                      record["test_accuracy"], record["test_loss"])
 
     def write(self, record: dict) -> None:
-        if self.comm.is_root:
-            with open(self.path, "a") as f:
-                f.write(json.dumps({"time": time.time(), **record}) + "\n")
+        """Rank 0 appends `record` to metrics.jsonl. A collective: a write that fails (a full disk) is an error
+        on every rank."""
+        with self.comm.agreed_errors():
+            if self.comm.is_root:
+                append_record(self.path, {"time": time.time(), **record})
+
+
+def append_record(path: str, record: dict) -> None:
+    """Append one JSON line to the metrics file `path`; when the write fails, the file is cut back to what
+    it held, so no partial line stays behind."""
+    size = os.path.getsize(path) if os.path.exists(path) else 0
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError as e:
+        if os.path.exists(path):
+            os.truncate(path, size)
+        raise MpitrainError(f"{path}: {describe(e)} while appending a record; the file holds the records "
+                            "written before") from None
 
 
 def keep_records(path: str, keep) -> None:
     """Rewrite the metrics file `path` (if any) with only the records for which `keep(record)` holds.
 
-    Atomic (a temporary file, then a rename). A line that is not JSON (the last one of a
-    job killed while writing it) is dropped.
+    Atomic (a temporary file, then a rename; when that fails the original stays). A line that
+    is not JSON (the last one of a job killed while writing it) is dropped.
     """
     if not os.path.exists(path):
         return
     with open(path) as f:
-        kept = [line if line.endswith("\n") else line + "\n" for line in f if _keeps(line, keep)]
-    with open(path + ".tmp", "w") as f:
-        f.writelines(kept)
-    os.replace(path + ".tmp", path)
+        lines = f.readlines()
+    kept = [line if line.endswith("\n") else line + "\n" for line in lines if _keeps(line, keep)]
+    if kept == lines:
+        return  # nothing to drop: the file stays as it is
+    try:
+        with open(path + ".tmp", "w") as f:
+            f.writelines(kept)
+        os.replace(path + ".tmp", path)
+    except OSError as e:
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
+        raise MpitrainError(f"{os.path.dirname(path)}: {describe(e)} while rewriting {os.path.basename(path)}; "
+                            "it is left as it was") from None
 
 
 def _keeps(line: str, keep) -> bool:

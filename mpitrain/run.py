@@ -10,6 +10,7 @@ goes on to train; `mpitrain eval` and `predict` restore a checkpoint into the sa
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import yaml
@@ -18,9 +19,10 @@ from mpitrain.backend import Backend, create_backend
 from mpitrain.checkpointer import Checkpointer
 from mpitrain.config import Config
 from mpitrain.data import Batches, DatasetReader, RankRows
-from mpitrain.errors import ConfigError
+from mpitrain.errors import ConfigError, describe
 from mpitrain.nn.model import Sequential, build_model
 from mpitrain.pretrain import dbn_layers
+from mpitrain.rundir import RunDirLock
 
 
 @dataclass
@@ -33,6 +35,28 @@ class Run:
     reader: DatasetReader
     model: Sequential
     checkpointer: Checkpointer
+
+    @contextmanager
+    def owned(self):
+        """Hold the run directory for this job while the block runs (a collective).
+
+        Rank 0 creates it and takes its lock (`mpitrain.rundir`): a second job on the same
+        run directory is refused at once, naming this one, instead of interleaving its files
+        with ours. A folder that cannot be written is one error on every rank.
+        """
+        lock = RunDirLock(self.config.run_dir)
+        with self.comm.agreed_errors():
+            if self.comm.is_root:
+                try:
+                    os.makedirs(self.config.run_dir, exist_ok=True)
+                    lock.acquire()
+                except OSError as e:
+                    raise ConfigError(f"{self.config.run_dir}: {describe(e)}; expected a folder this job can write "
+                                      "(run_dir)") from None
+        try:
+            yield self
+        finally:
+            lock.release()
 
     def batches(self, rows: RankRows, batch_size: int, training: bool) -> Batches:
         """Batches of this rank's `rows` as the config's data section says (shuffled and augmented

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 import h5py
 import numpy as np
 
-from mpitrain.errors import DataError
+from mpitrain.errors import DataError, describe
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -119,13 +119,19 @@ def write_manifest(dataset_dir: str, manifest: Manifest) -> None:
 def read_manifest(dataset_dir: str) -> Manifest:
     """Read and validate `DATASET_DIR/manifest.json`; every problem names the file and key."""
     path = os.path.join(dataset_dir, MANIFEST_NAME)
+    if os.path.exists(dataset_dir) and not os.path.isdir(dataset_dir):
+        raise DataError(f"{dataset_dir}: is a file; expected a dataset folder written by `mpitrain etl`")
     try:
         with open(path) as f:
             data = json.load(f)
     except FileNotFoundError:
         raise DataError(f"{path}: no such file; expected a dataset folder written by `mpitrain etl`") from None
-    except json.JSONDecodeError as e:
+    except OSError as e:
+        raise DataError(f"{path}: {describe(e)}; expected a readable manifest written by `mpitrain etl`") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: a JSON {type(data).__name__}, expected an object of manifest keys")
 
     def need(key, kind):
         if key not in data:
@@ -174,7 +180,10 @@ def check_shard(dataset_dir: str, manifest: Manifest, shard: ShardInfo, verify_c
     if not os.path.isfile(path):
         raise DataError(f"{path}: shard listed in {MANIFEST_NAME} is missing")
     if verify_checksum:
-        actual = sha256_file(path)
+        try:
+            actual = sha256_file(path)
+        except OSError as e:
+            raise DataError(f"{path}: {describe(e)}; expected a readable shard") from None
         if actual != shard.sha256:
             raise DataError(f"{path}: sha256 {actual} does not match {MANIFEST_NAME} ({shard.sha256}); "
                             "the shard is corrupt or was replaced")

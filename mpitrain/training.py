@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from mpitrain.config import Config, save_config
+from mpitrain.files import os_errors, write_file
 from mpitrain.data import Batches, RankRows
 from mpitrain.errors import ConfigError
 from mpitrain.evaluation import Evaluation, evaluate
@@ -36,9 +37,12 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
     """
     started = time.perf_counter()
     run = setup_run(config, comm, reader=reader, model=model)
-    loop = _set_up_training(run, sync)
-    done = _train_epochs(run, loop)
-    return _finish(run, loop, done, started)
+    with run.owned():  # no other job writes this run directory meanwhile
+        loop = _set_up_training(run, sync)
+        if loop is None:
+            return _summary_of_finished_run(run)
+        done = _train_epochs(run, loop)
+        return _finish(run, loop, done, started)
 
 
 @dataclass
@@ -90,10 +94,17 @@ def _set_up_training(run: Run, sync: Synchronizer | None) -> _Loop:
 
     model.init_params(config.train.seed, config.model.init)
     start = run.checkpointer.resume(model, updater, pretraining=bool(config.pretrain.layers))
+    if start.epoch >= config.train.epochs and comm.bcast_obj(os.path.exists(_summary_path(config))):
+        if comm.is_root:
+            log.info("%s is finished: %d epochs trained, train.epochs is %d; its files are left as they are (a "
+                     "larger train.epochs continues it)", config.run_dir, start.epoch, config.train.epochs)
+        return None
     updater.iteration = start.iteration
-    if comm.is_root:
-        os.makedirs(config.run_dir, exist_ok=True)
-        save_config(config, os.path.join(config.run_dir, "config.yaml"))
+    with comm.agreed_errors():
+        if comm.is_root:
+            write_file(os.path.join(config.run_dir, "config.yaml"), lambda f: save_config(config, f))
+            for option in config.ignored:
+                log.warning("ignored: %s", option)
     if config.pretrain.layers and (start.epoch, start.step) == (0, 0):  # fine-tuning has not begun
         pretrain(config, comm, model, batches, train_rows, run.checkpointer)
     sync.start(model, updater)  # every rank starts from rank 0's parameters and updater state
@@ -179,12 +190,26 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
         "transfers": backend.transfers.to_dict(),
         "evaluation": evaluation.to_dict(),
     }
-    if comm.is_root:
-        with open(os.path.join(config.run_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
-        log.info("test accuracy %.4f, %.0f samples/s, %.0f bytes sent per step per rank",
-                 summary["test_accuracy"], summary["samples_per_s"], summary["bytes_sent_per_step"])
-        if config.report:
-            from mpitrain.report import write_report
-            log.info("wrote %s and %s", *write_report([config.run_dir], config.run_dir))
+    with comm.agreed_errors():
+        if comm.is_root:
+            write_file(_summary_path(config), lambda f: json.dump(summary, f, indent=2))
+            log.info("test accuracy %.4f, %.0f samples/s, %.0f bytes sent per step per rank",
+                     summary["test_accuracy"], summary["samples_per_s"], summary["bytes_sent_per_step"])
+            if config.report:
+                from mpitrain.report import write_report
+                with os_errors(config.run_dir, "drawing the report"):
+                    log.info("wrote %s and %s", *write_report([config.run_dir], config.run_dir))
     return summary
+
+
+def _summary_path(config: Config) -> str:
+    return os.path.join(config.run_dir, "summary.json")
+
+
+def _summary_of_finished_run(run: Run) -> dict:
+    """A finished run asked to train again touches nothing: the summary it wrote, on every rank (a collective)."""
+    summary = None
+    if run.comm.is_root:
+        with open(_summary_path(run.config)) as f:
+            summary = json.load(f)
+    return run.comm.bcast_obj(summary)

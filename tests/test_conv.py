@@ -177,7 +177,7 @@ def test_build_model_makes_conv_nets_and_names_the_layer_that_does_not_fit():
         build_model(lenet_config(), (1, 4, 4), 3, np)
     with pytest.raises(ConfigError, match=r"model.layers\[0\].*takes images"):
         build_model(lenet_config(), (144,), 3, np)
-    with pytest.raises(ConfigError, match=r"model.layers\[1\]: padding 'full'"):
+    with pytest.raises(ConfigError, match=r"model.layers\[1\].padding is 'full', expected one of"):
         build_model(lenet_config({1: {"padding": "full"}}), (1, 12, 12), 3, np)
     with pytest.raises(ConfigError, match=r"model.layers\[0\].*missing a required argument: 'filters'"):
         build_model(ModelConfig(layers=[{"type": "conv2d", "filter": 3, "kernel": 3}]), (1, 8, 8), 3, np)

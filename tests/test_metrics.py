@@ -3,7 +3,7 @@ import json
 from types import SimpleNamespace
 
 from mpitrain.checkpointer import Checkpointer
-from mpitrain.metrics import MetricsLog
+from mpitrain.metrics import append_record
 
 
 def records(tmp_path) -> list:
@@ -11,13 +11,12 @@ def records(tmp_path) -> list:
 
 
 def test_resume_drops_records_past_the_checkpoint_and_keeps_other_kinds(tmp_path):
-    root = SimpleNamespace(is_root=True)
-    log = MetricsLog(str(tmp_path), root, steps_per_epoch=10, epochs=5)
+    root, path = SimpleNamespace(is_root=True), str(tmp_path / "metrics.jsonl")
     for epoch in range(3):
         for step in (5, 10):
-            log.write({"kind": "window", "epoch": epoch, "step": step, "global_step": epoch * 10 + step})
-        log.write({"kind": "epoch", "epoch": epoch})
-    log.write({"kind": "pretrain", "layer": 0})
+            append_record(path, {"kind": "window", "epoch": epoch, "step": step, "global_step": epoch * 10 + step})
+        append_record(path, {"kind": "epoch", "epoch": epoch})
+    append_record(path, {"kind": "pretrain", "layer": 0})
     checkpointer = Checkpointer(str(tmp_path), root, None, "", "")
     checkpointer.drop_records_after(2, 0)  # the checkpoint after epoch 2 was never written: epoch 2 runs again
     assert [r["global_step"] for r in records(tmp_path) if r["kind"] == "window"] == [5, 10, 15, 20]
@@ -31,11 +30,11 @@ def test_resume_drops_records_past_the_checkpoint_and_keeps_other_kinds(tmp_path
 def test_records_are_kept_by_epoch_and_step_whatever_the_rank_count(tmp_path):
     """Two ranks had 10 steps per epoch; the resumed run on four has 5: epoch 0's records stay as written,
     and a line cut short by a killed job goes."""
-    log = MetricsLog(str(tmp_path), SimpleNamespace(is_root=True), steps_per_epoch=10, epochs=3)
+    path = str(tmp_path / "metrics.jsonl")
     for step in (5, 10):
-        log.write({"kind": "window", "epoch": 0, "step": step, "global_step": step})
-    log.write({"kind": "epoch", "epoch": 0})
-    log.write({"kind": "window", "epoch": 1, "step": 5, "global_step": 15})
+        append_record(path, {"kind": "window", "epoch": 0, "step": step, "global_step": step})
+    append_record(path, {"kind": "epoch", "epoch": 0})
+    append_record(path, {"kind": "window", "epoch": 1, "step": 5, "global_step": 15})
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"kind": "window", "epo')
     Checkpointer(str(tmp_path), SimpleNamespace(is_root=True), None, "", "").drop_records_after(1, 0)

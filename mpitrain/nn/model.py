@@ -12,6 +12,7 @@ import inspect
 import numpy as np
 
 from mpitrain.errors import ConfigError
+from mpitrain.kernels.im2col import PADDINGS
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.flat import FlatModel, flat_views
@@ -145,24 +146,54 @@ def build_model(config, input_shape, num_classes: int, xp) -> Sequential:
     return model
 
 
-def _layer_from_spec(spec, key: str) -> Layer:
+def check_layer_spec(spec, key: str) -> None:
+    """Refuse a layer entry of a config (`{type: NAME, ...arguments}`) that names an unknown type or argument,
+    or an argument value out of range, naming the key (e.g. `model.layers[2].units`) and what was expected."""
     if not isinstance(spec, dict) or "type" not in spec:
         raise ConfigError(f"{key} is {spec!r}, expected a mapping with a 'type' key")
-    kwargs = {k: v for k, v in spec.items() if k != "type"}
     cls = LAYER_TYPES.get(spec["type"])
     if cls is None:
         raise ConfigError(f"{key}.type is {spec['type']!r}, expected one of {sorted(LAYER_TYPES)}")
+    kwargs = {k: v for k, v in spec.items() if k != "type"}
     try:
         inspect.signature(cls).bind(**kwargs)
     except TypeError as e:
         raise ConfigError(f"{key}: {e} (a {spec['type']} layer takes {list(inspect.signature(cls).parameters)})") from None
-    activation = kwargs.get("activation", "none")
-    if activation != "none" and activation not in ACTIVATIONS:
-        raise ConfigError(f"{key}.activation is {activation!r}, expected 'none' or one of {sorted(ACTIVATIONS)}")
-    init = kwargs.get("init")
-    if init is not None and init not in INIT_SCHEMES:
-        raise ConfigError(f"{key}.init is {init!r}, expected one of {INIT_SCHEMES}")
+    for name, value in kwargs.items():
+        ok, expected = LAYER_ARGUMENTS[name]
+        if not ok(value):
+            raise ConfigError(f"{key}.{name} is {value!r}, expected {expected}")
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# Every layer argument a config may set, with the check it must pass and what is expected.
+LAYER_ARGUMENTS = {
+    "units": (_count, "an integer >= 1"),
+    "filters": (_count, "an integer >= 1"),
+    "kernel": (lambda v: _count(v) or isinstance(v, list) and len(v) == 2 and all(map(_count, v)),
+               "an integer >= 1 or [height, width]"),
+    "pool": (lambda v: _count(v) or isinstance(v, list) and len(v) == 2 and all(map(_count, v)),
+             "an integer >= 1 or [height, width]"),
+    "stride": (lambda v: v is None or _count(v), "an integer >= 1"),
+    "padding": (lambda v: v in PADDINGS, f"one of {PADDINGS}"),
+    "rate": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "momentum": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "eps": (lambda v: _number(v) and v > 0, "a positive number"),
+    "activation": (lambda v: v == "none" or v in ACTIVATIONS, f"'none' or one of {sorted(ACTIVATIONS)}"),
+    "init": (lambda v: v is None or v in INIT_SCHEMES, f"one of {INIT_SCHEMES}"),
+}
+
+
+def _layer_from_spec(spec, key: str) -> Layer:
+    check_layer_spec(spec, key)
     try:
-        return cls(**kwargs)
+        return LAYER_TYPES[spec["type"]](**{k: v for k, v in spec.items() if k != "type"})
     except ValueError as e:
         raise ConfigError(f"{key}: {e}") from None

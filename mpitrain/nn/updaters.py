@@ -12,14 +12,19 @@ from mpitrain.kernels.sgd import momentum_step
 
 
 class Updater:
-    """Base: L2 on the weights, a preallocated delta buffer, and state slots in one buffer."""
+    """Base: L2 on the weights, a preallocated delta buffer, and state slots in one buffer.
 
-    n_slots = 0
+    `slot_names` says what each slot of `state` holds, in order: with the updater's type it is
+    what a checkpoint's updater state means (a resume under another updater is refused).
+    """
+
+    slot_names: tuple = ()
 
     def __init__(self, config, params, decay_mask):
         xp = array_module(params)
         self.config = config
         self.n = params.size
+        self.n_slots = len(self.slot_names)
         self.state = xp.zeros(self.n_slots * self.n, dtype=params.dtype)
         self.slots = [self.state[i * self.n:(i + 1) * self.n] for i in range(self.n_slots)]
         self.out = xp.empty_like(params)
@@ -53,7 +58,7 @@ class SGD(Updater):
     """
 
     def __init__(self, config, params, decay_mask):
-        self.n_slots = 1 if config.momentum else 0
+        self.slot_names = ("velocity",) if config.momentum else ()
         super().__init__(config, params, decay_mask)
         if self.n_slots:  # load the fused kernel now: numba's first call takes about 0.5 s, not the first step's
             tiny = array_module(params).zeros(4, dtype=params.dtype)
@@ -76,7 +81,7 @@ class SGD(Updater):
 class AdaGrad(Updater):
     """h += g^2; delta = -lr g / (sqrt(h) + eps)."""
 
-    n_slots = 1
+    slot_names = ("sum_of_squared_gradients",)
 
     def _delta(self, g, out):
         xp, h = array_module(g), self.slots[0]
@@ -92,6 +97,8 @@ class AdaGrad(Updater):
 class RMSProp(AdaGrad):
     """AdaGrad with a decaying average: h = rho h + (1 - rho) g^2."""
 
+    slot_names = ("mean_squared_gradient",)
+
     def _accumulate(self, h, g) -> None:
         h *= self.config.rho
         h += (1 - self.config.rho) * g * g
@@ -100,7 +107,7 @@ class RMSProp(AdaGrad):
 class Adam(Updater):
     """Adam with bias correction: delta = -lr m_hat / (sqrt(v_hat) + eps)."""
 
-    n_slots = 2
+    slot_names = ("first_moment", "second_moment")
 
     def _delta(self, g, out):
         c, xp, t = self.config, array_module(g), self.iteration

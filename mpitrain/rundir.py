@@ -1,0 +1,66 @@
+"""A run directory belongs to one job at a time, and a run's own config.yaml always points at its own folder.
+
+    lock = RunDirLock(run_dir)   # rank 0, before anything is written; held until the process ends
+    lock.acquire()               # MpitrainError naming the owner's host and pid when another job holds it
+
+The lock is `fcntl.flock` on RUN_DIR/.lock: the operating system releases it when the owning
+process dies, however it dies, so a crashed job never leaves it stuck. Beside the lock the
+file holds the owner's host and pid, for the message a second job gets.
+
+A run directory copied with `cp -r runs/A runs/B` holds a config.yaml whose `run_dir` still
+names A; training `runs/B/config.yaml` must write B, not A. `own_run_dir` says which folder a
+config file inside a run directory belongs to.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import socket
+
+from mpitrain.errors import MpitrainError
+
+LOCK_NAME = ".lock"
+RUN_FILES = ("checkpoints", "metrics.jsonl", "summary.json")
+
+
+class RunDirLock:
+    """An exclusive, non-blocking lock on a run directory, released when the process exits."""
+
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+        self.path = os.path.join(run_dir, LOCK_NAME)
+        self.fd = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise naming the job that holds it. Not a collective: rank 0 calls it."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            owner = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                raise MpitrainError(f"{self.run_dir}: in use by another job ({owner}); a run directory belongs to "
+                                    "one job at a time: wait for it to end, or use another run_dir") from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"host {socket.gethostname()} pid {os.getpid()}\n".encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = None
+
+
+def is_run_dir(folder: str) -> bool:
+    """Whether `folder` holds a run's files (checkpoints, metrics or a summary)."""
+    return any(os.path.exists(os.path.join(folder, name)) for name in RUN_FILES)
+
+
+def own_run_dir(config_path: str) -> str | None:
+    """The run directory a config file belongs to: its folder when the file is a run's config.yaml
+    (the folder holds the run's files), else None (a config of the user's, which names its run_dir)."""
+    folder = os.path.dirname(os.path.abspath(config_path))
+    return folder if os.path.basename(config_path) == "config.yaml" and is_run_dir(folder) else None
