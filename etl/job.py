@@ -14,6 +14,7 @@ whose executors share the file system holding `out`.
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import math
 import os
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mpitrain.errors import ConfigError, DataError
+from mpitrain.rundir import LOCK_NAME, FolderLock
 from mpitrain.etl.records import BadRecords, ReadBatch
 from mpitrain.etl.shuffle import Placement, key_partition, plan_placement, row_keys, shard_of
 from mpitrain.etl.sources import Source, SourceOptions, carved_rows, open_source
@@ -90,6 +92,9 @@ class EtlPlan:
                               f"(the {smallest} split of {self.source.spec} has {rows[smallest]} rows)")
 
 
+TMP_MARK = ".etl-tmp-"  # OUT.etl-tmp-XXXXXXXX: a job's output until it is complete
+
+
 def plan_etl(source: str, out: str, shards: int, seed: int = 0, overwrite: bool = False, **options) -> EtlPlan:
     """Check the options and the output folder, open the source and check `shards` where rows are known.
 
@@ -98,7 +103,7 @@ def plan_etl(source: str, out: str, shards: int, seed: int = 0, overwrite: bool 
     if seed < 0:
         raise ConfigError(f"--seed {seed}: expected an integer >= 0")
     options = EtlOptions(**options)
-    out = os.path.abspath(out)
+    out = os.path.realpath(out)  # through a symbolic link: the dataset is replaced where it points, the link stays
     _check_out(out, overwrite)
     plan = EtlPlan(open_source(source, options.test_fraction, options.source_options), out, shards, seed, overwrite, options)
     known = plan.source.known_rows()
@@ -115,18 +120,39 @@ def run_etl(spark, source: str, out: str, shards: int, seed: int = 0, overwrite:
 
 
 def write_dataset(spark, plan: EtlPlan) -> Manifest:
-    """Run a planned job; on any failure the temporary folder goes and `out` is untouched."""
-    tmp = f"{plan.out}.etl-tmp-{uuid.uuid4().hex[:8]}"
+    """Run a planned job; on any failure the temporary folder goes and `out` is untouched.
+
+    The temporary folder is locked while the job runs (`FolderLock`, released by the
+    operating system when the driver dies): a later job for the same `out` removes the
+    temporary folders of jobs that were killed, and leaves those of jobs still running.
+    """
+    _remove_stale_temporaries(plan.out)
+    tmp = f"{plan.out}{TMP_MARK}{uuid.uuid4().hex[:8]}"
     os.makedirs(tmp)
+    lock = FolderLock(tmp)
+    lock.acquire()
     try:
         with _task_data_errors():
             manifest = _write_splits(spark, plan, tmp)
         write_manifest(tmp, manifest)
         _move_into_place(tmp, plan.out, plan.overwrite)
+        os.remove(os.path.join(plan.out, LOCK_NAME))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        lock.release()
     return manifest
+
+
+def _remove_stale_temporaries(out: str) -> None:
+    """Remove the temporary folders `OUT.etl-tmp-*` that no live job holds (their ETL was killed)."""
+    for stale in sorted(glob.glob(glob.escape(out) + TMP_MARK + "*")):
+        lock = FolderLock(stale)
+        if os.path.isdir(stale) and lock.held_by_nobody():
+            shutil.rmtree(stale)
+            lock.release()
+            log.info("removed %s, left by an ETL job that was killed", stale)
 
 
 def _check_out(out: str, overwrite: bool) -> None:

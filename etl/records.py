@@ -6,6 +6,8 @@ as one-line descriptions, so the job can print a sample and fail above `--max-ba
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +43,12 @@ class ReadBatch:
     bad: BadRecords
 
 
+def flat_rows(x: np.ndarray) -> np.ndarray:
+    """`x` as (rows, values per row), also when it has no rows (`reshape(len(x), -1)` fails on size 0:
+    a batch whose every record was bad)."""
+    return x.reshape(len(x), math.prod(x.shape[1:]))
+
+
 def checked_batch(x: np.ndarray, labels: np.ndarray, num_classes: int | None, where: str, record,
                   bad: BadRecords | None = None, feature_dtype: str | None = None) -> ReadBatch:
     """Keep the rows whose label is a class index and whose features are finite (and fit `feature_dtype`).
@@ -57,7 +65,7 @@ def checked_batch(x: np.ndarray, labels: np.ndarray, num_classes: int | None, wh
     if num_classes is not None:
         label_ok &= labels < num_classes
     expected = f"0..{num_classes - 1}" if num_classes is not None else "an integer >= 0"
-    features = x.reshape(len(x), -1)
+    features = flat_rows(x)
     feature_ok = np.ones(len(x), bool)
     if feature_dtype == "uint8" and features.dtype != np.uint8:  # NaN and Inf fail these comparisons too
         feature_ok = ((features >= 0) & (features <= 255) & (features == np.floor(features))).all(axis=1)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpitrain.etl.records import flat_rows
+
 _MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
@@ -25,7 +27,7 @@ def splitmix(z: np.ndarray) -> np.ndarray:
 
 def row_keys(x: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray:
     """uint64 keys from each row's bytes and label: a seeded random linear hash, then splitmix64."""
-    rows = np.ascontiguousarray(x).reshape(len(x), -1).view(np.uint8)
+    rows = flat_rows(np.ascontiguousarray(x)).view(np.uint8)
     pad = -rows.shape[1] % 8
     if pad:
         rows = np.concatenate([rows, np.zeros((len(rows), pad), np.uint8)], axis=1)

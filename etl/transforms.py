@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpitrain.errors import ConfigError, DataError
+from mpitrain.etl.records import flat_rows
 from mpitrain.etl.shuffle import splitmix
 
 BINARIZE_MODES = ("threshold", "stochastic")
@@ -57,7 +58,7 @@ class FeatureStats:
 
     @classmethod
     def of(cls, values: np.ndarray) -> FeatureStats:
-        flat = values.reshape(len(values), -1).astype(np.float64)
+        flat = flat_rows(values).astype(np.float64)
         empty = not len(flat)
         return cls(len(flat), flat.sum(axis=0), np.square(flat).sum(axis=0),
                    np.inf if empty else float(flat.min()), -np.inf if empty else float(flat.max()))
@@ -105,7 +106,7 @@ class Transforms:
         """Stored source values (rows, ...) of rows with shuffle `keys` -> stored output values."""
         if not (self.options.binarize or self.options.standardize):
             return x
-        v = x.reshape(len(x), -1).astype(np.float64) * self.source_scale + self.source_offset
+        v = flat_rows(x).astype(np.float64) * self.source_scale + self.source_offset
         if self.options.standardize:
             return ((v - self.mean) / self.std).astype(np.float32).reshape(x.shape)
         v = (v - self.low) / (self.high - self.low)

@@ -1,4 +1,5 @@
 """Errors a user can fix (bad input, bad config); caught only at the CLI edge."""
+import os
 
 
 class MpitrainError(Exception):
@@ -14,6 +15,7 @@ class DataError(MpitrainError):
 
 
 def describe(error: OSError) -> str:
-    """An operating-system error in a few words, for a one-line message: "Permission denied",
-    "No space left on device" (its strerror), else its text (h5py's errors have no strerror)."""
-    return error.strerror or str(error)
+    """An operating-system error in a few words, for a one-line message: "Permission denied", "No space
+    left on device" (the words of its errno; h5py puts its own multi-line text where strerror belongs),
+    else its text on one line."""
+    return os.strerror(error.errno) if error.errno else " ".join(str(error).split())

@@ -22,7 +22,7 @@ from mpitrain.data import Batches, DatasetReader, RankRows
 from mpitrain.errors import ConfigError, describe
 from mpitrain.nn.model import Sequential, build_model
 from mpitrain.pretrain import dbn_layers
-from mpitrain.rundir import RunDirLock
+from mpitrain.rundir import FolderLock
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Run:
         run directory is refused at once, naming this one, instead of interleaving its files
         with ours. A folder that cannot be written is one error on every rank.
         """
-        lock = RunDirLock(self.config.run_dir)
+        lock = FolderLock(self.config.run_dir)
         with self.comm.agreed_errors():
             if self.comm.is_root:
                 try:

@@ -1,6 +1,6 @@
 """A run directory belongs to one job at a time, and a run's own config.yaml always points at its own folder.
 
-    lock = RunDirLock(run_dir)   # rank 0, before anything is written; held until the process ends
+    lock = FolderLock(run_dir)   # rank 0, before anything is written; held until released or the process ends
     lock.acquire()               # MpitrainError naming the owner's host and pid when another job holds it
 
 The lock is `fcntl.flock` on RUN_DIR/.lock: the operating system releases it when the owning
@@ -24,16 +24,28 @@ LOCK_NAME = ".lock"
 RUN_FILES = ("checkpoints", "metrics.jsonl", "summary.json")
 
 
-class RunDirLock:
-    """An exclusive, non-blocking lock on a run directory, released when the process exits."""
+class FolderLock:
+    """An exclusive, non-blocking lock on a folder (a run directory, an ETL's temporary output), released when
+    the process exits. Not a collective: one process (rank 0, the Spark driver) takes it."""
 
-    def __init__(self, run_dir: str):
-        self.run_dir = run_dir
-        self.path = os.path.join(run_dir, LOCK_NAME)
+    def __init__(self, folder: str):
+        self.folder = folder
+        self.path = os.path.join(folder, LOCK_NAME)
         self.fd = None
 
     def acquire(self) -> None:
-        """Take the lock, or raise naming the job that holds it. Not a collective: rank 0 calls it."""
+        """Take the lock, or raise naming the job that holds it."""
+        owner = self._take()
+        if owner is not None:
+            raise MpitrainError(f"{self.folder}: in use by another job ({owner}); a run directory belongs to one "
+                                "job at a time: wait for it to end, or use another run_dir")
+
+    def held_by_nobody(self) -> bool:
+        """Take the lock if no live process holds it (its owner died): True, and it is ours now."""
+        return self._take() is None
+
+    def _take(self) -> str | None:
+        """None once the lock is ours, else the holder's host and pid."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -41,12 +53,12 @@ class RunDirLock:
             owner = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
             if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
-                raise MpitrainError(f"{self.run_dir}: in use by another job ({owner}); a run directory belongs to "
-                                    "one job at a time: wait for it to end, or use another run_dir") from None
+                return owner
             raise
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"host {socket.gethostname()} pid {os.getpid()}\n".encode(), 0)
         self.fd = fd
+        return None
 
     def release(self) -> None:
         if self.fd is not None:
