@@ -14,11 +14,11 @@ from __future__ import annotations
 import numpy as np
 
 from . import message as _message
-from .message import MAX_ELEMENTS, check_size  # noqa: F401  (public: the int32 size limit)
+from .message import MAX_ELEMENTS, NaNResidual, check_size  # noqa: F401  (public: the int32 size limit)
 
 __all__ = ["threshold_encode", "threshold_decode", "bitmap_encode", "bitmap_decode", "clip_residual",
            "add_to_residual", "warm_up", "message_count", "message_encoding", "check_size", "MAX_ELEMENTS",
-           "implementation"]
+           "NaNResidual", "implementation"]
 
 
 def implementation(array):

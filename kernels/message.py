@@ -32,6 +32,10 @@ MAX_ELEMENTS = 2**31 - 2
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+class NaNResidual(ValueError):
+    """The residual to encode holds NaN: the training diverged (nothing was encoded)."""
+
+
 def check_size(n: int) -> int:
     """Return `n`, or raise ValueError when n elements cannot be indexed by int32 messages."""
     if n > MAX_ELEMENTS:
@@ -84,7 +88,7 @@ def parse_header(header: np.ndarray, message_size: int) -> tuple[int, int, np.fl
 def encode(impl, residual, tau, encoding: str = "auto"):
     """Send every |r_i| >= tau: subtract sign(r_i)*tau from the residual in place, return the message.
 
-    NaN raises ValueError before anything is changed.
+    NaN raises NaNResidual (a ValueError) before anything is changed.
     """
     check_vector(residual, "residual")
     n = check_size(residual.size)
@@ -95,8 +99,8 @@ def encode(impl, residual, tau, encoding: str = "auto"):
     count, has_nan, plan = impl.count(residual, tau_r)
     if has_nan:
         nan = np.isnan(impl.to_host(residual))
-        raise ValueError(f"residual holds {np.count_nonzero(nan)} NaN value(s), the first at index "
-                         f"{np.argmax(nan)}; nothing was encoded")
+        raise NaNResidual(f"residual holds {np.count_nonzero(nan)} NaN value(s), the first at index "
+                          f"{np.argmax(nan)}; nothing was encoded")
     kind = choose_encoding(encoding, count, n)
     message = impl.empty(residual, HEADER_SIZE + (count if kind == SPARSE else bitmap_words(n)))
     impl.set_header(message, np.array([count, n, tau32.view(np.int32), kind], dtype=np.int32))

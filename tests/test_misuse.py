@@ -10,11 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from conftest import MPIEXEC, MPITRAIN, command, make_dataset, mpiexec, write_config
 from mpitrain.rundir import LOCK_NAME
+from mpitrain.shard_format import Manifest, shard_path, write_manifest, write_shard
 
 SMALL = {"train": {"epochs": 1, "batch_size": 16, "seed": 1, "log_every": 10}}
 
@@ -77,6 +79,22 @@ def with_config(**sections):
     return setup
 
 
+def huge_values_run(case: Path) -> list:
+    """float32 features of 3e38 (finite, so the dataset is valid): the first forward pass overflows and the
+    update is NaN; `sharing` must stop every rank, in its exchange, before a metrics window sees the loss."""
+    rng = np.random.default_rng(0)
+    splits = {}
+    for split, n in (("train", 640), ("test", 16)):
+        x, y = np.full((n, 4), 3e38, np.float32), rng.integers(0, 3, n).astype(np.int32)
+        splits[split] = [write_shard(str(case / "data"), shard_path(split, 0), x, y)]
+    write_manifest(str(case / "data"), Manifest(feature_shape=(4,), feature_dtype="float32", scale=1.0, offset=0.0,
+                                                mean=0.0, std=1.0, num_classes=3, splits=splits,
+                                                label_counts={"train": [1, 1, 1], "test": [1, 1, 1]}))
+    return ["train", write_config(case / "exp.yaml", case / "data", run_dir=str(case / "run"), sync={"mode": "sharing"},
+                                  data={"path": str(case / "data"), "normalize": False},
+                                  train={**SMALL["train"], "log_every": 1000})]
+
+
 def data_path_is_a_file(trained, case):
     (case / "data").write_text("not a dataset")
     return ["train", write_config(case / "exp.yaml", case / "data", run_dir=str(case / "run"), **SMALL)]
@@ -129,6 +147,8 @@ CASES = [
     ("batchnorm-momentum", with_config(model={"layers": [{"type": "batchnorm", "momentum": 1.5},
                                                          {"type": "dense", "units": 3}]}),
      r"model.layers\[0\].momentum is 1.5"),
+    ("sharing-diverges", lambda trained, case: huge_values_run(case), "training diverged: the update of rank [01] "
+                                                                      "holds NaN after [0-9]+ sharing steps"),
     # one line, exit 2, on every rank
     ("config-is-a-folder", lambda trained, case: ["train", str(case)], "is a folder; expected a YAML config file"),
     ("config-is-binary", written("exp.yaml", "\x00\x01\xff\xfe" * 64), "expected a YAML config file|not valid YAML"),

@@ -24,7 +24,8 @@ accuracy), and the saved model would not be the one just evaluated.
 """
 from __future__ import annotations
 
-from mpitrain.kernels import add_to_residual, message_count, threshold_decode, threshold_encode, warm_up
+from mpitrain.errors import MpitrainError
+from mpitrain.kernels import NaNResidual, add_to_residual, message_count, threshold_decode, threshold_encode, warm_up
 from mpitrain.sync.base import Synchronizer
 
 
@@ -49,7 +50,15 @@ class SharingSync(Synchronizer):
         limit = clip["factor"] * self.tau if clip and self.steps % clip["every"] == 0 else None
         add_to_residual(self.residual, updater.delta(model.grads, model.params), limit)  # one pass
         sent_tau = self.tau
-        messages = self.comm.allgatherv(threshold_encode(self.residual, sent_tau, self.config.encoding))
+        try:
+            message = threshold_encode(self.residual, sent_tau, self.config.encoding)
+        except NaNResidual:  # the others learn it from the exchange itself: an empty message
+            message = self.residual[:0].view(model.xp.int32)
+        messages = self.comm.allgatherv(message)
+        empty = [rank for rank, m in enumerate(messages) if m.size == 0]  # sizes are host values: no copy
+        if empty:
+            raise MpitrainError(f"training diverged: the update of rank {empty[0]} holds NaN after {self.steps} "
+                                "sharing steps; the last good checkpoint is kept; try a lower optimizer.lr")
         for message in messages:  # rank order on every rank: identical sums, identical replicas
             threshold_decode(message, model.params, 1.0 / len(messages))
         sent = sum(message_count(m) for m in messages)
