@@ -102,10 +102,12 @@ class Checkpointer:
                 stats_layout=model.stats_layout,
                 sync_arrays={name: to_host(array) for name, array in sync.arrays().items()}), self.keep)
 
-    def restore(self, model, path: str | None = None) -> str:
+    def restore(self, model, path: str | None = None, same_dataset: bool = False) -> str:
         """Load checkpoint `path` (default: the run's newest) into `model` on this rank; return its path.
 
-        Not a collective: each rank reads the file (evaluation and prediction).
+        Not a collective: each rank reads the file (evaluation, prediction, export). With
+        `same_dataset`, a checkpoint taken on another dataset (manifest sha256) is refused: an
+        export bakes the manifest's scaling into its graph.
         """
         if path is None:
             checkpoints = self.paths()
@@ -113,7 +115,8 @@ class Checkpointer:
                 raise DataError(f"{self.run_dir}/checkpoints: no checkpoint; train first or pass --checkpoint")
             path = checkpoints[-1]
         ckpt = load_checkpoint(path)
-        check_fits(ckpt, model.layout + model.stats_layout)
+        check_fits(ckpt, model.layout + model.stats_layout, None, self.manifest_sha256 if same_dataset else None,
+                   self.data_path)
         self._restore(ckpt, model)
         return path
 

@@ -65,6 +65,12 @@ def _parser() -> argparse.ArgumentParser:
             sub.add_argument("--out", help="output HDF5 file (default: RUN_DIR/predictions-SPLIT.h5)")
         sub.set_defaults(run=run)
 
+    export = commands.add_parser("export", help="write a run's checkpoint as an ONNX model (one process)")
+    export.add_argument("run_dir", help="a run directory written by `mpitrain train`")
+    export.add_argument("--checkpoint", help="checkpoint file (default: the run's newest)")
+    export.add_argument("--out", required=True, help="the ONNX file to write, e.g. model.onnx")
+    export.set_defaults(run=_export)
+
     etl = commands.add_parser("etl", help="run the Spark ETL job in local mode (same as spark-submit etl/prepare.py)")
     from mpitrain.etl.cli import add_arguments
     add_arguments(etl)
@@ -161,6 +167,16 @@ def _load_trained(args, comm) -> _Trained:
         checkpoint = run.checkpointer.restore(run.model, args.checkpoint)
         rows = run.reader.rows(args.split, training=False)
     return _Trained(run, rows, checkpoint)
+
+
+def _export(args) -> int:
+    from mpitrain.export import describe_tensor, export_run, metadata, write_model
+    proto = export_run(args.run_dir, args.checkpoint)
+    write_model(proto, args.out)
+    print(f"wrote {args.out}: {len(proto.graph.node)} ONNX nodes (opset {proto.opset_import[0].version}), "
+          f"rows {describe_tensor(proto.graph.input[0])} -> probabilities "
+          f"{describe_tensor(proto.graph.output[0])}; from {metadata(proto)['checkpoint']}")
+    return 0
 
 
 def _report(args) -> int:

@@ -77,15 +77,21 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
                                    max_rows=config.data.max_rows)
         manifest = reader.manifest
         if model is None:
-            if config.pretrain.layers and not config.model.layers:
-                config.model.layers = dbn_layers(config.pretrain.layers, manifest.num_classes)
-            model = build_model(config.model, manifest.feature_shape, manifest.num_classes, comm.backend.xp)
+            model = config_model(config, manifest, comm.backend.xp)
         else:
             _check_fits(model, manifest, comm.backend)
     checkpointer = Checkpointer(config.run_dir, comm, comm.backend, reader.manifest_sha256, reader.path,
                                 keep=config.checkpoint.keep, resume=config.resume,
                                 config_yaml=yaml.safe_dump(config.to_dict(), sort_keys=False))
     return Run(config, comm, comm.backend, reader, model, checkpointer)
+
+
+def config_model(config: Config, manifest, xp) -> Sequential:
+    """The model `config` describes for the dataset of `manifest`, on array module `xp`; a deep belief
+    net's layers (`pretrain.layers` without `model.layers`) are written into `config.model.layers`."""
+    if config.pretrain.layers and not config.model.layers:
+        config.model.layers = dbn_layers(config.pretrain.layers, manifest.num_classes)
+    return build_model(config.model, manifest.feature_shape, manifest.num_classes, xp)
 
 
 def _check_fits(model: Sequential, manifest, backend) -> None:
