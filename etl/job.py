@@ -18,13 +18,12 @@ import logging
 import math
 import os
 import re
-import shutil
-import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from mpitrain.errors import ConfigError, DataError
+from mpitrain.etl.output import atomic_folder, check_out
 from mpitrain.etl.records import BadRecords, ReadBatch
 from mpitrain.etl.shuffle import Placement, key_partition, plan_placement, row_keys, shard_of
 from mpitrain.etl.sources import Source, SourceOptions, carved_rows, open_source
@@ -99,7 +98,7 @@ def plan_etl(source: str, out: str, shards: int, seed: int = 0, overwrite: bool 
         raise ConfigError(f"--seed {seed}: expected an integer >= 0")
     options = EtlOptions(**options)
     out = os.path.abspath(out)
-    _check_out(out, overwrite)
+    check_out(out, overwrite, MANIFEST_NAME, "dataset")  # --overwrite deletes the old one: it must be a dataset
     plan = EtlPlan(open_source(source, options.test_fraction, options.source_options), out, shards, seed, overwrite, options)
     known = plan.source.known_rows()
     if known:
@@ -116,44 +115,11 @@ def run_etl(spark, source: str, out: str, shards: int, seed: int = 0, overwrite:
 
 def write_dataset(spark, plan: EtlPlan) -> Manifest:
     """Run a planned job; on any failure the temporary folder goes and `out` is untouched."""
-    tmp = f"{plan.out}.etl-tmp-{uuid.uuid4().hex[:8]}"
-    os.makedirs(tmp)
-    try:
-        with _task_data_errors():
+    with atomic_folder(plan.out, plan.overwrite, MANIFEST_NAME, "dataset", "etl") as tmp:
+        with task_data_errors():
             manifest = _write_splits(spark, plan, tmp)
         write_manifest(tmp, manifest)
-        _move_into_place(tmp, plan.out, plan.overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return manifest
-
-
-def _check_out(out: str, overwrite: bool) -> None:
-    if not os.path.lexists(out):
-        return
-    if not overwrite:
-        raise DataError(f"{out}: exists; pass --overwrite to replace it")
-    # --overwrite deletes the old folder, so it must be a dataset (or empty), never e.g. $HOME
-    if not os.path.isdir(out) or (os.listdir(out) and not os.path.isfile(os.path.join(out, MANIFEST_NAME))):
-        raise DataError(f"{out}: exists and is not a dataset folder (no {MANIFEST_NAME}); "
-                        "refusing to replace it, even with --overwrite")
-
-
-def _move_into_place(tmp: str, out: str, overwrite: bool) -> None:
-    """Rename `tmp` to `out`; an old `out` is moved aside first and deleted only afterwards."""
-    _check_out(out, overwrite)  # again: something may have appeared there while the job ran
-    if not os.path.lexists(out):
-        os.rename(tmp, out)
-        return
-    old = f"{out}.etl-old-{uuid.uuid4().hex[:8]}"
-    os.rename(out, old)
-    try:
-        os.rename(tmp, out)
-    except BaseException:
-        os.rename(old, out)
-        raise
-    shutil.rmtree(old)
 
 
 @dataclass
@@ -205,7 +171,7 @@ def _summary(part: KeyedRows) -> tuple[np.ndarray, int, BadRecords]:
     return np.bincount(part.y), part.seen, part.bad
 
 
-def _check_bad_records(spec: str, seen: int, bad: BadRecords, max_fraction: float) -> None:
+def check_bad_records(spec: str, seen: int, bad: BadRecords, max_fraction: float) -> None:
     """Print a sample of the bad records; fail when more than `max_fraction` of all records are bad."""
     if not bad.count:
         return
@@ -263,7 +229,7 @@ def _write_splits(spark, plan: EtlPlan, tmp: str) -> Manifest:
     for results in summaries.values():
         for _, _, bad in results:
             all_bad.merge(bad)
-    _check_bad_records(source.spec, sum(seen for results in summaries.values() for _, seen, _ in results),
+    check_bad_records(source.spec, sum(seen for results in summaries.values() for _, seen, _ in results),
                        all_bad, options.max_bad_fraction)
     num_classes = source.num_classes or max(len(counts) for results in summaries.values() for counts, *_ in results)
     if num_classes < 2:
@@ -291,7 +257,7 @@ def _write_splits(spark, plan: EtlPlan, tmp: str) -> Manifest:
 
 
 @contextlib.contextmanager
-def _task_data_errors():
+def task_data_errors():
     """Raise a Spark task's DataError again on the driver, as a DataError."""
     try:
         yield

@@ -1,4 +1,5 @@
-"""`mpitrain train|eval|predict|etl|report|info`: the command line, and the one place user errors are caught.
+"""`mpitrain train|eval|predict|export|etl|score|report|info`: the command line, and the one place user errors
+are caught.
 
 Multi-rank commands run the same under `mpiexec -n N`, `srun`, or alone (1 rank). An
 uncaught exception on any rank aborts the whole job (see `launch.install_abort_hook`);
@@ -71,10 +72,14 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, help="the ONNX file to write, e.g. model.onnx")
     export.set_defaults(run=_export)
 
+    from mpitrain.etl.cli import add_arguments, add_score_arguments, run, run_score
     etl = commands.add_parser("etl", help="run the Spark ETL job in local mode (same as spark-submit etl/prepare.py)")
-    from mpitrain.etl.cli import add_arguments
     add_arguments(etl)
-    etl.set_defaults(run=_etl)
+    etl.set_defaults(run=_spark_job(run))
+    score = commands.add_parser("score", help="score a source with a model in Spark, local mode "
+                                              "(same as spark-submit etl/score.py)")
+    add_score_arguments(score)
+    score.set_defaults(run=_spark_job(run_score))
 
     report = commands.add_parser("report", help="draw report.png and report.html from one or more run directories")
     report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories, overlaid in one report")
@@ -186,11 +191,13 @@ def _report(args) -> int:
     return 0
 
 
-def _etl(args) -> int:
-    from mpitrain.etl.cli import run
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    return run(args)
+def _spark_job(job):
+    """`job(args)` with Spark's Python workers and driver running this Python unless the user chose."""
+    def run(args) -> int:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        return job(args)
+    return run
 
 
 def _info(args) -> int:

@@ -28,7 +28,8 @@ MANIFEST_KEYS = ("feature_shape", "feature_dtype", "scale", "offset", "mean", "s
                  "source", "seed", "transforms")  # the manifest's feature description, in metadata "manifest"
 
 
-def _onnx():
+def require_onnx():
+    """The onnx module, or a one-line error saying which extra installs it."""
     try:
         import onnx
     except ImportError:
@@ -40,7 +41,7 @@ class _Graph:
     """Nodes and initializers appended in order; each node's output gets a fresh name."""
 
     def __init__(self, dtype: np.dtype):
-        self.onnx, self.dtype = _onnx(), np.dtype(dtype)
+        self.onnx, self.dtype = require_onnx(), np.dtype(dtype)
         self.nodes, self.initializers = [], []
 
     def constant(self, name: str, value) -> str:
@@ -119,7 +120,7 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
     """
     from mpitrain.data import input_scaling
 
-    onnx = _onnx()
+    onnx = require_onnx()
     helper = onnx.helper
     for index, layer in enumerate(model.layers):
         if type(layer) not in CONVERTERS:
@@ -205,7 +206,7 @@ def write_model(proto, path: str) -> None:
 def describe_tensor(value_info) -> str:
     """A graph input or output as `dtype[dims]`, e.g. `uint8[N, 1, 28, 28]`."""
     tensor = value_info.type.tensor_type
-    dtype = np.dtype(_onnx().helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
+    dtype = np.dtype(require_onnx().helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
     return f"{dtype}[{', '.join(str(d.dim_param or d.dim_value) for d in tensor.shape.dim)}]"
 
 
@@ -216,7 +217,7 @@ def metadata(proto) -> dict[str, str]:
 
 def input_rows_shape(proto) -> tuple[str, tuple[int, ...]]:
     """(numpy dtype name, feature shape) of the rows an exported graph takes (its one input, less the batch)."""
-    onnx = _onnx()
+    onnx = require_onnx()
     graph = proto.graph
     if len(graph.input) != 1 or len(graph.output) != 1:
         raise MpitrainError(f"the ONNX model has {len(graph.input)} inputs and {len(graph.output)} outputs; "
