@@ -161,7 +161,7 @@ def run_score(args: argparse.Namespace) -> int:
         metrics = score(spark, plan)
     bad = f" ({metrics['bad_records']} bad records dropped)" if metrics["bad_records"] else ""
     print(f"wrote {plan.out}: {metrics['rows']} rows of {plan.source.spec} split {plan.split!r} scored{bad}; "
-          f"counts in {METRICS_NAME} (Spark master {master})")
+          f"metrics in {os.path.join(plan.out, METRICS_NAME)} (Spark master {master})")
     if "accuracy" in metrics:
         print(f"accuracy {metrics['accuracy']:.4f}  loss {metrics['loss']:.4f}")
         print("confusion matrix (rows: label, columns: predicted):")

@@ -28,6 +28,7 @@ from mpitrain.etl.job import check_bad_records, task_data_errors
 from mpitrain.etl.output import atomic_folder, check_out
 from mpitrain.etl.records import BadRecords
 from mpitrain.etl.sources import Source, SourceOptions, open_source
+from mpitrain.shard_format import FEATURE_DTYPES
 
 METRICS_NAME = "_metrics.json"  # inside the output folder; also what marks a folder --overwrite may replace
 ROW_ID = "row"  # the key column made for sources without keys of their own
@@ -68,6 +69,8 @@ def load_model(path: str) -> ScoringModel:
     else:
         raise DataError(f"--model {path}: no such file or run directory")
     dtype, shape = input_rows_shape(proto)
+    if dtype not in FEATURE_DTYPES:
+        raise ConfigError(f"--model {path}: takes {dtype} rows; scoring reads rows stored as one of {FEATURE_DTYPES}")
     props = metadata(proto)
     description = json.loads(props.get("manifest", "{}"))
     stored = [t["name"] for t in description.get("transforms", []) if t.get("name") in STORED_TRANSFORMS]

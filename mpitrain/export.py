@@ -17,7 +17,8 @@ import os
 
 import numpy as np
 
-from mpitrain.errors import ConfigError, MpitrainError
+from mpitrain import __version__
+from mpitrain.errors import ConfigError, DataError, MpitrainError
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
@@ -146,13 +147,11 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
     if dtype != np.float32:
         x = graph.node("Cast", [x], "output", to=onnx.TensorProto.FLOAT)
     graph.nodes.append(helper.make_node("Identity", [x], [OUTPUT], name="output/probabilities"))
-    batch = "N"
     inputs = [helper.make_tensor_value_info(INPUT, helper.np_dtype_to_tensor_dtype(np.dtype(manifest.feature_dtype)),
-                                            [batch, *manifest.feature_shape])]
-    outputs = [helper.make_tensor_value_info(OUTPUT, onnx.TensorProto.FLOAT, [batch, manifest.num_classes])]
+                                            ["N", *manifest.feature_shape])]  # N: any batch size
+    outputs = [helper.make_tensor_value_info(OUTPUT, onnx.TensorProto.FLOAT, ["N", manifest.num_classes])]
     proto = helper.make_model(helper.make_graph(graph.nodes, "mpitrain", inputs, outputs, graph.initializers),
                               opset_imports=[helper.make_opsetid("", OPSET)], producer_name="mpitrain")
-    from mpitrain import __version__
     proto.producer_version = __version__
     description = {key: getattr(manifest, key) for key in MANIFEST_KEYS}
     description["feature_shape"] = list(description["feature_shape"])
@@ -196,11 +195,14 @@ def export_run(run_dir: str, checkpoint: str | None = None):
 def write_model(proto, path: str) -> None:
     """Write an ONNX model to `path`: complete or absent (a temporary file, fsync, rename)."""
     tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(proto.SerializeToString())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(proto.SerializeToString())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        raise DataError(f"{path}: cannot write the ONNX model ({e.strerror})") from None
 
 
 def describe_tensor(value_info) -> str:

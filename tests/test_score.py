@@ -164,6 +164,10 @@ def test_requests_the_model_cannot_serve_fail_before_spark(digits_run, tmp_path)
     (tmp_path / "junk.onnx").write_bytes(b"not a model")
     with pytest.raises(DataError, match="--model .*junk.onnx: not a valid ONNX model"):
         plan_scoring(str(tmp_path / "junk.onnx"), "digits:", str(tmp_path / "p"))
+    result = command(MPITRAIN, "score", "--model", tmp_path / "junk.onnx", "--source", "digits:", "--out",
+                     tmp_path / "p")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith(f"mpitrain score: error: --model {tmp_path / 'junk.onnx'}: not a valid ONNX")
     with pytest.raises(ConfigError, match="--no-label: only csv, parquet and images sources may lack labels"):
         plan_scoring(str(run_dir), "digits:", str(tmp_path / "p"), options=SourceOptions(labeled=False))
     assert not (tmp_path / "p").exists()
