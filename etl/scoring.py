@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 from dataclasses import dataclass, replace
 
@@ -34,7 +33,6 @@ METRICS_NAME = "_metrics.json"  # inside the output folder; also what marks a fo
 ROW_ID = "row"  # the key column made for sources without keys of their own
 STORED_TRANSFORMS = ("standardize", "binarize")  # manifest transforms that change the stored values
 TALLIES = ("_seen", "_bad", "_samples", "_confusion", "_loss")
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -111,9 +109,13 @@ def plan_scoring(model: str, source: str, out: str, split: str = "", overwrite: 
                       image_size=options.image_size or shape[1:],
                       color=options.color or {1: "gray", 3: "rgb"}.get(shape[0], "gray"),
                       class_names=tuple(scoring.description.get("class_names", ())))
-    opened = open_source(source, options=options)
-    if not options.labeled and source.partition(":")[0] not in ("csv", "parquet", "images"):
+    scheme = source.partition(":")[0]
+    if not options.labeled and scheme not in ("csv", "parquet", "images"):
         raise ConfigError(f"--no-label: only csv, parquet and images sources may lack labels; {source} has them")
+    if options.keys and scheme != "parquet":
+        raise ConfigError(f"--keys {','.join(options.keys)}: only parquet sources have key columns; {source} "
+                          "gets a `row` (images: `path`)")
+    opened = open_source(source, options=options)
     if options.labeled and opened.num_classes and opened.num_classes != scoring.num_classes:
         raise ConfigError(f"{source}: labels of {opened.num_classes} classes, but the model scores "
                           f"{scoring.num_classes} classes")
