@@ -26,9 +26,12 @@ setup(
         # pyarrow: Spark hands the ETL's Python tasks Arrow batches; PySpark wants pandas < 3
         "spark": ["pyspark>=3.5", "pyarrow>=11", "pandas>=2,<3", "Pillow>=9"],
         "mpich": ["mpich"],
+        # `mpitrain export` (a trained model to ONNX) and `mpitrain score` (onnxruntime in Spark's executors)
+        "onnx": ["onnx>=1.14", "onnxruntime>=1.16"],
         # numba-cuda: the CUDA target with its toolkit wheels; it still calls np.row_stack, gone in numpy 2.5
         "gpu": ["cupy-cuda12x", "numba-cuda[cu12]", "numpy<2.5"],
-        "test": ["pytest>=7", "scikit-learn>=1.2", "pyspark>=3.5", "pyarrow>=11", "pandas>=2,<3", "Pillow>=9"],
+        "test": ["pytest>=7", "scikit-learn>=1.2", "pyspark>=3.5", "pyarrow>=11", "pandas>=2,<3", "Pillow>=9",
+                 "onnx>=1.14", "onnxruntime>=1.16"],
         "bench": ["torch==2.13.0"],
     },
     entry_points={"console_scripts": ["mpitrain = mpitrain.cli:main"]},

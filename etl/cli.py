@@ -1,7 +1,9 @@
-"""The ETL command line: `mpitrain etl ...` and `spark-submit etl/prepare.py ...` share it."""
+"""The ETL and scoring command lines: `mpitrain etl|score ...` and `spark-submit etl/prepare.py|score.py ...`
+share them, and the two jobs share their source, output and bad-record options."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -24,42 +26,63 @@ def _sizes(separator: str):
     return parse
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ETL options to `parser`."""
+def _add_io_arguments(parser: argparse.ArgumentParser, out_help: str) -> None:
+    """What the ETL and scoring share: a source, an output that appears only when complete, Spark's master."""
     parser.add_argument("--source", required=True, help="; ".join(KNOWN_SOURCES))
-    parser.add_argument("--out", required=True, help="dataset folder to write; it appears only when complete")
-    parser.add_argument("--shards", type=int, required=True, help="shards per split (sizes differ by at most 1)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the row shuffle, split carving and "
-                                                            "stochastic binarize (default 0)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
+    parser.add_argument("--out", required=True, help=out_help)
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output at --out")
     parser.add_argument("--master", help="Spark master (default: spark-submit's --master or "
                                          "spark-defaults.conf, else local[*])")
-    splits = parser.add_argument_group("splits and bad records")
-    splits.add_argument("--test", default="", metavar="PATH",
-                        help="csv/parquet/images: the test split at PATH (same layout as --source)")
-    splits.add_argument("--test-fraction", type=float, default=0.2,
-                        help="test split carved (stratified) from a source without one (default 0.2)")
-    splits.add_argument("--validation-fraction", type=float, default=0.0,
-                        help="a `validation` split carved (stratified) from the train rows (default 0: none)")
-    splits.add_argument("--max-bad-fraction", type=float, default=0.0,
+    parser.add_argument("--max-bad-fraction", type=float, default=0.0,
                         help="fail when more than this fraction of the records is bad; bad records are "
                              "dropped, counted and a sample printed (default 0: any bad record fails)")
+
+
+def _add_column_arguments(parser: argparse.ArgumentParser, scoring: bool):
+    """The csv, parquet and images options; scoring takes dtype and classes from the model, and shapes by default."""
     columns = parser.add_argument_group("csv, parquet and images sources")
     columns.add_argument("--label", default="", help="label column: a name or a 0-based index "
                                                      "(default: csv the first column, parquet `label`)")
     columns.add_argument("--no-header", dest="header", action="store_false",
                          help="csv: the first line is data, not column names")
     columns.add_argument("--features", type=lambda text: tuple(text.split(",")), default=(),
-                         help="parquet: feature columns, comma-separated (default: all but the label)")
+                         help="parquet: feature columns, comma-separated (default: all but the label"
+                              + (" and the keys)" if scoring else ")"))
+    default = "the model's" if scoring else "flat"
     columns.add_argument("--feature-shape", type=_sizes(","), default=(), metavar="D1,D2,...",
-                         help="csv/parquet: shape of one row's features, e.g. 1,28,28 (default: flat)")
+                         help=f"csv/parquet: shape of one row's features, e.g. 1,28,28 (default: {default})")
+    columns.add_argument("--image-size", type=_sizes("x"), default=(), metavar="HEIGHTxWIDTH",
+                         help="images: every image is resized to this, e.g. 28x28"
+                              + (" (default: the model's)" if scoring else ""))
+    columns.add_argument("--color", default="" if scoring else "gray", choices=("gray", "rgb"),
+                         help="images: channels (default " + ("the model's" if scoring else "gray") + ")")
+    return columns
+
+
+def source_options(args: argparse.Namespace, **more) -> SourceOptions:
+    """The SourceOptions of parsed arguments; `more` are the fields only one command has."""
+    return SourceOptions(label=args.label, header=args.header, features=args.features,
+                         feature_shape=args.feature_shape, image_size=args.image_size, color=args.color, **more)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ETL options to `parser`."""
+    _add_io_arguments(parser, "dataset folder to write; it appears only when complete")
+    parser.add_argument("--shards", type=int, required=True, help="shards per split (sizes differ by at most 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the row shuffle, split carving and "
+                                                            "stochastic binarize (default 0)")
+    splits = parser.add_argument_group("splits")
+    splits.add_argument("--test", default="", metavar="PATH",
+                        help="csv/parquet/images: the test split at PATH (same layout as --source)")
+    splits.add_argument("--test-fraction", type=float, default=0.2,
+                        help="test split carved (stratified) from a source without one (default 0.2)")
+    splits.add_argument("--validation-fraction", type=float, default=0.0,
+                        help="a `validation` split carved (stratified) from the train rows (default 0: none)")
+    columns = _add_column_arguments(parser, scoring=False)
     columns.add_argument("--feature-dtype", default="float32", choices=("float32", "uint8"),
                          help="csv/parquet: stored dtype; uint8 needs integers 0..255 (default float32)")
     columns.add_argument("--num-classes", type=int, default=0,
                          help="csv/parquet: number of classes (default: the largest label + 1)")
-    columns.add_argument("--image-size", type=_sizes("x"), default=(), metavar="HEIGHTxWIDTH",
-                         help="images: every image is resized to this, e.g. 28x28")
-    columns.add_argument("--color", default="gray", choices=("gray", "rgb"), help="images: channels (default gray)")
     transforms = parser.add_argument_group("transforms (recorded in the manifest)")
     transforms.add_argument("--scale", action="store_true",
                             help="map features to [0, 1] by the train split's min and max")
@@ -71,11 +94,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     transforms.add_argument("--one-hot", action="store_true", help="shards also get y_onehot (rows, classes) uint8")
 
 
+def add_score_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the scoring options to `parser`."""
+    parser.add_argument("--model", required=True, help="an ONNX file (mpitrain export) or a run directory "
+                                                       "(its newest checkpoint, exported in memory)")
+    _add_io_arguments(parser, "predictions folder (Parquet) to write; it appears only when complete")
+    parser.add_argument("--split", default="", help="the source split to score (default: test if the source "
+                                                    "has one, else train)")
+    columns = _add_column_arguments(parser, scoring=True)
+    columns.add_argument("--no-label", dest="labeled", action="store_false",
+                         help="csv/parquet/images: the records have no label column (no accuracy)")
+    columns.add_argument("--keys", type=lambda text: tuple(text.split(",")), default=(),
+                         help="parquet: columns that identify a record, copied to the output (default: a row "
+                              "number `row`)")
+
+
 def plan_from_args(args: argparse.Namespace):
     """The EtlPlan of parsed arguments (checked before Spark starts)."""
-    source = SourceOptions(test=args.test, label=args.label, header=args.header, features=args.features,
-                           feature_shape=args.feature_shape, feature_dtype=args.feature_dtype,
-                           num_classes=args.num_classes, image_size=args.image_size, color=args.color)
+    source = source_options(args, test=args.test, feature_dtype=args.feature_dtype, num_classes=args.num_classes)
     transforms = TransformOptions(scale=args.scale, standardize=args.standardize, binarize=args.binarize,
                                   threshold=args.threshold, one_hot=args.one_hot)
     return plan_etl(args.source, args.out, args.shards, args.seed, args.overwrite, test_fraction=args.test_fraction,
@@ -83,38 +119,73 @@ def plan_from_args(args: argparse.Namespace):
                     transforms=transforms, source_options=source)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Validate the request, run the Spark job and print a summary; a DataError propagates."""
+@contextlib.contextmanager
+def spark_session(master: str | None, name: str):
+    """A SparkSession for one job, stopped afterwards; its executors run this Python unless told otherwise."""
     from pyspark.sql import SparkSession
 
-    # Checked before Spark starts (seconds), so a wrong --out or --shards fails at once.
-    plan = plan_from_args(args)
-    # Executors run this Python (and its installed mpitrain) unless the user chose another.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName("mpitrain-etl")
-    if args.master:
-        builder = builder.master(args.master)
+    builder = SparkSession.builder.appName(name)
+    if master:
+        builder = builder.master(master)
     # Without --master, Spark's own default applies: spark-submit always sets spark.master
     # (its --master, spark-defaults.conf, or local[*]), also when PySpark starts it itself.
     spark = builder.getOrCreate()
     try:
         spark.sparkContext.setLogLevel("WARN")
-        master = spark.sparkContext.master
-        manifest = write_dataset(spark, plan)
+        yield spark
     finally:
         spark.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate the request, run the Spark job and print a summary; a DataError propagates."""
+    plan = plan_from_args(args)  # checked before Spark starts (seconds), so a wrong --out or --shards fails at once
+    with spark_session(args.master, "mpitrain-etl") as spark:
+        master = spark.sparkContext.master
+        manifest = write_dataset(spark, plan)
     rows = ", ".join(f"{split} {manifest.rows(split)} rows" for split in manifest.splits)
     rows += f" ({manifest.bad_records} bad records dropped)" if manifest.bad_records else ""
     print(f"wrote {plan.out}: {rows}; {plan.shards} shards per split (Spark master {master})")
     return 0
 
 
+def run_score(args: argparse.Namespace) -> int:
+    """Validate the request, score with Spark, print the counts (and accuracy and the confusion matrix)."""
+    from mpitrain.etl.scoring import METRICS_NAME, plan_scoring, score
+
+    plan = plan_scoring(args.model, args.source, args.out, args.split, args.overwrite, args.max_bad_fraction,
+                        source_options(args, labeled=args.labeled, keys=args.keys))
+    with spark_session(args.master, "mpitrain-score") as spark:
+        master = spark.sparkContext.master
+        metrics = score(spark, plan)
+    bad = f" ({metrics['bad_records']} bad records dropped)" if metrics["bad_records"] else ""
+    print(f"wrote {plan.out}: {metrics['rows']} rows of {plan.source.spec} split {plan.split!r} scored{bad}; "
+          f"metrics in {os.path.join(plan.out, METRICS_NAME)} (Spark master {master})")
+    if "accuracy" in metrics:
+        print(f"accuracy {metrics['accuracy']:.4f}  loss {metrics['loss']:.4f}")
+        print("confusion matrix (rows: label, columns: predicted):")
+        for row in metrics["confusion"]:
+            print("  " + " ".join(f"{count:6d}" for count in row))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """The `spark-submit etl/prepare.py` entry: parse `argv`, run, print an input error as one line."""
-    parser = argparse.ArgumentParser(prog="etl/prepare.py", description="Spark ETL: a source to HDF5 shards")
-    add_arguments(parser)
+    return _main(argv, "etl/prepare.py", "Spark ETL: a source to HDF5 shards", add_arguments, run)
+
+
+def main_score(argv: list[str] | None = None) -> int:
+    """The `spark-submit etl/score.py` entry: parse `argv`, score, print an input error as one line."""
+    return _main(argv, "etl/score.py", "Spark batch scoring: a model's predictions for a source",
+                 add_score_arguments, run_score)
+
+
+def _main(argv, prog: str, description: str, add, job) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add(parser)
     try:
-        return run(parser.parse_args(argv))
+        return job(parser.parse_args(argv))
     except MpitrainError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

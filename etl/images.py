@@ -14,7 +14,7 @@ import numpy as np
 
 from mpitrain.errors import ConfigError, DataError
 from mpitrain.etl.records import BadRecords, ReadBatch, checked_batch
-from mpitrain.etl.sources import Source, SourceOptions, dataframe_batches, split_paths
+from mpitrain.etl.sources import Source, SourceOptions, split_paths
 
 EXTENSIONS = "*.{png,PNG,jpg,JPG,jpeg,JPEG}"
 MODES = {"gray": ("L", 1), "rgb": ("RGB", 3)}
@@ -22,6 +22,8 @@ MODES = {"gray": ("L", 1), "rgb": ("RGB", 3)}
 
 class ImageFolderSource(Source):
     """Class folders of PNG/JPEG images; `--test FOLDER` gives a test split with the same class folders."""
+
+    keys = ("path",)
 
     def __init__(self, spec: str, folder: str, options: SourceOptions):
         self.paths = split_paths(spec, folder, options)
@@ -31,39 +33,43 @@ class ImageFolderSource(Source):
         if len(options.image_size) != 2 or min(options.image_size) < 1:
             raise ConfigError(f"--image-size {options.image_size}: expected HEIGHTxWIDTH, e.g. 28x28 "
                               "(every image is resized to it)")
-        self.class_names = sorted(entry.name for entry in os.scandir(self.paths["train"]) if entry.is_dir())
-        if len(self.class_names) < 2:
+        self.labeled = options.labeled
+        self.class_names = list(options.class_names) or sorted(entry.name for entry in os.scandir(self.paths["train"])
+                                                               if entry.is_dir())
+        if len(self.class_names) < 2 and self.labeled:
             raise DataError(f"{self.paths['train']}: {len(self.class_names)} class folders, expected at least 2 "
                             "(CLASS_NAME/*.png|jpg)")
         self.mode, channels = MODES[options.color]
         super().__init__(spec, (channels, *options.image_size), 1 / 255, len(self.class_names))
 
-    def read(self, spark, split):
-        frame = spark.read.format("binaryFile").option("pathGlobFilter", EXTENSIONS) \
+    def frame(self, spark, split):
+        return spark.read.format("binaryFile").option("pathGlobFilter", EXTENSIONS) \
             .option("recursiveFileLookup", "true").load(self.paths[split]).select("path", "content")
-        return dataframe_batches(frame, lambda batch: self._convert(split, batch))
 
-    def _convert(self, split: str, batch) -> ReadBatch:
+    def convert(self, split: str, batch) -> ReadBatch:
+        """Decode each image; labelled by its class folder (unlabeled records: any folder)."""
         paths = batch.column(0).to_pylist()
         contents = batch.column(1)
         index = {name: i for i, name in enumerate(self.class_names)}
         x = np.empty((len(paths), *self.feature_shape), np.uint8)
         labels = np.full(len(paths), -1, np.int64)
+        decoded = np.zeros(len(paths), bool)
         bad, problems = BadRecords(), {}
         for i, path in enumerate(paths):
             class_name = path.rstrip("/").split("/")[-2]
-            if class_name not in index:
+            if self.labeled and class_name not in index:
                 problems[i] = f"{path}: in folder {class_name!r}, expected one of the class folders {self.class_names}"
                 continue
             try:
                 x[i] = self._decode(contents[i].as_py())
-                labels[i] = index[class_name]
+                labels[i], decoded[i] = index.get(class_name, -1), True
             except (OSError, ValueError, SyntaxError) as e:  # Pillow's errors for files it cannot decode
                 problems[i] = f"{path}: cannot decode the image ({e})"
         failed = np.array(sorted(problems), np.int64)
         bad.add(failed, lambda i: problems[int(i)])
-        keep = labels >= 0
-        batch = checked_batch(x[keep], labels[keep], self.num_classes, self.paths[split], lambda i: i, bad)
+        positions = np.flatnonzero(decoded)
+        batch = checked_batch(x[positions], labels[positions] if self.labeled else None, self.num_classes,
+                              self.paths[split], lambda i: positions[i], bad, positions=positions)
         batch.seen = len(paths)
         return batch
 

@@ -19,14 +19,12 @@ import logging
 import math
 import os
 import re
-import shutil
-import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from mpitrain.errors import ConfigError, DataError
-from mpitrain.rundir import LOCK_NAME, FolderLock
+from mpitrain.etl.output import atomic_folder, check_out
 from mpitrain.etl.records import BadRecords, ReadBatch
 from mpitrain.etl.shuffle import Placement, key_partition, plan_placement, row_keys, shard_of
 from mpitrain.etl.sources import Source, SourceOptions, carved_rows, open_source
@@ -103,8 +101,8 @@ def plan_etl(source: str, out: str, shards: int, seed: int = 0, overwrite: bool 
     if seed < 0:
         raise ConfigError(f"--seed {seed}: expected an integer >= 0")
     options = EtlOptions(**options)
-    out = os.path.realpath(out)  # through a symbolic link: the dataset is replaced where it points, the link stays
-    _check_out(out, overwrite)
+    out = os.path.abspath(out)
+    check_out(out, overwrite, MANIFEST_NAME, "dataset")  # --overwrite deletes the old one: it must be a dataset
     plan = EtlPlan(open_source(source, options.test_fraction, options.source_options), out, shards, seed, overwrite, options)
     known = plan.source.known_rows()
     if known:
@@ -120,66 +118,12 @@ def run_etl(spark, source: str, out: str, shards: int, seed: int = 0, overwrite:
 
 
 def write_dataset(spark, plan: EtlPlan) -> Manifest:
-    """Run a planned job; on any failure the temporary folder goes and `out` is untouched.
-
-    The temporary folder is locked while the job runs (`FolderLock`, released by the
-    operating system when the driver dies): a later job for the same `out` removes the
-    temporary folders of jobs that were killed, and leaves those of jobs still running.
-    """
-    _remove_stale_temporaries(plan.out)
-    tmp = f"{plan.out}{TMP_MARK}{uuid.uuid4().hex[:8]}"
-    os.makedirs(tmp)
-    lock = FolderLock(tmp)
-    lock.acquire()
-    try:
-        with _task_data_errors():
+    """Run a planned job; on any failure the temporary folder goes and `out` is untouched."""
+    with atomic_folder(plan.out, plan.overwrite, MANIFEST_NAME, "dataset", "etl") as tmp:
+        with task_data_errors():
             manifest = _write_splits(spark, plan, tmp)
         write_manifest(tmp, manifest)
-        _move_into_place(tmp, plan.out, plan.overwrite)
-        os.remove(os.path.join(plan.out, LOCK_NAME))
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        lock.release()
     return manifest
-
-
-def _remove_stale_temporaries(out: str) -> None:
-    """Remove the temporary folders `OUT.etl-tmp-*` that no live job holds (their ETL was killed)."""
-    for stale in sorted(glob.glob(glob.escape(out) + TMP_MARK + "*")):
-        lock = FolderLock(stale)
-        if os.path.isdir(stale) and lock.held_by_nobody():
-            shutil.rmtree(stale)
-            lock.release()
-            log.info("removed %s, left by an ETL job that was killed", stale)
-
-
-def _check_out(out: str, overwrite: bool) -> None:
-    if not os.path.lexists(out):
-        return
-    if not overwrite:
-        raise DataError(f"{out}: exists; pass --overwrite to replace it")
-    # --overwrite deletes the old folder, so it must be a dataset (or empty), never e.g. $HOME
-    if not os.path.isdir(out) or (os.listdir(out) and not os.path.isfile(os.path.join(out, MANIFEST_NAME))):
-        raise DataError(f"{out}: exists and is not a dataset folder (no {MANIFEST_NAME}); "
-                        "refusing to replace it, even with --overwrite")
-
-
-def _move_into_place(tmp: str, out: str, overwrite: bool) -> None:
-    """Rename `tmp` to `out`; an old `out` is moved aside first and deleted only afterwards."""
-    _check_out(out, overwrite)  # again: something may have appeared there while the job ran
-    if not os.path.lexists(out):
-        os.rename(tmp, out)
-        return
-    old = f"{out}.etl-old-{uuid.uuid4().hex[:8]}"
-    os.rename(out, old)
-    try:
-        os.rename(tmp, out)
-    except BaseException:
-        os.rename(old, out)
-        raise
-    shutil.rmtree(old)
 
 
 @dataclass
@@ -231,7 +175,7 @@ def _summary(part: KeyedRows) -> tuple[np.ndarray, int, BadRecords]:
     return np.bincount(part.y), part.seen, part.bad
 
 
-def _check_bad_records(spec: str, seen: int, bad: BadRecords, max_fraction: float) -> None:
+def check_bad_records(spec: str, seen: int, bad: BadRecords, max_fraction: float) -> None:
     """Print a sample of the bad records; fail when more than `max_fraction` of all records are bad."""
     if not bad.count:
         return
@@ -289,7 +233,7 @@ def _write_splits(spark, plan: EtlPlan, tmp: str) -> Manifest:
     for results in summaries.values():
         for _, _, bad in results:
             all_bad.merge(bad)
-    _check_bad_records(source.spec, sum(seen for results in summaries.values() for _, seen, _ in results),
+    check_bad_records(source.spec, sum(seen for results in summaries.values() for _, seen, _ in results),
                        all_bad, options.max_bad_fraction)
     num_classes = source.num_classes or max(len(counts) for results in summaries.values() for counts, *_ in results)
     if num_classes < 2:
@@ -317,7 +261,7 @@ def _write_splits(spark, plan: EtlPlan, tmp: str) -> Manifest:
 
 
 @contextlib.contextmanager
-def _task_data_errors():
+def task_data_errors():
     """Raise a Spark task's DataError again on the driver, as a DataError."""
     try:
         yield

@@ -4,6 +4,10 @@ A source says how its features are stored (shape, dtype, scale/offset to floats)
 splits it has (a source without `test` gets one carved by the job), and reads a split as an
 RDD of `ReadBatch`es: numpy blocks of good rows with the bad records counted. The driver
 never holds the data. Sources are pickled into tasks.
+
+Scoring (`etl/scoring.py`) reads a split as a DataFrame of records (`frame`) and turns each
+Arrow record batch of it into a ReadBatch itself (`convert`), keeping the `keys` columns
+that identify each record; the ETL's `read` is the same two steps.
 """
 from __future__ import annotations
 
@@ -39,6 +43,9 @@ class SourceOptions:
     num_classes: int = 0  # csv, parquet: 0 means the largest label + 1
     image_size: tuple[int, ...] = ()  # images: (height, width) every image is resized to
     color: str = "gray"  # images: gray (1 channel) or rgb (3 channels)
+    labeled: bool = True  # csv, parquet, images: records carry a label (scoring reads unlabeled ones too)
+    keys: tuple[str, ...] = ()  # parquet: columns that identify a record, copied into scoring's output
+    class_names: tuple[str, ...] = ()  # images: the class folders in class order (default: the sorted sub-folders)
 
 
 class Source(ABC):
@@ -48,6 +55,7 @@ class Source(ABC):
     offset = 0.0
     splits: tuple[str, ...] = ("train", "test")
     class_names: list[str] = []
+    keys: tuple[str, ...] = ()  # columns of `frame` that identify a record (none: scoring numbers the rows)
 
     def __init__(self, spec: str, feature_shape: tuple[int, ...], scale: float, num_classes: int | None):
         self.spec = spec
@@ -62,13 +70,23 @@ class Source(ABC):
         """Records per split when known without reading them (for checks before Spark starts)."""
         return None
 
-    @abstractmethod
     def read(self, spark, split: str):
         """The records of `split` as an RDD of ReadBatch."""
+        return dataframe_batches(self.frame(spark, split), lambda batch: self.convert(split, batch))
+
+    @abstractmethod
+    def frame(self, spark, split: str):
+        """The records of `split` as a DataFrame (raw: lines, files, columns), the `keys` columns included."""
+
+    @abstractmethod
+    def convert(self, split: str, batch) -> ReadBatch:
+        """A pyarrow RecordBatch of `frame`'s records -> their good rows, bad ones counted (in a task)."""
 
 
 class RangeSource(Source):
-    """A source read by record ranges, `READ_ROWS` records per task."""
+    """A source read by record ranges, `READ_ROWS` records per task; as a DataFrame, its record numbers `row`."""
+
+    keys = ("row",)
 
     @abstractmethod
     def known_rows(self) -> dict[str, int]:
@@ -82,6 +100,19 @@ class RangeSource(Source):
         n = self.known_rows()[split]
         ranges = [(start, min(start + READ_ROWS, n)) for start in range(0, n, READ_ROWS)]
         return spark.sparkContext.parallelize(ranges, len(ranges)).map(lambda r: self.read_range(split, *r))
+
+    def frame(self, spark, split):
+        n = self.known_rows()[split]
+        return spark.range(0, n, numPartitions=max(1, -(-n // READ_ROWS))).withColumnRenamed("id", "row")
+
+    def convert(self, split, batch):
+        """The records numbered in `batch` (consecutive: a range's partition cut into Arrow batches in order)."""
+        rows = batch.column(0).to_numpy()
+        if not len(rows):
+            return self.read_range(split, 0, 0)
+        if rows[-1] - rows[0] + 1 != len(rows):
+            raise ValueError(f"{self.spec}: record numbers {rows[0]}..{rows[-1]} of a batch are not consecutive")
+        return self.read_range(split, int(rows[0]), int(rows[-1]) + 1)
 
 
 def dataframe_batches(frame, convert):

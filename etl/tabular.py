@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from mpitrain.errors import ConfigError, DataError
 from mpitrain.etl.records import BadRecords, ReadBatch, checked_batch
-from mpitrain.etl.sources import Source, SourceOptions, dataframe_batches, split_paths
+from mpitrain.etl.sources import Source, SourceOptions, split_paths
 from mpitrain.shard_format import FEATURE_DTYPES
 
 import numpy as np
@@ -20,9 +20,9 @@ def _column(name: str):
 
 
 def _describe(label, features: np.ndarray) -> str:
-    """A row by its leading values, e.g. '7,0,0,12,...', to find it with grep."""
-    leading = ",".join(f"{v:g}" for v in features[:4])
-    return f"'{label:g},{leading}{',...' if len(features) > 4 else ''}'"
+    """A row by its leading values, e.g. '7,0,0,12,...' (label first, if any), to find it with grep."""
+    leading = ",".join(f"{v:g}" for v in ([] if label is None else [label]) + list(features[:4]))
+    return f"'{leading}{',...' if len(features) > 4 else ''}'"
 
 
 class TableSource(Source):
@@ -41,8 +41,10 @@ class TableSource(Source):
         if self.num_classes is not None and self.num_classes < 2:
             raise ConfigError(f"--num-classes {self.num_classes}: expected at least 2")
 
-    def _label(self, columns: list[str]) -> str:
-        """The label column: `--label` as a name, or as a 0-based index."""
+    def _label(self, columns: list[str]) -> str | None:
+        """The label column: `--label` as a name, or as a 0-based index; None for unlabeled records."""
+        if not self.options.labeled:
+            return None
         label = self.options.label or self.default_label
         if label in columns:
             return label
@@ -58,9 +60,11 @@ class TableSource(Source):
                               f"expected {width} (the feature values of a row of {self.spec})")
         return tuple(shape)
 
-    def _batch(self, split: str, labels: np.ndarray, x: np.ndarray, bad: BadRecords, seen: int) -> ReadBatch:
+    def _batch(self, split: str, labels: np.ndarray | None, x: np.ndarray, bad: BadRecords, seen: int,
+               positions: np.ndarray) -> ReadBatch:
         batch = checked_batch(x.reshape(len(x), *self.feature_shape), labels, self.num_classes, self.paths[split],
-                              lambda i: _describe(labels[i], x[i]), bad, self.feature_dtype)
+                              lambda i: _describe(None if labels is None else labels[i], x[i]), bad,
+                              self.feature_dtype, positions)
         batch.seen = seen
         return batch
 
@@ -82,33 +86,41 @@ class CsvSource(TableSource):
         self.header_line = first.value if self.options.header else None
         self.columns = [f.strip() for f in fields] if self.options.header else [f"_c{i}" for i in range(len(fields))]
         self.label = self._label(self.columns)
-        self.label_index = self.columns.index(self.label)
-        self.feature_shape = self._shape(len(self.columns) - 1)
+        self.label_index = None if self.label is None else self.columns.index(self.label)
+        self.feature_shape = self._shape(len(self.columns) - (self.label is not None))
 
-    def read(self, spark, split):
-        return dataframe_batches(spark.read.text(self.paths[split]), lambda batch: self._convert(split, batch))
+    def frame(self, spark, split):
+        return spark.read.text(self.paths[split])
 
-    def _convert(self, split: str, batch) -> ReadBatch:
-        lines = [line for line in batch.column(0).to_pylist() if line and line != self.header_line]
+    def convert(self, split: str, batch) -> ReadBatch:
+        all_lines = batch.column(0).to_pylist()
+        positions = [i for i, line in enumerate(all_lines) if line and line != self.header_line]
+        lines = [all_lines[i] for i in positions]
         bad = BadRecords()
-        malformed = []
+        malformed = {}  # index in `lines` -> the line
         try:
             values = self._parse_block(lines, malformed)
         except ValueError:  # text where a number belongs: find the lines
             values = self._parse_lines(lines, malformed)
-        bad.add(np.arange(len(malformed)), lambda i: f"{self.paths[split]}: malformed line {malformed[i][:80]!r}, "
-                                                     f"expected {len(self.columns)} numbers separated by commas")
+        texts = list(malformed.values())
+        bad.add(np.arange(len(texts)), lambda i: f"{self.paths[split]}: malformed line {texts[i][:80]!r}, "
+                                                 f"expected {len(self.columns)} numbers separated by commas")
+        parsed = np.array([p for i, p in enumerate(positions) if i not in malformed], np.int64)
+        if self.label_index is None:
+            return self._batch(split, None, values.astype(np.float32), bad, len(lines), parsed)
         labels = values[:, self.label_index].astype(np.float64)
         x = np.delete(values, self.label_index, axis=1).astype(np.float32)
-        return self._batch(split, labels, x, bad, len(lines))
+        return self._batch(split, labels, x, bad, len(lines), parsed)
 
-    def _parse_block(self, lines: list[str], malformed: list[str]) -> np.ndarray:
+    def _parse_block(self, lines: list[str], malformed: dict[int, str]) -> np.ndarray:
         """All lines at once with pyarrow; rows of the wrong width go to `malformed`. Empty values are NaN."""
         import pyarrow as pa
         import pyarrow.csv as pcsv
 
         def skip(row):
-            malformed.append(row.text)
+            if row.number is None:  # pyarrow could not say which line: find them one by one
+                raise ValueError("a malformed line of unknown number")
+            malformed[row.number - 1] = row.text
             return "skip"
 
         names = [str(i) for i in range(len(self.columns))]
@@ -117,23 +129,23 @@ class CsvSource(TableSource):
                                   read_options=pcsv.ReadOptions(column_names=names, use_threads=False),
                                   parse_options=pcsv.ParseOptions(invalid_row_handler=skip),
                                   convert_options=pcsv.ConvertOptions(column_types={n: pa.float64() for n in names}))
-        except pa.ArrowInvalid as e:
+        except (pa.ArrowInvalid, ValueError) as e:
             malformed.clear()
             raise ValueError(str(e)) from None
         if table.num_rows == 0:
             return np.zeros((0, len(names)))
         return np.column_stack([column.to_numpy() for column in table.columns])
 
-    def _parse_lines(self, lines: list[str], malformed: list[str]) -> np.ndarray:
+    def _parse_lines(self, lines: list[str], malformed: dict[int, str]) -> np.ndarray:
         rows = []
-        for line in lines:
+        for index, line in enumerate(lines):
             fields = line.split(",")
             try:
                 if len(fields) != len(self.columns):
                     raise ValueError
                 rows.append([float(f) if f.strip() else np.nan for f in fields])
             except ValueError:
-                malformed.append(line)
+                malformed[index] = line
         return np.array(rows, dtype=np.float64).reshape(len(rows), len(self.columns))
 
 
@@ -151,9 +163,15 @@ class ParquetSource(TableSource):
         from pyspark.sql.types import ArrayType, NumericType
         frame = spark.read.parquet(self.paths["train"])
         self.label = self._label(frame.columns)
-        self.features = list(self.options.features) or [c for c in frame.columns if c != self.label]
+        self.keys = tuple(self.options.keys)
+        missing = [key for key in self.keys if key not in frame.columns]
+        if missing:
+            raise ConfigError(f"--keys {','.join(self.keys)}: no column {missing[0]!r} in {self.spec} "
+                              f"(columns: {frame.columns})")
+        self.features = list(self.options.features) or [c for c in frame.columns
+                                                        if c != self.label and c not in self.keys]
         types = {field.name: field.dataType for field in frame.schema.fields}
-        for name in [self.label, *self.features]:
+        for name in [self.label, *self.features] if self.label else self.features:
             kind = types.get(name)
             numeric = isinstance(kind, NumericType) or (name != self.label and isinstance(kind, ArrayType)
                                                         and isinstance(kind.elementType, NumericType))
@@ -170,16 +188,16 @@ class ParquetSource(TableSource):
         self.widths = [lengths.get(name, 0) for name in self.features]  # 0: a scalar column
         self.feature_shape = self._shape(sum(max(w, 1) for w in self.widths))
 
-    def read(self, spark, split):
-        frame = spark.read.parquet(self.paths[split]).select(*map(_column, [self.label, *self.features]))
-        return dataframe_batches(frame, lambda batch: self._convert(split, batch))
+    def frame(self, spark, split):
+        columns = [*([self.label] if self.label else []), *self.features, *self.keys]
+        return spark.read.parquet(self.paths[split]).select(*map(_column, columns))
 
-    def _convert(self, split: str, batch) -> ReadBatch:
-        import pyarrow as pa
+    def convert(self, split: str, batch) -> ReadBatch:
         import pyarrow.compute as pc
         seen, bad = batch.num_rows, BadRecords()
         good = np.ones(seen, bool)
-        for j, (name, width) in enumerate(zip(self.features, self.widths), start=1):
+        first = 1 if self.label else 0  # the frame's columns: the label (if any), the features, the keys
+        for j, (name, width) in enumerate(zip(self.features, self.widths), start=first):
             if width:
                 lengths = pc.fill_null(pc.list_value_length(batch.column(j)), -1).to_numpy(zero_copy_only=False)
                 wrong = good & (lengths != width)
@@ -187,9 +205,11 @@ class ParquetSource(TableSource):
                                                          f"{'no' if lengths[i] < 0 else lengths[i]} values at record "
                                                          f"{i} of a batch, expected {width}")
                 good &= ~wrong
-        batch = batch.filter(pa.array(good)) if not good.all() else batch
+        positions = np.flatnonzero(good)
+        batch = batch.take(positions) if not good.all() else batch
         parts = [batch.column(j).flatten().to_numpy(zero_copy_only=False).reshape(-1, width) if width
                  else batch.column(j).to_numpy(zero_copy_only=False)[:, None]
-                 for j, width in enumerate(self.widths, start=1)]
+                 for j, width in enumerate(self.widths, start=first)]
         x = np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
-        return self._batch(split, batch.column(0).to_numpy(zero_copy_only=False), x, bad, seen)
+        labels = batch.column(0).to_numpy(zero_copy_only=False) if self.label else None
+        return self._batch(split, labels, x, bad, seen, positions)

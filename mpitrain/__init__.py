@@ -11,7 +11,7 @@ API = ("init", "setup_logging", "Communicator", "Config", "DataConfig", "ModelCo
        "TrainConfig", "SyncConfig", "CheckpointConfig", "CommConfig", "PretrainConfig", "load_config",
        "DatasetReader", "Sequential", "build_model", "Dense", "Conv2D", "MaxPool2D", "AvgPool2D", "Flatten",
        "Dropout", "BatchNorm", "ReLU", "Tanh", "Sigmoid", "create_synchronizer", "setup_run", "train",
-       "evaluate", "predict")
+       "evaluate", "predict", "export_onnx")
 
 
 def __getattr__(name: str):

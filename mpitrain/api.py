@@ -28,6 +28,7 @@ from mpitrain.config import (CheckpointConfig, CommConfig, Config, DataConfig, M
                              PretrainConfig, SyncConfig, TrainConfig, load_config)
 from mpitrain.data import DatasetReader
 from mpitrain.evaluation import evaluate, predict
+from mpitrain.export import export_onnx
 from mpitrain.launch import install_abort_hook
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D

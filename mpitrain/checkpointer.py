@@ -131,8 +131,8 @@ class Checkpointer:
         if ckpt.manifest_sha256 != self.manifest_sha256 and not other_dataset:
             raise DataError(f"{path}: trained on a dataset whose manifest.json had sha256 {ckpt.manifest_sha256[:16]}..., "
                             f"but {self.data_path}/manifest.json now has {self.manifest_sha256[:16]}... (re-written "
-                            "or another dataset: its rows may include ones the model trained on); pass "
-                            "--allow-other-dataset to use it anyway")
+                            "or another dataset: its rows may include ones the model trained on); `mpitrain eval` "
+                            "and `predict` take --allow-other-dataset to use it anyway")
         self._restore(ckpt, model)
         return ckpt
 

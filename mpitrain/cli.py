@@ -1,4 +1,5 @@
-"""`mpitrain train|eval|predict|etl|report|info`: the command line, and the one place user errors are caught.
+"""`mpitrain train|eval|predict|export|etl|score|report|info`: the command line, and the one place user errors
+are caught.
 
 Multi-rank commands run the same under `mpiexec -n N`, `srun`, or alone (1 rank). An
 uncaught exception on any rank aborts the whole job (see `launch.install_abort_hook`);
@@ -69,10 +70,20 @@ def _parser() -> argparse.ArgumentParser:
             sub.add_argument("--out", help="output HDF5 file (default: RUN_DIR/predictions-SPLIT.h5)")
         sub.set_defaults(run=run)
 
+    export = commands.add_parser("export", help="write a run's checkpoint as an ONNX model (one process)")
+    export.add_argument("run_dir", help="a run directory written by `mpitrain train`")
+    export.add_argument("--checkpoint", help="checkpoint file (default: the run's newest)")
+    export.add_argument("--out", required=True, help="the ONNX file to write, e.g. model.onnx")
+    export.set_defaults(run=_export)
+
+    from mpitrain.etl.cli import add_arguments, add_score_arguments, run, run_score
     etl = commands.add_parser("etl", help="run the Spark ETL job in local mode (same as spark-submit etl/prepare.py)")
-    from mpitrain.etl.cli import add_arguments
     add_arguments(etl)
-    etl.set_defaults(run=_etl)
+    etl.set_defaults(run=_spark_job(run))
+    score = commands.add_parser("score", help="score a source with a model in Spark, local mode "
+                                              "(same as spark-submit etl/score.py)")
+    add_score_arguments(score)
+    score.set_defaults(run=_spark_job(run_score))
 
     report = commands.add_parser("report", help="draw report.png and report.html from one or more run directories")
     report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories, overlaid in one report")
@@ -186,6 +197,16 @@ def _load_trained(args, comm) -> _Trained:
     return _Trained(run, rows, checkpoint)
 
 
+def _export(args) -> int:
+    from mpitrain.export import describe_tensor, export_run, metadata, write_model
+    proto = export_run(args.run_dir, args.checkpoint)
+    write_model(proto, args.out)
+    print(f"wrote {args.out}: {len(proto.graph.node)} ONNX nodes (opset {proto.opset_import[0].version}), "
+          f"rows {describe_tensor(proto.graph.input[0])} -> probabilities "
+          f"{describe_tensor(proto.graph.output[0])}; from {metadata(proto)['checkpoint']}")
+    return 0
+
+
 def _report(args) -> int:
     from mpitrain.report import write_report
     out = args.out or (args.run_dirs[0] if len(args.run_dirs) == 1 else ".")
@@ -193,11 +214,13 @@ def _report(args) -> int:
     return 0
 
 
-def _etl(args) -> int:
-    from mpitrain.etl.cli import run
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    return run(args)
+def _spark_job(job):
+    """`job(args)` with Spark's Python workers and driver running this Python unless the user chose."""
+    def run(args) -> int:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        return job(args)
+    return run
 
 
 def _info(args) -> int:

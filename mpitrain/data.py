@@ -112,6 +112,14 @@ def _check_values(path: str, x: np.ndarray, y: np.ndarray, num_classes: int) -> 
         raise DataError(f"{path}: features contain NaN or Inf; expected finite values")
 
 
+def input_scaling(manifest: Manifest, normalize: bool) -> tuple[float, float]:
+    """(scale, shift) taking stored features to model input, `stored * scale + shift`: the manifest's
+    scale and offset, then standardized by its mean and std when `normalize` (`data.normalize`)."""
+    std = manifest.std if normalize else 1.0
+    mean = manifest.mean if normalize else 0.0
+    return manifest.scale / std, (manifest.offset - mean) / std
+
+
 class Batches:
     """Per-epoch shuffled batches of one rank's rows, normalized to float on the backend.
 
@@ -127,10 +135,7 @@ class Batches:
         self.data, self.batch_size, self.backend, self.dtype = data, batch_size, backend, np.dtype(dtype)
         self.seed, self.rank, self.shuffle, self.prefetch = seed, rank, shuffle, prefetch
         self.augment = augment
-        std = manifest.std if normalize else 1.0
-        mean = manifest.mean if normalize else 0.0
-        self.scale = manifest.scale / std
-        self.shift = (manifest.offset - mean) / std
+        self.scale, self.shift = input_scaling(manifest, normalize)
         self.steps_per_epoch = len(data.y) // batch_size
 
     def epoch(self, epoch: int, start_step: int = 0):

@@ -22,7 +22,7 @@ from mpitrain.data import Batches, DatasetReader, RankRows
 from mpitrain.errors import ConfigError, describe
 from mpitrain.nn.model import Sequential, build_model
 from mpitrain.pretrain import dbn_layers
-from mpitrain.rundir import FolderLock
+from mpitrain.rundir import LOCK_NAME, FileLock
 
 
 @dataclass
@@ -44,15 +44,19 @@ class Run:
         run directory is refused at once, naming this one, instead of interleaving its files
         with ours. A folder that cannot be written is one error on every rank.
         """
-        lock = FolderLock(self.config.run_dir)
+        run_dir = self.config.run_dir
+        lock = FileLock(os.path.join(run_dir, LOCK_NAME))
         with self.comm.agreed_errors():
             if self.comm.is_root:
                 try:
-                    os.makedirs(self.config.run_dir, exist_ok=True)
-                    lock.acquire()
+                    os.makedirs(run_dir, exist_ok=True)
+                    owner = lock.take()
                 except OSError as e:
-                    raise ConfigError(f"{self.config.run_dir}: {describe(e)}; expected a folder this job can write "
-                                      "(run_dir)") from None
+                    raise ConfigError(f"{run_dir}: {describe(e)}; expected a folder this job can write (run_dir)") \
+                        from None
+                if owner is not None:
+                    raise ConfigError(f"{run_dir}: in use by another job ({owner}); a run directory belongs to one "
+                                      "job at a time: wait for it to end, or use another run_dir")
         try:
             yield self
         finally:
@@ -101,15 +105,21 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
                                    max_rows=config.data.max_rows)
         manifest = reader.manifest
         if model is None:
-            if config.pretrain.layers and not config.model.layers:
-                config.model.layers = dbn_layers(config.pretrain.layers, manifest.num_classes)
-            model = build_model(config.model, manifest.feature_shape, manifest.num_classes, comm.backend.xp)
+            model = config_model(config, manifest, comm.backend.xp)
         else:
             _check_fits(model, manifest, comm.backend)
     checkpointer = Checkpointer(config.run_dir, comm, comm.backend, reader.manifest_sha256, reader.path,
                                 keep=config.checkpoint.keep, resume=config.resume,
                                 config_yaml=yaml.safe_dump(config.to_dict(), sort_keys=False))
     return Run(config, comm, comm.backend, reader, model, checkpointer)
+
+
+def config_model(config: Config, manifest, xp) -> Sequential:
+    """The model `config` describes for the dataset of `manifest`, on array module `xp`; a deep belief
+    net's layers (`pretrain.layers` without `model.layers`) are written into `config.model.layers`."""
+    if config.pretrain.layers and not config.model.layers:
+        config.model.layers = dbn_layers(config.pretrain.layers, manifest.num_classes)
+    return build_model(config.model, manifest.feature_shape, manifest.num_classes, xp)
 
 
 def _check_fits(model: Sequential, manifest, backend) -> None:

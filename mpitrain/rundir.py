@@ -1,7 +1,7 @@
 """A run directory belongs to one job at a time, and a run's own config.yaml always points at its own folder.
 
-    lock = FolderLock(run_dir)   # rank 0, before anything is written; held until released or the process ends
-    lock.acquire()               # MpitrainError naming the owner's host and pid when another job holds it
+    lock = FileLock(os.path.join(run_dir, LOCK_NAME))   # rank 0, before anything is written
+    owner = lock.take()          # None: ours until released or the process ends; else "host H pid P"
 
 The lock is `fcntl.flock` on RUN_DIR/.lock: the operating system releases it when the owning
 process dies, however it dies, so a crashed job never leaves it stuck. Beside the lock the
@@ -18,34 +18,21 @@ import fcntl
 import os
 import socket
 
-from mpitrain.errors import MpitrainError
 
 LOCK_NAME = ".lock"
 RUN_FILES = ("checkpoints", "metrics.jsonl", "summary.json")
 
 
-class FolderLock:
-    """An exclusive, non-blocking lock on a folder (a run directory, an ETL's temporary output), released when
-    the process exits. Not a collective: one process (rank 0, the Spark driver) takes it."""
+class FileLock:
+    """An exclusive, non-blocking lock on the file `path` (a run directory's `.lock`, an ETL output's), released
+    when the process exits. Not a collective: one process (rank 0, the Spark driver) takes it."""
 
-    def __init__(self, folder: str):
-        self.folder = folder
-        self.path = os.path.join(folder, LOCK_NAME)
+    def __init__(self, path: str):
+        self.path = path
         self.fd = None
 
-    def acquire(self) -> None:
-        """Take the lock, or raise naming the job that holds it."""
-        owner = self._take()
-        if owner is not None:
-            raise MpitrainError(f"{self.folder}: in use by another job ({owner}); a run directory belongs to one "
-                                "job at a time: wait for it to end, or use another run_dir")
-
-    def held_by_nobody(self) -> bool:
-        """Take the lock if no live process holds it (its owner died): True, and it is ours now."""
-        return self._take() is None
-
-    def _take(self) -> str | None:
-        """None once the lock is ours, else the holder's host and pid."""
+    def take(self) -> str | None:
+        """Take the lock: None once it is ours, else its holder's host and pid (the lock stays theirs)."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

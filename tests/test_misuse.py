@@ -129,7 +129,7 @@ def predict_into_a_folder(trained, case):
 CASES = [
     # wrong results reported as success
     ("eval-after-re-etl", other_dataset("eval"), "trained on a dataset whose manifest.json had sha256"),
-    ("predict-after-re-etl", other_dataset("predict"), "pass --allow-other-dataset"),
+    ("predict-after-re-etl", other_dataset("predict"), "take --allow-other-dataset to use it anyway"),
     ("resume-as-rmsprop", resumed_as(optimizer={"type": "rmsprop", "lr": 0.01}),
      "was trained with optimizer.type sgd, this config has rmsprop"),
     ("resume-as-adagrad", resumed_as(optimizer={"type": "adagrad", "lr": 0.01}), "optimizer.type sgd"),
@@ -308,15 +308,16 @@ def test_a_read_only_run_directory_is_one_line(trained, tmp_path, small_file_sys
 
 def test_etl_overwrite_through_a_link_keeps_the_link_and_clears_only_dead_jobs_temporaries(tmp_path):
     from conftest import make_digits_dataset
-    from mpitrain.rundir import FolderLock
+    from mpitrain.rundir import FileLock
     old = make_digits_dataset(tmp_path / "data_v1")
     (tmp_path / "current").symlink_to("data_v1")
     dead, live = tmp_path / "data_v1.etl-tmp-deadbeef", tmp_path / "data_v1.etl-tmp-11ve0000"
     dead.mkdir()
-    (dead / "train").mkdir()  # what a killed job left
+    (dead / "train").mkdir()  # what a killed job left: its folder, and its lock that nobody holds any more
+    (tmp_path / "data_v1.etl-tmp-deadbeef.lock").write_text("host gone pid 1\n")
     live.mkdir()
-    holder = FolderLock(str(live))
-    holder.acquire()  # a job that is still running
+    holder = FileLock(str(live) + ".lock")
+    assert holder.take() is None  # a job that is still running
     try:
         result = command(MPITRAIN, "etl", "--source", "digits:", "--out", tmp_path / "current", "--shards", "2",
                          "--seed", "5", "--overwrite", "--master", "local[2]", timeout=300)
@@ -326,8 +327,8 @@ def test_etl_overwrite_through_a_link_keeps_the_link_and_clears_only_dead_jobs_t
     assert os.path.islink(tmp_path / "current") and os.readlink(tmp_path / "current") == "data_v1"
     manifest = json.loads((tmp_path / "data_v1" / "manifest.json").read_text())
     assert manifest["seed"] == 5 and old.seed == 0
-    assert sorted(os.listdir(tmp_path)) == ["current", "data_v1", "data_v1.etl-tmp-11ve0000"]
-    assert not os.path.exists(tmp_path / "data_v1" / LOCK_NAME)
+    assert sorted(os.listdir(tmp_path)) == ["current", "data_v1", "data_v1.etl-tmp-11ve0000",
+                                            "data_v1.etl-tmp-11ve0000.lock"]
 
 
 def test_etl_csv_part_of_malformed_lines_is_counted_as_bad_records(tmp_path):

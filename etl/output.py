@@ -1,0 +1,87 @@
+"""Output folders that appear complete or not at all, and are never replaced by accident.
+
+A job writes into a temporary sibling of `out` and renames it into place at the end. An
+existing `out` is refused unless `overwrite`, and even then replaced only when it holds the
+job's own `marker` file (or nothing), so a typo cannot delete a home directory. Used by the
+ETL (marker manifest.json) and by scoring (marker _metrics.json).
+
+`out` given as a symbolic link is replaced where the link points, and the link stays. While a
+job runs it holds `TMP.lock` beside its temporary folder (`mpitrain.rundir.FileLock`, released
+by the operating system when the job dies, however it dies); a later job for the same `out`
+removes the temporary folders whose lock nobody holds (jobs that were killed) and leaves the
+others (jobs still running).
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import shutil
+import uuid
+
+from mpitrain.errors import DataError
+from mpitrain.rundir import FileLock
+
+log = logging.getLogger(__name__)
+
+
+def check_out(out: str, overwrite: bool, marker: str, kind: str) -> None:
+    """Refuse an existing `out` without `overwrite`, and with it anything but a `kind` folder (holding `marker`)."""
+    out = os.path.realpath(out)
+    if not os.path.lexists(out):
+        return
+    if not overwrite:
+        raise DataError(f"{out}: exists; pass --overwrite to replace it")
+    if not os.path.isdir(out) or (os.listdir(out) and not os.path.isfile(os.path.join(out, marker))):
+        raise DataError(f"{out}: exists and is not a {kind} folder (no {marker}); "
+                        "refusing to replace it, even with --overwrite")
+
+
+@contextlib.contextmanager
+def atomic_folder(out: str, overwrite: bool, marker: str, kind: str, tag: str, create: bool = True):
+    """Yield a temporary sibling `OUT.TAG-tmp-XXXXXXXX` to write into (made unless not `create`); on success
+    rename it to `out`, on any failure delete it and leave `out` as it was."""
+    out = os.path.realpath(out)
+    _remove_stale_temporaries(out, tag)
+    tmp = f"{out}.{tag}-tmp-{uuid.uuid4().hex[:8]}"
+    lock = FileLock(tmp + ".lock")
+    lock.take()  # a fresh name: nobody else holds it
+    if create:
+        os.makedirs(tmp)
+    try:
+        yield tmp
+        _move_into_place(tmp, out, overwrite, marker, kind, tag)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        os.remove(lock.path)
+        lock.release()
+
+
+def _remove_stale_temporaries(out: str, tag: str) -> None:
+    """Remove the temporary folders `OUT.TAG-tmp-*` (and their locks) of jobs that were killed."""
+    for path in sorted(glob.glob(glob.escape(f"{out}.{tag}-tmp-") + "*.lock")):
+        lock = FileLock(path)
+        if lock.take() is None:
+            shutil.rmtree(path[:-len(".lock")], ignore_errors=True)
+            os.remove(path)
+            lock.release()
+            log.info("removed %s, left by a job that was killed", path[:-len(".lock")])
+
+
+def _move_into_place(tmp: str, out: str, overwrite: bool, marker: str, kind: str, tag: str) -> None:
+    """Rename `tmp` to `out`; an old `out` is moved aside first and deleted only afterwards."""
+    check_out(out, overwrite, marker, kind)  # again: something may have appeared there while the job ran
+    if not os.path.lexists(out):
+        os.rename(tmp, out)
+        return
+    old = f"{out}.{tag}-old-{uuid.uuid4().hex[:8]}"
+    os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old)

@@ -1,0 +1,258 @@
+"""Batch scoring with Spark: a trained model's class probabilities for every record of a source.
+
+    spark-submit etl/score.py --model runs/fashion_lenet --source idx:/usr/share/datasets/fashion-mnist --out p.parquet
+    mpitrain score --model lenet.onnx --source csv:new.csv --no-label --out p.parquet
+
+The model is an ONNX file, or a run directory exported in memory (`mpitrain.export`); its bytes
+are broadcast to the executors once. The source is read with the ETL's sources, options and
+bad-record rules (`--max-bad-fraction`). Executors score the Arrow record batches of the
+source's DataFrame (`mapInArrow`) with onnxruntime, one session per Python worker, and emit
+per batch its predictions plus one tally row (records seen, bad ones, the confusion counts),
+which the driver sums. The output is a Parquet folder, written into a temporary sibling and
+renamed into place: the record's keys, `predicted`, `probabilities` and `label` (when the
+source has labels), and `_metrics.json` (Parquet readers skip `_` files) with the counts and,
+given labels, accuracy, loss and the confusion matrix as `mpitrain eval` writes them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from mpitrain.errors import ConfigError, DataError
+from mpitrain.etl.job import check_bad_records, task_data_errors
+from mpitrain.etl.output import atomic_folder, check_out
+from mpitrain.etl.records import BadRecords
+from mpitrain.etl.sources import Source, SourceOptions, open_source
+from mpitrain.shard_format import FEATURE_DTYPES
+
+METRICS_NAME = "_metrics.json"  # inside the output folder; also what marks a folder --overwrite may replace
+ROW_ID = "row"  # the key column made for sources without keys of their own
+STORED_TRANSFORMS = ("standardize", "binarize")  # manifest transforms that change the stored values
+TALLIES = ("_seen", "_bad", "_samples", "_confusion", "_loss")
+
+
+@dataclass(frozen=True)
+class ScoringModel:
+    """An ONNX model's bytes and what the driver needs to know of it."""
+
+    data: bytes
+    path: str
+    sha256: str  # names the model's onnxruntime session in the executors
+    input_name: str
+    feature_dtype: str
+    feature_shape: tuple[int, ...]
+    num_classes: int
+    description: dict  # the manifest's feature description `mpitrain export` records ({} for another tool's model)
+    metadata: dict
+
+
+def load_model(path: str) -> ScoringModel:
+    """An ONNX file, or a run directory's newest checkpoint exported in memory; one input of rows
+    [N, *feature_shape], one output of probabilities [N, classes]."""
+    from mpitrain.export import export_run, input_rows_shape, metadata, output_classes, require_onnx
+
+    onnx = require_onnx()
+    if os.path.isdir(path):
+        proto = export_run(path)
+    elif os.path.isfile(path):
+        try:
+            proto = onnx.load(path)
+            onnx.checker.check_model(proto)
+        except Exception as e:  # protobuf's DecodeError, onnx's ValidationError: the file is not a model
+            raise DataError(f"--model {path}: not a valid ONNX model ({type(e).__name__}: {str(e)[:200]})") from None
+    else:
+        raise DataError(f"--model {path}: no such file or run directory")
+    dtype, shape = input_rows_shape(proto)
+    if dtype not in FEATURE_DTYPES:
+        raise ConfigError(f"--model {path}: takes {dtype} rows; scoring reads rows stored as one of {FEATURE_DTYPES}")
+    props = metadata(proto)
+    description = json.loads(props.get("manifest", "{}"))
+    stored = [t["name"] for t in description.get("transforms", []) if t.get("name") in STORED_TRANSFORMS]
+    if stored:
+        raise ConfigError(f"--model {path}: its dataset stored rows transformed by --{stored[0]}, but scoring feeds "
+                          "a source's rows to the model as they are; score models whose dataset kept its rows "
+                          "(--scale is fine)")
+    data = proto.SerializeToString()
+    return ScoringModel(data, os.path.abspath(path), hashlib.sha256(data).hexdigest(), proto.graph.input[0].name,
+                        dtype, shape, output_classes(proto), description, props)
+
+
+@dataclass(frozen=True)
+class ScorePlan:
+    """A validated scoring request: everything checked that can be checked without Spark."""
+
+    model: ScoringModel
+    source: Source
+    split: str
+    out: str
+    overwrite: bool
+    max_bad_fraction: float = 0.0
+    labeled: bool = True
+
+
+def plan_scoring(model: str, source: str, out: str, split: str = "", overwrite: bool = False,
+                 max_bad_fraction: float = 0.0, options: SourceOptions = SourceOptions()) -> ScorePlan:
+    """Check `out`, load the model and open the source with the model's row shape, dtype and classes
+    filling what `options` leaves open (csv/parquet feature shape, image size and color)."""
+    if not 0 <= max_bad_fraction <= 1:
+        raise ConfigError(f"--max-bad-fraction {max_bad_fraction}: expected a fraction 0..1")
+    out = os.path.abspath(out)
+    check_out(out, overwrite, METRICS_NAME, "predictions")
+    scoring = load_model(model)
+    shape = scoring.feature_shape
+    options = replace(options, feature_shape=options.feature_shape or shape, feature_dtype=scoring.feature_dtype,
+                      num_classes=scoring.num_classes,
+                      image_size=options.image_size or shape[1:],
+                      color=options.color or {1: "gray", 3: "rgb"}.get(shape[0], "gray"),
+                      class_names=tuple(scoring.description.get("class_names", ())))
+    scheme = source.partition(":")[0]
+    if not options.labeled and scheme not in ("csv", "parquet", "images"):
+        raise ConfigError(f"--no-label: only csv, parquet and images sources may lack labels; {source} has them")
+    if options.keys and scheme != "parquet":
+        raise ConfigError(f"--keys {','.join(options.keys)}: only parquet sources have key columns; {source} "
+                          "gets a `row` (images: `path`)")
+    opened = open_source(source, options=options)
+    if options.labeled and opened.num_classes and opened.num_classes != scoring.num_classes:
+        raise ConfigError(f"{source}: labels of {opened.num_classes} classes, but the model scores "
+                          f"{scoring.num_classes} classes")
+    split = split or ("test" if "test" in opened.splits else "train")
+    if split not in opened.splits:
+        raise ConfigError(f"--split {split}: {source} has splits {list(opened.splits)}")
+    plan = ScorePlan(scoring, opened, split, out, overwrite, max_bad_fraction, options.labeled)
+    if opened.feature_shape:
+        _check_shape(plan)
+    return plan
+
+
+def _check_shape(plan: ScorePlan) -> None:
+    if tuple(plan.source.feature_shape) != plan.model.feature_shape:
+        raise ConfigError(f"{plan.source.spec}: rows of shape {list(plan.source.feature_shape)}, but the model takes "
+                          f"{list(plan.model.feature_shape)}")
+
+
+def score(spark, plan: ScorePlan) -> dict:
+    """Score `plan` and write its output; return what `_metrics.json` holds. On failure `out` is untouched."""
+    from pyspark.sql import functions as F
+
+    source, model = plan.source, plan.model
+    source.connect(spark)
+    _check_shape(plan)
+    frame = source.frame(spark, plan.split)
+    keys = list(source.keys)
+    if not keys:
+        frame, keys = frame.withColumn(ROW_ID, F.monotonically_increasing_id()), [ROW_ID]
+    outputs = ["predicted", "probabilities", *(["label"] if plan.labeled else [])]
+    shared = spark.sparkContext.broadcast(model.data)
+    task = _Scorer(source, plan.split, shared, model.sha256, model.input_name, model.feature_dtype, keys,
+                   plan.labeled, model.num_classes)
+    scored = frame.mapInArrow(task, _schema(frame.schema, keys, plan.labeled)).persist()
+    try:
+        with atomic_folder(plan.out, plan.overwrite, METRICS_NAME, "predictions", "score", create=False) as tmp:
+            with task_data_errors():
+                metrics = _tally(scored.where(F.col("predicted").isNull()).select(*TALLIES).collect(), plan)
+                scored.where(F.col("predicted").isNotNull()).select(*keys, *outputs).write.parquet(tmp)
+            with open(os.path.join(tmp, METRICS_NAME), "w") as f:
+                json.dump(metrics, f, indent=2)
+    finally:
+        scored.unpersist()
+        shared.unpersist()
+    return metrics
+
+
+def _schema(input_schema, keys: list[str], labeled: bool):
+    """The scored DataFrame: keys, predictions (null in tally rows) and tallies (null in prediction rows)."""
+    from pyspark.sql.types import (ArrayType, DoubleType, FloatType, IntegerType, LongType, StringType, StructField,
+                                   StructType)
+    fields = [StructField(key, input_schema[key].dataType, True) for key in keys]
+    fields += [StructField("predicted", IntegerType()), StructField("probabilities", ArrayType(FloatType()))]
+    fields += [StructField("label", IntegerType())] if labeled else []
+    fields += [StructField("_seen", LongType()), StructField("_bad", LongType()),
+               StructField("_samples", ArrayType(StringType())), StructField("_confusion", ArrayType(LongType())),
+               StructField("_loss", DoubleType())]
+    return StructType(fields)
+
+
+def _tally(rows, plan: ScorePlan) -> dict:
+    """Sum the tally rows; fail above --max-bad-fraction (as the ETL does); accuracy etc. given labels."""
+    from mpitrain.evaluation import Evaluation
+
+    seen, bad = sum(row["_seen"] for row in rows), BadRecords()
+    for row in rows:
+        bad.merge(BadRecords(row["_bad"], list(row["_samples"])))
+    check_bad_records(plan.source.spec, seen, bad, plan.max_bad_fraction)
+    if seen == bad.count:
+        raise DataError(f"{plan.source.spec}: the {plan.split} split has no good records")
+    metrics = {"model": plan.model.path, "model_sha256": plan.model.sha256,
+               "checkpoint": plan.model.metadata.get("checkpoint", ""), "source": plan.source.spec,
+               "split": plan.split, "records": seen, "bad_records": bad.count, "rows": seen - bad.count}
+    if plan.labeled:
+        k = plan.model.num_classes
+        confusion = np.sum([row["_confusion"] for row in rows], axis=0).reshape(k, k)
+        metrics.update(Evaluation(confusion, sum(row["_loss"] for row in rows)).to_dict())
+    return metrics
+
+
+class _Scorer:
+    """The executors' side (pickled into tasks; the model travels as a broadcast): Arrow record batches
+    of the source's records -> predictions of the good ones, and one tally row per batch."""
+
+    def __init__(self, source, split, model, sha256, input_name, feature_dtype, keys, labeled, num_classes):
+        self.source, self.split, self.model, self.sha256 = source, split, model, sha256
+        self.input_name, self.feature_dtype, self.keys = input_name, feature_dtype, keys
+        self.labeled, self.num_classes = labeled, num_classes
+
+    def __call__(self, batches):
+        import pyarrow as pa
+
+        session = _session(self.model, self.sha256)
+        for batch in batches:
+            read = self.source.convert(self.split, batch)
+            x = read.x.astype(self.feature_dtype, copy=False)
+            probabilities = session.run(None, {self.input_name: x})[0] if len(x) else \
+                np.zeros((0, self.num_classes), np.float32)
+            predicted = probabilities.argmax(axis=1).astype(np.int32)
+            n, k = probabilities.shape
+            columns = [batch.column(key).take(pa.array(read.kept, pa.int64())) for key in self.keys]
+            columns += [pa.array(predicted, pa.int32()),
+                        pa.ListArray.from_arrays(pa.array(np.arange(0, n * k + 1, k, dtype=np.int32)),
+                                                 pa.array(probabilities.astype(np.float32).ravel()))]
+            columns += [pa.array(read.y, pa.int32())] if self.labeled else []
+            tallies = [pa.nulls(n, pa.int64()), pa.nulls(n, pa.int64()), pa.nulls(n, pa.list_(pa.string())),
+                       pa.nulls(n, pa.list_(pa.int64())), pa.nulls(n, pa.float64())]
+            names = [*self.keys, "predicted", "probabilities", *(["label"] if self.labeled else []), *TALLIES]
+            yield pa.RecordBatch.from_arrays(columns + tallies, names)
+            yield pa.RecordBatch.from_arrays(
+                [pa.nulls(1, column.type) for column in columns] + self._tally(read, probabilities, predicted), names)
+
+    def _tally(self, read, probabilities, predicted) -> list:
+        import pyarrow as pa
+        k = self.num_classes
+        confusion, loss = np.zeros(k * k, np.int64), 0.0
+        if self.labeled and len(predicted):
+            confusion = np.bincount(read.y * k + predicted, minlength=k * k).astype(np.int64)
+            chosen = probabilities[np.arange(len(predicted)), read.y].astype(np.float64)
+            loss = float(-np.log(np.maximum(chosen, np.finfo(np.float32).tiny)).sum())
+        return [pa.array([read.seen], pa.int64()), pa.array([read.bad.count], pa.int64()),
+                pa.array([read.bad.samples], pa.list_(pa.string())), pa.array([confusion], pa.list_(pa.int64())),
+                pa.array([loss], pa.float64())]
+
+
+_SESSIONS: dict = {}  # model sha256 -> its onnxruntime session, one per executor Python worker
+
+
+def _session(model, sha256: str):
+    """The onnxruntime session of the broadcast `model`, made once per Python worker, one thread per task cpu."""
+    session = _SESSIONS.get(sha256)
+    if session is None:
+        import onnxruntime as ort
+        from pyspark import TaskContext
+        options = ort.SessionOptions()
+        context = TaskContext.get()
+        options.intra_op_num_threads = max(1, context.cpus() if context is not None else 1)
+        options.inter_op_num_threads = 1
+        session = _SESSIONS[sha256] = ort.InferenceSession(model.value, options, providers=["CPUExecutionProvider"])
+    return session
