@@ -43,6 +43,7 @@ def atomic_folder(out: str, overwrite: bool, marker: str, kind: str, tag: str, c
     """Yield a temporary sibling `OUT.TAG-tmp-XXXXXXXX` to write into (made unless not `create`); on success
     rename it to `out`, on any failure delete it and leave `out` as it was."""
     out = os.path.realpath(out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)  # the lock file goes beside the folder
     _remove_stale_temporaries(out, tag)
     tmp = f"{out}.{tag}-tmp-{uuid.uuid4().hex[:8]}"
     lock = FileLock(tmp + ".lock")
