@@ -1,6 +1,6 @@
 """The checkpoint file format: HDF5, written atomically, independent of the number of ranks.
 
-`checkpoints/ckpt-EEEE-SSSSSS.h5` holds the flat parameters and running statistics (and
+`checkpoints/ckpt-EEEE-SSSSSS.h5` holds, each dataset with HDF5's Fletcher-32 checksum, the flat parameters and running statistics (and
 each layer's arrays under `layers/`, for `h5ls` and other tools), the flat updater state, the
 synchronizer's state (e.g. sharing's tau) and arrays under `sync/` (sharing's pending
 residual), where to resume (epoch EEEE, step SSSSSS within it), the resolved config and the
@@ -60,9 +60,14 @@ def checkpoint_dir(run_dir: str) -> str:
     return os.path.join(run_dir, "checkpoints")
 
 
+def checkpoint_path(run_dir: str, epoch: int, step: int) -> str:
+    """RUN_DIR/checkpoints/ckpt-EEEE-SSSSSS.h5: resume at step SSSSSS of epoch EEEE (0-based)."""
+    return os.path.join(checkpoint_dir(run_dir), f"ckpt-{epoch:04d}-{step:06d}.h5")
+
+
 def save_checkpoint(run_dir: str, ckpt: Checkpoint, keep: int) -> str:
     """Write RUN_DIR/checkpoints/ckpt-EEEE-SSSSSS.h5 atomically; only then delete all but the newest `keep`."""
-    path = write_checkpoint(os.path.join(checkpoint_dir(run_dir), f"ckpt-{ckpt.epoch:04d}-{ckpt.step:06d}.h5"), ckpt)
+    path = write_checkpoint(checkpoint_path(run_dir, ckpt.epoch, ckpt.step), ckpt)
     for old in list_checkpoints(run_dir)[:-keep]:
         os.remove(old)
     return path
@@ -93,20 +98,26 @@ def write_checkpoint(path: str, ckpt: Checkpoint) -> str:
 
 
 def _write(f: h5py.File, ckpt: Checkpoint) -> None:
-    f.create_dataset("params", data=ckpt.params)
-    f.create_dataset("updater_state", data=ckpt.updater_state)
-    f.create_dataset("stats", data=ckpt.stats)
+    _dataset(f, "params", ckpt.params)
+    _dataset(f, "updater_state", ckpt.updater_state)
+    _dataset(f, "stats", ckpt.stats)
     for name, array in ckpt.sync_arrays.items():
-        f.create_dataset(f"sync/{name}", data=array)
+        _dataset(f, f"sync/{name}", array)
     layers = f.create_group("layers")
     for flat, layout in ((ckpt.params, ckpt.layout), (ckpt.stats, ckpt.stats_layout)):
         for (name, _), view in zip(layout, flat_views(flat, layout)):
-            layers.create_dataset(name, data=view)
+            _dataset(layers, name, view)
     f.attrs.update(epoch=ckpt.epoch, step=ckpt.step, iteration=ckpt.iteration,
                    layout=json.dumps([[name, list(shape)] for name, shape in ckpt.layout]),
                    stats_layout=json.dumps([[name, list(shape)] for name, shape in ckpt.stats_layout]),
                    sync_state=json.dumps(ckpt.sync_numbers), meaning=json.dumps(ckpt.meaning),
                    manifest_sha256=ckpt.manifest_sha256, config=ckpt.config_yaml)
+
+
+def _dataset(group, name: str, array: np.ndarray) -> None:
+    """A dataset with HDF5's Fletcher-32 checksum, so reading flipped bytes fails instead of resuming from them
+    (an empty array cannot be chunked, so it has none: there is nothing in it to damage)."""
+    group.create_dataset(name, data=array, fletcher32=array.size > 0)
 
 
 def _megabytes(n: int) -> str:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mpitrain.checkpoint import Checkpoint, check_fits, list_checkpoints, load_checkpoint, save_checkpoint, \
-    write_checkpoint
+from mpitrain.checkpoint import Checkpoint, check_fits, checkpoint_path, list_checkpoints, load_checkpoint, \
+    save_checkpoint, write_checkpoint
 from mpitrain.errors import ConfigError, DataError, MpitrainError
 from mpitrain.metrics import keep_records
 
@@ -39,6 +39,15 @@ class Position:
     iteration: int = 0
     sync_numbers: dict = field(default_factory=dict)
     sync_arrays: dict = field(default_factory=dict)
+
+
+def _unused(path: str) -> str:
+    """`path`, or `path.1`, `path.2`, ... : the first name no file has."""
+    name, number = path, 0
+    while os.path.exists(name):
+        number += 1
+        name = f"{path}.{number}"
+    return name
 
 
 def meaning(model, updater=None) -> dict:
@@ -78,7 +87,7 @@ class Checkpointer:
                 raise ConfigError(f"resume is 'never', but {self.run_dir} holds checkpoints of an earlier run; "
                                   "use resume=auto to continue it, or another run_dir")
             if checkpoints:
-                ckpt = load_checkpoint(checkpoints[-1])
+                ckpt = self._newest_good(checkpoints)
                 check_fits(ckpt, model.layout + model.stats_layout, updater.state.size, self.manifest_sha256,
                            self.data_path, meaning(model, updater))
                 self._restore(ckpt, model)
@@ -91,8 +100,8 @@ class Checkpointer:
         numbers = self.comm.bcast_obj((position.epoch, position.step, position.iteration, position.sync_numbers))
         return Position(*numbers, sync_arrays=position.sync_arrays)
 
-    def save(self, epoch: int, step: int, model, updater, sync) -> None:
-        """Checkpoint "resume at step `step` of epoch `epoch`"; never one with NaN or Inf parameters.
+    def save(self, epoch: int, step: int, model, updater, sync) -> str:
+        """Checkpoint "resume at step `step` of epoch `epoch`"; never one with NaN or Inf parameters. Returns its path.
 
         A collective: the synchronizer's `flush` puts pending rank-local work into the
         parameters, every rank reports whether its parameters are finite, then rank 0 writes.
@@ -112,6 +121,25 @@ class Checkpointer:
                     stats_layout=model.stats_layout,
                     sync_arrays={name: to_host(array) for name, array in sync.arrays().items()},
                     meaning=meaning(model, updater)), self.keep)
+        return checkpoint_path(self.run_dir, epoch, step)
+
+    def _newest_good(self, paths: list[str]) -> Checkpoint:
+        """(Rank 0) The newest of `paths` that reads back whole (its checksums hold) with finite values. Each damaged
+        one is renamed PATH.damaged, never deleted (nor pruned), with a warning naming it and what is wrong."""
+        problems = []
+        for path in reversed(paths):
+            try:
+                ckpt = load_checkpoint(path)
+                if not all(np.isfinite(a).all() for a in (ckpt.params, ckpt.updater_state, ckpt.stats)):
+                    raise DataError(f"{path}: holds NaN or Inf values")
+                return ckpt
+            except DataError as e:
+                aside = _unused(path + ".damaged")
+                os.replace(path, aside)
+                log.warning("%s; kept aside as %s, resuming from the checkpoint before it", e, aside)
+                problems.append(str(e))
+        raise DataError(f"{self.run_dir}/checkpoints: none of its {len(paths)} checkpoints can be resumed (they are "
+                        f"kept aside as *.damaged): {'; '.join(problems)}")
 
     def restore(self, model, path: str | None = None, other_dataset: bool = False) -> Checkpoint:
         """Load checkpoint `path` (default: the run's newest) into `model` on this rank and return it.

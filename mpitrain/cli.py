@@ -3,7 +3,8 @@ are caught.
 
 Multi-rank commands run the same under `mpiexec -n N`, `srun`, or alone (1 rank). An
 uncaught exception on any rank aborts the whole job (see `launch.install_abort_hook`);
-a user error (bad config, bad data) prints one line on rank 0 and exits 2 on every rank.
+a user error (bad config, bad data) prints one line on rank 0 and exits 2 on every rank; a
+training stopped by SIGUSR1/SIGTERM, its checkpoint written, exits 3.
 The commands are thin: `train` is `mpitrain.train`, and `eval`/`predict` build their run
 with the same `mpitrain.run.setup_run`, as a Python script would (`mpitrain.api`).
 """
@@ -39,9 +40,10 @@ def main(argv=None) -> int:
         _setup_logging(0)
         return args.run(args)
     except MpitrainError as e:
+        stopped = getattr(e, "exit_status", None)  # preemption.Stopped: not an error, a checkpoint to resume
         if rank == 0:
-            print(f"mpitrain {args.command}: error: {e}", file=sys.stderr)
-        return 2
+            print(f"mpitrain {args.command}: {'' if stopped else 'error: '}{e}", file=sys.stderr)
+        return stopped or 2
 
 
 def _parser() -> argparse.ArgumentParser:

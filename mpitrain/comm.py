@@ -113,6 +113,11 @@ class Communicator:
     def _allgatherv(self, message, out, counts, offsets) -> None:
         self.mpi.Allgatherv(_spec(message), [out, counts, offsets, _mpi_type(out)])
 
+    def iallreduce_max(self, send: np.ndarray, recv: np.ndarray):
+        """Post the elementwise maximum of the ranks' small host arrays `send` into `recv`, without waiting; returns
+        the request (its `Wait()` completes it). A collective: every rank posts it in the same order, and waits."""
+        return self.mpi.Iallreduce(_spec(send), _spec(recv), op=MPI.MAX)
+
     def bcast_obj(self, value, root: int = 0):
         """`root`'s small Python value on every rank (pickled). A collective."""
         return self.mpi.bcast(value, root=root)

@@ -139,11 +139,15 @@ class TrainConfig(Section):
     log_every: int = option(50, "Steps per metrics window (a record in metrics.jsonl, a log line on rank 0).")
     watchdog_s: float = option(1800.0, "Abort the job when a rank makes no progress for this many seconds, printing "
                                        "where it is and every thread's stack.")
+    requeue: typing.Union[bool, str] = option(
+        "auto", "After SIGUSR1 or SIGTERM stopped training with a checkpoint, rank 0 runs `scontrol requeue "
+                "$SLURM_JOB_ID`: auto does so inside a Slurm job.", ("auto", True, False))
 
     def validate(self, where):
         for key in ("epochs", "batch_size", "log_every"):
             _check(getattr(self, key) >= 1, where, f"train.{key}", getattr(self, key), "an integer >= 1")
         _check(self.watchdog_s > 0, where, "train.watchdog_s", self.watchdog_s, "a positive number of seconds")
+        self.check_choices(where, "train.")
 
 
 @dataclass

@@ -4,7 +4,8 @@
     summary = mpitrain.train(config, comm)                       # the same, from Python
 
 `train` is a collective: every rank calls it. Rank 0 writes the run directory (config.yaml,
-checkpoints/, metrics.jsonl, summary.json, the report).
+checkpoints/, metrics.jsonl, summary.json, the report). SIGUSR1 or SIGTERM on any rank stops
+every rank at a step boundary with a checkpoint (`mpitrain.preemption`: `Stopped`, exit 3).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from mpitrain.errors import ConfigError
 from mpitrain.evaluation import Evaluation, evaluate
 from mpitrain.metrics import MetricsLog, Totals, Traffic, Window, per_step
 from mpitrain.nn.updaters import Updater, create_updater
+from mpitrain.preemption import StopSignals, Stopped, requeue
 from mpitrain.pretrain import pretrain
 from mpitrain.run import Run, setup_run
 from mpitrain.sync import Synchronizer, check_replicas, create_synchronizer, parameter_hash
@@ -124,7 +126,7 @@ def _train_epochs(run: Run, loop: _Loop) -> _Done:
     config, comm, model, backend = run.config, run.comm, run.model, run.backend
     batches, sync, updater, metrics = loop.batches, loop.sync, loop.updater, loop.metrics
     done, start_step = _Done(), loop.step
-    with Watchdog(config.train.watchdog_s, comm.rank, comm.abort) as watchdog:
+    with Watchdog(config.train.watchdog_s, comm.rank, comm.abort) as watchdog, StopSignals(comm) as stop:
         for epoch in range(loop.epoch, config.train.epochs):
             metrics.start_epoch(epoch, start_step)
             updater.start_epoch(epoch)
@@ -138,13 +140,19 @@ def _train_epochs(run: Run, loop: _Loop) -> _Done:
                 now = time.perf_counter()
                 window.add(step, loss, correct, len(y), now - tick, Traffic.of(comm) - before)
                 last = step + 1 == batches.steps_per_epoch
-                if (step + 1) % config.train.log_every == 0 or last:
+                stop_signal = stop.agreed()  # the same answer on every rank, in the same step
+                if (step + 1) % config.train.log_every == 0 or last or stop_signal:
                     waited = time.perf_counter()
                     totals = window.totals(backend)  # the window's one device -> host copy ...
                     totals.seconds += time.perf_counter() - waited  # ... waits for its queued GPU work
                     metrics.window(epoch, step, totals, sync.metrics())
                     epoch_totals += totals
                     window = Window()
+                if stop_signal:
+                    watchdog.beat(f"the checkpoint of {stop_signal} at epoch {epoch + 1} step {step + 1}")
+                    path = run.checkpointer.save(epoch, step + 1, model, updater, sync)
+                    then = requeue(config.train.requeue) if comm.is_root else "resume with the same command"
+                    raise Stopped(f"stopped by {stop_signal} at epoch {epoch + 1} step {step + 1}: wrote {path}; {then}")
                 if config.checkpoint.unit == "step" and (step + 1) % config.checkpoint.every == 0 and not last:
                     run.checkpointer.save(epoch, step + 1, model, updater, sync)
                 tick = time.perf_counter()

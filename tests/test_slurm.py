@@ -268,6 +268,64 @@ def test_cancelled_training_resumes_from_its_checkpoint(slurm, tmp_path):
     assert sorted(set(finished)) == list(range(epochs)), finished  # the first job's epochs, then the resumed ones
 
 
+def test_usr1_mid_epoch_checkpoints_requeues_and_ends_where_an_uninterrupted_run_does(slurm, tmp_path):
+    """scancel --signal=USR1 reaches mpitrain's handler in every rank (the MPI library installs one of its own,
+    which would let training go on): they checkpoint at that step, rank 0 requeues the job, it runs again,
+    resumes and ends with the parameters of a run that was never interrupted, bit for bit. The ranks run under
+    the venv's mpiexec inside the allocation, whose proxies (job steps) pass the signal on to them; srun's
+    pmi2 start-up of pip MPICH fails now and then on this host (see _failed_in_mpi_init)."""
+    make_dataset(tmp_path / "data", n_train=4000, n_test=200, shards=2, num_classes=10, shape=(1, 8, 8))
+    epochs = 30
+    _write_mlp_config(tmp_path / "long.yaml", "data", epochs=epochs, checkpoint={"every": 100, "unit": "epoch"},
+                      train={"epochs": epochs, "batch_size": 16, "seed": 1, "log_every": 25})
+    run_dir = tmp_path / "runs" / "long"
+    for _ in range(3):
+        job = slurm.run("sbatch", "--parsable", f"{SLURM}/train.sbatch", "long.yaml", cwd=tmp_path,
+                        env={"MPITRAIN_LAUNCHER": "mpiexec"}).stdout.strip()
+        metrics = run_dir / "metrics.jsonl"
+        _wait_for(lambda: (metrics.exists() and '"kind": "window"' in metrics.read_text())
+                  or slurm.job_state(job) in ENDED, 300, "the first metrics window", slurm.root)
+        if not _failed_in_mpi_init(tmp_path, job):
+            break
+        slurm.wait(job, 60, tmp_path)
+    assert slurm.run("scancel", "--signal=USR1", job).returncode == 0
+    log = tmp_path / f"slurm-mpitrain-train-{job}.out"
+    _wait_for(lambda: "requeued: it resumes" in log.read_text(), 120, "the stop and the requeue", slurm.root)
+    # Slurm holds a requeued batch job for a while (its BeginTime); as the cluster's admin, start it now
+    _wait_for(lambda: slurm.job_state(job) == "PENDING", 60, "the requeued job to be pending", slurm.root)
+    assert slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now").returncode == 0
+    state = slurm.wait(job, 300, tmp_path)
+    if state == "FAILED" and _failed_in_mpi_init(tmp_path, job):  # the restart died in MPI_Init: resubmit it
+        again = slurm.run("sbatch", "--parsable", f"{SLURM}/train.sbatch", "long.yaml", cwd=tmp_path,
+                          env={"MPITRAIN_LAUNCHER": "mpiexec"}).stdout.strip()
+        state = slurm.wait(again, 300, tmp_path)
+    assert state == "COMPLETED", _job_logs(tmp_path)
+    text = "".join(open(path).read() for path in sorted(glob.glob(f"{tmp_path}/slurm-*.out")))
+    stopped = re.search(r"mpitrain train: stopped by SIGUSR1 at epoch (\d+) step (\d+): wrote (\S+); Slurm job "
+                        rf"{job} requeued: it resumes from this checkpoint", text)
+    assert stopped, text
+    assert text.count("got SIGUSR1: training stops with a checkpoint at the next step boundary") == 2  # both ranks
+    assert f"resuming from {stopped.group(3)} at epoch {stopped.group(1)} step {stopped.group(2)}" in text
+    assert "(restart 1)" in log.read_text()
+
+    reference = _run_uninterrupted(tmp_path, "long.yaml", "reference")
+    assert summary_hashes(run_dir) == summary_hashes(reference)
+
+
+def summary_hashes(run_dir) -> list:
+    return json.loads((run_dir / "summary.json").read_text())["replica_hashes"]
+
+
+def _run_uninterrupted(folder, config: str, name: str):
+    """The same config trained in one go by the venv's mpiexec, 2 ranks of 1 thread: the reference run."""
+    result = subprocess.run([os.path.join(sys.prefix, "bin", "mpiexec"), "-n", "2",
+                             os.path.join(sys.prefix, "bin", "mpitrain"), "train", config, "--set",
+                             f"run_dir=runs/{name}"], cwd=folder, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    return folder / "runs" / name
+
+
 def test_srun_with_a_mismatched_mpi_plugin_fails_on_every_rank(slurm, tmp_path):
     """srun --mpi=none gives each MPICH task a world of its own: mpitrain refuses to start, on every task."""
     make_dataset(tmp_path / "data")
