@@ -12,6 +12,7 @@ when to write them and which one a run resumes from.
 from __future__ import annotations
 
 import glob
+import io
 import json
 import os
 import re
@@ -80,11 +81,14 @@ def write_checkpoint(path: str, ckpt: Checkpoint) -> str:
     checkpoints already there are left alone, and the error names the folder and the space needed.
     """
     folder, tmp = os.path.dirname(path), path + ".tmp"
+    buffer = io.BytesIO()  # the file is built in memory, so a full disk fails one plain write, not h5py's flushes
+    with h5py.File(buffer, "w") as f:
+        _write(f, ckpt)
     try:
         os.makedirs(folder, exist_ok=True)
-        with h5py.File(tmp, "w") as f:
-            _write(f, ckpt)
-        with open(tmp, "rb+") as f:
+        with open(tmp, "wb") as f:
+            f.write(buffer.getbuffer())
+            f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:

@@ -140,8 +140,9 @@ class TrainConfig(Section):
     watchdog_s: float = option(1800.0, "Abort the job when a rank makes no progress for this many seconds, printing "
                                        "where it is and every thread's stack.")
     requeue: typing.Union[bool, str] = option(
-        "auto", "After SIGUSR1 or SIGTERM stopped training with a checkpoint, rank 0 runs `scontrol requeue "
-                "$SLURM_JOB_ID`: auto does so inside a Slurm job.", ("auto", True, False))
+        "auto", "After SIGUSR1 (the time limit's warning) stopped training with a checkpoint, rank 0 runs "
+                "`scontrol requeue $SLURM_JOB_ID`: auto does so inside a Slurm job. Never after SIGTERM (scancel, "
+                "or preemption, which Slurm requeues itself).", ("auto", True, False))
 
     def validate(self, where):
         for key in ("epochs", "batch_size", "log_every"):

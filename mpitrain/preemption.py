@@ -82,11 +82,13 @@ class StopSignals:
         return None
 
 
-def requeue(setting) -> str:
+def requeue(setting, signal_name: str) -> str:
     """After the stop's checkpoint (rank 0): ask Slurm to requeue this job when `train.requeue` says so (auto,
-    true or false; auto: inside a Slurm job). Returns what happened, for the stop's message."""
+    true or false; auto: inside a Slurm job) and the signal was SIGUSR1, the time limit's warning. SIGTERM
+    is `scancel` (the user wants the job to end) or preemption (Slurm requeues it itself when its
+    PreemptMode says so): it is never requeued here. Returns what happened, for the stop's message."""
     job = os.environ.get("SLURM_JOB_ID")
-    if setting is False or (setting == "auto" and not job):
+    if setting is False or (setting == "auto" and not job) or signal_name != "SIGUSR1":
         return "resume with the same command"
     if not job:
         return "train.requeue is true, but this is no Slurm job: resume with the same command"

@@ -151,7 +151,7 @@ def _train_epochs(run: Run, loop: _Loop) -> _Done:
                 if stop_signal:
                     watchdog.beat(f"the checkpoint of {stop_signal} at epoch {epoch + 1} step {step + 1}")
                     path = run.checkpointer.save(epoch, step + 1, model, updater, sync)
-                    then = requeue(config.train.requeue) if comm.is_root else "resume with the same command"
+                    then = requeue(config.train.requeue, stop_signal) if comm.is_root else "resume with the same command"
                     raise Stopped(f"stopped by {stop_signal} at epoch {epoch + 1} step {step + 1}: wrote {path}; {then}")
                 if config.checkpoint.unit == "step" and (step + 1) % config.checkpoint.every == 0 and not last:
                     run.checkpointer.save(epoch, step + 1, model, updater, sync)

@@ -225,7 +225,8 @@ def test_pipeline_with_a_failing_etl_never_trains(slurm, tmp_path):
 
 
 def test_cancelled_training_resumes_from_its_checkpoint(slurm, tmp_path):
-    """scancel after the first checkpoint, sbatch the same job again: it continues at that checkpoint's epoch."""
+    """scancel after the first checkpoint: its SIGTERM makes the ranks checkpoint where they are (without a
+    requeue: the job was cancelled); sbatch the same job again: it continues at that checkpoint's step."""
     make_dataset(tmp_path / "data", n_train=2000, n_test=200, shards=2, num_classes=10, shape=(1, 8, 8))
     epochs = 20
     _write_mlp_config(tmp_path / "long.yaml", "data", epochs=epochs, checkpoint={"every": 1, "unit": "epoch", "keep": 2})
@@ -253,13 +254,17 @@ def test_cancelled_training_resumes_from_its_checkpoint(slurm, tmp_path):
     assert slurm.wait(first, 60, tmp_path) in ("CANCELLED", "FAILED"), _job_logs(tmp_path)
     assert not (run_dir / "summary.json").exists(), "the job finished before it was cancelled"
     newest = sorted(glob.glob(f"{run_dir}/checkpoints/ckpt-*.h5"))[-1]
-    epoch = int(re.search(r"ckpt-(\d+)-", newest).group(1))
+    epoch, step = map(int, re.search(r"ckpt-(\d+)-(\d+)", newest).groups())
     assert 1 <= epoch < epochs
+    cancelled = (tmp_path / f"slurm-mpitrain-train-{first}.out").read_text()
+    assert f"stopped by SIGTERM at epoch {epoch + 1} step {step}: wrote {newest}; resume with the same command" \
+        in cancelled, cancelled
+    assert slurm.job_field(first, "Restarts") == "0"  # a cancelled job is not requeued
 
     second = start(lambda: (run_dir / "summary.json").exists())
     assert slurm.wait(second, 300, tmp_path) == "COMPLETED", _job_logs(tmp_path)
     log = (tmp_path / f"slurm-mpitrain-train-{second}.out").read_text()
-    assert f"resuming from {newest} at epoch {epoch + 1} step 0" in log, log
+    assert f"resuming from {newest} at epoch {epoch + 1} step {step}" in log, log
     assert f"epoch {epoch + 1}/{epochs} " in log and f"epoch {epoch}/{epochs} " not in log
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["epochs"] == epochs and summary["ranks"] == 2
