@@ -46,17 +46,28 @@ def abort_job() -> None:
     MPI.COMM_WORLD.Abort(1)
 
 
-def check_srun_world(size: int) -> None:
-    """Refuse to start when srun started several tasks but MPI made each one a world of its own.
+# What each launcher tells its processes about their number, and what to do when MPI disagrees.
+LAUNCHERS = (("SLURM_STEP_NUM_TASKS", "srun", "tasks", "srun's MPI plugin (--mpi={plugin}) does not match this MPI "
+              "library; use srun --mpi=pmi2 for MPICH, --mpi=pmix for Open MPI, or mpiexec"),
+             ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun", "processes", "mpi4py runs on another MPI library: call the "
+              "mpiexec of the MPI mpi4py was built with (the venv's .venv/bin/mpiexec)"),
+             ("PMI_SIZE", "an MPICH-family mpiexec", "processes", "mpi4py runs on another MPI library: call the "
+              "mpiexec of the MPI mpi4py was built with (the venv's .venv/bin/mpiexec)"))
 
-    That is what an srun `--mpi` plugin the MPI library does not speak gives: every task
-    would train alone and all of them would write the same run directory.
+
+def check_srun_world(size: int) -> None:
+    """Refuse to start when the launcher started several processes but MPI made each one a world of its own.
+
+    That is what an srun `--mpi` plugin the MPI library does not speak gives, or another MPI's
+    mpiexec: every process would train alone and all of them would write the same run directory.
     """
-    tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
-    if size == 1 and tasks > 1:
-        raise MpitrainError(f"srun started {tasks} tasks, but each sees an MPI world of 1 rank: srun's MPI plugin "
-                            f"(--mpi={os.environ.get('SLURM_MPI_TYPE', 'none')}) does not match this MPI library; "
-                            "use srun --mpi=pmi2 for MPICH, --mpi=pmix for Open MPI, or mpiexec")
+    if size != 1:
+        return
+    for variable, launcher, kind, advice in LAUNCHERS:
+        started = os.environ.get(variable, "1")
+        if started.isdigit() and int(started) > 1:
+            raise MpitrainError(f"{launcher} started {started} {kind}, but each sees an MPI world of 1 rank: "
+                                + advice.format(plugin=os.environ.get("SLURM_MPI_TYPE", "none")))
 
 
 def cuda_aware_mpi() -> bool:

@@ -342,3 +342,15 @@ def test_etl_csv_part_of_malformed_lines_is_counted_as_bad_records(tmp_path):
                           r"30 of 120 records are bad, more than --max-bad-fraction 0 allows; the first: .*"
                           r"malformed line '0,0,0', expected 4 numbers")
     assert sorted(os.listdir(tmp_path)) == ["csv"]  # no dataset, no temporary folder
+
+
+@pytest.mark.parametrize("variable, launcher", [("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
+                                                ("PMI_SIZE", "an MPICH-family mpiexec")])
+def test_another_mpis_launcher_is_refused_instead_of_n_lone_copies(trained, tmp_path, variable, launcher):
+    """What each process of another MPI's launcher sees: a world of 1 rank, and the launcher's count."""
+    started = time.monotonic()
+    result = command(MPITRAIN, "train", config_for(trained, tmp_path), env={variable: "4"}, timeout=60)
+    assert_one_line_error(result, time.monotonic() - started,
+                          f"{launcher} started 4 processes, but each sees an MPI world of 1 rank: mpi4py runs on "
+                          "another MPI library")
+    assert not (tmp_path / "run").exists()
