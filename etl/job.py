@@ -14,7 +14,6 @@ whose executors share the file system holding `out`.
 from __future__ import annotations
 
 import contextlib
-import glob
 import logging
 import math
 import os
@@ -88,9 +87,6 @@ class EtlPlan:
         if not 1 <= self.shards <= rows[smallest]:
             raise ConfigError(f"--shards {self.shards}: expected 1..{rows[smallest]} "
                               f"(the {smallest} split of {self.source.spec} has {rows[smallest]} rows)")
-
-
-TMP_MARK = ".etl-tmp-"  # OUT.etl-tmp-XXXXXXXX: a job's output until it is complete
 
 
 def plan_etl(source: str, out: str, shards: int, seed: int = 0, overwrite: bool = False, **options) -> EtlPlan:

@@ -16,13 +16,13 @@ import io
 import json
 import os
 import re
-import shutil
 from dataclasses import dataclass, field
 
 import h5py
 import numpy as np
 
-from mpitrain.errors import DataError, describe
+from mpitrain.errors import DataError
+from mpitrain.files import write_file
 from mpitrain.nn.flat import flat_views
 
 PATTERN = re.compile(r"ckpt-(\d{4})-(\d{6})\.h5$")
@@ -44,12 +44,6 @@ class Checkpoint:
     stats_layout: list = field(default_factory=list)
     sync_arrays: dict = field(default_factory=dict)  # a sync mode's saved arrays (sharing: the mean residual)
     meaning: dict = field(default_factory=dict)  # what the arrays mean: layer types, loss, optimizer, its state slots
-
-    @property
-    def nbytes(self) -> int:
-        """The bytes of arrays its file holds (parameters and statistics twice: flat, and per layer)."""
-        return sum(a.nbytes for a in (self.params, self.params, self.updater_state, self.stats, self.stats,
-                                      *self.sync_arrays.values()))
 
     @property
     def full_layout(self) -> list:
@@ -75,29 +69,16 @@ def save_checkpoint(run_dir: str, ckpt: Checkpoint, keep: int) -> str:
 
 
 def write_checkpoint(path: str, ckpt: Checkpoint) -> str:
-    """Write `ckpt` to a temporary file beside `path`, fsync, rename: `path` is complete or absent.
+    """Write `ckpt` to `path` atomically (`mpitrain.files.write_file`): complete or absent.
 
-    When the file system refuses (full, read-only), the temporary file is removed, the
-    checkpoints already there are left alone, and the error names the folder and the space needed.
+    The HDF5 file is built in memory and written with one plain write, so a full or read-only
+    disk fails there, cleanly: the partial file is removed, the checkpoints already there are
+    left alone, and the error names the file and the space needed.
     """
-    folder, tmp = os.path.dirname(path), path + ".tmp"
-    buffer = io.BytesIO()  # the file is built in memory, so a full disk fails one plain write, not h5py's flushes
+    buffer = io.BytesIO()
     with h5py.File(buffer, "w") as f:
         _write(f, ckpt)
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(buffer.getbuffer())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        free = shutil.disk_usage(folder).free if os.path.isdir(folder) else 0
-        raise DataError(f"{folder}: {describe(e)} while writing {os.path.basename(path)} (it needs about "
-                        f"{_megabytes(ckpt.nbytes)}, {_megabytes(free)} free); the partial file is removed, the "
-                        "checkpoints already there are kept") from None
+    write_file(path, lambda f: f.write(buffer.getbuffer()), binary=True, size=buffer.getbuffer().nbytes)
     return path
 
 
@@ -122,10 +103,6 @@ def _dataset(group, name: str, array: np.ndarray) -> None:
     """A dataset with HDF5's Fletcher-32 checksum, so reading flipped bytes fails instead of resuming from them
     (an empty array cannot be chunked, so it has none: there is nothing in it to damage)."""
     group.create_dataset(name, data=array, fletcher32=array.size > 0)
-
-
-def _megabytes(n: int) -> str:
-    return f"{n / 2**20:.1f} MB"
 
 
 def list_checkpoints(run_dir: str) -> list[str]:

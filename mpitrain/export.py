@@ -18,7 +18,8 @@ import os
 import numpy as np
 
 from mpitrain import __version__
-from mpitrain.errors import ConfigError, DataError, MpitrainError
+from mpitrain.errors import ConfigError, MpitrainError
+from mpitrain.files import write_file
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
@@ -193,16 +194,9 @@ def export_run(run_dir: str, checkpoint: str | None = None):
 
 
 def write_model(proto, path: str) -> None:
-    """Write an ONNX model to `path`: complete or absent (a temporary file, fsync, rename)."""
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(proto.SerializeToString())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        raise DataError(f"{path}: cannot write the ONNX model ({e.strerror})") from None
+    """Write an ONNX model to `path`: complete or absent (`mpitrain.files.write_file`)."""
+    data = proto.SerializeToString()
+    write_file(path, lambda f: f.write(data), binary=True, size=len(data))
 
 
 def describe_tensor(value_info) -> str:

@@ -1,37 +1,53 @@
-"""Writing a run's small files (config.yaml, summary.json, eval-SPLIT.json, predictions) so that a failure
-never leaves half a file and always says, in one line, which path failed and why.
+"""Writing a file (config.yaml, summary.json, eval-SPLIT.json, predictions, checkpoints, ONNX models) so that a
+failure never leaves half a file and always says, in one line, which path failed and why.
 
-    write_file(path, lambda f: json.dump(summary, f))      # temporary file, then rename
+    write_file(path, lambda f: json.dump(summary, f))      # temporary file, fsync, rename
 """
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from contextlib import contextmanager
 
 from mpitrain.errors import MpitrainError, describe
 
 
-def write_file(path: str, write, binary: bool = False) -> None:
-    """Call `write(f)` on a temporary file beside `path`, then rename it to `path`: `path` is whole or as it was.
+def write_file(path: str, write, binary: bool = False, size: int = 0) -> None:
+    """Call `write(f)` on a temporary file beside `path` (its folder made if need be), fsync, rename it to `path`:
+    `path` is whole or as it was, also after a crash.
 
-    A folder at `path`, or a file system that refuses (read-only, full), is a `MpitrainError` naming it.
+    A folder at `path`, or a file system that refuses (read-only, full), is a `MpitrainError` naming it,
+    with the space needed (`size`, bytes) and free when the disk is full.
     """
     if os.path.isdir(path):
         raise MpitrainError(f"{path}: is a folder; expected a file path to write")
     tmp = path + ".tmp"
-    with os_errors(path, "writing it", cleanup=tmp):
+    with os_errors(path, "writing it", cleanup=tmp, size=size):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(tmp, "wb" if binary else "w") as f:
             write(f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
 
 
 @contextmanager
-def os_errors(path: str, doing: str, cleanup: str | None = None):
-    """Turn an operating-system error in the block into one line naming `path` and what was being done,
-    removing the partial file `cleanup` first."""
+def os_errors(path: str, doing: str, cleanup: str | None = None, size: int = 0):
+    """Turn an operating-system error in the block into one line naming `path` and what was being done
+    (on a full disk, with the `size` needed and the space free), removing the partial file `cleanup` first."""
     try:
         yield
     except OSError as e:
         if cleanup and os.path.exists(cleanup):
             os.remove(cleanup)
-        raise MpitrainError(f"{path}: {describe(e)} while {doing}") from None
+        space = ""
+        if e.errno == errno.ENOSPC and size:
+            folder = os.path.dirname(os.path.abspath(path))
+            space = f" (it needs about {_megabytes(size)}, {_megabytes(shutil.disk_usage(folder).free)} free)"
+        removed = "; the partial file is removed" if cleanup else ""
+        raise MpitrainError(f"{path}: {describe(e)} while {doing}{space}{removed}") from None
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 2**20:.1f} MB"
