@@ -80,7 +80,7 @@ def test_training_crosses_the_links_to_identical_replicas(cluster, mode, tmp_pat
 
     moved = {node: {way: after[node][way] - before[node][way] for way in ("rx", "tx")} for node in cluster.nodes}
     sent = summary["bytes_sent_per_step"] * summary["steps_per_epoch"] * summary["epochs"]  # rank 0's, by mpitrain
-    assert sent > 10_000, summary  # the exchanges, not MPI's start-up, dominate what the links carry
+    assert sent > 10_000, summary  # a floor worth checking (MPI's start-up alone moves some 100 KB a node)
     assert moved[cluster.nodes[0]]["tx"] >= sent, moved  # rank 0's part of every exchange left its node
     if mode != "sharing":  # dense exchanges: every rank sends as much as rank 0, and gets as much back
         assert all(way >= sent for node in moved.values() for way in node.values()), (sent, moved)
