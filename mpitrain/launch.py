@@ -35,15 +35,21 @@ def install_abort_hook() -> None:
         sys.stderr.flush()
         if MPI.COMM_WORLD.Get_size() > 1:
             time.sleep(0.5)  # let the launcher forward the traceback: Abort tears the job down, pipes and all
-            MPI.COMM_WORLD.Abort(1)
+            abort_job()
         os._exit(1)
 
     sys.excepthook = hook
 
 
 def abort_job() -> None:
-    """End every rank of the job now (MPI_Abort on COMM_WORLD)."""
+    """End every rank of the job now (MPI_Abort on COMM_WORLD), and this process in any case.
+
+    MPICH's MPI_Abort asks the process manager to end the job and returns; the manager's
+    proxy on this node kills the ranks. With the node cut off from mpiexec (a network link
+    down) no kill comes, so this rank ends itself instead of waiting on in a collective.
+    """
     MPI.COMM_WORLD.Abort(1)
+    os._exit(1)
 
 
 # What each launcher tells its processes about their number, and what to do when MPI disagrees.
