@@ -11,7 +11,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 # at MPI_Init on a single host, pmodels/mpich#7417). On a cluster, set UCX_TLS for its network.
 export UCX_TLS ?= self,sm
 
-.PHONY: setup fashion-mnist slurm demo test bench bench-gpu clean
+.PHONY: setup fashion-mnist slurm network-tools demo test bench bench-gpu clean
 
 setup: $(VENV)/.installed
 
@@ -39,6 +39,15 @@ slurm:
 	       "(tests/test_slurm.py skips without it, and fails under CI=true)"; fi; \
 	fi
 
+# ip, tc (iproute2) and unshare (util-linux) for tests/test_cluster.py's simulated nodes (network namespaces).
+network-tools:
+	@if ! command -v ip >/dev/null || ! command -v tc >/dev/null || ! command -v unshare >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	       --no-install-recommends iproute2 util-linux; \
+	  else echo "ip/tc/unshare not found: run 'sudo apt-get install iproute2 util-linux'" \
+	       "(tests/test_cluster.py skips without them, and fails under CI=true)"; fi; \
+	fi
+
 demo: setup fashion-mnist
 	$(BIN)/mpitrain etl --source idx:$(FASHION) --out data/fashion --shards 8 --overwrite
 	$(BIN)/mpitrain info data/fashion
@@ -46,7 +55,7 @@ demo: setup fashion-mnist
 	$(BIN)/mpiexec -n $(RANKS) $(BIN)/mpitrain train configs/fashion_mlp.yaml
 	$(BIN)/mpiexec -n $(RANKS) $(BIN)/mpitrain eval runs/fashion_mlp --split test
 
-test: setup fashion-mnist slurm
+test: setup fashion-mnist slurm network-tools
 	$(PY) -m pytest -q tests
 
 bench: setup fashion-mnist
