@@ -1,7 +1,8 @@
 """The one owner of a run's checkpoints: it saves them, finds the newest, validates it and resumes from it.
 
-    checkpointer = Checkpointer(run_dir, comm, backend, manifest_sha256, data_path, keep=3, config_yaml=text)
+    checkpointer = Checkpointer(run_dir, comm, backend, manifest_sha256, data_path, keep=3)
     start = checkpointer.resume(model, updater)           # where to begin: a Position (a collective)
+    checkpointer.write_config(config)                     # RUN_DIR/config.yaml, carried by every checkpoint too
     ...
     checkpointer.save(epoch, step, model, updater, sync)  # a collective; rank 0 writes
 
@@ -23,7 +24,9 @@ import numpy as np
 
 from mpitrain.checkpoint import Checkpoint, check_fits, checkpoint_path, list_checkpoints, load_checkpoint, \
     save_checkpoint, write_checkpoint
+from mpitrain.config import config_yaml
 from mpitrain.errors import ConfigError, DataError, MpitrainError
+from mpitrain.files import write_file
 from mpitrain.metrics import keep_records
 
 log = logging.getLogger("mpitrain")
@@ -63,10 +66,11 @@ class Checkpointer:
     """Saves, finds, validates and resumes the checkpoints of the run in `run_dir`; see the module docstring."""
 
     def __init__(self, run_dir: str, comm, backend, manifest_sha256: str, data_path: str, *, keep: int = 3,
-                 resume: str = "auto", config_yaml: str = ""):
+                 resume: str = "auto"):
         self.run_dir, self.comm, self.backend = run_dir, comm, backend
         self.manifest_sha256, self.data_path = manifest_sha256, data_path
-        self.keep, self.policy, self.config_yaml = keep, resume, config_yaml
+        self.keep, self.policy = keep, resume
+        self.config_yaml = ""  # what write_config wrote: every checkpoint carries it
         self.metrics_path = os.path.join(run_dir, "metrics.jsonl")
 
     def paths(self) -> list[str]:
@@ -83,10 +87,8 @@ class Checkpointer:
         position = Position()
         with self.comm.agreed_errors():
             checkpoints = self.paths() if self.comm.is_root else []
-            if checkpoints and self.policy == "never":
-                raise ConfigError(f"resume is 'never', but {self.run_dir} holds checkpoints of an earlier run; "
-                                  "use resume=auto to continue it, or another run_dir")
             if checkpoints:
+                self._refuse_unless_resuming("checkpoints")
                 ckpt = self._newest_good(checkpoints)
                 check_fits(ckpt, model.layout + model.stats_layout, updater.state.size, self.manifest_sha256,
                            self.data_path, meaning(model, updater))
@@ -99,6 +101,14 @@ class Checkpointer:
                 os.remove(self.metrics_path)
         numbers = self.comm.bcast_obj((position.epoch, position.step, position.iteration, position.sync_numbers))
         return Position(*numbers, sync_arrays=position.sync_arrays)
+
+    def write_config(self, config) -> None:
+        """Rank 0 writes RUN_DIR/config.yaml, the config as the run uses it, which every checkpoint then carries
+        too. A collective: a write that fails is an error on every rank."""
+        self.config_yaml = config_yaml(config)
+        with self.comm.agreed_errors():
+            if self.comm.is_root:
+                write_file(os.path.join(self.run_dir, "config.yaml"), lambda f: f.write(self.config_yaml))
 
     def save(self, epoch: int, step: int, model, updater, sync) -> str:
         """Checkpoint "resume at step `step` of epoch `epoch`"; never one with NaN or Inf parameters. Returns its path.
@@ -175,9 +185,7 @@ class Checkpointer:
             path = self.layer_path(index)
             if not os.path.exists(path):
                 break
-            if self.policy == "never":
-                raise ConfigError(f"resume is 'never', but {self.run_dir} holds pretrained layers of an earlier "
-                                  "run; use resume=auto to continue it, or another run_dir")
+            self._refuse_unless_resuming("pretrained layers")
             ckpt = load_checkpoint(path)
             check_fits(ckpt, layout, None, self.manifest_sha256, self.data_path)
             finished.append(ckpt.params)
@@ -188,6 +196,12 @@ class Checkpointer:
         """(Rank 0) Write pretraining's finished layer `index` (host parameters of `layout`)."""
         return write_checkpoint(self.layer_path(index), Checkpoint(
             params, np.zeros(0, dtype=params.dtype), epochs, 0, 0, layout, {}, self.manifest_sha256, ""))
+
+    def _refuse_unless_resuming(self, what: str) -> None:
+        """`resume: never` refuses a run directory holding `what` of an earlier run, rather than overwrite them."""
+        if self.policy == "never":
+            raise ConfigError(f"resume is 'never', but {self.run_dir} holds {what} of an earlier run; use "
+                              "resume=auto to continue it, or another run_dir")
 
     def layer_path(self, index: int) -> str:
         return os.path.join(self.run_dir, "pretrain", f"layer-{index:02d}.h5")

@@ -357,7 +357,7 @@ SYNC_OPTION_MODES = {"frequency": "averaging", "average_updater": "averaging", "
 def _ignored_options(raw: dict) -> list[str]:
     """The options a config sets for a sync mode it does not use, e.g. sync.threshold under allreduce."""
     ignored = []
-    for section, default in (("sync", SyncConfig.mode), ("pretrain.sync", "averaging")):
+    for section, default in (("sync", SyncConfig().mode), ("pretrain.sync", PretrainConfig().sync.mode)):
         node = raw
         for part in section.split("."):
             node = node.get(part, {}) if isinstance(node, dict) else {}
@@ -367,9 +367,9 @@ def _ignored_options(raw: dict) -> list[str]:
     return ignored
 
 
-def save_config(config: Config, f) -> None:
-    """Write `config` as YAML to the open text file `f`."""
-    yaml.safe_dump(config.to_dict(), f, sort_keys=False)
+def config_yaml(config: Config) -> str:
+    """`config` as YAML, as RUN_DIR/config.yaml and every checkpoint store it."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)
 
 
 def _apply_override(raw: dict, override: str, where: str) -> None:

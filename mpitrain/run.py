@@ -13,8 +13,6 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import yaml
-
 from mpitrain.backend import Backend, create_backend
 from mpitrain.checkpointer import Checkpointer
 from mpitrain.config import Config
@@ -109,8 +107,7 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
         else:
             _check_fits(model, manifest, comm.backend)
     checkpointer = Checkpointer(config.run_dir, comm, comm.backend, reader.manifest_sha256, reader.path,
-                                keep=config.checkpoint.keep, resume=config.resume,
-                                config_yaml=yaml.safe_dump(config.to_dict(), sort_keys=False))
+                                keep=config.checkpoint.keep, resume=config.resume)
     return Run(config, comm, comm.backend, reader, model, checkpointer)
 
 

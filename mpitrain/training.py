@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from mpitrain.config import Config, save_config
+from mpitrain.config import Config
 from mpitrain.files import os_errors, write_file
 from mpitrain.data import Batches, RankRows
 from mpitrain.errors import ConfigError
@@ -102,11 +102,10 @@ def _set_up_training(run: Run, sync: Synchronizer | None) -> _Loop:
                      "larger train.epochs continues it)", config.run_dir, start.epoch, config.train.epochs)
         return None
     updater.iteration = start.iteration
-    with comm.agreed_errors():
-        if comm.is_root:
-            write_file(os.path.join(config.run_dir, "config.yaml"), lambda f: save_config(config, f))
-            for option in config.ignored:
-                log.warning("ignored: %s", option)
+    run.checkpointer.write_config(config)
+    if comm.is_root:
+        for option in config.ignored:
+            log.warning("ignored: %s", option)
     if config.pretrain.layers and (start.epoch, start.step) == (0, 0):  # fine-tuning has not begun
         pretrain(config, comm, model, batches, train_rows, run.checkpointer)
     sync.start(model, updater)  # every rank starts from rank 0's parameters and updater state

@@ -10,6 +10,7 @@ import h5py
 import pytest
 
 from conftest import MPITRAIN, make_digits_dataset, mpiexec
+from mpitrain.checkpoint import list_checkpoints, load_checkpoint
 from mpitrain.config_reference import markdown
 from mpitrain.nn.losses import LOSSES
 from mpitrain.nn.updaters import UPDATERS
@@ -83,6 +84,9 @@ def test_examples_run_under_mpiexec_and_their_runs_evaluate_like_any_other(tmp_p
     evaluated = mpiexec(2, MPITRAIN, "eval", tmp_path / "custom_layers.py", timeout=120)
     assert evaluated.returncode == 0, evaluated.stderr
     assert f"accuracy {outputs['custom_layers.py']:.4f}" in evaluated.stdout  # the config.yaml rebuilt the model
+    run = tmp_path / "mlp_sharing.py"  # its synchronizer replaced the config's allreduce: both files say sharing
+    saved = load_checkpoint(list_checkpoints(str(run))[-1]).config_yaml
+    assert saved == (run / "config.yaml").read_text() and "mode: sharing" in saved
     predicted = mpiexec(2, MPITRAIN, "predict", tmp_path / "mlp_sharing.py", timeout=120)
     assert predicted.returncode == 0, predicted.stderr
     with h5py.File(tmp_path / "mlp_sharing.py" / "predictions-test.h5") as f:
