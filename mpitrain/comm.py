@@ -3,10 +3,14 @@
     comm = Communicator()                           # COMM_WORLD: rank, size, node-local rank
     comm = comm.for_backend(backend, cuda_aware)    # the variant for the backend's arrays, picked once
 
-Array calls (`allreduce_`, `average_`, `bcast_`, `allgatherv`) move flat buffers without
-pickling; object calls (`bcast_obj`, `gather_obj`, `allgather_obj`, `max`) pickle small
-Python values. Every array call counts the bytes this rank contributes, so each sync mode
-reports bytes sent per rank per step on the same scale.
+Array calls (`allreduce_`, `average_`, `bcast_`, `allgatherv`, and the non-blocking
+`iallreduce_` with `progress` and `complete`) move flat buffers without pickling; object
+calls (`bcast_obj`, `gather_obj`, `allgather_obj`, `max`) pickle small Python values. Every
+array call counts the bytes this rank contributes, so each sync mode reports bytes sent per
+rank per step on the same scale, and the time it took: `mpi_seconds`, the time spent inside
+MPI (what communication cost this rank), and `comm_seconds`, the time from a collective's
+start to its end (the same for blocking calls; for posted ones, from the first post to the
+completion, partly hidden behind what the rank computed meanwhile).
 
 Every method here is a collective unless it says otherwise: every rank of the
 communicator must call it, in the same order, with buffers of the same size and dtype
@@ -20,7 +24,9 @@ the current CUDA stream is synchronized before MPI reads a buffer.
 """
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
@@ -33,7 +39,7 @@ _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
 
 
 class Communicator:
-    """World rank/size, node-local rank, and the collectives, with buffers handed to MPI as they are.
+    """World rank/size, node-local rank and size, the number of nodes, and the collectives, with buffers handed to MPI as they are.
 
     `mpi_comm` defaults to COMM_WORLD (then an srun world of 1 rank per task is refused);
     tests pass a `Dup()`. `backend` is None until `for_backend` picks the variant.
@@ -50,8 +56,10 @@ class Communicator:
         node = self.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         node.Free()
+        self.nodes = self.mpi.allreduce(int(self.local_rank == 0))  # ranks sharing memory count as one node
         self.backend, self.cuda_aware = backend, cuda_aware
         self.bytes_sent = 0
+        self.mpi_seconds = self.comm_seconds = 0.0
 
     @property
     def is_root(self) -> bool:
@@ -72,11 +80,56 @@ class Communicator:
         variant = StagedCommunicator if backend.on_gpu and not aware else Communicator
         return variant(self.mpi, backend, aware)
 
+    @contextmanager
+    def _blocking(self):
+        """Count the block's time as spent inside MPI and communicating."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            spent = time.perf_counter() - start
+            self.mpi_seconds += spent
+            self.comm_seconds += spent
+
     def allreduce_(self, buf) -> None:
         """Sum a contiguous array over all ranks, in place. A collective."""
         _synchronize_device(buf)
         self.bytes_sent += buf.nbytes
-        self._allreduce(buf)
+        with self._blocking():
+            self._allreduce(buf)
+
+    def iallreduce_(self, buf) -> Posted:
+        """Post the sum of a contiguous array over all ranks, in place, without waiting. A collective: every rank
+        posts the same buffers (sizes, dtypes) in the same order, then hands them all to `complete`; until then
+        the buffer must not be touched."""
+        _synchronize_device(buf)  # backward's kernels have written the bucket before MPI reads it
+        self.bytes_sent += buf.nbytes
+        start = time.perf_counter()
+        request, finish = self._iallreduce(buf)
+        self.mpi_seconds += time.perf_counter() - start
+        return Posted(request, start, finish)
+
+    def progress(self, posted: list[Posted]) -> None:
+        """Let MPI move the posted collectives along (`Testall`; many MPI libraries progress only inside MPI
+        calls). Not a collective: a rank may call it any number of times."""
+        if posted:
+            start = time.perf_counter()
+            MPI.Request.Testall([p.request for p in posted])
+            self.mpi_seconds += time.perf_counter() - start
+
+    def complete(self, posted: list[Posted]) -> None:
+        """Wait for the posted collectives, in the order they were posted, and finish them (staged buffers are
+        copied back). Not a collective itself: the posts were."""
+        if not posted:
+            return
+        start = time.perf_counter()
+        MPI.Request.Waitall([p.request for p in posted])
+        for p in posted:
+            if p.finish is not None:
+                p.finish()
+        now = time.perf_counter()
+        self.mpi_seconds += now - start
+        self.comm_seconds += now - min(p.posted_at for p in posted)
 
     def average_(self, buf) -> None:
         """Average a contiguous array over all ranks, in place. A collective."""
@@ -88,7 +141,8 @@ class Communicator:
         _synchronize_device(buf)
         if self.rank == root:
             self.bytes_sent += buf.nbytes * (self.size - 1)
-        self._bcast(buf, root)
+        with self._blocking():
+            self._bcast(buf, root)
 
     def allgatherv(self, message) -> list:
         """Exchange variable-length 1-D messages: Allgather of sizes, then Allgatherv of bodies. A collective.
@@ -96,16 +150,21 @@ class Communicator:
         The messages come back, in rank order, as views into one array on the device `message` is on.
         """
         _synchronize_device(message)
-        counts = np.zeros(self.size, dtype=np.int64)
-        self.mpi.Allgather(np.array([message.size], dtype=np.int64), counts)
-        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        self.bytes_sent += 8 + message.nbytes
-        out = _empty_like(message, int(counts.sum()))
-        self._allgatherv(message, out, counts, offsets)
+        with self._blocking():
+            counts = np.zeros(self.size, dtype=np.int64)
+            self.mpi.Allgather(np.array([message.size], dtype=np.int64), counts)
+            offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            self.bytes_sent += 8 + message.nbytes
+            out = _empty_like(message, int(counts.sum()))
+            self._allgatherv(message, out, counts, offsets)
         return [out[o:o + c] for o, c in zip(offsets, counts)]
 
     def _allreduce(self, buf) -> None:
         self.mpi.Allreduce(MPI.IN_PLACE, _spec(buf), op=MPI.SUM)
+
+    def _iallreduce(self, buf) -> tuple:
+        """Post the sum; returns the request and what completes it afterwards (nothing here)."""
+        return self.mpi.Iallreduce(MPI.IN_PLACE, _spec(buf), op=MPI.SUM), None
 
     def _bcast(self, buf, root: int) -> None:
         self.mpi.Bcast(_spec(buf), root=root)
@@ -179,6 +238,7 @@ class StagedCommunicator(Communicator):
         super().__init__(mpi_comm, backend, cuda_aware)
         self.pinned_buffers = {}
         self.staged_copies, self.staged_bytes = 0, 0
+        self.in_flight = 0  # posted collectives not yet completed, each with its own host buffer
 
     @property
     def staged(self) -> bool:
@@ -203,6 +263,19 @@ class StagedCommunicator(Communicator):
         if self.rank != root:
             self._to_device(host, buf)
 
+    def complete(self, posted: list[Posted]) -> None:
+        super().complete(posted)
+        self.in_flight = 0
+
+    def _iallreduce(self, buf) -> tuple:
+        """Each buffer in flight is staged through a host buffer of its own, copied back by `complete`."""
+        if not self.stages(buf):
+            return super()._iallreduce(buf)
+        host = self._to_host(buf, role=f"posted {self.in_flight}")
+        self.in_flight += 1
+        request, _ = super()._iallreduce(host)
+        return request, lambda: self._to_device(host, buf)
+
     def _allgatherv(self, message, out, counts, offsets) -> None:
         if not self.stages(message):
             return super()._allgatherv(message, out, counts, offsets)
@@ -219,9 +292,9 @@ class StagedCommunicator(Communicator):
             buffer = self.pinned_buffers[key] = self.backend.empty_pinned(grown, dtype)
         return buffer[:size]
 
-    def _to_host(self, buf) -> np.ndarray:
-        """A host copy of `buf`, in the "send" buffer."""
-        host = self.pinned("send", buf.dtype, buf.size)
+    def _to_host(self, buf, role: str = "send") -> np.ndarray:
+        """A host copy of `buf`, in the buffer of `role`."""
+        host = self.pinned(role, buf.dtype, buf.size)
         self.backend.copy_to_host(buf.reshape(-1), host)
         self._count(host.nbytes)
         return host
@@ -234,6 +307,16 @@ class StagedCommunicator(Communicator):
     def _count(self, nbytes: int) -> None:
         self.staged_copies += 1
         self.staged_bytes += nbytes
+
+
+@dataclass(frozen=True)
+class Posted:
+    """A posted non-blocking collective: its MPI request, when it was posted, and what completes it afterwards
+    (a staged buffer's copy back to the device), if anything."""
+
+    request: MPI.Request
+    posted_at: float
+    finish: object = None
 
 
 def _empty_like(message, size: int):

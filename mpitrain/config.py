@@ -159,6 +159,12 @@ class SyncConfig(Section):
     frequency: typing.Union[int, str] = option(1, "averaging: steps between averagings, or 'epoch'.")
     average_updater: bool = option(False, "averaging: average the updater state too (DL4J's "
                                           "ParameterAveragingTrainingMaster).")
+    overlap: bool = option(True, "allreduce: post a non-blocking Allreduce on each bucket of gradients as backward "
+                                 "finishes it, driving MPI between layers, and wait before the update; false: one "
+                                 "blocking Allreduce after backward. The results are the same.")
+    bucket_mb: float = option(1.0, "allreduce with overlap: the largest bucket, in MB (1e6 bytes); whole layers, "
+                                   "last layer first; a layer larger than this is a bucket of its own, 0 gives one "
+                                   "bucket per layer. 1 MB measured best on the simulated cluster (docs/cluster.md).")
     check_replicas: bool = option(True, "Compare a hash of the parameters across ranks at every epoch end (modes "
                                         "that promise identical replicas).")
     threshold: float = option(1.0e-3, "sharing: the initial threshold tau.")
@@ -176,6 +182,7 @@ class SyncConfig(Section):
         ok = self.frequency == "epoch" or (isinstance(self.frequency, int) and self.frequency >= 1)
         _check(ok, where, f"{section}.frequency", self.frequency, "a number of steps >= 1, or 'epoch'")
         _check(self.threshold > 0, where, f"{section}.threshold", self.threshold, "a positive number")
+        _check(self.bucket_mb >= 0, where, f"{section}.bucket_mb", self.bucket_mb, "a number of MB >= 0")
         self.adaptive = _options(self.adaptive, ADAPTIVE_DEFAULTS, where, f"{section}.adaptive")
         if self.adaptive:
             a = self.adaptive
@@ -350,7 +357,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 # Which sync mode reads each of the sync section's options (the others apply to every mode).
-SYNC_OPTION_MODES = {"frequency": "averaging", "average_updater": "averaging", "threshold": "sharing",
+SYNC_OPTION_MODES = {"overlap": "allreduce", "bucket_mb": "allreduce", "frequency": "averaging", "average_updater": "averaging", "threshold": "sharing",
                      "adaptive": "sharing", "residual_clip": "sharing", "encoding": "sharing"}
 
 

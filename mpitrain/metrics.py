@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 from tqdm import tqdm
@@ -21,24 +21,25 @@ log = logging.getLogger("mpitrain")
 
 @dataclass(frozen=True)
 class Traffic:
-    """Bytes a rank sent, and host/device copies (and their bytes) it made to stage collectives."""
+    """What a rank's collectives did: bytes sent, host/device copies (and their bytes) made to stage them, seconds
+    spent inside MPI, and seconds from the collectives' starts to their ends (larger when overlapped)."""
 
     bytes_sent: int = 0
     staged_copies: int = 0
     staged_bytes: int = 0
+    mpi_seconds: float = 0.0
+    comm_seconds: float = 0.0
 
     @classmethod
     def of(cls, comm) -> Traffic:
-        """What `comm` has sent and staged so far."""
-        return cls(comm.bytes_sent, comm.staged_copies, comm.staged_bytes)
+        """What `comm` has done so far."""
+        return cls(*(getattr(comm, f.name) for f in fields(cls)))
 
     def __sub__(self, other: Traffic) -> Traffic:
-        return Traffic(self.bytes_sent - other.bytes_sent, self.staged_copies - other.staged_copies,
-                       self.staged_bytes - other.staged_bytes)
+        return Traffic(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
 
     def __add__(self, other: Traffic) -> Traffic:
-        return Traffic(self.bytes_sent + other.bytes_sent, self.staged_copies + other.staged_copies,
-                       self.staged_bytes + other.staged_bytes)
+        return Traffic(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
 
 @dataclass
@@ -210,8 +211,12 @@ def _keeps(line: str, keep) -> bool:
 
 
 def per_step(traffic: list[Traffic], steps: int) -> dict:
-    """The ranks' mean traffic per step: bytes sent, and host/device copies (and bytes) made for staging."""
+    """The ranks' mean traffic per step: bytes sent, host/device copies (and bytes) made for staging, and
+    milliseconds of communication: inside MPI (`mpi_ms`, what it cost the step) and from start to end
+    (`comm_ms`; with overlap, the part beyond `mpi_ms` was hidden behind backward)."""
     n = len(traffic) * max(steps, 1)
     return {"bytes_sent_per_step": sum(t.bytes_sent for t in traffic) / n,
             "staged_copies_per_step": sum(t.staged_copies for t in traffic) / n,
-            "staged_bytes_per_step": sum(t.staged_bytes for t in traffic) / n}
+            "staged_bytes_per_step": sum(t.staged_bytes for t in traffic) / n,
+            "mpi_ms_per_step": 1e3 * sum(t.mpi_seconds for t in traffic) / n,
+            "comm_ms_per_step": 1e3 * sum(t.comm_seconds for t in traffic) / n}

@@ -9,6 +9,7 @@ every rank at a step boundary with a checkpoint (`mpitrain.preemption`: `Stopped
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -125,6 +126,7 @@ def _train_epochs(run: Run, loop: _Loop) -> _Done:
     config, comm, model, backend = run.config, run.comm, run.model, run.backend
     batches, sync, updater, metrics = loop.batches, loop.sync, loop.updater, loop.metrics
     done, start_step = _Done(), loop.step
+    grads_ready = functools.partial(sync.grads_ready, model)  # backward tells the sync which gradients are done
     with Watchdog(config.train.watchdog_s, comm.rank, comm.abort) as watchdog, StopSignals(comm) as stop:
         for epoch in range(loop.epoch, config.train.epochs):
             metrics.start_epoch(epoch, start_step)
@@ -133,8 +135,9 @@ def _train_epochs(run: Run, loop: _Loop) -> _Done:
             tick = time.perf_counter()
             for step, (x, y) in enumerate(batches.epoch(epoch, start_step), start=start_step):
                 watchdog.beat(f"epoch {epoch + 1} step {step + 1}")
-                loss, correct = model.train_batch(x, y, key=(config.train.seed, comm.rank, epoch, step))
                 before = Traffic.of(comm)
+                loss, correct = model.train_batch(x, y, key=(config.train.seed, comm.rank, epoch, step),
+                                                  grads_ready=grads_ready)
                 sync.step(model, updater)
                 now = time.perf_counter()
                 window.add(step, loss, correct, len(y), now - tick, Traffic.of(comm) - before)
@@ -165,7 +168,8 @@ def _train_epochs(run: Run, loop: _Loop) -> _Done:
             if sync.replicas_identical and config.sync.check_replicas:
                 done.hashes = check_replicas(comm, *map(backend.to_host, (model.params, model.stats)))
             done.evaluation = _evaluate(run, loop)
-            metrics.end_epoch({"epoch": epoch, "train_loss": epoch_totals.loss_sum / max(epoch_totals.samples, 1),
+            metrics.end_epoch({"epoch": epoch, "nodes": comm.nodes, "ranks_per_node": comm.local_size,
+                               "train_loss": epoch_totals.loss_sum / max(epoch_totals.samples, 1),
                                "test_accuracy": done.evaluation.accuracy, "test_loss": done.evaluation.loss,
                                "replica_hashes": done.hashes})
             if epoch + 1 == config.train.epochs or (config.checkpoint.unit == "epoch"
@@ -188,8 +192,9 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
     summary = {
         "test_accuracy": evaluation.accuracy, "test_loss": evaluation.loss,
         "samples_per_s": sum(comm.allgather_obj(done.samples)) / slowest if slowest else 0.0,
-        **per_step([done.traffic], done.steps),
-        "epochs": config.train.epochs, "ranks": comm.size, "sync_mode": config.sync.mode,
+        **per_step(comm.allgather_obj(done.traffic), done.steps),  # the ranks' mean
+        "epochs": config.train.epochs, "ranks": comm.size, "nodes": comm.nodes,
+        "ranks_per_node": comm.local_size, "sync_mode": config.sync.mode,
         "wall_s": comm.max(time.perf_counter() - started), "steps_per_epoch": loop.batches.steps_per_epoch,
         "n_params": model.n_params,
         "replica_hashes": comm.allgather_obj(parameter_hash(*map(backend.to_host, (model.params, model.stats)))),

@@ -38,6 +38,8 @@ def test_frequency_epoch_and_run_dir(tmp_path):
     ("bogus: 1", [], r"unknown key 'bogus'"),
     ("sync: {mode: ring}", [], r"sync.mode is 'ring', expected one of"),
     ("sync: {frequency: 0}", [], r"sync.frequency is 0"),
+    ("sync: {bucket_mb: -1}", [], r"sync.bucket_mb is -1.0, expected a number of MB >= 0"),
+    ("sync: {overlap: sometimes}", [], r"sync.overlap is 'sometimes', expected bool"),
     ("train: {epochs: two}", [], r"train.epochs is 'two', expected int"),
     ("train: {batch_size: 0}", [], r"train.batch_size is 0"),
     ("optimizer: {lr: -1}", [], r"optimizer.lr is -1.0"),

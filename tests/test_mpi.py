@@ -65,6 +65,38 @@ def test_allreduce_equals_one_process_with_n_times_the_batch(n, optimizer):
 
 
 @pytest.mark.parametrize("n", [2, 4])
+def test_overlapped_allreduce_equals_blocking_for_every_bucket_cut(n):
+    result = mpiexec(n, sys.executable, os.path.join(HERE, "mpi", "overlap_checks.py"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    for model in ("mlp", "bn-cnn"):
+        for cut in ("one bucket larger than the buffer", "one bucket per layer", "buckets smaller than a layer"):
+            lines = [line for line in result.stdout.splitlines() if line.startswith(f"OK {model}, {cut}")]
+            assert len(lines) == 3 and all(line.endswith(f" {n}") for line in lines), result.stdout
+            for check in ("overlapped equals blocking", "every bucket posted during backward", "replicas identical"):
+                assert any(check in line for line in lines), result.stdout
+    assert "OK staged buckets equal blocking, with two copies per bucket per step" in result.stdout
+
+
+def test_overlapped_training_run_equals_blocking_and_reports_its_communication(tmp_path):
+    make_dataset(tmp_path / "data", n_train=480)
+    summaries = {}
+    for overlap in (True, False):
+        config = write_config(tmp_path / f"{overlap}.yaml", tmp_path / "data", run_dir=str(tmp_path / f"run-{overlap}"),
+                              sync={"mode": "allreduce", "overlap": overlap, "bucket_mb": 0})
+        result = mpiexec(2, MPITRAIN, "train", config)
+        assert result.returncode == 0, result.stderr
+        summaries[overlap] = summary(tmp_path / f"run-{overlap}")
+    assert summaries[True]["replica_hashes"] == summaries[False]["replica_hashes"]
+    for s in summaries.values():
+        assert s["nodes"] == 1 and s["ranks_per_node"] == 2
+        assert 0 < s["mpi_ms_per_step"] <= s["comm_ms_per_step"] < 1e3 * s["wall_s"] / s["steps_per_epoch"]
+    assert summaries[False]["mpi_ms_per_step"] == summaries[False]["comm_ms_per_step"]  # blocking: nothing hidden
+    windows = [json.loads(line) for line in (tmp_path / "run-True" / "metrics.jsonl").read_text().splitlines()]
+    assert all(w["comm_ms_per_step"] >= w["mpi_ms_per_step"] > 0 for w in windows if w["kind"] == "window")
+    assert all(r["nodes"] == 1 and r["ranks_per_node"] == 2 for r in windows if r["kind"] == "epoch")
+
+
+@pytest.mark.parametrize("n", [2, 4])
 def test_sharing_keeps_its_promises(n):
     result = mpiexec(n, sys.executable, os.path.join(HERE, "mpi", "sharing_checks.py"))
     assert result.returncode == 0, result.stdout + result.stderr

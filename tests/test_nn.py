@@ -96,3 +96,26 @@ def test_build_model_checks_the_output_size_and_layer_keys():
         build_model(ModelConfig(layers=[{"type": "dense", "units": 3, "activation": "gelu"}]), (4,), 3, np)
     with pytest.raises(ConfigError, match=r"model.layers\[1\].type"):
         build_model(ModelConfig(layers=[{"type": "dense", "units": 3}, {"type": "conv9"}]), (4,), 3, np)
+
+
+def test_gradient_buckets_hold_whole_layers_last_first_within_the_cap():
+    from mpitrain.sync.buckets import gradient_buckets, layer_ranges
+    layout = [("00_dense/W", (10, 5)), ("00_dense/b", (5,)), ("02_dense/W", (5, 3)), ("02_dense/b", (3,)),
+              ("03_batchnorm/gamma", (3,)), ("03_batchnorm/beta", (3,))]
+    assert layer_ranges(layout) == [(0, 55), (55, 73), (73, 79)]
+    assert gradient_buckets(layout, 1e6, 4) == [(0, 79)]  # a cap beyond the buffer: one bucket
+    assert gradient_buckets(layout, 0, 4) == [(73, 79), (55, 73), (0, 55)]  # one per layer, last first
+    assert gradient_buckets(layout, 24 * 4, 4) == [(55, 79), (0, 55)]  # the first layer exceeds the cap alone
+    for cap in (0, 10, 100, 300, 1e6):  # always a cover of the buffer, tail first, contiguous
+        buckets = gradient_buckets(layout, cap, 4)
+        assert buckets[0][1] == 79 and buckets[-1][0] == 0
+        assert all(a[0] == b[1] for a, b in zip(buckets, buckets[1:]))
+
+
+def test_sequential_announces_finished_gradients_from_the_buffer_end():
+    model = Sequential([Flatten(), Dense(4, activation="relu"), Dense(3)], (2, 3), xp=np)
+    model.init_params(seed=0, scheme="he")
+    starts = []
+    model.train_batch(np.ones((2, 2, 3), dtype=np.float32), np.array([0, 2]), grads_ready=starts.append)
+    first, second = 6 * 4 + 4, 6 * 4 + 4 + 4 * 3 + 3
+    assert starts == [first, first, 0] and model.n_params == second  # dense, relu, dense: the flatten is skipped

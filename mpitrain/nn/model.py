@@ -8,6 +8,7 @@ collective; batch norm's running statistics have a flat buffer of their own, `st
 from __future__ import annotations
 
 import inspect
+import math
 
 import numpy as np
 
@@ -40,6 +41,8 @@ class Sequential(FlatModel):
             shape = layer.output_shape(shape)
         self.output_shape = shape
         super().__init__(_layout(self.layers, shapes), _layout(self.layers, stat_shapes), xp, dtype)
+        sizes = [sum(math.prod(s) for s in layer_shapes.values()) for layer_shapes in shapes]
+        self.grads_start = [sum(sizes[:i]) for i in range(len(self.layers))]  # layer i's gradients begin here
         params, grads = _per_layer(flat_views(self.params, self.layout), shapes), \
             _per_layer(flat_views(self.grads, self.layout), shapes)
         for layer, layer_params, layer_grads, layer_stats in zip(self.layers, params, grads,
@@ -64,18 +67,24 @@ class Sequential(FlatModel):
             x = layer.forward(x, training)
         return x
 
-    def backward(self, dy) -> None:
-        """Backpropagate down to the first layer with parameters; its input gradient is skipped."""
+    def backward(self, dy, grads_ready=None) -> None:
+        """Backpropagate down to the first layer with parameters; its input gradient is skipped.
+
+        After each layer, `grads_ready(start)` (if given) learns that `grads[start:]` are final:
+        the layers fill the flat buffer from its end, so a synchronizer can send their part meanwhile.
+        """
         first = next((i for i, layer in enumerate(self.layers) if layer.params), len(self.layers))
         for i in range(len(self.layers) - 1, first - 1, -1):
             dy = self.layers[i].backward(dy, input_grad=i > first)
+            if grads_ready is not None:
+                grads_ready(self.grads_start[i])
 
-    def train_batch(self, x, y, key: tuple = (0,)):
-        """Forward and backward on one batch; fills `grads`; returns (mean loss, correct predictions)
-        as 0-d arrays on the model's device, so a step never waits for the host."""
+    def train_batch(self, x, y, key: tuple = (0,), grads_ready=None):
+        """Forward and backward (`grads_ready` as `backward`'s) on one batch; fills `grads`; returns (mean loss,
+        correct predictions) as 0-d arrays on the model's device, so a step never waits for the host."""
         logits = self.forward(x, training=True, key=key)
         loss, dlogits = self.loss_fn(logits, y)
-        self.backward(dlogits)
+        self.backward(dlogits, grads_ready)
         return loss, (logits.argmax(axis=1) == y).sum()
 
     def layer_specs(self) -> list[dict]:

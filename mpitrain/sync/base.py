@@ -19,7 +19,7 @@ class Synchronizer:
     """Keeps the replicas of one model in step; the trainer never knows which mode it has.
 
     Every method that takes a model is a collective: every rank calls it, in the same order
-    (`start` once; `step` after each backward; `end_epoch` after an epoch's last step;
+    (`start` once; `grads_ready` during backward; `step` after each backward; `end_epoch` after an epoch's last step;
     `flush` before each checkpoint; `load_arrays` once when resuming). The model is any
     `mpitrain.nn.flat.FlatModel` (a `Sequential`, an RBM): a mode sees its flat `params`,
     `grads` and `stats`, and the updater's flat `state`.
@@ -49,6 +49,11 @@ class Synchronizer:
         if updater.state.size:
             self.comm.bcast_(updater.state)
         self.comm.bytes_sent = 0
+
+    def grads_ready(self, model, start: int) -> None:
+        """Backward has finished `model.grads[start:]` (called after each layer, `start` never growing within a
+        step). A collective where a mode starts communication here (overlapped `allreduce`): every rank's model
+        calls it with the same starts in the same order. Nothing by default."""
 
     def step(self, model, updater) -> None:
         """Update `model.params` from this rank's `model.grads` and the other ranks'. A collective."""

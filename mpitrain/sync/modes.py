@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from mpitrain.sync.base import Synchronizer
+from mpitrain.sync.buckets import gradient_buckets
 
 
 class NoSync(Synchronizer):
@@ -14,11 +15,41 @@ class NoSync(Synchronizer):
 
 
 class AllreduceSync(Synchronizer):
-    """Synchronous SGD: average the flat gradient buffer every step, then an identical update everywhere."""
+    """Synchronous SGD: average the flat gradient buffer every step, then an identical update everywhere.
+
+    With `overlap` (the default) the buffer is cut into buckets of whole layers, last layer first
+    (`mpitrain.sync.buckets`, at most `bucket_mb` each); as backward finishes a bucket the rank
+    posts a non-blocking Allreduce on it, lets MPI progress after every layer, and `step` waits
+    for all of them before the update. Every rank posts the same buckets in the same order. Sums
+    are elementwise, so they do not depend on the cut: at 2 ranks the result is bit for bit that
+    of one blocking Allreduce (beyond, MPI may add in another order: equal to float rounding).
+    """
+
+    def start(self, model, updater) -> None:
+        super().start(model, updater)
+        self.buckets = gradient_buckets(model.layout, self.config.bucket_mb * 1e6, model.grads.itemsize)
+        self.posted = []
+
+    def grads_ready(self, model, start: int) -> None:
+        if self.config.overlap:
+            self._post(model, start)
+            self.comm.progress(self.posted)
 
     def step(self, model, updater) -> None:
-        self.comm.average_(model.grads)
+        if self.config.overlap:
+            self._post(model, 0)  # what backward did not announce (a model without the hook: all of it)
+            self.comm.complete(self.posted)
+            self.posted = []
+            model.grads /= self.comm.size
+        else:
+            self.comm.average_(model.grads)
         model.params += updater.delta(model.grads, model.params)
+
+    def _post(self, model, start: int) -> None:
+        """Post the next buckets, in order, while they lie within the final `grads[start:]`. A collective."""
+        while len(self.posted) < len(self.buckets) and self.buckets[len(self.posted)][0] >= start:
+            begin, end = self.buckets[len(self.posted)]
+            self.posted.append(self.comm.iallreduce_(model.grads[begin:end]))
 
 
 class AveragingSync(Synchronizer):
