@@ -193,6 +193,7 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
         "test_accuracy": evaluation.accuracy, "test_loss": evaluation.loss,
         "samples_per_s": sum(comm.allgather_obj(done.samples)) / slowest if slowest else 0.0,
         **per_step(comm.allgather_obj(done.traffic), done.steps),  # the ranks' mean
+        "comm_ms_per_step": loop.metrics.comm_ms_per_step,
         "epochs": config.train.epochs, "ranks": comm.size, "nodes": comm.nodes,
         "ranks_per_node": comm.local_size, "sync_mode": config.sync.mode,
         "wall_s": comm.max(time.perf_counter() - started), "steps_per_epoch": loop.batches.steps_per_epoch,

@@ -154,9 +154,11 @@ class SimulatedCluster:
 
     @property
     def env(self) -> dict:
-        """mpiexec's environment: UCX over the nodes' links only, one thread per rank (the nodes share the cores)."""
+        """mpiexec's environment: UCX over the nodes' links only, one thread per rank (the nodes share the machine's
+        cores, which a rank alone on its node would otherwise take all of: numba's parallel kernels, BLAS)."""
         nodes = " ".join(f"{host}={node}" for host, node in zip(self.hosts, self.nodes))
-        return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "UCX_TLS": "tcp",
+        return {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                "PYTHONUNBUFFERED": "1", "UCX_TLS": "tcp",
                 "UCX_NET_DEVICES": NODE_IF, "SIMULATED_NODES": nodes}
 
     def mpiexec_command(self, n: int, *args, ppn: int = 1) -> list[str]:

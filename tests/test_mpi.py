@@ -89,11 +89,12 @@ def test_overlapped_training_run_equals_blocking_and_reports_its_communication(t
     assert summaries[True]["replica_hashes"] == summaries[False]["replica_hashes"]
     for s in summaries.values():
         assert s["nodes"] == 1 and s["ranks_per_node"] == 2
-        assert 0 < s["mpi_ms_per_step"] <= s["comm_ms_per_step"] < 1e3 * s["wall_s"] / s["steps_per_epoch"]
-    assert summaries[False]["mpi_ms_per_step"] == summaries[False]["comm_ms_per_step"]  # blocking: nothing hidden
-    windows = [json.loads(line) for line in (tmp_path / "run-True" / "metrics.jsonl").read_text().splitlines()]
-    assert all(w["comm_ms_per_step"] >= w["mpi_ms_per_step"] > 0 for w in windows if w["kind"] == "window")
-    assert all(r["nodes"] == 1 and r["ranks_per_node"] == 2 for r in windows if r["kind"] == "epoch")
+        assert 0 < s["comm_ms_per_step"] and 0 < s["mpi_ms_per_step"] < 1e3 * s["wall_s"] / s["steps_per_epoch"]
+    # blocking: the last rank to arrive communicates for less than the ranks' mean time inside MPI
+    assert summaries[False]["comm_ms_per_step"] <= summaries[False]["mpi_ms_per_step"]
+    records = [json.loads(line) for line in (tmp_path / "run-True" / "metrics.jsonl").read_text().splitlines()]
+    assert all(w["comm_ms_per_step"] > 0 and w["mpi_ms_per_step"] > 0 for w in records if w["kind"] == "window")
+    assert all(r["nodes"] == 1 and r["ranks_per_node"] == 2 for r in records if r["kind"] == "epoch")
 
 
 @pytest.mark.parametrize("n", [2, 4])
