@@ -66,6 +66,7 @@ bench: setup fashion-mnist
 	$(PY) benchmarks/communication.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/cnn_accuracy.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/scaling.py --data data/fashion --out benchmarks/results
+	$(PY) benchmarks/cluster.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/soak.py --out benchmarks/results
 	$(PY) benchmarks/etl.py --out benchmarks/results
 	$(PY) benchmarks/dbn.py --data data/fashion --out benchmarks/results

@@ -25,12 +25,13 @@ SECTIONS = [("throughput", "Throughput per sync mode, beside PyTorch DDP (`bench
             ("kernels", "Threshold kernels (`benchmarks/kernels.py`)"),
             ("throughput_gpu", "One GPU beside PyTorch CUDA (`benchmarks/throughput.py --backend cupy`)"),
             ("kernels_gpu", "Threshold kernels on the GPU (`benchmarks/kernels.py --backend cupy`)"),
+            ("cluster", "Simulated multi-node cluster beside the cost model (`benchmarks/cluster.py`)"),
             ("soak", "Soak: kill a random rank, resume, 20 times (`benchmarks/soak.py`)"),
             ("dbn", "Deep belief net, pretrained versus not, beside the seed's MNIST figures (`benchmarks/dbn.py`)"),
             ("etl", "Spark ETL beside a single-process conversion (`benchmarks/etl.py`)")]
 # The README's headline: (section, what the rows show, which rows of the section's first table).
 HEADLINE = [("throughput", "CPU, 2 ranks on 2 cores, beside PyTorch DDP",
-             lambda row: row["ranks"] == "2" and row["sync"] in ("allreduce", "DDP gloo")),
+             lambda row: row["ranks"] == "2" and row["sync"] in ("allreduce (overlapped)", "DDP gloo")),
             ("communication", "Bytes each rank sends per step, 4 ranks, MLP", lambda row: row["ranks"] == "4"),
             ("cnn_accuracy", "Conv nets after 10 epochs, 4 ranks, sharing", lambda row: True),
             ("dbn", "Deep belief net, 4 ranks", lambda row: True),

@@ -1,0 +1,242 @@
+"""Training on a simulated multi-node cluster, beside the communication cost model (needs root).
+
+For each link rate (`--links`, Gb/s) and node count (`--nodes`), a cluster of network
+namespaces (tests/cluster.py: tbf-shaped links into one bridge, MPICH over TCP, one rank per
+node) is built; benchmarks/network_probe.py measures its Allreduce over sizes and
+`mpitrain.costmodel.Network.fit` fits latency and time per byte to it. Then each model trains
+2 epochs per sync variant (blocking and overlapped `allreduce`, `averaging` every 5 steps,
+`sharing` with the allgather and the split exchange): samples/s and communication time per
+step are those of the second epoch (the first is the warm-up: numba's kernels, TCP
+connections), test accuracy is after both. Each row puts the measured communication time
+per step (per step, the least any rank spent from the start of its collectives to their
+end, so waiting for slower ranks is left out) beside the model's prediction for that
+variant, and bytes per step per rank as mpitrain counts them (what the rank contributes)
+and as the nodes' links counted them (everything on the wire, TCP included, over the run).
+
+The model is then extrapolated to 64, 256 and 1024 ranks on a stated network
+(`--model-gbps`, `--model-latency-us`; default 100 Gb/s and 1 us, InfiniBand EDR): time and
+wire bytes per step per rank for dense `allreduce` with and without overlap (overlap at
+best hides all but the last bucket), and `sharing` with each exchange and with `auto`
+(each rank's message as large as measured).
+
+Targets at 1 Gb/s on the MLP: overlapped `allreduce` >= 1.25x blocking's samples/s;
+`sharing` >= 2.0x blocking within 0.5 points of its test accuracy; the model within 25% of
+the measured communication time in every row; at 64 and 1024 ranks `sharing` with
+`exchange: auto` at or under dense `allreduce`'s bytes per rank.
+
+    sudo python benchmarks/cluster.py --data data/fashion --out benchmarks/results
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+from common import BIN, HERE, markdown_table, write_results
+
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+from cluster import SimulatedCluster, missing_capability  # noqa: E402
+
+from mpitrain.config import load_config  # noqa: E402
+from mpitrain.costmodel import Network, allgather_exchange, split_exchange  # noqa: E402
+from mpitrain.data import DatasetReader  # noqa: E402
+from mpitrain.nn.model import build_model  # noqa: E402
+from mpitrain.report import read_metrics  # noqa: E402
+from mpitrain.sync.buckets import gradient_buckets  # noqa: E402
+
+MODELS = {"MLP": ("configs/fashion_mlp.yaml", 30000), "LeNet": ("configs/fashion_lenet.yaml", 16000)}  # max rows
+VARIANTS = {  # name: (sync.mode, overrides)
+    "allreduce blocking": ("allreduce", {"sync.overlap": False}),
+    "allreduce overlapped": ("allreduce", {"sync.overlap": True}),
+    "averaging (5)": ("averaging", {"sync.frequency": 5}),
+    "sharing allgather": ("sharing", {"sync.exchange": "allgather"}),
+    "sharing split": ("sharing", {"sync.exchange": "split"}),
+}
+BATCH = 64
+MODEL_RANKS = (64, 256, 1024)
+
+
+def main(argv=None) -> dict:
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="data/fashion")
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--links", type=float, nargs="+", default=[1.0, 10.0], help="link rates, Gb/s")
+    parser.add_argument("--nodes", type=int, nargs="+", default=[4, 2], help="node counts (1 rank per node)")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--two-node-variants", nargs="+", default=["allreduce blocking", "allreduce overlapped",
+                                                                   "sharing allgather"],
+                        help="the variants run on clusters of fewer than 4 nodes (the MLP only)")
+    parser.add_argument("--model-gbps", type=float, default=100.0)
+    parser.add_argument("--model-latency-us", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    reason = missing_capability()
+    if reason:
+        sys.exit(f"cluster.py: {reason}")
+
+    rows, networks = [], []
+    for gbps in args.links:
+        for nodes in args.nodes:
+            with SimulatedCluster(nodes=nodes, link_gbps=gbps) as cluster:
+                network, probe = measure_network(cluster)
+                networks.append({"nodes": nodes, "link_gbps": gbps, "fit": network.to_dict(),
+                                 "pingpong": Network.from_pingpong(probe["pingpong"]).to_dict(), "probe": probe})
+                for model in args.models if nodes >= 4 else ["MLP"]:
+                    for variant in VARIANTS if nodes >= 4 else args.two_node_variants:
+                        row = train_row(cluster, args.data, model, variant, network)
+                        rows.append(row)
+                        print(json.dumps({k: v for k, v in row.items() if k != "windows"}), flush=True)
+    stated = Network.of(args.model_latency_us, args.model_gbps)
+    result = {"rows": rows, "networks": networks, "model_network": stated.to_dict(),
+              "extrapolation": extrapolate(rows, stated, args.data)}
+    write_results(args.out, "cluster", result, markdown(result))
+    return result
+
+
+def measure_network(cluster) -> tuple[Network, dict]:
+    """Run the probe on every node; the network fitted to its Allreduces, and the probe's figures."""
+    probe = cluster.mpiexec(cluster.size, sys.executable, os.path.join(HERE, "network_probe.py"), timeout=600)
+    if probe.returncode:
+        sys.exit(f"network_probe.py failed: {probe.stderr[-2000:]}")
+    figures = json.loads(probe.stdout.strip().splitlines()[-1])
+    return Network.fit(figures["allreduce"], cluster.size), figures
+
+
+def train_row(cluster, data: str, model: str, variant: str, network: Network) -> dict:
+    """Train `model` with `variant` on every node (2 epochs); its row of the table."""
+    config_path, max_rows = MODELS[model]
+    mode, extra = VARIANTS[variant]
+    with tempfile.TemporaryDirectory() as run_dir:
+        overrides = {"data.path": data, "data.max_rows": max_rows, "run_dir": run_dir, "resume": "never",
+                     "train.epochs": 2, "train.batch_size": BATCH, "train.log_every": 10, "sync.mode": mode,
+                     "report": False, "checkpoint.every": 100, **extra}
+        before = cluster.bytes_on_links()
+        result = cluster.mpiexec(cluster.size, os.path.join(BIN, "mpitrain"), "train", config_path,
+                                 *[f"--set={k}={v}" for k, v in overrides.items()], timeout=900)
+        if result.returncode:
+            sys.exit(f"{model} {variant} failed on {cluster.description}:\n{result.stderr[-3000:]}")
+        after = cluster.bytes_on_links()
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        windows = [w for w in read_metrics(os.path.join(run_dir, "metrics.jsonl"))[0] if w["epoch"] == 1]
+        config = load_config(config_path, [f"{k}={v}" for k, v in overrides.items()])
+    steps = sum(w["samples"] for w in windows) / (BATCH * cluster.size)
+    seconds = sum(w["samples"] / w["samples_per_s"] for w in windows)
+    measured = sum(w["comm_ms_per_step"] * w["samples"] for w in windows) / sum(w["samples"] for w in windows)
+    message = np.average([w["bytes_sent_per_step"] for w in windows], weights=[w["samples"] for w in windows])
+    tx = sum(after[node]["tx"] - before[node]["tx"] for node in cluster.nodes) / cluster.size
+    all_steps = summary["steps_per_epoch"] * 2
+    return {"model": model, "nodes": cluster.size, "link_gbps": cluster.link_gbps, "variant": variant,
+            "sync": mode, "overlap": mode == "allreduce" and extra.get("sync.overlap", True),
+            "exchange": extra.get("sync.exchange"), "samples_per_s": sum(w["samples"] for w in windows) / seconds,
+            "comm_ms_measured": measured, "mpi_ms_measured": float(np.mean([w["mpi_ms_per_step"] for w in windows])),
+            "comm_ms_model": 1e3 * modelled_seconds(network, config, summary, variant, message, cluster.size),
+            "bytes_per_step": message, "wire_bytes_per_step": tx / all_steps, "steps": steps,
+            "test_accuracy": summary["test_accuracy"], "n_params": summary["n_params"],
+            "exchanges": sorted({w.get("exchange") for w in windows if w.get("exchange")})}
+
+
+def modelled_seconds(network: Network, config, summary: dict, variant: str, message: float, ranks: int) -> float:
+    """The cost model's communication seconds per step for the run of `summary`."""
+    dense = 4 * summary["n_params"]
+    if variant == "allreduce blocking":
+        return network.allreduce(dense, ranks)
+    if variant == "allreduce overlapped":
+        return sum(network.allreduce(4 * (end - begin), ranks) for begin, end in buckets(config))
+    if variant.startswith("averaging"):  # Allreduces of the whole buffer every `frequency` steps
+        allreduces = round(message * config.sync.frequency / dense)
+        return allreduces * network.allreduce(dense, ranks) / config.sync.frequency
+    sizes = [message - 8] * ranks  # bytes_sent counts the 8-byte size beside the message
+    exchange = allgather_exchange if variant == "sharing allgather" else split_exchange
+    return exchange(network, sizes, summary["n_params"], 4)[0]
+
+
+def buckets(config) -> list[tuple[int, int]]:
+    """The overlapped run's gradient buckets (the model built from its config)."""
+    manifest = DatasetReader(config.data.path).manifest
+    model = build_model(config.model, manifest.feature_shape, manifest.num_classes, np)
+    return gradient_buckets(model.layout, config.sync.bucket_mb * 1e6, 4)
+
+
+def extrapolate(rows: list[dict], network: Network, data: str) -> list[dict]:
+    """Per model, time and wire bytes per step per rank at MODEL_RANKS on `network`, from the measured message
+    sizes of the 4-node, slowest-link runs."""
+    out = []
+    for model in sorted({r["model"] for r in rows}):
+        basis = [r for r in rows if r["model"] == model and r["nodes"] == max(x["nodes"] for x in rows)]
+        slow = min(r["link_gbps"] for r in basis)
+        sharing = next(r for r in basis if r["variant"] == "sharing allgather" and r["link_gbps"] == slow)
+        config = load_config(MODELS[model][0], [f"data.path={data}"])
+        tail = buckets(config)[-1]
+        n, message = sharing["n_params"], sharing["bytes_per_step"] - 8
+        for ranks in MODEL_RANKS:
+            dense = 4 * n
+            gathered = allgather_exchange(network, [message] * ranks, n, 4)
+            split = split_exchange(network, [message] * ranks, n, 4)
+            auto = min(gathered, split)
+            out += [
+                {"model": model, "ranks": ranks, "sync": "allreduce", "variant": "blocking",
+                 "ms": 1e3 * network.allreduce(dense, ranks), "wire_bytes": 2 * (ranks - 1) / ranks * dense},
+                {"model": model, "ranks": ranks, "sync": "allreduce", "variant": "overlapped (all but the last "
+                 "bucket hidden)", "ms": 1e3 * network.allreduce(4 * (tail[1] - tail[0]), ranks),
+                 "wire_bytes": 2 * (ranks - 1) / ranks * dense},
+                {"model": model, "ranks": ranks, "sync": "sharing", "variant": "allgather",
+                 "ms": 1e3 * gathered[0], "wire_bytes": gathered[1]},
+                {"model": model, "ranks": ranks, "sync": "sharing", "variant": "split",
+                 "ms": 1e3 * split[0], "wire_bytes": split[1]},
+                {"model": model, "ranks": ranks, "sync": "sharing", "variant": "auto (chooses "
+                 f"{'split' if auto is split else 'allgather'})", "ms": 1e3 * auto[0], "wire_bytes": auto[1]},
+            ]
+    return out
+
+
+def markdown(result: dict) -> str:
+    """The measured table, the targets' verdicts, and the extrapolation."""
+    rows = result["rows"]
+    measured = markdown_table(
+        ["model", "nodes", "link Gb/s", "sync", "samples/s", "comm ms measured", "comm ms model", "model error",
+         "bytes/step/rank", "wire bytes/step/rank", "test acc"],
+        [[r["model"], str(r["nodes"]), f"{r['link_gbps']:g}", r["variant"], f"{r['samples_per_s']:.0f}",
+          f"{r['comm_ms_measured']:.2f}", f"{r['comm_ms_model']:.2f}",
+          f"{100 * (r['comm_ms_model'] / r['comm_ms_measured'] - 1):+.0f}%", f"{r['bytes_per_step']:.0f}",
+          f"{r['wire_bytes_per_step']:.0f}", f"{r['test_accuracy']:.4f}"] for r in rows], "lrrlrrrrrrr")
+    networks = "; ".join(f"{n['nodes']} nodes at {n['link_gbps']:g} Gb/s: fitted {n['fit']['latency_us']:.0f} us, "
+                         f"{n['fit']['gbps']:.2f} Gb/s (ping-pong {n['pingpong']['gbps']:.2f} Gb/s)"
+                         for n in result["networks"])
+    model = result["model_network"]
+    extrapolated = markdown_table(
+        ["model", "ranks", "sync", "exchange / overlap", "comm ms/step", "wire MB/step/rank"],
+        [[r["model"], str(r["ranks"]), r["sync"], r["variant"], f"{r['ms']:.2f}", f"{r['wire_bytes'] / 1e6:.2f}"]
+         for r in result["extrapolation"]], "lrllrr")
+    return (f"Simulated nodes (network namespaces, tbf-shaped links, no added delay), 1 rank per node, MPICH over "
+            f"TCP; batch {BATCH} per rank; the second of 2 epochs measured.\n\n"
+            f"Networks as fitted (Allreduce over sizes): {networks}.\n\n{measured}\n\n{verdicts(rows)}\n\n"
+            f"Modelled at {model['gbps']:g} Gb/s and {model['latency_us']:g} us per message:\n\n{extrapolated}\n")
+
+
+def verdicts(rows: list[dict]) -> str:
+    """The targets, met or not, from the rows."""
+    lines = []
+    for gbps in sorted({r["link_gbps"] for r in rows}):
+        mlp = {r["variant"]: r for r in rows if r["model"] == "MLP" and r["nodes"] == 4 and r["link_gbps"] == gbps}
+        if gbps != 1.0 or "allreduce blocking" not in mlp:
+            continue
+        blocking = mlp["allreduce blocking"]
+        for variant, target in (("allreduce overlapped", 1.25), ("sharing allgather", 2.0), ("sharing split", 2.0)):
+            if variant in mlp:
+                r = mlp[variant]
+                ratio, points = r["samples_per_s"] / blocking["samples_per_s"], 100 * (r["test_accuracy"] -
+                                                                                     blocking["test_accuracy"])
+                lines.append(f"- MLP, 4 nodes, 1 Gb/s: {variant} {ratio:.2f}x blocking allreduce "
+                             f"(target {target}x), test accuracy {points:+.2f} points")
+    worst = max(rows, key=lambda r: abs(r["comm_ms_model"] / r["comm_ms_measured"] - 1))
+    lines.append(f"- the model's largest error: {100 * (worst['comm_ms_model'] / worst['comm_ms_measured'] - 1):+.0f}% "
+                 f"({worst['model']}, {worst['nodes']} nodes, {worst['link_gbps']:g} Gb/s, {worst['variant']}; "
+                 "target within 25%)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
