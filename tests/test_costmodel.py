@@ -1,10 +1,11 @@
-"""The cost model of sharing's exchanges (mpitrain/costmodel.py)."""
+"""The cost model of sharing's exchanges (mpitrain/costmodel.py) and auto's choice (mpitrain/sync/exchange.py)."""
 import math
 
 import pytest
 
 from mpitrain.costmodel import (Network, allgather_exchange, allreduce_bytes, message_elements, split_exchange,
                                 split_header_bytes)
+from mpitrain.sync.exchange import choose_exchange
 
 MLP = 648010  # parameters of configs/fashion_mlp.yaml
 RANKS = [2, 3, 4, 5, 8, 16, 63, 64, 100, 256, 1000, 1024]
@@ -76,3 +77,31 @@ def test_collective_costs_follow_mpich_s_algorithms():
     assert allreduce_bytes(1e6, 4) == 1.5e6 and allreduce_bytes(1e6, 1) == 0.0
     assert DEFAULT.allgatherv([100, 200, 300]) == pytest.approx(2e-6 + 500 * 8e-11)
     assert DEFAULT.allgatherv([1e6] * 4) == pytest.approx(3e-6 + 3e6 * 8e-11)
+
+
+def int32s(nbytes):
+    return (nbytes - 16) // 4 + 4  # a message's size in int32, as the Allgather of sizes gives it
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_auto_keeps_allgather_on_few_ranks_with_the_default_network(ranks):
+    """Messages as `encoding: auto` makes them: never longer than a bitmap."""
+    for size in messages(MLP).values():
+        if size <= bitmap_bytes(MLP):
+            assert choose_exchange("auto", DEFAULT, [int32s(size)] * ranks, MLP, 4) == "allgather"
+
+
+def test_auto_splits_when_the_allgathered_bytes_dominate():
+    every = int32s(sparse_bytes(MLP, 1.0))  # every element sent as a sparse index (encoding: sparse)
+    assert choose_exchange("auto", DEFAULT, [every] * 2, MLP, 4) == "allgather"  # 2 ranks: split never pays
+    assert choose_exchange("auto", DEFAULT, [every] * 4, MLP, 4) == "split"
+    slow = Network.of(latency_us=1.0, gbps=0.001)
+    assert choose_exchange("auto", slow, [int32s(sparse_bytes(1000, 1.0))] * 4, 1000, 4) == "split"
+    one_percent = int32s(sparse_bytes(MLP, 0.01))  # the MLP's messages: SparCML's crossover, 2n/k, is ~200 ranks
+    assert choose_exchange("auto", DEFAULT, [one_percent] * 64, MLP, 4) == "allgather"
+    assert choose_exchange("auto", DEFAULT, [one_percent] * 1024, MLP, 4) == "split"
+
+
+@pytest.mark.parametrize("setting", ["allgather", "split"])
+def test_a_set_exchange_is_kept_whatever_the_cost(setting):
+    assert choose_exchange(setting, DEFAULT, [5] * 3, 1000, 4) == setting

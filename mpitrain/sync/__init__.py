@@ -13,12 +13,13 @@
 from __future__ import annotations
 
 from mpitrain.sync.base import Synchronizer, check_replicas, parameter_hash
+from mpitrain.sync.exchange import EXCHANGES
 from mpitrain.sync.modes import AllreduceSync, AveragingSync, NoSync
 from mpitrain.sync.sharing import SharingSync
 
 SYNCHRONIZERS = {"none": NoSync, "allreduce": AllreduceSync, "averaging": AveragingSync, "sharing": SharingSync}
 
-__all__ = ["Synchronizer", "create_synchronizer", "check_replicas", "parameter_hash", "SYNCHRONIZERS"]
+__all__ = ["Synchronizer", "create_synchronizer", "check_replicas", "parameter_hash", "SYNCHRONIZERS", "EXCHANGES"]
 
 
 def create_synchronizer(config, comm) -> Synchronizer:
