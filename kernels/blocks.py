@@ -7,7 +7,7 @@
     sent = add_block(reduced, params[lo:hi])   # params[lo:hi] += the reduced block
 
 Blocks are near-equal and contiguous, with bounds a multiple of 16 elements, so a bitmap
-message splits on word boundaries; with fewer than 16 x ranks elements some blocks are empty.
+message splits on word boundaries; with fewer 16-element words than ranks, some are empty.
 A part is a threshold message (`message`) whose header says the block's length and the
 elements of the block it sends; sparse indices are re-based to the block, a bitmap part is
 the block's words. A reduced block is an int32 array:
@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import implementation, threshold_decode
-from .message import BITMAP, BITS_PER_WORD, HEADER_SIZE, SPARSE, bitmap_words, read_header
+from .message import BITS_PER_WORD, HEADER_SIZE, SPARSE, bitmap_words, read_header
 
 DENSE = 1  # a reduced block's kind; SPARSE (0) is shared with threshold messages
 INDEX_BYTES = np.dtype(np.int32).itemsize

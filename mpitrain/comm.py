@@ -3,10 +3,10 @@
     comm = Communicator()                           # COMM_WORLD: rank, size, node-local rank
     comm = comm.for_backend(backend, cuda_aware)    # the variant for the backend's arrays, picked once
 
-Array calls (`allreduce_`, `average_`, `bcast_`, `allgather_counts`, `allgatherv`, `alltoallv`)
-move flat buffers without pickling; object calls (`bcast_obj`, `gather_obj`, `allgather_obj`, `max`) pickle small
-Python values. Every array call counts the bytes this rank contributes, so each sync mode
-reports bytes sent per rank per step on the same scale.
+Array calls (`allreduce_`, `average_`, `bcast_`, `allgather_counts`, `allgatherv`,
+`alltoallv`) move flat buffers without pickling; object calls (`bcast_obj`, `gather_obj`,
+`allgather_obj`, `max`) pickle small Python values. Every array call counts the bytes this
+rank contributes, so each sync mode reports bytes sent per rank per step on the same scale.
 
 Every method here is a collective unless it says otherwise: every rank of the
 communicator must call it, in the same order, with buffers of the same size and dtype

@@ -34,7 +34,8 @@ def allgather(comm, message, sizes, params) -> int:
 
 def split(comm, message, sizes, params) -> int:
     """Rank j sums block j of every message in rank order (an Alltoallv of the blocks: a sparse reduce-scatter);
-    every rank adds every reduced block (an Allgatherv), so each block's sum is made once and copied. A collective."""
+    every rank adds every reduced block (an Allgatherv), so each block's sum is made once and copied. A collective.
+    (`sizes` is not needed: the Alltoallv exchanges the sizes of the parts.)"""
     bounds = block_bounds(params.size, comm.size)
     parts, part_sizes = cut_message(message, bounds)
     own = array_module(params).zeros(int(bounds[comm.rank + 1] - bounds[comm.rank]), dtype=params.dtype)
