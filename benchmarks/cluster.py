@@ -125,32 +125,43 @@ def train_row(cluster, data: str, model: str, variant: str, network: Network) ->
     steps = sum(w["samples"] for w in windows) / (BATCH * cluster.size)
     seconds = sum(w["samples"] / w["samples_per_s"] for w in windows)
     measured = sum(w["comm_ms_per_step"] * w["samples"] for w in windows) / sum(w["samples"] for w in windows)
-    message = np.average([w["bytes_sent_per_step"] for w in windows], weights=[w["samples"] for w in windows])
+    sent = np.average([w["bytes_sent_per_step"] for w in windows], weights=[w["samples"] for w in windows])
+    message = message_bytes(windows, summary["n_params"]) if mode == "sharing" else None
     tx = sum(after[node]["tx"] - before[node]["tx"] for node in cluster.nodes) / cluster.size
     all_steps = summary["steps_per_epoch"] * 2
     return {"model": model, "nodes": cluster.size, "link_gbps": cluster.link_gbps, "variant": variant,
             "sync": mode, "overlap": mode == "allreduce" and extra.get("sync.overlap", True),
             "exchange": extra.get("sync.exchange"), "samples_per_s": sum(w["samples"] for w in windows) / seconds,
             "comm_ms_measured": measured, "mpi_ms_measured": float(np.mean([w["mpi_ms_per_step"] for w in windows])),
-            "comm_ms_model": 1e3 * modelled_seconds(network, config, summary, variant, message, cluster.size),
-            "bytes_per_step": message, "wire_bytes_per_step": tx / all_steps, "steps": steps,
+            "comm_ms_model": 1e3 * modelled_seconds(network, config, summary, variant, sent, message, cluster.size),
+            "bytes_per_step": sent, "message_bytes": message, "wire_bytes_per_step": tx / all_steps, "steps": steps,
             "test_accuracy": summary["test_accuracy"], "n_params": summary["n_params"],
             "exchanges": sorted({w.get("exchange") for w in windows if w.get("exchange")})}
 
 
-def modelled_seconds(network: Network, config, summary: dict, variant: str, message: float, ranks: int) -> float:
-    """The cost model's communication seconds per step for the run of `summary`."""
+def message_bytes(windows: list[dict], n: int) -> float:
+    """A rank's mean threshold message in `sharing` windows, in bytes: the 16-byte header and a body of 4 bytes per
+    element sent, or the bitmap's n/16 words once that is smaller (the `auto` encoding)."""
+    counts = [w["sparsity"] * n for w in windows]  # sparsity: the share of all ranks' elements sent
+    return float(np.mean([16 + 4 * min(c, -(-n // 16)) for c in counts]))
+
+
+def modelled_seconds(network: Network, config, summary: dict, variant: str, sent: float, message: float | None,
+                     ranks: int) -> float:
+    """The cost model's communication seconds per step for the run of `summary` (`sent`: bytes sent per step;
+    `message`: sharing's message bytes)."""
     dense = 4 * summary["n_params"]
     if variant == "allreduce blocking":
         return network.allreduce(dense, ranks)
     if variant == "allreduce overlapped":
         return sum(network.allreduce(4 * (end - begin), ranks) for begin, end in buckets(config))
     if variant.startswith("averaging"):  # Allreduces of the whole buffer every `frequency` steps
-        allreduces = round(message * config.sync.frequency / dense)
+        allreduces = round(sent * config.sync.frequency / dense)
         return allreduces * network.allreduce(dense, ranks) / config.sync.frequency
-    sizes = [message - 8] * ranks  # bytes_sent counts the 8-byte size beside the message
-    exchange = allgather_exchange if variant == "sharing allgather" else split_exchange
-    return exchange(network, sizes, summary["n_params"], 4)[0]
+    sizes = [message] * ranks
+    if variant == "sharing allgather":
+        return allgather_exchange(network, sizes)[0]
+    return split_exchange(network, sizes, summary["n_params"], 4)[0]
 
 
 def buckets(config) -> list[tuple[int, int]]:
@@ -170,10 +181,10 @@ def extrapolate(rows: list[dict], network: Network, data: str) -> list[dict]:
         sharing = next(r for r in basis if r["variant"] == "sharing allgather" and r["link_gbps"] == slow)
         config = load_config(MODELS[model][0], [f"data.path={data}"])
         tail = buckets(config)[-1]
-        n, message = sharing["n_params"], sharing["bytes_per_step"] - 8
+        n, message = sharing["n_params"], sharing["message_bytes"]
         for ranks in MODEL_RANKS:
             dense = 4 * n
-            gathered = allgather_exchange(network, [message] * ranks, n, 4)
+            gathered = allgather_exchange(network, [message] * ranks)
             split = split_exchange(network, [message] * ranks, n, 4)
             auto = min(gathered, split)
             out += [

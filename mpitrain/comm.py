@@ -3,18 +3,19 @@
     comm = Communicator()                           # COMM_WORLD: rank, size, node-local rank
     comm = comm.for_backend(backend, cuda_aware)    # the variant for the backend's arrays, picked once
 
-Array calls (`allreduce_`, `average_`, `bcast_`, `allgatherv`, and the non-blocking
-`iallreduce_` with `progress` and `complete`) move flat buffers without pickling; object
-calls (`bcast_obj`, `gather_obj`, `allgather_obj`, `max`) pickle small Python values. Every
-array call counts the bytes this rank contributes, so each sync mode reports bytes sent per
-rank per step on the same scale, and the time it took: `mpi_seconds`, the time spent inside
-MPI (what communication cost this rank), and `comm_seconds`, the time from a collective's
-start to its end (the same for blocking calls; for posted ones, from the first post to the
-completion, partly hidden behind what the rank computed meanwhile).
+Array calls (`allreduce_`, `average_`, `bcast_`, `allgather_counts`, `allgatherv`,
+`alltoallv`, and the non-blocking `iallreduce_` with `progress` and `complete`) move flat
+buffers without pickling; object calls (`bcast_obj`, `gather_obj`, `allgather_obj`, `max`)
+pickle small Python values. Every array call counts the bytes this rank contributes, so each
+sync mode reports bytes sent per rank per step on the same scale, and the time it took:
+`mpi_seconds`, the time spent inside MPI (what communication cost this rank), and
+`comm_seconds`, the time from a collective's start to its end (the same for blocking calls;
+for posted ones, from the first post to the completion, partly hidden behind what the rank
+computed meanwhile).
 
 Every method here is a collective unless it says otherwise: every rank of the
 communicator must call it, in the same order, with buffers of the same size and dtype
-(`allgatherv`: any length). A rank that skips one leaves the others waiting.
+(`allgatherv`, `alltoallv`: any length). A rank that skips one leaves the others waiting.
 
 Device (cupy) buffers go to MPI directly when the MPI library is CUDA-aware. Otherwise
 `for_backend` gives a `StagedCommunicator`, which copies them device -> pinned host ->
@@ -144,20 +145,49 @@ class Communicator:
         with self._blocking():
             self._bcast(buf, root)
 
-    def allgatherv(self, message) -> list:
+    def allgather_counts(self, count: int) -> np.ndarray:
+        """Every rank's `count` (an int), in rank order, as a host int64 array: an Allgather. A collective."""
+        counts = np.zeros(self.size, dtype=np.int64)
+        with self._blocking():
+            self.mpi.Allgather(np.array([count], dtype=np.int64), counts)
+        self.bytes_sent += counts.itemsize
+        return counts
+
+    def allgatherv(self, message, counts=None) -> list:
         """Exchange variable-length 1-D messages: Allgather of sizes, then Allgatherv of bodies. A collective.
 
-        The messages come back, in rank order, as views into one array on the device `message` is on.
+        `counts`, every rank's message size as `allgather_counts(message.size)` returned it, skips
+        the Allgather of sizes. The messages come back, in rank order, as views into one array on
+        the device `message` is on.
         """
         _synchronize_device(message)
         with self._blocking():
-            counts = np.zeros(self.size, dtype=np.int64)
-            self.mpi.Allgather(np.array([message.size], dtype=np.int64), counts)
-            offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            self.bytes_sent += 8 + message.nbytes
+            if counts is None:
+                counts = self.allgather_counts(message.size)
+            offsets = _starts(counts)
+            self.bytes_sent += message.nbytes
             out = _empty_like(message, int(counts.sum()))
             self._allgatherv(message, out, counts, offsets)
         return [out[o:o + c] for o, c in zip(offsets, counts)]
+
+    def alltoallv(self, parts, counts) -> list:
+        """Send part j of `parts` to rank j: an Alltoall of the part sizes, then an Alltoallv. A collective.
+
+        `parts` is one 1-D array holding the parts for ranks 0..N-1 back to back, `counts` their
+        sizes (host ints). Returns the parts every rank sent to this one, in rank order, as views
+        into one array on the device `parts` is on. Counts the sizes and the parts sent to other ranks.
+        """
+        _synchronize_device(parts)
+        counts = np.asarray(counts, dtype=np.int64)
+        received = np.zeros(self.size, dtype=np.int64)
+        with self._blocking():
+            self.mpi.Alltoall(counts, received)
+            others = np.arange(self.size) != self.rank
+            self.bytes_sent += counts.itemsize * (self.size - 1) + int(counts[others].sum()) * parts.itemsize
+            offsets, received_offsets = _starts(counts), _starts(received)
+            out = _empty_like(parts, int(received.sum()))
+            self._alltoallv(parts, counts, offsets, out, received, received_offsets)
+        return [out[o:o + c] for o, c in zip(received_offsets, received)]
 
     def _allreduce(self, buf) -> None:
         self.mpi.Allreduce(MPI.IN_PLACE, _spec(buf), op=MPI.SUM)
@@ -171,6 +201,10 @@ class Communicator:
 
     def _allgatherv(self, message, out, counts, offsets) -> None:
         self.mpi.Allgatherv(_spec(message), [out, counts, offsets, _mpi_type(out)])
+
+    def _alltoallv(self, parts, counts, offsets, out, received, received_offsets) -> None:
+        self.mpi.Alltoallv([parts, counts, offsets, _mpi_type(parts)],
+                           [out, received, received_offsets, _mpi_type(out)])
 
     def iallreduce_max(self, send: np.ndarray, recv: np.ndarray):
         """Post the elementwise maximum of the ranks' small host arrays `send` into `recv`, without waiting; returns
@@ -279,8 +313,19 @@ class StagedCommunicator(Communicator):
     def _allgatherv(self, message, out, counts, offsets) -> None:
         if not self.stages(message):
             return super()._allgatherv(message, out, counts, offsets)
-        received = self.pinned("recv", message.dtype, out.size)
-        super()._allgatherv(self._to_host(message), received, counts, offsets)
+        self._through_host(message, out, lambda send, received: Communicator._allgatherv(
+            self, send, received, counts, offsets))
+
+    def _alltoallv(self, parts, counts, offsets, out, received, received_offsets) -> None:
+        if not self.stages(parts):
+            return super()._alltoallv(parts, counts, offsets, out, received, received_offsets)
+        self._through_host(parts, out, lambda send, into: Communicator._alltoallv(
+            self, send, counts, offsets, into, received, received_offsets))
+
+    def _through_host(self, send, out, collective) -> None:
+        """`collective(host send, host out)` on a host copy of `send`, its result copied into `out`."""
+        received = self.pinned("recv", out.dtype, out.size)
+        collective(self._to_host(send), received)
         self._to_device(received, out)
 
     def pinned(self, role: str, dtype, size: int) -> np.ndarray:
@@ -322,6 +367,11 @@ class Posted:
 def _empty_like(message, size: int):
     from mpitrain.backend import array_module
     return array_module(message).empty(size, dtype=message.dtype)
+
+
+def _starts(counts: np.ndarray) -> np.ndarray:
+    """Where each of `counts` consecutive parts starts."""
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
 
 def _spec(buf) -> list:

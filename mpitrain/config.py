@@ -27,11 +27,12 @@ from mpitrain.nn.model import LAYER_TYPES, check_layer_spec
 from mpitrain.nn.rbm import VISIBLE_UNITS
 from mpitrain.nn.updaters import UPDATERS
 from mpitrain.rundir import own_run_dir
-from mpitrain.sync import SYNCHRONIZERS
+from mpitrain.sync import EXCHANGES, SYNCHRONIZERS
 
 log = logging.getLogger("mpitrain")
 
 ENCODINGS = ("auto", *MESSAGE_ENCODINGS)
+EXCHANGE_CHOICES = ("auto", *EXCHANGES)
 ADAPTIVE_DEFAULTS = {"min_sparsity": 1.0e-4, "max_sparsity": 1.0e-2, "decay": 0.965936}
 RESIDUAL_CLIP_DEFAULTS = {"factor": 5.0, "every": 5}
 PROPAGATE = ("mean", "sample")
@@ -176,6 +177,16 @@ class SyncConfig(Section):
               "mapping {factor: 5.0, every: 5}.")
     encoding: str = option("auto", "sharing: message body: sparse indices, a bitmap, or auto (a bitmap once "
                                     "denser than 1/16).", ENCODINGS)
+    exchange: str = option("auto", "sharing: how the messages cross the network: allgather (every rank receives "
+                                   "every message: bytes per rank grow with the ranks), split (each rank sums one "
+                                   "index block of all messages, then the sums are allgathered, sparse or dense: "
+                                   "never more bytes than a dense Allreduce, plus headers) or auto (each step, the "
+                                   "one the cost model of latency_us and link_gbps predicts faster).",
+                           EXCHANGE_CHOICES)
+    latency_us: float = option(1.0, "sharing: the network's latency per message in microseconds, as the cost model "
+                                    "of exchange: auto sees it; it steers auto's choice and nothing else.")
+    link_gbps: float = option(100.0, "sharing: the network's link rate in Gb/s (100: InfiniBand EDR), as the cost "
+                                     "model of exchange: auto sees it; it steers auto's choice and nothing else.")
 
     def validate(self, where, section: str = "sync"):
         self.check_choices(where, f"{section}.")
@@ -183,6 +194,8 @@ class SyncConfig(Section):
         _check(ok, where, f"{section}.frequency", self.frequency, "a number of steps >= 1, or 'epoch'")
         _check(self.threshold > 0, where, f"{section}.threshold", self.threshold, "a positive number")
         _check(self.bucket_mb >= 0, where, f"{section}.bucket_mb", self.bucket_mb, "a number of MB >= 0")
+        _check(self.latency_us >= 0, where, f"{section}.latency_us", self.latency_us, "a number of microseconds >= 0")
+        _check(self.link_gbps > 0, where, f"{section}.link_gbps", self.link_gbps, "a positive number of Gb/s")
         self.adaptive = _options(self.adaptive, ADAPTIVE_DEFAULTS, where, f"{section}.adaptive")
         if self.adaptive:
             a = self.adaptive
@@ -357,8 +370,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 # Which sync mode reads each of the sync section's options (the others apply to every mode).
-SYNC_OPTION_MODES = {"overlap": "allreduce", "bucket_mb": "allreduce", "frequency": "averaging", "average_updater": "averaging", "threshold": "sharing",
-                     "adaptive": "sharing", "residual_clip": "sharing", "encoding": "sharing"}
+SYNC_OPTION_MODES = {"overlap": "allreduce", "bucket_mb": "allreduce", "frequency": "averaging",
+                     "average_updater": "averaging", "threshold": "sharing", "adaptive": "sharing",
+                     "residual_clip": "sharing", "encoding": "sharing", "exchange": "sharing", "latency_us": "sharing",
+                     "link_gbps": "sharing"}
 
 
 def _ignored_options(raw: dict) -> list[str]:

@@ -51,6 +51,10 @@ def test_frequency_epoch_and_run_dir(tmp_path):
     ("sync: {mode: sharing, adaptive: {speed: 2}}", [], r"unknown key sync.adaptive.speed"),
     ("sync: {mode: sharing, residual_clip: {every: 0}}", [], r"sync.residual_clip.every is 0"),
     ("sync: {mode: sharing, encoding: zip}", [], r"sync.encoding is 'zip'"),
+    ("sync: {mode: sharing, exchange: ring}", [], r"sync.exchange is 'ring', expected one of \('auto', 'allgather', "
+                                                  r"'split'\)"),
+    ("sync: {mode: sharing, link_gbps: 0}", [], r"sync.link_gbps is 0.0, expected a positive number of Gb/s"),
+    ("", ["sync.latency_us=-1"], r"sync.latency_us is -1.0, expected a number of microseconds >= 0"),
     ("", ["data.augment={shift: -1}"], r"data.augment.shift is -1"),
     ("", ["data.augment={rotate: 10}"], r"unknown key data.augment.rotate"),
     ("backend: tpu", [], r"backend is 'tpu', expected one of \('auto', 'numpy', 'cupy'\)"),
@@ -74,6 +78,19 @@ def test_sharing_options(tmp_path):
     assert config.sync.residual_clip == {"factor": 5.0, "every": 5}
     config = load_config(write(tmp_path, base + "sync: {mode: sharing, adaptive: false, residual_clip: false}\n"))
     assert config.sync.adaptive is False and config.sync.residual_clip is False
+    assert (config.sync.exchange, config.sync.latency_us, config.sync.link_gbps) == ("auto", 1.0, 100.0)
+    assert config.ignored == []
+
+
+def test_the_exchange_and_its_network_are_sharing_options(tmp_path):
+    base = "data: {path: d}\nmodel: {layers: [{type: dense, units: 2}]}\n"
+    config = load_config(write(tmp_path, base + "sync: {mode: allreduce, exchange: split, link_gbps: 10}\n"),
+                         ["pretrain.sync.latency_us=2"])
+    assert config.ignored == ["sync.exchange (read by sharing only; sync.mode is allreduce)",
+                              "sync.link_gbps (read by sharing only; sync.mode is allreduce)",
+                              "pretrain.sync.latency_us (read by sharing only; pretrain.sync.mode is averaging)"]
+    config = load_config(write(tmp_path, base + "sync: {mode: sharing, exchange: split, link_gbps: 10}\n"))
+    assert config.ignored == [] and config.sync.exchange == "split" and config.sync.link_gbps == 10.0
 
 
 def test_augment_options(tmp_path):

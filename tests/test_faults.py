@@ -30,8 +30,9 @@ CNN = {"layers": [{"type": "conv2d", "filters": 3, "kernel": 3, "padding": "same
 
 @pytest.mark.parametrize("sync,model", [({"mode": "allreduce"}, {}), ({"mode": "averaging", "frequency": 4}, {}),
                                         ({"mode": "sharing", "threshold": 2.0e-3}, {}),
+                                        ({"mode": "sharing", "threshold": 2.0e-3, "exchange": "split"}, {}),
                                         ({"mode": "averaging", "frequency": 4}, CNN)],
-                         ids=["allreduce", "averaging", "sharing", "averaging-cnn-batchnorm-dropout"])
+                         ids=["allreduce", "averaging", "sharing", "sharing-split", "averaging-cnn-batchnorm-dropout"])
 def test_resume_matches_an_uninterrupted_run_bit_for_bit(tmp_path, sync, model):
     make_dataset(tmp_path / "data", n_train=600)
     checkpoint = {"unit": "steps", "every": 7, "keep": 10}

@@ -24,7 +24,7 @@ CNN = {"layers": [{"type": "conv2d", "filters": 4, "kernel": 3, "padding": "same
                   {"type": "flatten"}, {"type": "dense", "units": 12, "activation": "relu"},
                   {"type": "dropout", "rate": 0.2}, {"type": "dense", "units": 3}]}  # dropout: the same masks on both
 MODES = [{"mode": "allreduce"}, {"mode": "averaging", "frequency": 3}, {"mode": "sharing", "threshold": 1.0e-2},
-         {"mode": "none"}]
+         {"mode": "sharing", "threshold": 1.0e-2, "exchange": "split"}, {"mode": "none"}]
 
 
 @pytest.fixture
@@ -84,6 +84,35 @@ def test_threshold_kernels_on_cupy_equal_the_reference(cupy, encoding):
     assert float(abs(device).max()) <= 1e-2
 
 
+@pytest.mark.parametrize("encoding", ["sparse", "bitmap"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_split_exchange_blocks_on_cupy_equal_numpy(cupy, encoding, dtype):
+    """Cutting, summing and re-encoding blocks: the same xp code on cupy arrays, the same int32 messages."""
+    from mpitrain import kernels
+    from mpitrain.kernels.blocks import add_block, block_bounds, cut_message, encode_block, reduce_parts
+    n, ranks = 50_001, 4
+    residuals = [np.random.default_rng(seed).normal(0, 1e-2, size=n).astype(dtype) for seed in range(ranks)]
+    bounds = block_bounds(n, ranks)
+    host = [cut_message(kernels.threshold_encode(r.copy(), 1.5e-2, encoding), bounds) for r in residuals]
+    device = [cut_message(kernels.threshold_encode(cupy.asarray(r), 1.5e-2, encoding), bounds) for r in residuals]
+    for (parts, sizes), (device_parts, device_sizes) in zip(host, device):
+        np.testing.assert_array_equal(device_sizes, sizes)
+        np.testing.assert_array_equal(device_parts.get(), parts)
+    def block_2(parts, sizes):  # the part for rank 2
+        return parts[sizes[:2].sum():sizes[:3].sum()]
+
+    lo, hi = bounds[2], bounds[3]
+    block, device_block = np.zeros(hi - lo, dtype), cupy.zeros(hi - lo, dtype)
+    sent = reduce_parts([block_2(*cut) for cut in host], block, 1 / ranks)
+    assert reduce_parts([block_2(*cut) for cut in device], device_block, 1 / ranks) == sent
+    np.testing.assert_array_equal(device_block.get(), block)
+    reduced, device_reduced = encode_block(block, sent), encode_block(device_block, sent)
+    np.testing.assert_array_equal(device_reduced.get(), reduced)
+    out, device_out = np.ones(hi - lo, dtype), cupy.ones(hi - lo, dtype)
+    assert add_block(reduced, out) == add_block(device_reduced, device_out) == sent
+    np.testing.assert_array_equal(device_out.get(), out)
+
+
 def test_numba_cuda_kernels_on_the_gpu_equal_the_reference():
     """cuda_kernels_check.py, which test_kernels_cudasim.py runs under the simulator, on the real device."""
     assert "ok default launch" in run_cuda_kernels_check(simulator=False, timeout=600)
@@ -111,7 +140,7 @@ def test_one_rank_on_cupy_equals_numpy(tmp_path, model):
     assert math.isclose(gpu["test_loss"], cpu["test_loss"], rel_tol=1e-3)
 
 
-@pytest.mark.parametrize("sync", MODES, ids=[m["mode"] for m in MODES])
+@pytest.mark.parametrize("sync", MODES, ids=["-".join(m[key] for key in ("mode", "exchange") if key in m) for m in MODES])
 def test_two_ranks_sharing_one_gpu_equal_numpy_in_every_mode(tmp_path, sync):
     make_dataset(tmp_path / "data", n_train=320, shape=(1, 8, 8))
     cpu, cpu_params = trained(tmp_path, "numpy", 2, "numpy", sync, CNN)

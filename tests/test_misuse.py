@@ -78,9 +78,10 @@ def with_config(**sections):
     return setup
 
 
-def huge_values_run(case: Path) -> list:
+def huge_values_run(case: Path, exchange: str = "auto") -> list:
     """float32 features of 3e38 (finite, so the dataset is valid): the first forward pass overflows and the
-    update is NaN; `sharing` must stop every rank, in its exchange, before a metrics window sees the loss."""
+    update is NaN; `sharing` (with `exchange`) must stop every rank, in its exchange, before a metrics window sees
+    the loss."""
     rng = np.random.default_rng(0)
     splits = {}
     for split, n in (("train", 640), ("test", 16)):
@@ -89,7 +90,8 @@ def huge_values_run(case: Path) -> list:
     write_manifest(str(case / "data"), Manifest(feature_shape=(4,), feature_dtype="float32", scale=1.0, offset=0.0,
                                                 mean=0.0, std=1.0, num_classes=3, splits=splits,
                                                 label_counts={"train": [1, 1, 1], "test": [1, 1, 1]}))
-    return ["train", write_config(case / "exp.yaml", case / "data", run_dir=str(case / "run"), sync={"mode": "sharing"},
+    return ["train", write_config(case / "exp.yaml", case / "data", run_dir=str(case / "run"),
+                                  sync={"mode": "sharing", "exchange": exchange},
                                   data={"path": str(case / "data"), "normalize": False},
                                   train={**SMALL["train"], "log_every": 1000})]
 
@@ -148,6 +150,8 @@ CASES = [
      r"model.layers\[0\].momentum is 1.5"),
     ("sharing-diverges", lambda trained, case: huge_values_run(case), "training diverged: the update of rank [01] "
                                                                       "holds NaN after [0-9]+ sharing steps"),
+    ("sharing-split-diverges", lambda trained, case: huge_values_run(case, "split"),
+     "training diverged: the update of rank [01] holds NaN after [0-9]+ sharing steps"),
     # one line, exit 2, on every rank
     ("config-is-a-folder", lambda trained, case: ["train", str(case)], "is a folder; expected a YAML config file"),
     ("config-is-binary", written("exp.yaml", "\x00\x01\xff\xfe" * 64), "expected a YAML config file|not valid YAML"),

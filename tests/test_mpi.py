@@ -16,6 +16,7 @@ MODES = {
     "averaging-epoch": {"mode": "averaging", "frequency": "epoch", "average_updater": True},
     "none": {"mode": "none"},
     "sharing": {"mode": "sharing", "threshold": 1.0e-2},
+    "sharing-split": {"mode": "sharing", "threshold": 1.0e-2, "exchange": "split"},
 }
 
 
@@ -49,10 +50,13 @@ def test_replicas_bit_identical_in_every_mode(tmp_path, n, mode):
     assert sum(r["samples"] for r in epochs if r["kind"] == "window" and r["epoch"] == 1) == n * s["steps_per_epoch"] * 16
     if mode == "allreduce":
         assert s["bytes_sent_per_step"] == s["n_params"] * 4
-    if mode == "sharing":
+    if mode.startswith("sharing"):
         windows = [r for r in epochs if r["kind"] == "window"]
         assert all(r["tau"] > 0 and 0 <= r["sparsity"] <= 1 for r in windows)
         assert s["bytes_sent_per_step"] < s["n_params"] * 4
+        exchange = MODES[mode].get("exchange", "allgather")  # auto keeps allgather on a few ranks
+        assert all(r["exchange"] == exchange and r[f"{exchange}_steps"] > 0 for r in windows)
+        assert sum(r["allgather_steps"] + r["split_steps"] for r in windows) == s["steps_per_epoch"] * s["epochs"]
     if mode == "averaging-3":  # one parameter averaging every 3 steps (and at each epoch end)
         assert s["bytes_sent_per_step"] < s["n_params"] * 4 / 2
 
@@ -98,14 +102,32 @@ def test_overlapped_training_run_equals_blocking_and_reports_its_communication(t
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_sharing_keeps_its_promises(n):
-    result = mpiexec(n, sys.executable, os.path.join(HERE, "mpi", "sharing_checks.py"))
+@pytest.mark.parametrize("exchange", ["allgather", "split"])
+def test_sharing_keeps_its_promises(n, exchange):
+    result = mpiexec(n, sys.executable, os.path.join(HERE, "mpi", "sharing_checks.py"), exchange)
     assert result.returncode == 0, result.stdout + result.stderr
     for check in ("replicas identical after every step", "nothing lost with a fixed tau",
                   "adaptive tau falls when too sparse", "adaptive tau rises when too dense",
                   "adaptive tau stays inside the band", "mixed sparse and bitmap messages decode exactly",
                   "flush keeps the parameters and the pending updates",
                   "a resumed synchronizer starts every rank from the saved residual"):
+        assert f"OK {check} {n}" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_split_and_allgather_exchanges_agree_and_auto_chooses_alike_everywhere(n):
+    result = mpiexec(n, sys.executable, os.path.join(HERE, "mpi", "exchange_checks.py"), timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for check in ("split and allgather agree to float tolerance (n=1001)",
+                  "split and allgather agree to float tolerance (n=40)",
+                  "split keeps the replicas identical after every step (n=1001)",
+                  "split keeps the replicas identical after every step (n=40)",
+                  "split sends no more than a ring allreduce plus headers (1% sparse)",
+                  "split sends no more than a ring allreduce plus headers (bitmaps)",
+                  "split sends no more than a ring allreduce plus headers (every element)",
+                  "a NaN on one rank stops every rank (split)", "a NaN on one rank stops every rank (auto)",
+                  "auto keeps allgather with the default network, bit for bit",
+                  "auto splits on a slow link with dense messages from 3 ranks on, alike on every rank"):
         assert f"OK {check} {n}" in result.stdout, result.stdout
 
 

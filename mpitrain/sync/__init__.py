@@ -7,18 +7,21 @@
 | `averaging` | the flat parameters (+ updater      | slow networks or many ranks: communication falls by   |
 |             | state), every `frequency` steps     | `frequency`; DL4J/IterativeReduce parameter averaging |
 | `sharing`   | each rank's update elements beyond  | slow networks, large models: ~1% of the bytes of      |
-|             | +-tau, as sparse int32 messages     | `allreduce`; DL4J SharedTrainingMaster / Strom 2015   |
+|             | +-tau, as sparse int32 messages;    | `allreduce`; DL4J SharedTrainingMaster / Strom 2015;  |
+|             | or split by index blocks and summed | `sync.exchange` (`exchange.py`) keeps it within a     |
+|             | on the way (SparCML)                | dense allreduce's bytes on many ranks                 |
 | `none`      | nothing                             | one rank, or independent runs for baselines           |
 """
 from __future__ import annotations
 
 from mpitrain.sync.base import Synchronizer, check_replicas, parameter_hash
+from mpitrain.sync.exchange import EXCHANGES
 from mpitrain.sync.modes import AllreduceSync, AveragingSync, NoSync
 from mpitrain.sync.sharing import SharingSync
 
 SYNCHRONIZERS = {"none": NoSync, "allreduce": AllreduceSync, "averaging": AveragingSync, "sharing": SharingSync}
 
-__all__ = ["Synchronizer", "create_synchronizer", "check_replicas", "parameter_hash", "SYNCHRONIZERS"]
+__all__ = ["Synchronizer", "create_synchronizer", "check_replicas", "parameter_hash", "SYNCHRONIZERS", "EXCHANGES"]
 
 
 def create_synchronizer(config, comm) -> Synchronizer:

@@ -3,9 +3,12 @@
 Each rank runs its own updater and adds the resulting UPDATE (learning rate applied) to a
 per-rank residual. Every element with |r_i| >= tau leaves the residual as a signed +-tau
 and goes into this rank's message (sparse indices, or a bitmap when denser than 1/16).
-All messages are exchanged with Allgather (sizes) + Allgatherv (bodies) and every rank
-adds all of them, in rank order and divided by the number of ranks, to its parameters, so
-the replicas stay bit-identical. Dividing makes the step the MEAN of the ranks' updates,
+The message sizes are allgathered; a NaN on any rank (its message empty) stops every rank
+there. Then the messages are exchanged (`sync.exchange`, `mpitrain.sync.exchange`): by
+Allgatherv, every rank adding all of them in rank order, or split by index blocks, each
+block summed on one rank and the sums allgathered; `auto` picks one per step from the
+sizes and the cost model. Every rank adds the same values, divided by the number of ranks,
+so the replicas stay bit-identical. Dividing makes the step the MEAN of the ranks' updates,
 as `allreduce` averages gradients: a learning rate means the same in every mode and at
 any rank count (DL4J adds the sum; multiply lr by N for its behaviour). Nothing is lost,
 only delayed: what was not sent stays in the residual.
@@ -24,20 +27,26 @@ accuracy), and the saved model would not be the one just evaluated.
 """
 from __future__ import annotations
 
+from collections import Counter
+
+from mpitrain.costmodel import Network
 from mpitrain.errors import MpitrainError
-from mpitrain.kernels import NaNResidual, add_to_residual, message_count, threshold_decode, threshold_encode, warm_up
+from mpitrain.kernels import NaNResidual, add_to_residual, threshold_encode, warm_up
 from mpitrain.sync.base import Synchronizer
+from mpitrain.sync.exchange import EXCHANGES, choose_exchange
 
 
 class SharingSync(Synchronizer):
-    """Residual + threshold messages exchanged by Allgatherv; see the module docstring."""
+    """Residual + threshold messages, exchanged by Allgatherv or split by blocks; see the module docstring."""
 
     def __init__(self, comm, config):
         super().__init__(comm, config)
         self.tau = float(config.threshold)
         self.residual = None
         self.steps = 0
-        self.last = {"tau": self.tau, "sparsity": 0.0, "sent": 0}
+        self.network = Network.of(config.latency_us, config.link_gbps)
+        self.last = {"tau": self.tau, "sparsity": 0.0, "sent": 0, "exchange": None}
+        self.exchanged = Counter()  # steps of each exchange since the last metrics()
 
     def start(self, model, updater) -> None:
         super().start(model, updater)
@@ -52,19 +61,20 @@ class SharingSync(Synchronizer):
         sent_tau = self.tau
         try:
             message = threshold_encode(self.residual, sent_tau, self.config.encoding)
-        except NaNResidual:  # the others learn it from the exchange itself: an empty message
+        except NaNResidual:  # the others learn it from the allgathered sizes: an empty message
             message = self.residual[:0].view(model.xp.int32)
-        messages = self.comm.allgatherv(message)
-        empty = [rank for rank, m in enumerate(messages) if m.size == 0]  # sizes are host values: no copy
-        if empty:
-            raise MpitrainError(f"training diverged: the update of rank {empty[0]} holds NaN after {self.steps} "
-                                "sharing steps; the last good checkpoint is kept; try a lower optimizer.lr")
-        for message in messages:  # rank order on every rank: identical sums, identical replicas
-            threshold_decode(message, model.params, 1.0 / len(messages))
-        sent = sum(message_count(m) for m in messages)
-        sparsity = sent / (len(messages) * model.n_params)
+        sizes = self.comm.allgather_counts(message.size)
+        if not sizes.all():
+            raise MpitrainError(f"training diverged: the update of rank {int(sizes.argmin())} holds NaN after "
+                                f"{self.steps} sharing steps; the last good checkpoint is kept; "
+                                "try a lower optimizer.lr")
+        exchange = choose_exchange(self.config.exchange, self.network, sizes, model.params.size,
+                                   model.params.itemsize)
+        sent = EXCHANGES[exchange](self.comm, message, sizes, model.params)
+        sparsity = sent / (self.comm.size * model.n_params)
         self._adapt(sparsity)
-        self.last = {"tau": sent_tau, "sparsity": sparsity, "sent": sent}
+        self.exchanged[exchange] += 1
+        self.last = {"tau": sent_tau, "sparsity": sparsity, "sent": sent, "exchange": exchange}
 
     def _adapt(self, sparsity: float) -> None:
         adaptive = self.config.adaptive
@@ -96,4 +106,8 @@ class SharingSync(Synchronizer):
         self.steps = int(numbers.get("steps", 0))
 
     def metrics(self) -> dict:
-        return dict(self.last)
+        """The last step's tau, sparsity, elements sent and exchange; `allgather_steps` and `split_steps`: the steps
+        each exchange ran since the last call (a metrics window)."""
+        counts = {f"{name}_steps": self.exchanged[name] for name in EXCHANGES}
+        self.exchanged.clear()
+        return {**self.last, **counts}

@@ -11,6 +11,8 @@ averaged at the epoch's end, equal. The last check stages every bucket through h
 import numpy as np
 from mpi4py import MPI
 
+from common import report as agreed
+
 from mpitrain.backend import create_backend
 from mpitrain.comm import Communicator, StagedCommunicator
 from mpitrain.config import OptimizerConfig, SyncConfig
@@ -26,10 +28,7 @@ exact = world.size == 2
 
 
 def report(check, ok):
-    ok = bool(world.mpi.allreduce(int(bool(ok)), op=MPI.MIN))
-    assert ok, check
-    if world.is_root:
-        print("OK", check, world.size, flush=True)
+    agreed(world, check, ok)
 
 
 MODELS = {

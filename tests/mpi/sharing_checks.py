@@ -1,5 +1,7 @@
 """Under mpiexec -n N: the `sharing` synchronizer's promises, checked on every rank.
 
+    sharing_checks.py [EXCHANGE]     # sync.exchange: allgather (the default), split or auto
+
 - replicas bit-identical after every step;
 - with a fixed tau and no clipping, sum over ranks of raw updates == sent + residuals
   (the parameters move by the mean of what was sent, so sent = N * applied);
@@ -9,20 +11,23 @@
   mean residual, so the pending total is kept, and a resumed synchronizer starts from it.
 Prints one OK line per check on rank 0.
 """
-from types import SimpleNamespace
+import functools
+import sys
 
 import numpy as np
-from mpi4py import MPI
 
+import common
 from mpitrain.comm import Communicator
-from mpitrain.config import OptimizerConfig, SyncConfig
+from mpitrain.config import OptimizerConfig
 from mpitrain.nn.layers import Dense, Tanh
 from mpitrain.nn.model import Sequential
 from mpitrain.nn.updaters import create_updater
-from mpitrain.sync import check_replicas, create_synchronizer
+from mpitrain.sync import check_replicas
 
 comm = Communicator()
 rng = np.random.default_rng(comm.rank)
+report, summed = functools.partial(common.report, comm), functools.partial(common.summed, comm)
+sharing = functools.partial(common.sharing, comm, exchange=sys.argv[1] if len(sys.argv) > 1 else "allgather")
 
 
 class Recorded:
@@ -35,35 +40,6 @@ class Recorded:
         delta = self.updater.delta(grads, params)
         self.total = self.total + delta
         return delta
-
-
-class Fixed:
-    """An updater that returns a given delta, to drive the synchronizer with chosen residuals."""
-
-    def __init__(self, delta):
-        self.delta_value, self.state = delta, np.zeros(0)
-
-    def delta(self, grads, params):
-        return self.delta_value
-
-
-def sharing(**options):
-    config = SyncConfig(mode="sharing", **options)
-    config.validate("test")
-    return create_synchronizer(config, comm)
-
-
-def report(name, ok):
-    ok = bool(comm.mpi.allreduce(int(bool(ok)), op=MPI.MIN))
-    assert ok, name
-    if comm.is_root:
-        print("OK", name, comm.size, flush=True)
-
-
-def summed(array):
-    total = np.array(array, dtype=np.float64)
-    comm.allreduce_(total)
-    return total
 
 
 # 1 + 2: identical replicas after every step, and nothing lost with a fixed tau (float64 bookkeeping)
@@ -103,12 +79,11 @@ report("a resumed synchronizer starts every rank from the saved residual",
 
 # 3: adaptive tau falls below the sparsity band, rises above it, stays inside it
 def one_step(delta, tau):
-    n = delta.size
-    flat = SimpleNamespace(params=np.zeros(n, np.float32), grads=np.zeros(n, np.float32), xp=np, n_params=n,
-                           stats=np.zeros(0, np.float32))
+    flat = common.flat_model(np.zeros(delta.size, np.float32))
     sync = sharing(threshold=tau)
-    sync.start(flat, Fixed(delta))
-    sync.step(flat, Fixed(delta))
+    updater = common.Fed([delta])
+    sync.start(flat, updater)
+    sync.step(flat, updater)
     return sync, flat
 
 

@@ -8,6 +8,7 @@ numpy collectives. Ends with two real `train` runs of CONFIG, one with every col
 staged: same parameters, and the staged copies in metrics.jsonl and summary.json.
 Prints one OK line per check on rank 0.
 """
+import functools
 import json
 import os
 import sys
@@ -16,6 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 from mpi4py import MPI
 
+import common
 from mpitrain.backend import create_backend
 from mpitrain.comm import Communicator, StagedCommunicator
 from mpitrain.launch import cuda_aware_mpi
@@ -31,14 +33,8 @@ plain = Communicator(MPI.COMM_WORLD.Dup())
 backend = create_backend(name, plain.local_rank, plain.local_size)
 staged = StagedCommunicator(MPI.COMM_WORLD.Dup(), backend)
 xp, rank, size = backend.xp, plain.rank, plain.size
+report = functools.partial(common.report, plain)
 exact = name == "numpy"  # device GEMMs round differently: cupy training is compared within float32 tolerance
-
-
-def report(check, ok):
-    ok = bool(plain.mpi.allreduce(int(bool(ok)), op=MPI.MIN))
-    assert ok, check
-    if plain.is_root:
-        print("OK", check, size, flush=True)
 
 
 def copies(run):
@@ -77,6 +73,16 @@ report("allgatherv equals the unstaged exchange",
 # host->device: the upload of the message itself, then the staged copy of all messages
 report("allgatherv copies the message out and all messages in", made == (2, message.nbytes + total, 1, 2))
 
+parts = np.arange(rank * 100, rank * 100 + 4 * size, dtype=np.int32)  # 4 values for each rank
+counts = np.full(size, 4)
+expected = plain.alltoallv(parts, counts)
+received = []
+made = copies(lambda: received.extend(staged.alltoallv(backend.to_device(parts), counts)))
+report("alltoallv equals the unstaged exchange",
+       all(np.array_equal(backend.to_host(r), e) and np.array_equal(e, np.arange(4) + 100 * source + 4 * rank)
+           for source, (r, e) in enumerate(zip(received, expected))))
+report("alltoallv copies the parts out and the received parts in", made == (2, 2 * parts.nbytes, 1, 2))
+
 report("host buffers are not staged on the GPU path", staged.stages(buf) and
        StagedCommunicator(plain.mpi, SimpleNamespace(on_gpu=True)).stages(np.zeros(1)) is False)
 for setting, aware in (("auto", cuda_aware_mpi()), (True, True), (False, False)):
@@ -99,7 +105,8 @@ def replica(comm, array_backend, mode):
 
 host = create_backend("numpy")
 modes = [{"mode": "allreduce"}, {"mode": "averaging", "frequency": 2, "average_updater": True}]
-modes += [{"mode": "sharing", "threshold": 1e-2}] if exact else []
+modes += [{"mode": "sharing", "threshold": 1e-2, "exchange": exchange} for exchange in ("allgather", "split")
+          if exact]
 for mode in modes:
     replicas = [(replica(plain, host, mode), host), (replica(staged, backend, mode), backend)]
     for step in range(6):
@@ -112,7 +119,8 @@ for mode in modes:
     params = backend.to_host(model.params)
     same = np.array_equal(params, reference.params) if exact else np.allclose(params, reference.params, rtol=1e-4,
                                                                               atol=1e-6)
-    report(f"{mode['mode']}: staged training equals unstaged", same)
+    label = " ".join(mode[key] for key in ("mode", "exchange") if key in mode)
+    report(f"{label}: staged training equals unstaged", same)
 
 
 class Staged(Communicator):

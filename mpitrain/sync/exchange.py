@@ -1,0 +1,57 @@
+"""`sharing`'s two exchanges of threshold messages, and how `sync.exchange: auto` picks one each step.
+
+| exchange    | after the Allgather of the message sizes            | bytes per rank (P ranks, k-byte messages) |
+| ----------- | --------------------------------------------------- | ----------------------------------------- |
+| `allgather` | an Allgatherv of the messages; every rank adds them | (P-1) k: grows with P                     |
+| `split`     | an Alltoallv of the messages' index blocks (rank j  | about k + the reduced blocks, never more  |
+|             | gets block j of each and sums it), an Allgatherv of | than a dense ring Allreduce (8n (P-1)/P)  |
+|             | the reduced blocks, each sparse or dense            | plus headers (SparCML's split allgather)  |
+
+Either way every replica gets the mean of the ranks' sent updates and the replicas stay
+bit-identical; the two differ from each other only in the order the same terms are summed.
+An exchange is a callable `(comm, message, sizes, params) -> elements sent by all ranks`,
+where `sizes` is every rank's message size (the Allgather the step has done) and `params`
+the flat parameters it adds to. `choose_exchange` gives every rank the same choice, as it
+reads only the allgathered sizes, the model's size and the config.
+"""
+from __future__ import annotations
+
+from mpitrain.backend import array_module
+from mpitrain.costmodel import allgather_exchange, split_exchange
+from mpitrain.kernels import message_count, threshold_decode
+from mpitrain.kernels.blocks import add_block, block_bounds, cut_message, encode_block, reduce_parts
+
+INT32_BYTES = 4  # a threshold message is int32
+
+
+def allgather(comm, message, sizes, params) -> int:
+    """Every rank gets every message (Allgatherv) and adds each, in rank order, divided by the ranks. A collective."""
+    messages = comm.allgatherv(message, sizes)
+    for received in messages:  # rank order on every rank: identical sums, identical replicas
+        threshold_decode(received, params, 1.0 / comm.size)
+    return sum(message_count(received) for received in messages)
+
+
+def split(comm, message, sizes, params) -> int:
+    """Rank j sums block j of every message in rank order (an Alltoallv of the blocks: a sparse reduce-scatter);
+    every rank adds every reduced block (an Allgatherv), so each block's sum is made once and copied. A collective.
+    (`sizes` is not needed: the Alltoallv exchanges the sizes of the parts.)"""
+    bounds = block_bounds(params.size, comm.size)
+    parts, part_sizes = cut_message(message, bounds)
+    own = array_module(params).zeros(int(bounds[comm.rank + 1] - bounds[comm.rank]), dtype=params.dtype)
+    sent = reduce_parts(comm.alltoallv(parts, part_sizes), own, 1.0 / comm.size)
+    reduced = comm.allgatherv(encode_block(own, sent))
+    return sum(add_block(block, params[lo:hi]) for block, lo, hi in zip(reduced, bounds[:-1], bounds[1:]))
+
+
+EXCHANGES = {"allgather": allgather, "split": split}
+
+
+def choose_exchange(setting: str, network, sizes, n: int, itemsize: int) -> str:
+    """`setting` itself, or for `auto` the exchange `network`'s cost model predicts faster for messages of `sizes`
+    int32 (one per rank) to `n` parameters of `itemsize` bytes; a tie goes to `allgather`. Not a collective."""
+    if setting != "auto":
+        return setting
+    nbytes = [INT32_BYTES * int(size) for size in sizes]
+    faster = split_exchange(network, nbytes, n, itemsize)[0] < allgather_exchange(network, nbytes)[0]
+    return "split" if faster else "allgather"
