@@ -69,6 +69,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--two-node-variants", nargs="+", default=["allreduce blocking", "allreduce overlapped",
                                                                    "sharing allgather"],
                         help="the variants run on clusters of fewer than 4 nodes (the MLP only)")
+    parser.add_argument("--buckets", type=float, nargs="*", default=[0.0, 1.0, 4.0],
+                        help="bucket caps (MB) for extra overlapped rows beside the default's, on the largest cluster "
+                             "at the slowest link")
     parser.add_argument("--model-gbps", type=float, default=100.0)
     parser.add_argument("--model-latency-us", type=float, default=1.0)
     args = parser.parse_args(argv)
@@ -83,16 +86,26 @@ def main(argv=None) -> dict:
                 network, probe = measure_network(cluster)
                 networks.append({"nodes": nodes, "link_gbps": gbps, "fit": network.to_dict(),
                                  "pingpong": Network.from_pingpong(probe["pingpong"]).to_dict(), "probe": probe})
+                sweep = nodes == max(args.nodes) and gbps == min(args.links)
                 for model in args.models if nodes >= 4 else ["MLP"]:
-                    for variant in VARIANTS if nodes >= 4 else args.two_node_variants:
+                    variants = list(VARIANTS) if nodes >= 4 else args.two_node_variants
+                    variants += [f"allreduce overlapped {cap:g} MB" for cap in args.buckets] if sweep else []
+                    for variant in variants:
                         row = train_row(cluster, args.data, model, variant, network)
                         rows.append(row)
-                        print(json.dumps({k: v for k, v in row.items() if k != "windows"}), flush=True)
+                        print(json.dumps(row), flush=True)
     stated = Network.of(args.model_latency_us, args.model_gbps)
     result = {"rows": rows, "networks": networks, "model_network": stated.to_dict(),
               "extrapolation": extrapolate(rows, stated, args.data)}
     write_results(args.out, "cluster", result, markdown(result))
     return result
+
+
+def variant_settings(variant: str) -> tuple[str, dict]:
+    """(sync.mode, overrides) of a variant: one of VARIANTS, or "allreduce overlapped CAP MB"."""
+    if variant in VARIANTS:
+        return VARIANTS[variant]
+    return "allreduce", {"sync.overlap": True, "sync.bucket_mb": float(variant.split()[2])}
 
 
 def measure_network(cluster) -> tuple[Network, dict]:
@@ -107,7 +120,7 @@ def measure_network(cluster) -> tuple[Network, dict]:
 def train_row(cluster, data: str, model: str, variant: str, network: Network) -> dict:
     """Train `model` with `variant` on every node (2 epochs); its row of the table."""
     config_path, max_rows = MODELS[model]
-    mode, extra = VARIANTS[variant]
+    mode, extra = variant_settings(variant)
     with tempfile.TemporaryDirectory() as run_dir:
         overrides = {"data.path": data, "data.max_rows": max_rows, "run_dir": run_dir, "resume": "never",
                      "train.epochs": 2, "train.batch_size": BATCH, "train.log_every": 10, "sync.mode": mode,
@@ -153,7 +166,7 @@ def modelled_seconds(network: Network, config, summary: dict, variant: str, sent
     dense = 4 * summary["n_params"]
     if variant == "allreduce blocking":
         return network.allreduce(dense, ranks)
-    if variant == "allreduce overlapped":
+    if variant.startswith("allreduce overlapped"):
         return sum(network.allreduce(4 * (end - begin), ranks) for begin, end in buckets(config))
     if variant.startswith("averaging"):  # Allreduces of the whole buffer every `frequency` steps
         allreduces = round(sent * config.sync.frequency / dense)

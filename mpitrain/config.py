@@ -163,9 +163,10 @@ class SyncConfig(Section):
     overlap: bool = option(True, "allreduce: post a non-blocking Allreduce on each bucket of gradients as backward "
                                  "finishes it, driving MPI between layers, and wait before the update; false: one "
                                  "blocking Allreduce after backward. The results are the same.")
-    bucket_mb: float = option(1.0, "allreduce with overlap: the largest bucket, in MB (1e6 bytes); whole layers, "
-                                   "last layer first; a layer larger than this is a bucket of its own, 0 gives one "
-                                   "bucket per layer. 1 MB measured best on the simulated cluster (docs/cluster.md).")
+    bucket_mb: float = option(0.25, "allreduce with overlap: the largest bucket, in MB (1e6 bytes); whole layers, "
+                                    "last layer first; a layer larger than this is a bucket of its own, 0 gives one "
+                                    "bucket per layer. The default was chosen on the simulated cluster "
+                                    "(docs/cluster.md, benchmarks/cluster.py's bucket rows).")
     check_replicas: bool = option(True, "Compare a hash of the parameters across ranks at every epoch end (modes "
                                         "that promise identical replicas).")
     threshold: float = option(1.0e-3, "sharing: the initial threshold tau.")
