@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from cluster import PREFIX, SimulatedCluster, cluster_names, missing_capability, namespace_pids, owner_alive
+from cluster import (PREFIX, SimulatedCluster, cluster_names, missing_capability, namespace_pids, netns_etc_entries,
+                     owner_alive)
 from conftest import MPITRAIN, make_dataset, write_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,6 +65,20 @@ def test_ranks_run_on_the_nodes_ppn_places_them_on(cluster, ppn):
     ranks = json.loads(result.stdout)
     assert [host for _, host, _ in ranks] == [node for node in cluster.nodes for _ in range(ppn)]
     assert {node_size for _, _, node_size in ranks} == {ppn}  # MPI too sees ppn ranks per node
+
+
+def test_in_every_node_its_host_name_is_its_own_and_every_node_name_resolves(cluster):
+    """What Slurm and Spark rely on: a node's host name is its name, and in every node each node's name resolves to
+    that node's address (a hosts file per node); the machine's own /etc/hosts does not know them."""
+    resolve = "import socket, sys; print(socket.gethostname(), *map(socket.gethostbyname, sys.argv[1:]))"
+    for node in cluster.nodes:
+        seen = subprocess.run(cluster.node_command(node, sys.executable, "-c", resolve, *cluster.nodes),
+                              capture_output=True, text=True, timeout=30)
+        assert seen.returncode == 0, seen.stderr
+        assert seen.stdout.split() == [node, *cluster.hosts]
+    with open("/etc/hosts") as f:
+        machine = f.read()
+    assert not any(node in machine for node in cluster.nodes)
 
 
 @pytest.mark.parametrize("mode", sorted(SYNCS))
@@ -182,8 +197,10 @@ def _wait_for(ready, process: subprocess.Popen, timeout: float = 60) -> None:
 
 
 def _assert_gone(name: str, pids: list[int], nodes=(r"n\d+",), links=(r"b", r"v\d+")) -> None:
-    """No namespace (`nodes`), link or bridge (`links`) of cluster `name` is left, and none of `pids` runs."""
+    """No namespace or hosts file (`nodes`), link or bridge (`links`) of cluster `name` is left, and none of `pids`
+    runs."""
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout.split()
+    namespaces += netns_etc_entries()
     left = [ns for ns in namespaces if any(re.fullmatch(name + node, ns) for node in nodes)]
     left += [link for link in os.listdir("/sys/class/net") if any(re.fullmatch(name + end, link) for end in links)]
     assert not left, f"left behind: {left}"
