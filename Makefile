@@ -29,14 +29,14 @@ fashion-mnist:
 	       "or point FASHION=/path/to/idx-folder at a folder holding train-images-idx3-ubyte[.gz] and friends"; exit 1; fi; \
 	fi
 
-# Debian's Slurm and munge, for tests/test_slurm.py (it starts its own daemons; nothing runs as a service).
+# Debian's Slurm and munge, for tests/test_slurm.py and tests/test_cluster.py (they start their own daemons; nothing runs as a service).
 slurm:
 	@if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v sbatch >/dev/null \
 	    || ! command -v munged >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	       --no-install-recommends slurmctld slurmd slurm-client munge; \
 	  else echo "Slurm not found: run 'sudo apt-get install slurmctld slurmd slurm-client munge'" \
-	       "(tests/test_slurm.py skips without it, and fails under CI=true)"; fi; \
+	       "(tests/test_slurm.py and the Slurm tests of tests/test_cluster.py skip without it, and fail under CI=true)"; fi; \
 	fi
 
 # ip, tc (iproute2) and unshare (util-linux) for tests/test_cluster.py's simulated nodes (network namespaces).

@@ -11,13 +11,17 @@ nothing leaves the machine), and that link shaped to `link_gbps` in each directi
 token bucket (`tc ... tbf`). This kernel has no netem, so a link is slow but adds no delay.
 MPICH's Hydra starts one proxy per node through `cluster-launcher.sh`, which enters the
 node's namespace and a UTS namespace of its own (the node's host name), and the ranks talk
-UCX over TCP through the links.
+UCX over TCP through the links. Inside the nodes every node's name resolves to its address:
+`ip netns exec` bind-mounts /etc/netns/NODE/hosts (the machine's /etc/hosts and the nodes)
+over /etc/hosts, in a mount namespace of the process's own; the machine's file is untouched.
+`node_command` runs any command in a node that way (tests/slurm_daemons.py starts slurmd so).
 
 Every name of a cluster starts with `mtc<N>` (N is also its subnet's third number), which
 the bridge claims when it is created, so clusters side by side never collide. The bridge
 records its owner process; a cluster whose owner is gone is removed when the next one
-starts. Closing kills every process in the nodes and removes links, namespaces and bridge,
-also when the block raised or an MPI job timed out. Needs root, `ip`, `tc` and `unshare`.
+starts. Closing kills every process in the nodes and removes links, namespaces, hosts files
+and bridge, also when the block raised or an MPI job timed out. Needs root, `ip`, `tc` and
+`unshare`.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ SUBNET = "10.231"  # 10.231.N.0/24 for cluster mtcN; .254 is the bridge, .1 to .
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster-launcher.sh")
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")  # the venv's MPICH (Hydra)
 NODE_IF = "eth0"  # the link's name inside every node
+NETNS_ETC = "/etc/netns"  # `ip netns exec NODE` bind-mounts NETNS_ETC/NODE/hosts over /etc/hosts
 TOOLS = ("ip", "tc", "unshare")
 LOCK = "/tmp/mpitrain-simulated-clusters.lock"
 log = logging.getLogger(__name__)
@@ -93,7 +98,8 @@ class SimulatedCluster:
     # -- set-up and tear-down --
 
     def start(self) -> SimulatedCluster:
-        """Remove stale clusters, claim a name and build bridge and nodes; on any failure remove what was built."""
+        """Remove stale clusters, claim a name, write the nodes' hosts files, build bridge and nodes; on any failure
+        remove what was built."""
         reason = missing_capability()
         if reason:
             raise RuntimeError(reason)
@@ -102,6 +108,7 @@ class SimulatedCluster:
                 remove_stale_clusters()
                 self.name = claim_bridge()
                 _ip("link", "set", self.bridge, "alias", owner_tag(os.getpid()))
+                self._write_hosts()
             self._configure_bridge()
             for node, host in zip(self.nodes, self.hosts):
                 self._add_node(node, host)
@@ -117,6 +124,8 @@ class SimulatedCluster:
             _kill_group(process)
         if self.name:
             remove_cluster(self.name)
+            with _exclusive():
+                _remove_empty_netns_etc()
         for process in self.processes:
             process.wait()
             for stream in (process.stdout, process.stderr):
@@ -129,6 +138,16 @@ class SimulatedCluster:
         _disable_ipv6(bridge)
         _ip("addr", "add", f"{self.subnet}.254/24", "dev", bridge)
         _ip("link", "set", bridge, "up")
+
+    def _write_hosts(self) -> None:
+        """Each node's /etc/hosts: the machine's, and every node's name at its address (as a cluster's DNS would)."""
+        with open("/etc/hosts") as f:
+            machine = f.read()
+        names = "".join(f"{host} {node}\n" for host, node in zip(self.hosts, self.nodes))
+        for node in self.nodes:
+            os.makedirs(os.path.join(NETNS_ETC, node))
+            with open(os.path.join(NETNS_ETC, node, "hosts"), "w") as f:
+                f.write(f"{machine.rstrip()}\n# {self.name}, a simulated cluster (tests/cluster.py)\n{names}")
 
     def _add_node(self, node: str, host: str) -> None:
         """A namespace with loopback and one shaped link into the bridge, addressed `host`/24, no default route."""
@@ -191,6 +210,12 @@ class SimulatedCluster:
         _kill_group(process)
         for node in self.nodes:
             kill_namespace_processes(node)
+
+    def node_command(self, node: str, *args) -> list[str]:
+        """ARGS as a command that runs inside `node`: its network namespace and hosts file, its host name (a UTS
+        namespace of its own), as cluster-launcher.sh runs Hydra's proxies; the command replaces the shell."""
+        return ["ip", "netns", "exec", node, "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', node,
+                *map(str, args)]
 
     def pids(self) -> dict[str, list[int]]:
         """The processes running in each node."""
@@ -266,8 +291,8 @@ def owner_alive(name: str) -> bool:
 
 
 def cluster_names() -> set[str]:
-    """The clusters that have a bridge, a link or a namespace in the root namespace."""
-    names = os.listdir("/sys/class/net") + _run("ip", "netns", "list").stdout.split()
+    """The clusters that have a bridge, a link, a namespace or a hosts file in the root namespace."""
+    names = os.listdir("/sys/class/net") + _run("ip", "netns", "list").stdout.split() + netns_etc_entries()
     return {match.group(1) for name in names if (match := re.fullmatch(rf"({PREFIX}\d+)(?:b|[nv]\d+)", name))}
 
 
@@ -280,7 +305,7 @@ def remove_stale_clusters() -> None:
 
 
 def remove_cluster(name: str) -> None:
-    """Kill every process in the cluster's nodes, then delete its links, its namespaces, and last its bridge."""
+    """Kill every process in the cluster's nodes, then delete its links, namespaces and hosts files, last its bridge."""
     nodes = [ns for ns in _run("ip", "netns", "list").stdout.split() if re.fullmatch(rf"{name}n\d+", ns)]
     for node in nodes:
         kill_namespace_processes(node)
@@ -289,8 +314,24 @@ def remove_cluster(name: str) -> None:
         _ip("link", "del", link)
     for node in nodes:
         _ip("netns", "del", node)
+    for node in netns_etc_entries():
+        if re.fullmatch(rf"{name}n\d+", node):
+            shutil.rmtree(os.path.join(NETNS_ETC, node))
     if os.path.exists(f"/sys/class/net/{name}b"):
         _ip("link", "del", f"{name}b")
+
+
+def netns_etc_entries() -> list[str]:
+    """The namespaces that have files in NETNS_ETC (none when it does not exist)."""
+    return os.listdir(NETNS_ETC) if os.path.isdir(NETNS_ETC) else []
+
+
+def _remove_empty_netns_etc() -> None:
+    """Remove NETNS_ETC when no cluster (and nothing else) has files there: it leaves the machine as it was."""
+    try:
+        os.rmdir(NETNS_ETC)
+    except OSError:  # not there, or not empty
+        pass
 
 
 def namespace_pids(node: str) -> list[int]:
