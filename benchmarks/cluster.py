@@ -41,9 +41,9 @@ from cluster import SimulatedCluster, missing_capability  # noqa: E402
 
 from mpitrain.config import load_config  # noqa: E402
 from mpitrain.costmodel import Network, allgather_exchange, split_exchange  # noqa: E402
-from mpitrain.data import DatasetReader  # noqa: E402
 from mpitrain.nn.model import build_model  # noqa: E402
 from mpitrain.report import read_metrics  # noqa: E402
+from mpitrain.shard_format import read_manifest  # noqa: E402
 from mpitrain.sync.buckets import gradient_buckets  # noqa: E402
 
 MODELS = {"MLP": ("configs/fashion_mlp.yaml", 30000), "LeNet": ("configs/fashion_lenet.yaml", 16000)}  # max rows
@@ -72,6 +72,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--buckets", type=float, nargs="*", default=[0.0, 1.0, 4.0],
                         help="bucket caps (MB) for extra overlapped rows beside the default's, on the largest cluster "
                              "at the slowest link")
+    parser.add_argument("--max-rows", type=int, default=0, help="rows per split instead of the models' (a quick try)")
     parser.add_argument("--model-gbps", type=float, default=100.0)
     parser.add_argument("--model-latency-us", type=float, default=1.0)
     args = parser.parse_args(argv)
@@ -91,7 +92,7 @@ def main(argv=None) -> dict:
                     variants = list(VARIANTS) if nodes >= 4 else args.two_node_variants
                     variants += [f"allreduce overlapped {cap:g} MB" for cap in args.buckets] if sweep else []
                     for variant in variants:
-                        row = train_row(cluster, args.data, model, variant, network)
+                        row = train_row(cluster, args.data, model, variant, network, args.max_rows)
                         rows.append(row)
                         print(json.dumps(row), flush=True)
     stated = Network.of(args.model_latency_us, args.model_gbps)
@@ -117,9 +118,10 @@ def measure_network(cluster) -> tuple[Network, dict]:
     return Network.fit(figures["allreduce"], cluster.size), figures
 
 
-def train_row(cluster, data: str, model: str, variant: str, network: Network) -> dict:
-    """Train `model` with `variant` on every node (2 epochs); its row of the table."""
-    config_path, max_rows = MODELS[model]
+def train_row(cluster, data: str, model: str, variant: str, network: Network, max_rows: int = 0) -> dict:
+    """Train `model` with `variant` on every node (2 epochs; `max_rows` rows per split, 0: the model's); its row."""
+    config_path, model_rows = MODELS[model]
+    max_rows = max_rows or model_rows
     mode, extra = variant_settings(variant)
     with tempfile.TemporaryDirectory() as run_dir:
         overrides = {"data.path": data, "data.max_rows": max_rows, "run_dir": run_dir, "resume": "never",
@@ -179,7 +181,7 @@ def modelled_seconds(network: Network, config, summary: dict, variant: str, sent
 
 def buckets(config) -> list[tuple[int, int]]:
     """The overlapped run's gradient buckets (the model built from its config)."""
-    manifest = DatasetReader(config.data.path).manifest
+    manifest = read_manifest(config.data.path)
     model = build_model(config.model, manifest.feature_shape, manifest.num_classes, np)
     return gradient_buckets(model.layout, config.sync.bucket_mb * 1e6, 4)
 

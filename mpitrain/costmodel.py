@@ -63,20 +63,22 @@ class Network:
     @classmethod
     def fit(cls, allreduce, ranks: int) -> Network:
         """The network as measured by Allreduces: `allreduce` [(bytes, seconds)] on `ranks` ranks over a range
-        of sizes (benchmarks/network_probe.py), fitted through this model's own Allreduce formula, by least
-        squares of the relative error (small and large sizes count alike).
+        of sizes (benchmarks/network_probe.py), in two parts of this model's own Allreduce formula: the time
+        per byte is the slope over the large ones (256 KiB and more, where bytes dominate), the latency per
+        step the small ones' (16 KiB and less) mean time per step.
 
-        A collective's latency per step includes the MPI library's own work and, where ranks share
-        processors, their turns; its time per byte includes the processors' share of the transfer (TCP,
-        copies, the reduction) when every rank sends at once. A lone ping-pong sees neither, so it is
-        reported beside the fit but not used for it; on a network whose links are the limit both agree.
+        A collective's latency per step includes the MPI library's and mpi4py's own work and, where ranks
+        share processors, their turns; its time per byte includes the processors' share of the transfer
+        (TCP, copies, the reduction) when every rank sends at once. A lone ping-pong sees neither, so it is
+        reported beside the fit (`from_pingpong`) but not used for it; where the links are the limit both agree.
         """
-        features = np.asarray([cls(1.0, 0.0).allreduce(n, ranks) for n, _ in allreduce]), \
-            np.asarray([cls(0.0, 1.0).allreduce(n, ranks) for n, _ in allreduce])
-        seconds = np.asarray([t for _, t in allreduce])
-        (latency, byte_s), *_ = np.linalg.lstsq(np.stack(features, axis=1) / seconds[:, None], np.ones(len(seconds)),
-                                                rcond=None)
-        return cls(max(float(latency), 0.0), float(byte_s))
+        wire = cls(0.0, 1.0)
+        large = np.asarray([(wire.allreduce(n, ranks), t) for n, t in allreduce if n >= 262144])
+        slope, _ = np.polyfit(large[:, 0], large[:, 1], 1)
+        steps = cls(1.0, 0.0)
+        small = [(t - slope * wire.allreduce(n, ranks)) / steps.allreduce(n, ranks) for n, t in allreduce
+                 if n <= 16384]
+        return cls(max(float(np.mean(small)), 0.0), float(slope))
 
     @classmethod
     def from_pingpong(cls, pingpong) -> Network:
