@@ -101,11 +101,22 @@ def test_training_crosses_the_links_to_identical_replicas(cluster, mode, tmp_pat
     assert len(set(summary["replica_hashes"])) == 1, summary["replica_hashes"]
 
     moved = {node: {way: after[node][way] - before[node][way] for way in ("rx", "tx")} for node in cluster.nodes}
-    sent = summary["bytes_sent_per_step"] * summary["steps_per_epoch"] * summary["epochs"]  # rank 0's, by mpitrain
+    sent = summary["bytes_sent_per_step"] * summary["steps_per_epoch"] * summary["epochs"]  # ranks' mean, by mpitrain
     assert sent > 10_000, summary  # a floor worth checking (MPI's start-up alone moves some 100 KB a node)
     assert moved[cluster.nodes[0]]["tx"] >= sent, moved  # rank 0's part of every exchange left its node
     if not mode.startswith("sharing"):  # dense exchanges: every rank sends as much as rank 0, and gets as much back
         assert all(way >= sent for node in moved.values() for way in node.values()), (sent, moved)
+
+
+def test_overlapped_allreduce_equals_blocking_across_the_nodes(cluster):
+    """tests/mpi/overlap_checks.py with one rank per node: buckets posted during backward over TCP between nodes give
+    the blocking Allreduce's parameters (bit for bit on 2 nodes), replicas identical, for every bucket cut."""
+    result = cluster.mpiexec(len(cluster.nodes), sys.executable, os.path.join(HERE, "mpi", "overlap_checks.py"),
+                             timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    passed = [line for line in result.stdout.splitlines() if line.startswith("OK ")]
+    assert len(passed) == 21 and all(line.endswith(f" {len(cluster.nodes)}") for line in passed), result.stdout
+    assert sum("overlapped equals blocking" in line for line in passed) == 6
 
 
 def test_a_link_rate_sets_the_transfer_time():
