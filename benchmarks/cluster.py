@@ -45,6 +45,7 @@ from mpitrain.nn.model import build_model  # noqa: E402
 from mpitrain.report import read_metrics  # noqa: E402
 from mpitrain.shard_format import read_manifest  # noqa: E402
 from mpitrain.sync.buckets import gradient_buckets  # noqa: E402
+from mpitrain.sync.exchange import choose_exchange  # noqa: E402
 
 MODELS = {"MLP": ("configs/fashion_mlp.yaml", 30000), "LeNet": ("configs/fashion_lenet.yaml", 16000)}  # max rows
 VARIANTS = {  # name: (sync.mode, overrides)
@@ -73,9 +74,19 @@ def main(argv=None) -> dict:
                         help="bucket caps (MB) for extra overlapped rows beside the default's, on the largest cluster "
                              "at the slowest link")
     parser.add_argument("--max-rows", type=int, default=0, help="rows per split instead of the models' (a quick try)")
+    parser.add_argument("--model-only", action="store_true",
+                        help="train nothing: redo the extrapolation and the table from OUT/cluster.json's rows")
     parser.add_argument("--model-gbps", type=float, default=100.0)
     parser.add_argument("--model-latency-us", type=float, default=1.0)
     args = parser.parse_args(argv)
+    stated = Network.of(args.model_latency_us, args.model_gbps)
+    if args.model_only:
+        with open(os.path.join(args.out, "cluster.json")) as f:
+            measured = json.load(f)
+        result = {key: measured[key] for key in ("rows", "networks")}
+        result.update(model_network=stated.to_dict(), extrapolation=extrapolate(result["rows"], stated, args.data))
+        write_results(args.out, "cluster", result, markdown(result))
+        return result
     reason = missing_capability()
     if reason:
         sys.exit(f"cluster.py: {reason}")
@@ -95,7 +106,6 @@ def main(argv=None) -> dict:
                         row = train_row(cluster, args.data, model, variant, network, args.max_rows)
                         rows.append(row)
                         print(json.dumps(row), flush=True)
-    stated = Network.of(args.model_latency_us, args.model_gbps)
     result = {"rows": rows, "networks": networks, "model_network": stated.to_dict(),
               "extrapolation": extrapolate(rows, stated, args.data)}
     write_results(args.out, "cluster", result, markdown(result))
@@ -201,7 +211,8 @@ def extrapolate(rows: list[dict], network: Network, data: str) -> list[dict]:
             dense = 4 * n
             gathered = allgather_exchange(network, [message] * ranks)
             split = split_exchange(network, [message] * ranks, n, 4)
-            auto = min(gathered, split)
+            chosen = choose_exchange("auto", network, [message // 4] * ranks, n, 4)  # sizes in int32s
+            auto = split if chosen == "split" else gathered
             out += [
                 {"model": model, "ranks": ranks, "sync": "allreduce", "variant": "blocking",
                  "ms": 1e3 * network.allreduce(dense, ranks), "wire_bytes": 2 * (ranks - 1) / ranks * dense},
@@ -213,7 +224,7 @@ def extrapolate(rows: list[dict], network: Network, data: str) -> list[dict]:
                 {"model": model, "ranks": ranks, "sync": "sharing", "variant": "split",
                  "ms": 1e3 * split[0], "wire_bytes": split[1]},
                 {"model": model, "ranks": ranks, "sync": "sharing", "variant": "auto (chooses "
-                 f"{'split' if auto is split else 'allgather'})", "ms": 1e3 * auto[0], "wire_bytes": auto[1]},
+                 f"{chosen})", "ms": 1e3 * auto[0], "wire_bytes": auto[1]},
             ]
     return out
 
@@ -223,11 +234,12 @@ def markdown(result: dict) -> str:
     rows = result["rows"]
     measured = markdown_table(
         ["model", "nodes", "link Gb/s", "sync", "samples/s", "comm ms measured", "comm ms model", "model error",
-         "bytes/step/rank", "wire bytes/step/rank", "test acc"],
+         "ms inside MPI", "bytes/step/rank", "wire bytes/step/rank", "test acc"],
         [[r["model"], str(r["nodes"]), f"{r['link_gbps']:g}", r["variant"], f"{r['samples_per_s']:.0f}",
           f"{r['comm_ms_measured']:.2f}", f"{r['comm_ms_model']:.2f}",
-          f"{100 * (r['comm_ms_model'] / r['comm_ms_measured'] - 1):+.0f}%", f"{r['bytes_per_step']:.0f}",
-          f"{r['wire_bytes_per_step']:.0f}", f"{r['test_accuracy']:.4f}"] for r in rows], "lrrlrrrrrrr")
+          f"{100 * (r['comm_ms_model'] / r['comm_ms_measured'] - 1):+.0f}%", f"{r['mpi_ms_measured']:.2f}",
+          f"{r['bytes_per_step']:.0f}",
+          f"{r['wire_bytes_per_step']:.0f}", f"{r['test_accuracy']:.4f}"] for r in rows], "lrrlrrrrrrrr")
     networks = "; ".join(f"{n['nodes']} nodes at {n['link_gbps']:g} Gb/s: fitted {n['fit']['latency_us']:.0f} us, "
                          f"{n['fit']['gbps']:.2f} Gb/s (ping-pong {n['pingpong']['gbps']:.2f} Gb/s)"
                          for n in result["networks"])

@@ -17,7 +17,7 @@ reads only the allgathered sizes, the model's size and the config.
 from __future__ import annotations
 
 from mpitrain.backend import array_module
-from mpitrain.costmodel import allgather_exchange, split_exchange
+from mpitrain.costmodel import allgather_exchange, allreduce_bytes, split_exchange, split_header_bytes
 from mpitrain.kernels import message_count, threshold_decode
 from mpitrain.kernels.blocks import add_block, block_bounds, cut_message, encode_block, reduce_parts
 
@@ -48,10 +48,18 @@ EXCHANGES = {"allgather": allgather, "split": split}
 
 
 def choose_exchange(setting: str, network, sizes, n: int, itemsize: int) -> str:
-    """`setting` itself, or for `auto` the exchange `network`'s cost model predicts faster for messages of `sizes`
-    int32 (one per rank) to `n` parameters of `itemsize` bytes; a tie goes to `allgather`. Not a collective."""
+    """`setting` itself, or for `auto`: `split` when the allgather would put more bytes on a rank's wire than a dense
+    ring Allreduce of the `n` parameters of `itemsize` bytes (plus the messages' headers), else the exchange
+    `network`'s cost model predicts faster for messages of `sizes` int32 (one per rank); a tie goes to
+    `allgather`. Not a collective.
+
+    The bytes come first: where the allgather outgrows a dense Allreduce the model may still call it faster on
+    an idle network (its steps are fewer), but on a shared one every byte competes, and `sharing` is chosen to
+    send fewer bytes than `allreduce`, never more."""
     if setting != "auto":
         return setting
     nbytes = [INT32_BYTES * int(size) for size in sizes]
-    faster = split_exchange(network, nbytes, n, itemsize)[0] < allgather_exchange(network, nbytes)[0]
-    return "split" if faster else "allgather"
+    gathered = allgather_exchange(network, nbytes)
+    if gathered[1] > allreduce_bytes(n * itemsize, len(sizes)) + split_header_bytes(len(sizes)):
+        return "split"
+    return "split" if split_exchange(network, nbytes, n, itemsize)[0] < gathered[0] else "allgather"
