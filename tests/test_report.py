@@ -77,16 +77,20 @@ def test_bench_tables_rewrite_only_measured_sections_and_the_headline(tmp_path):
     machine = {"date": "2026-11-22 22:50 UTC", "arch": "x86_64", "cores": 2, "versions": {"python": "3.11.2"}}
     (results / "throughput.json").write_text(json.dumps({"rows": [], "machine": machine}))
     (results / "throughput.md").write_text("| model | ranks | sync | samples/s |\n| --- | ---: | --- | ---: |\n"
-                                           "| MLP | 2 | allreduce | 123 |\n| MLP | 1 | allreduce | 99 |\n")
+                                           "| MLP | 2 | allreduce (overlapped) | 123 |\n"
+                                           "| MLP | 2 | allreduce (blocking) | 111 |\n"
+                                           "| MLP | 1 | allreduce (overlapped) | 99 |\n")
     for _ in range(2):  # idempotent
         rewrite_tables(["--results", str(results), "--page", str(page), "--readme", str(readme)])
         text = page.read_text()
-        assert "old table" not in text and "| MLP | 2 | allreduce | 123 |" in text and "x86_64, 2 cores" in text
+        assert "old table" not in text and "| MLP | 2 | allreduce (overlapped) | 123 |" in text
+        assert "x86_64, 2 cores" in text
         assert f"{other_begin}\nthe DBN's last figures\n{other_end}" in text and text.endswith("tail\n")
         headline = readme.read_text()
         assert headline.startswith(before + HEADLINE_BEGIN) and headline.endswith(HEADLINE_END + after)
-        assert "old headline" not in headline and "| MLP | 2 | allreduce | 123 |" in headline
-        assert "| MLP | 1 | allreduce | 99 |" not in headline  # the headline keeps the 2-rank rows
+        assert "old headline" not in headline and "| MLP | 2 | allreduce (overlapped) | 123 |" in headline
+        assert "| MLP | 1 | allreduce (overlapped) | 99 |" not in headline  # the headline keeps the 2-rank rows
+        assert "(blocking)" not in headline  # and of allreduce the default, overlapped
     (results / "throughput.json").unlink()
     with pytest.raises(SystemExit, match="no results"):
         rewrite_tables(["--results", str(results), "--page", str(page), "--readme", str(readme)])
