@@ -40,7 +40,8 @@ _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
 
 
 class Communicator:
-    """World rank/size, node-local rank and size, the number of nodes, and the collectives, with buffers handed to MPI as they are.
+    """World rank/size, node-local rank and size, the number of nodes, and the collectives, with buffers handed to
+    MPI as they are.
 
     `mpi_comm` defaults to COMM_WORLD (then an srun world of 1 rank per task is refused);
     tests pass a `Dup()`. `backend` is None until `for_backend` picks the variant.
@@ -161,9 +162,9 @@ class Communicator:
         the device `message` is on.
         """
         _synchronize_device(message)
+        if counts is None:
+            counts = self.allgather_counts(message.size)  # timed by itself
         with self._blocking():
-            if counts is None:
-                counts = self.allgather_counts(message.size)
             offsets = _starts(counts)
             self.bytes_sent += message.nbytes
             out = _empty_like(message, int(counts.sum()))

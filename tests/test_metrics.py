@@ -40,3 +40,24 @@ def test_records_are_kept_by_epoch_and_step_whatever_the_rank_count(tmp_path):
     Checkpointer(str(tmp_path), SimpleNamespace(is_root=True), None, "", "").drop_records_after(1, 0)
     assert [(r["kind"], r["epoch"], r.get("step")) for r in records(tmp_path)] == \
         [("window", 0, 5), ("window", 0, 10), ("epoch", 0, None)]
+
+
+def test_each_collective_is_timed_once():
+    """A clock that ticks one second per reading: every blocking call spends exactly one second inside MPI and
+    communicating, so nested timing (allgatherv's own Allgather of sizes) would show as more."""
+    from unittest import mock
+
+    import numpy as np
+    from mpi4py import MPI
+
+    from mpitrain.comm import Communicator
+    comm = Communicator(MPI.COMM_SELF)
+    ticks = iter(range(100))
+    with mock.patch("mpitrain.comm.time.perf_counter", lambda: float(next(ticks))):
+        comm.allgatherv(np.arange(3, dtype=np.int32))  # the Allgather of sizes, then the Allgatherv
+        assert (comm.mpi_seconds, comm.comm_seconds) == (2.0, 2.0)
+        comm.allreduce_(np.ones(4, dtype=np.float32))
+        assert (comm.mpi_seconds, comm.comm_seconds) == (3.0, 3.0)
+        posted = [comm.iallreduce_(np.ones(4, dtype=np.float32))]  # posted at 6 (1 s inside MPI) ...
+        comm.complete(posted)  # ... completed from 8 to 9 (1 s more inside MPI): 3 s from post to end
+        assert (comm.mpi_seconds, comm.comm_seconds) == (5.0, 6.0)
