@@ -134,9 +134,10 @@ def test_a_link_rate_sets_the_transfer_time():
 
 
 def test_a_link_cut_mid_training_ends_the_job_on_every_node_and_it_resumes_once_repaired(tmp_path):
-    """Node 2's link goes down once metrics.jsonl has a record. Both ranks stop progressing: each one's watchdog
-    aborts it (rank 1's message stays on node 2, its stderr file), so no process is left on either node within
-    watchdog_s and a margin. With the link back up, --resume finishes the run from its last checkpoint."""
+    """Node 2's link goes down once the run has written a checkpoint (a metrics record, written just before the
+    checkpoint's collectives, let the cut land between them on a fast machine, leaving nothing to resume). Both
+    ranks stop progressing: each one's watchdog aborts it (rank 1's message stays on node 2, its stderr file), so no
+    process is left on either node within watchdog_s and a margin. With the link back up, --resume finishes the run from its last checkpoint."""
     require_cluster()
     make_dataset(tmp_path / "data")
     config = write_config(tmp_path / "config.yaml", tmp_path / "data", model=MODEL,
@@ -145,7 +146,7 @@ def test_a_link_cut_mid_training_ends_the_job_on_every_node_and_it_resumes_once_
     run_dir, errors = tmp_path / "run", tmp_path / "stderr-of-rank"
     with SimulatedCluster(nodes=2) as cluster:
         job = cluster.popen(2, "bash", "-c", 'exec "$@" 2>"$0.$PMI_RANK"', errors, MPITRAIN, "train", config)
-        _wait_for(lambda: (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text(), job)
+        _wait_for(lambda: glob.glob(f"{run_dir}/checkpoints/ckpt-*.h5"), job)
         cut = time.monotonic()
         cluster.set_link(cluster.nodes[1], up=False)
         out, err = job.communicate(timeout=WATCHDOG_S + 30)
