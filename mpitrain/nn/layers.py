@@ -6,6 +6,17 @@ Running statistics that are not trained (batch norm's) live in a third flat buff
 model's `stats` (`stat_shapes`, `bind_stats`), averaged across ranks by the synchronizers.
 `backward` writes parameter gradients into those views and returns the input gradient
 (None when `input_grad` is false: the first layer's input gradient is never used).
+
+A step allocates nothing: every array a layer returns or keeps for backward is an array of
+its part of the model's workspace (`self.ws`, `mpitrain.nn.workspace`), written with `out=`,
+in-place operations and the fused kernels of `mpitrain.kernels.activations`. What forward
+returns is overwritten by the next forward of that batch shape.
+
+A dense or conv2d layer followed by an activation layer does the activation itself, fused
+with its bias add (and in backward the derivative, fused with its bias gradient): the model
+calls `fuse_activation` on it and the activation layer passes its input and gradient
+through (`fused`). The activation layers stay in the model's list, so layouts, checkpoints,
+configs and exports see the same layers either way.
 """
 from __future__ import annotations
 
@@ -14,10 +25,24 @@ import math
 import numpy as np
 
 from mpitrain.backend import array_module
+from mpitrain.nn.workspace import Workspace, WorkspacePart
 
 
 class Layer:
     """Base: a layer without parameters that passes shapes through."""
+
+    _ws: WorkspacePart | None = None
+
+    @property
+    def ws(self) -> WorkspacePart:
+        """This layer's part of its model's workspace (set by the model); a layer used on its own gets its own."""
+        if self._ws is None:
+            self._ws = Workspace(np).part(type(self).__name__.lower())
+        return self._ws
+
+    @ws.setter
+    def ws(self, part: WorkspacePart) -> None:
+        self._ws = part
 
     def param_shapes(self, input_shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
         return {}

@@ -19,6 +19,7 @@ from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.flat import FlatModel, flat_views
 from mpitrain.nn.layers import ACTIVATIONS, INIT_SCHEMES, Dense, Dropout, Flatten, Layer
 from mpitrain.nn.losses import LOSSES
+from mpitrain.nn.workspace import Workspace
 
 LAYER_TYPES = {"dense": Dense, "flatten": Flatten, "conv2d": Conv2D, "maxpool2d": MaxPool2D,
                "avgpool2d": AvgPool2D, "dropout": Dropout, "batchnorm": BatchNorm, **ACTIVATIONS}
@@ -27,7 +28,10 @@ LAYER_TYPES = {"dense": Dense, "flatten": Flatten, "conv2d": Conv2D, "maxpool2d"
 class Sequential(FlatModel):
     """Layers applied in order, a loss on the last layer's output, flat buffers for all parameters.
 
-    A dense or conv2d layer's `activation` becomes a layer of its own right after it.
+    A dense or conv2d layer's `activation` becomes a layer of its own right after it; the
+    dense or conv2d layer then runs it fused with its bias add (`Layer.fuse_activation`).
+    Every array a step writes is in `workspace` (`mpitrain.nn.workspace`), one part per layer
+    (named like the layout, `03_dense`) and one for the loss.
     """
 
     def __init__(self, layers: list[Layer], input_shape: tuple[int, ...], loss: str = "softmax_cross_entropy",
@@ -50,6 +54,11 @@ class Sequential(FlatModel):
                                                                             stat_shapes)):
             layer.bind(layer_params, layer_grads)
             layer.bind_stats(layer_stats)
+        self.workspace = Workspace(xp)
+        for index, layer in enumerate(self.layers):
+            layer.ws = self.workspace.part(f"{index:02d}_{type(layer).__name__.lower()}")
+        self.loss_ws = self.workspace.part("loss")
+        _fuse_activations(self.layers)
 
     def init_params(self, seed: int, scheme: str) -> None:
         """Draw initial parameters on the host from `seed`, so every backend starts alike."""
@@ -111,6 +120,14 @@ def _with_activation_layers(layers: list[Layer]) -> list[Layer]:
             expanded.append(ACTIVATIONS[activation]())
             layer.activation = "none"
     return expanded
+
+
+def _fuse_activations(layers: list[Layer]) -> None:
+    """Let each layer that can (dense, conv2d) run the activation layer right after it, which then passes through."""
+    for layer, after in zip(layers, layers[1:]):
+        if type(after) in ACTIVATIONS.values() and hasattr(layer, "fuse_activation"):
+            layer.fuse_activation(after.kind)
+            after.fused = True
 
 
 def _layout(layers, shapes) -> list:

@@ -1,0 +1,162 @@
+"""Fused element-wise kernels of the layers: bias add + activation, its derivative, dropout.
+
+    bias_activation(z, b, "relu", out)           # out = relu(z + b), rows of z (N, F), b (F,) or empty
+    activation_backward(dy, y, "relu", out)      # out = dy * relu'(.), from the activation's OUTPUT y
+    dropout(x, seed, threshold, scale, out, mask)  # mask = keep * scale from keyed bits; out = x * mask
+
+Each is one pass over memory, writing into arrays it is given (the model's workspace), so a
+step allocates nothing. numpy arrays run the numba kernels (parallel over rows); other
+arrays (cupy) run the `*_reference` versions, written for any array module with `out=`,
+which the tests compare the kernels with. The derivative is taken from the output (relu:
+y > 0, sigmoid: y (1 - y), tanh: 1 - y^2), so backward needs only what forward wrote.
+`activate` and `derivative` are `register_jitable`: the conv layer's fused kernels
+(`kernels.conv_rows`) use them too.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+from numba.extending import register_jitable
+
+KINDS = {"none": 0, "relu": 1, "sigmoid": 2, "tanh": 3}
+
+KEYED_BITS = 24  # dropout's draw: integers in [0, 2**KEYED_BITS)
+_GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31, _TOP = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(64 - KEYED_BITS)
+
+
+@register_jitable
+def activate(z, kind):
+    """The activation `kind` (a KINDS value) of one pre-activation value."""
+    if kind == 1:
+        return z if z > 0 else z * 0
+    if kind == 2:
+        return 1 / (1 + math.exp(-z))
+    if kind == 3:
+        return math.tanh(z)
+    return z
+
+
+@register_jitable
+def derivative(y, kind):
+    """The activation's derivative, from its output y."""
+    if kind == 1:
+        return 1 if y > 0 else 0
+    if kind == 2:
+        return y * (1 - y)
+    if kind == 3:
+        return 1 - y * y
+    return 1
+
+
+@register_jitable
+def keyed_bits_at(seed, index):
+    """splitmix64 of (seed, 1-based element index), its top KEYED_BITS bits: `mpitrain.nn.layers.keyed_bits`."""
+    z = np.uint64(index) * _GOLDEN + seed
+    z = (z ^ (z >> _S30)) * _MIX1
+    z = (z ^ (z >> _S27)) * _MIX2
+    return (z ^ (z >> _S31)) >> _TOP
+
+
+@njit(parallel=True, cache=True)
+def _bias_activation_cpu(z, b, kind, out):
+    n, f = z.shape
+    use_bias = b.size > 0
+    for r in prange(n):
+        for j in range(f):
+            v = z[r, j]
+            if use_bias:
+                v += b[j]
+            out[r, j] = activate(v, kind)
+
+
+@njit(parallel=True, cache=True)
+def _activation_backward_cpu(dy, y, kind, out):
+    n, f = dy.shape
+    for r in prange(n):
+        for j in range(f):
+            out[r, j] = dy[r, j] * derivative(y[r, j], kind)
+
+
+@njit(parallel=True, cache=True)
+def _dropout_cpu(x, seed, threshold, scale, out, mask):
+    n, f = x.shape
+    zero = scale * 0
+    for r in prange(n):
+        for j in range(f):
+            m = scale if keyed_bits_at(seed, r * f + j + 1) >= threshold else zero
+            mask[r, j] = m
+            out[r, j] = x[r, j] * m
+
+
+def bias_activation(z, b, kind: str, out) -> None:
+    """out = activation(z + b) for 2-D z (rows, features); `b` (features,) or empty for no bias. `out` may be `z`."""
+    if isinstance(z, np.ndarray):
+        _bias_activation_cpu(z, b, KINDS[kind], out)
+    else:
+        bias_activation_reference(z, b, kind, out)
+
+
+def activation_backward(dy, y, kind: str, out) -> None:
+    """out = dy * activation'(.) for 2-D dy, the derivative from the activation's output `y`. `out` may be `dy`."""
+    if isinstance(dy, np.ndarray):
+        _activation_backward_cpu(dy, y, KINDS[kind], out)
+    else:
+        activation_backward_reference(dy, y, kind, out)
+
+
+def dropout(x, seed: np.uint64, threshold: int, scale: float, out, mask) -> None:
+    """mask = scale where the element's keyed bits are >= threshold, else 0; out = x * mask (2-D x)."""
+    if isinstance(x, np.ndarray):
+        _dropout_cpu(x, np.uint64(seed), np.uint64(threshold), x.dtype.type(scale), out, mask)
+    else:
+        dropout_reference(x, seed, threshold, scale, out, mask)
+
+
+def bias_activation_reference(z, b, kind: str, out) -> None:
+    from mpitrain.backend import array_module
+    xp = array_module(z)
+    if b.size:
+        xp.add(z, b, out=out)
+    elif out is not z:
+        out[...] = z
+    if kind == "relu":
+        xp.maximum(out, 0, out=out)
+    elif kind == "sigmoid":
+        xp.negative(out, out=out)
+        xp.exp(out, out=out)
+        out += 1
+        xp.reciprocal(out, out=out)
+    elif kind == "tanh":
+        xp.tanh(out, out=out)
+
+
+def activation_backward_reference(dy, y, kind: str, out) -> None:
+    from mpitrain.backend import array_module
+    xp = array_module(dy)
+    if kind == "relu":
+        xp.multiply(dy, y > 0, out=out)
+    elif kind == "sigmoid":
+        xp.multiply(dy, y * (1 - y), out=out)
+    elif kind == "tanh":
+        xp.multiply(dy, 1 - y * y, out=out)
+    elif out is not dy:
+        out[...] = dy
+
+
+def keyed_bits_reference(xp, seed: np.uint64, shape):
+    """`keyed_bits_at` for every element of `shape` in xp's wrapping uint64 arithmetic (numpy and cupy alike)."""
+    z = xp.arange(1, math.prod(shape) + 1, dtype=np.uint64) * _GOLDEN + np.uint64(seed)
+    z = (z ^ (z >> _S30)) * _MIX1
+    z = (z ^ (z >> _S27)) * _MIX2
+    return ((z ^ (z >> _S31)) >> _TOP).reshape(shape)
+
+
+def dropout_reference(x, seed, threshold: int, scale: float, out, mask) -> None:
+    from mpitrain.backend import array_module
+    xp = array_module(x)
+    keep = keyed_bits_reference(xp, seed, x.shape) >= np.uint64(threshold)
+    xp.multiply(keep, x.dtype.type(scale), out=mask)
+    xp.multiply(x, mask, out=out)

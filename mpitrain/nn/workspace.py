@@ -1,0 +1,61 @@
+"""A model's workspace: every array a training or evaluation step writes, allocated once and reused.
+
+    ws = model.workspace.part("03_dense")          # what a layer gets (`Layer.ws`)
+    y = ws("y", (len(x), units), x.dtype)          # the same array every step of this batch shape
+
+A step's forward outputs, saved activations and masks, backward outputs, the loss's
+gradient and the batch pipeline's buffers are all arrays of the workspace, written with
+`out=`, in-place ufuncs and kernels that take their output. An array is made the first
+time its (owner, name, shape, dtype) is asked for and handed out again after that, so a
+step allocates nothing once the first steps of a batch shape have run: what a CUDA graph
+capture needs, and no page-faulting allocation or extra pass over memory on the CPU.
+
+The shape is part of the key, so training batches, evaluation batches and the last short
+evaluation batch keep arrays of their own instead of reallocating each other's at every
+switch; the arrays live as long as the model (`nbytes`, `table()` show them all). A caller
+must not keep an array from one step to the next: the next step of that shape overwrites it.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+class Workspace:
+    """The arrays of one model, keyed by (owner, name, shape, dtype), on array module `xp`. Not a collective."""
+
+    def __init__(self, xp):
+        self.xp = xp
+        self.arrays: dict[tuple, object] = {}
+
+    def part(self, owner: str) -> WorkspacePart:
+        """The view a layer (or the loss, the batches) gets: arrays named within `owner`."""
+        return WorkspacePart(self, owner)
+
+    def array(self, owner: str, name: str, shape, dtype):
+        """The array `name` of `owner` of this shape and dtype: made (uninitialized) on first use, then reused."""
+        key = (owner, name, tuple(int(s) for s in shape), np.dtype(dtype))
+        array = self.arrays.get(key)
+        if array is None:
+            array = self.arrays[key] = self.xp.empty(key[2], dtype=key[3])
+        return array
+
+    @property
+    def nbytes(self) -> int:
+        return sum(math.prod(key[2]) * key[3].itemsize for key in self.arrays)
+
+    def table(self) -> list[tuple[str, str, tuple, str, int]]:
+        """(owner, name, shape, dtype, bytes) of every array, in the order they were made."""
+        return [(owner, name, shape, dtype.name, math.prod(shape) * dtype.itemsize)
+                for owner, name, shape, dtype in self.arrays]
+
+
+class WorkspacePart:
+    """`part(name, shape, dtype)`: the workspace array `name` of one owner (see `Workspace.array`)."""
+
+    def __init__(self, workspace: Workspace, owner: str):
+        self.workspace, self.owner = workspace, owner
+
+    def __call__(self, name: str, shape, dtype):
+        return self.workspace.array(self.owner, name, shape, dtype)
