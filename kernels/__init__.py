@@ -15,10 +15,11 @@ import numpy as np
 
 from . import message as _message
 from .message import MAX_ELEMENTS, NaNResidual, check_size  # noqa: F401  (public: the int32 size limit)
+from .message import capacity as message_capacity
 
 __all__ = ["threshold_encode", "threshold_decode", "bitmap_encode", "bitmap_decode", "clip_residual",
            "add_to_residual", "warm_up", "message_count", "message_encoding", "check_size", "MAX_ELEMENTS",
-           "NaNResidual", "implementation"]
+           "NaNResidual", "implementation", "message_capacity"]
 
 
 def implementation(array):
@@ -32,9 +33,10 @@ def implementation(array):
     raise TypeError(f"expected a numpy or CUDA array, got {type(array).__module__}.{type(array).__name__}")
 
 
-def threshold_encode(residual, tau: float, encoding: str = "auto"):
-    """Send every |r_i| >= tau (`encoding`: auto, sparse or bitmap); subtracts sign*tau in place."""
-    return _message.encode(implementation(residual), residual, tau, encoding)
+def threshold_encode(residual, tau: float, encoding: str = "auto", out=None):
+    """Send every |r_i| >= tau (`encoding`: auto, sparse or bitmap); subtracts sign*tau in place. The message is
+    the first values of `out` when given (int32, `message_capacity(residual.size, encoding)` long)."""
+    return _message.encode(implementation(residual), residual, tau, encoding, out)
 
 
 def threshold_decode(message, out, sign: float = 1.0) -> None:

@@ -85,8 +85,15 @@ def parse_header(header: np.ndarray, message_size: int) -> tuple[int, int, np.fl
     return count, n, tau, encoding
 
 
-def encode(impl, residual, tau, encoding: str = "auto"):
-    """Send every |r_i| >= tau: subtract sign(r_i)*tau from the residual in place, return the message.
+def capacity(n: int, encoding: str = "auto") -> int:
+    """The longest message (int32 values) `encode` can write for n elements with `encoding`: auto turns to a
+    bitmap before a sparse body would reach its length, so only `sparse` may send all n indices."""
+    return HEADER_SIZE + (n if encoding == "sparse" else bitmap_words(n))
+
+
+def encode(impl, residual, tau, encoding: str = "auto", out=None):
+    """Send every |r_i| >= tau: subtract sign(r_i)*tau from the residual in place, return the message: the
+    first values of `out` (int32, at least `capacity` long) when given, else a new array.
 
     NaN raises NaNResidual (a ValueError) before anything is changed.
     """
@@ -102,7 +109,10 @@ def encode(impl, residual, tau, encoding: str = "auto"):
         raise NaNResidual(f"residual holds {np.count_nonzero(nan)} NaN value(s), the first at index "
                           f"{np.argmax(nan)}; nothing was encoded")
     kind = choose_encoding(encoding, count, n)
-    message = impl.empty(residual, HEADER_SIZE + (count if kind == SPARSE else bitmap_words(n)))
+    size = HEADER_SIZE + (count if kind == SPARSE else bitmap_words(n))
+    if out is not None and out.size < size:
+        raise ValueError(f"a message of {size} int32 values does not fit the {out.size} of `out`")
+    message = impl.empty(residual, size) if out is None else out[:size]
     impl.set_header(message, np.array([count, n, tau32.view(np.int32), kind], dtype=np.int32))
     body = message[HEADER_SIZE:]
     if kind == BITMAP:

@@ -85,7 +85,8 @@ class Backend:
         """Copy the host array `host` into the backend array `out`."""
         self.transfers.count("to_device", host.nbytes)
         if self.on_gpu:
-            out.set(host)
+            with self.xp.cuda.Device(self.device):  # from any thread (the batch prefetch thread too)
+                out.set(host)
         else:
             np.copyto(out, host)
 

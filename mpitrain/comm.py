@@ -154,12 +154,12 @@ class Communicator:
         self.bytes_sent += counts.itemsize
         return counts
 
-    def allgatherv(self, message, counts=None) -> list:
+    def allgatherv(self, message, counts=None, out=None) -> list:
         """Exchange variable-length 1-D messages: Allgather of sizes, then Allgatherv of bodies. A collective.
 
         `counts`, every rank's message size as `allgather_counts(message.size)` returned it, skips
         the Allgather of sizes. The messages come back, in rank order, as views into one array on
-        the device `message` is on.
+        the device `message` is on: the first values of `out` when given (long enough), else a new one.
         """
         _synchronize_device(message)
         if counts is None:
@@ -167,7 +167,7 @@ class Communicator:
         with self._blocking():
             offsets = _starts(counts)
             self.bytes_sent += message.nbytes
-            out = _empty_like(message, int(counts.sum()))
+            out = _empty_like(message, int(counts.sum())) if out is None else out[:int(counts.sum())]
             self._allgatherv(message, out, counts, offsets)
         return [out[o:o + c] for o, c in zip(offsets, counts)]
 

@@ -144,6 +144,10 @@ class TrainConfig(Section):
         "auto", "After SIGUSR1 (the time limit's warning) stopped training with a checkpoint, rank 0 runs "
                 "`scontrol requeue $SLURM_JOB_ID`: auto does so inside a Slurm job. Never after SIGTERM (scancel, "
                 "or preemption, which Slurm requeues itself).", ("auto", True, False))
+    trace_allocations: bool = option(False, "Measure with tracemalloc what each training step and each evaluation "
+                                            "allocates after the first ones (summary.json's allocated_bytes; 0 "
+                                            "but for a few Python objects: a step writes into preallocated "
+                                            "workspaces). Slows training: for diagnosis.")
 
     def validate(self, where):
         for key in ("epochs", "batch_size", "log_every"):

@@ -20,6 +20,8 @@ import numpy as np
 
 from mpitrain.augment import augment_images
 from mpitrain.errors import DataError, describe
+from mpitrain.kernels.rows import gather_scaled, scaled
+from mpitrain.nn.workspace import Workspace, WorkspacePart
 from mpitrain.shard_format import MANIFEST_NAME, Manifest, check_shard, read_manifest, sha256_file
 
 log = logging.getLogger(__name__)
@@ -127,19 +129,27 @@ class Batches:
     run sees the same batches. The last incomplete batch is dropped, so all ranks run
     `steps_per_epoch` steps. The next batch is prepared in a thread while this one trains.
     `augment` ({flip, shift}, or False) flips and shifts image rows (`mpitrain.augment`).
+
+    No step allocates: a batch is gathered, scaled and shifted in one pass
+    (`mpitrain.kernels.rows`) into one of two fixed host buffers of the workspace part `ws`
+    (the model's, `Run.batches`), alternating by step, and on a GPU copied into one of two
+    device buffers. So a batch `epoch` yields stays valid while the next one is prepared and
+    is overwritten two steps later: copy what must be kept longer. (Augmentation, off in the
+    shipped configs, makes new arrays per batch.)
     """
 
     def __init__(self, data: RankRows, manifest: Manifest, batch_size: int, backend, dtype,
                  seed: int, rank: int, shuffle: bool = True, normalize: bool = True, prefetch: bool = True,
-                 augment: dict | bool = False):
+                 augment: dict | bool = False, ws: WorkspacePart | None = None):
         self.data, self.batch_size, self.backend, self.dtype = data, batch_size, backend, np.dtype(dtype)
         self.seed, self.rank, self.shuffle, self.prefetch = seed, rank, shuffle, prefetch
         self.augment = augment
         self.scale, self.shift = input_scaling(manifest, normalize)
         self.steps_per_epoch = len(data.y) // batch_size
+        self.ws = ws or Workspace(backend.xp).part("batches")
 
     def epoch(self, epoch: int, start_step: int = 0):
-        """Yield (x, y) for steps start_step.. of `epoch`."""
+        """Yield (x, y) for steps start_step.. of `epoch` (workspace buffers: see the class docstring)."""
         order = np.arange(len(self.data.y))
         if self.shuffle:
             np.random.default_rng([self.seed, epoch, self.rank]).shuffle(order)
@@ -157,15 +167,41 @@ class Batches:
                 yield batch
 
     def _batch(self, order: np.ndarray, epoch: int, step: int):
-        index = np.sort(order[step * self.batch_size:(step + 1) * self.batch_size])
-        x = self.data.x[index]
+        """Step `step`'s rows (ascending within the batch) into buffer pair `step % 2`."""
+        slot, shape = step % 2, (self.batch_size, *self.data.x.shape[1:])
+        index = self.ws(f"index{slot}", (self.batch_size,), np.int64, host=True)
+        index[...] = order[step * self.batch_size:(step + 1) * self.batch_size]
+        index.sort()
+        x, y = self.ws(f"x{slot}", shape, self.dtype, host=True), self.ws(f"y{slot}", shape[:1], np.int32, host=True)
         if self.augment:
-            x = augment_images(x, (self.seed, epoch, self.rank, step), **self.augment)
-        return self.to_model_input(x), self.backend.to_device(self.data.y[index])
+            stored = augment_images(self.data.x[index], (self.seed, epoch, self.rank, step),
+                                    **self.augment)
+            scaled(stored, self.scale, self.shift, x)
+            y[...] = self.data.y[index]
+        else:
+            gather_scaled(self.data.x, self.data.y, index, self.scale, self.shift, x, y)
+        return self._on_device(x, f"x{slot}"), self._on_device(y, f"y{slot}")
 
-    def to_model_input(self, stored: np.ndarray):
-        """Stored features (uint8 or float32) to normalized floats on the backend."""
-        x = stored.astype(self.dtype)
-        x *= self.dtype.type(self.scale)
-        x += self.dtype.type(self.shift)
-        return self.backend.to_device(x)
+    def to_model_input(self, stored: np.ndarray, out=None):
+        """Stored features (uint8 or float32) as normalized floats on the backend: in `out` (a backend array of
+        the right shape) when given, else a new array."""
+        if out is None:
+            out = self.backend.xp.empty(stored.shape, dtype=self.dtype)
+        if not self.backend.on_gpu:
+            scaled(stored, self.scale, self.shift, out)
+            self.backend.transfers.count("to_device", out.nbytes)
+            return out
+        host = self.ws("input", stored.shape, self.dtype, host=True)
+        scaled(stored, self.scale, self.shift, host)
+        self.backend.copy_to_device(host, out)
+        return out
+
+    def _on_device(self, host: np.ndarray, name: str):
+        """`host` itself on the CPU; on a GPU, the device buffer `name` it is copied into."""
+        if not self.backend.on_gpu:
+            self.backend.transfers.count("to_device", host.nbytes)
+            return host
+        with self.backend.xp.cuda.Device(self.backend.device):  # the prefetch thread's current GPU is GPU 0
+            device = self.ws(name, host.shape, host.dtype)
+        self.backend.copy_to_device(host, device)
+        return device

@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpitrain.nn.losses import per_row_cross_entropy, softmax
+from mpitrain.kernels.loss import score
+from mpitrain.nn.losses import softmax
 
 
 @dataclass
@@ -39,25 +40,29 @@ class Evaluation:
 
 
 def batched_logits(model, rows, to_input, batch_size: int):
-    """Yield (logits, row range) over this rank's rows in order, the last batch possibly short."""
+    """Yield (logits, row range) over this rank's rows in order, the last batch possibly short. The inputs go
+    into the model's workspace (`to_input(stored, out)`) and the logits are the model's: used before the next."""
+    ws = model.workspace.part("evaluation")
     for start in range(0, len(rows.y), batch_size):
         batch = slice(start, start + batch_size)
-        yield model.forward(to_input(rows.x[batch]), training=False), batch
+        stored = rows.x[batch]
+        x = to_input(stored, ws("input", (len(stored), *model.input_shape), model.params.dtype))
+        yield model.forward(x, training=False), batch
 
 
 def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, backend) -> Evaluation:
     """Evaluate on every rank's rows; a collective, so every rank must call it.
 
-    Loss and confusion counts add up on the device; one copy brings them to the host.
+    Each batch's loss and (label, prediction) counts are added up on the device by one fused
+    kernel (`mpitrain.kernels.loss.score`); one copy brings them to the host.
     """
     xp = backend.xp
     labels = backend.to_device(rows.y)
     confusion = xp.zeros(num_classes * num_classes, dtype=np.int64)
-    loss_sum = xp.zeros((), dtype=np.float64)
+    loss_sum = xp.zeros(1, dtype=np.float64)
     for logits, batch in batched_logits(model, rows, to_input, batch_size):
-        loss_sum += per_row_cross_entropy(logits, labels[batch]).sum()
-        confusion += xp.bincount(labels[batch] * num_classes + logits.argmax(axis=1), minlength=num_classes ** 2)
-    totals = backend.to_host(xp.concatenate([confusion.astype(np.float64), loss_sum[None]]))
+        score(logits, labels[batch], confusion, loss_sum)
+    totals = backend.to_host(xp.concatenate([confusion.astype(np.float64), loss_sum]))
     confusion, loss_sum = totals[:-1].astype(np.int64).reshape(num_classes, num_classes), totals[-1:]
     comm.allreduce_(confusion)
     comm.allreduce_(loss_sum)

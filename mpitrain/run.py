@@ -66,7 +66,8 @@ class Run:
         data, train = self.config.data, self.config.train
         return Batches(rows, self.reader.manifest, batch_size, self.backend, self.config.model.dtype, train.seed,
                        self.comm.rank, shuffle=training and data.shuffle, normalize=data.normalize,
-                       prefetch=training and data.prefetch, augment=training and data.augment)
+                       prefetch=training and data.prefetch, augment=training and data.augment,
+                       ws=self.model.workspace.part("batches"))
 
 
 def on_backend(comm, config: Config):

@@ -16,6 +16,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from mpitrain.allocations import AllocationTrace
 from mpitrain.config import Config
 from mpitrain.files import os_errors, write_file
 from mpitrain.data import Batches, RankRows
@@ -50,7 +51,8 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
 
 @dataclass
 class _Loop:
-    """What the epochs need beyond the run's parts: rows, batches, updater, synchronizer, metrics, start."""
+    """What the epochs need beyond the run's parts: rows, batches, updater, synchronizer, metrics, start, and the
+    allocation trace (`train.trace_allocations`)."""
 
     train_rows: RankRows
     test_rows: RankRows
@@ -60,6 +62,7 @@ class _Loop:
     metrics: MetricsLog
     epoch: int
     step: int
+    allocations: AllocationTrace
 
 
 @dataclass
@@ -117,7 +120,8 @@ def _set_up_training(run: Run, sync: Synchronizer | None) -> _Loop:
                  comm.size, len(train_rows.y), batches.steps_per_epoch, model.n_params, config.sync.mode,
                  run.backend.name, ", collectives staged through host memory" if comm.staged else "")
     metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs)
-    return _Loop(train_rows, test_rows, batches, updater, sync, metrics, start.epoch, start.step)
+    return _Loop(train_rows, test_rows, batches, updater, sync, metrics, start.epoch, start.step,
+                 AllocationTrace(config.train.trace_allocations))
 
 
 def _train_epochs(run: Run, loop: _Loop) -> _Done:
@@ -135,12 +139,13 @@ def _train_epochs(run: Run, loop: _Loop) -> _Done:
             tick = time.perf_counter()
             for step, (x, y) in enumerate(batches.epoch(epoch, start_step), start=start_step):
                 watchdog.beat(f"epoch {epoch + 1} step {step + 1}")
-                before = Traffic.of(comm)
-                loss, correct = model.train_batch(x, y, key=(config.train.seed, comm.rank, epoch, step),
-                                                  grads_ready=grads_ready)
-                sync.step(model, updater)
-                now = time.perf_counter()
-                window.add(step, loss, correct, len(y), now - tick, Traffic.of(comm) - before)
+                with loop.allocations.span("step"):
+                    before = Traffic.of(comm)
+                    loss, correct = model.train_batch(x, y, key=(config.train.seed, comm.rank, epoch, step),
+                                                      grads_ready=grads_ready)
+                    sync.step(model, updater)
+                    now = time.perf_counter()
+                    window.add(step, loss, correct, len(y), now - tick, Traffic.of(comm) - before)
                 last = step + 1 == batches.steps_per_epoch
                 stop_signal = stop.agreed()  # the same answer on every rank, in the same step
                 if (step + 1) % config.train.log_every == 0 or last or stop_signal:
@@ -167,7 +172,8 @@ def _train_epochs(run: Run, loop: _Loop) -> _Done:
             done.steps += epoch_totals.steps
             if sync.replicas_identical and config.sync.check_replicas:
                 done.hashes = check_replicas(comm, *map(backend.to_host, (model.params, model.stats)))
-            done.evaluation = _evaluate(run, loop)
+            with loop.allocations.span("evaluation"):
+                done.evaluation = _evaluate(run, loop)
             metrics.end_epoch({"epoch": epoch, "nodes": comm.nodes, "ranks_per_node": comm.local_size,
                                "train_loss": epoch_totals.loss_sum / max(epoch_totals.samples, 1),
                                "test_accuracy": done.evaluation.accuracy, "test_loss": done.evaluation.loss,
@@ -203,6 +209,9 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
         "transfers": backend.transfers.to_dict(),
         "evaluation": evaluation.to_dict(),
     }
+    if config.train.trace_allocations:  # the largest over the ranks, per span kind
+        summary["allocated_bytes"] = {kind: max(worst.get(kind, 0) for worst in comm.allgather_obj(
+            loop.allocations.worst())) for kind in ("step", "evaluation")}
     with comm.agreed_errors():
         if comm.is_root:
             write_file(_summary_path(config), lambda f: json.dump(summary, f, indent=2))

@@ -40,15 +40,15 @@ def test_batches_are_seeded_per_epoch_and_cover_rows(tmp_path):
     rows.y = np.arange(64, dtype=np.int32)  # label = row index, to see which rows each batch holds
     backend = create_backend("numpy")
     batches = Batches(rows, manifest, 10, backend, "float32", seed=3, rank=0)
-    epoch0 = [y for _, y in batches.epoch(0)]
+    epoch0 = [y.copy() for _, y in batches.epoch(0)]  # copies: a batch's buffers are reused
     assert batches.steps_per_epoch == 6 and len(epoch0) == 6
     seen = np.concatenate(epoch0)
     assert len(set(seen)) == 60  # no row twice; the 4 left over are dropped
-    again = [y for _, y in Batches(rows, manifest, 10, backend, "float32", seed=3, rank=0, prefetch=False).epoch(0)]
+    again = [y.copy() for _, y in Batches(rows, manifest, 10, backend, "float32", seed=3, rank=0, prefetch=False).epoch(0)]
     assert all((a == b).all() for a, b in zip(epoch0, again))
-    epoch1 = [y for _, y in batches.epoch(1)]
+    epoch1 = [y.copy() for _, y in batches.epoch(1)]
     assert not all((a == b).all() for a, b in zip(epoch0, epoch1))
-    resumed = [y for _, y in batches.epoch(1, start_step=4)]
+    resumed = [y.copy() for _, y in batches.epoch(1, start_step=4)]
     assert all((a == b).all() for a, b in zip(epoch1[4:], resumed))
 
 
@@ -174,15 +174,20 @@ def test_augment_flips_and_shifts_each_whole_image():
     np.testing.assert_array_equal(augment_images(x, (0,), flip=False, shift=0), x)
 
 
+def copies(batches) -> list:
+    """(x, y) of every batch, copied (the pipeline reuses its buffers two steps later)."""
+    return [(x.copy(), y.copy()) for x, y in batches]
+
+
 def test_augmented_batches_are_keyed_by_epoch_and_step(tmp_path):
     manifest = make_dataset(tmp_path, n_train=64, n_test=8, shape=(1, 6, 6))
     rows = load_rank_rows(str(tmp_path), manifest, "train", 0, 1, training=True)
     backend = create_backend("numpy")
-    plain = list(Batches(rows, manifest, 16, backend, "float32", seed=3, rank=0).epoch(1))
+    plain = copies(Batches(rows, manifest, 16, backend, "float32", seed=3, rank=0).epoch(1))
     augmented = Batches(rows, manifest, 16, backend, "float32", seed=3, rank=0, augment={"flip": True, "shift": 1})
-    epoch1 = list(augmented.epoch(1))
+    epoch1 = copies(augmented.epoch(1))
     assert all(np.array_equal(y, y_plain) for (_, y), (_, y_plain) in zip(epoch1, plain))
     assert not any(np.array_equal(x, x_plain) for (x, _), (x_plain, _) in zip(epoch1, plain))
-    resumed = list(augmented.epoch(1, start_step=2))
+    resumed = copies(augmented.epoch(1, start_step=2))
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(epoch1[2:], resumed))
     assert not np.array_equal(epoch1[0][0], next(augmented.epoch(2))[0])

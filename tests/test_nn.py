@@ -38,7 +38,7 @@ def check_model_gradients(layers, input_shape, n=5, classes=3, seed=0):
     np.testing.assert_allclose(analytic_params, numeric_grad(loss, model.params), rtol=1e-5, atol=1e-8)
     # input gradient: run backward by hand to get dx from the first layer
     logits = model.forward(x, training=True)
-    _, dy = softmax_cross_entropy(logits, y)
+    _, _, dy = softmax_cross_entropy(logits, y)
     for layer in reversed(model.layers):
         dy = layer.backward(dy)
     np.testing.assert_allclose(dy, numeric_grad(loss, x), rtol=1e-5, atol=1e-8)
@@ -56,14 +56,15 @@ def test_flatten_and_dense_on_image_input():
 def test_softmax_cross_entropy_gradient_and_value():
     rng = np.random.default_rng(1)
     logits, y = rng.normal(size=(4, 5)), np.array([0, 4, 2, 2])
-    loss, grad = softmax_cross_entropy(logits, y)
+    loss, correct, grad = softmax_cross_entropy(logits, y)
     p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
     assert loss == pytest.approx(-np.log(p[np.arange(4), y]).mean())
+    assert correct == (logits.argmax(axis=1) == y).sum()
     np.testing.assert_allclose(grad, numeric_grad(lambda: softmax_cross_entropy(logits, y)[0], logits), atol=1e-8)
 
 
 def test_softmax_cross_entropy_is_stable_for_large_logits():
-    loss, grad = softmax_cross_entropy(np.array([[1000.0, 0.0], [0.0, -1000.0]]), np.array([0, 1]))
+    loss, _, grad = softmax_cross_entropy(np.array([[1000.0, 0.0], [0.0, -1000.0]]), np.array([0, 1]))
     assert np.isfinite(loss) and np.isfinite(grad).all()
     assert loss == pytest.approx(500.0)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpitrain.backend import array_module
+from mpitrain.kernels import batchnorm as kernels
 from mpitrain.nn.layers import Layer
 
 
@@ -14,6 +14,8 @@ class BatchNorm(Layer):
     towards them (`momentum` keeps the old share); evaluation uses the running ones. They
     live in the model's `stats` buffer, which the synchronizers average across ranks, so
     every replica evaluates alike. The running variance takes the unbiased batch variance.
+    Each direction is one kernel (`mpitrain.kernels.batchnorm`) on (N, C, S) views of
+    workspace arrays: per channel, sums in float64, nothing allocated.
     """
 
     def __init__(self, momentum: float = 0.9, eps: float = 1e-5):
@@ -27,8 +29,6 @@ class BatchNorm(Layer):
         if len(input_shape) not in (1, 3):
             raise ValueError(f"a batchnorm layer takes features (F,) or images (C, H, W), got inputs of shape "
                              f"{list(input_shape)}")
-        self.axes = (0,) if len(input_shape) == 1 else (0, 2, 3)
-        self.shape = (1, input_shape[0]) if len(input_shape) == 1 else (1, input_shape[0], 1, 1)
         return {"gamma": (input_shape[0],), "beta": (input_shape[0],)}
 
     def stat_shapes(self, input_shape):
@@ -43,27 +43,20 @@ class BatchNorm(Layer):
         return {"mean": np.zeros(n), "var": np.ones(n)}
 
     def forward(self, x, training):
-        xp = array_module(x)
-        if training:
-            mean = x.mean(axis=self.axes)
-            centered = x - mean.reshape(self.shape)
-            var = (centered * centered).mean(axis=self.axes)
-            m = x.size // mean.size
-            self.stats["mean"][...] = self.momentum * self.stats["mean"] + (1 - self.momentum) * mean
-            self.stats["var"][...] = self.momentum * self.stats["var"] + (1 - self.momentum) * var * (m / max(m - 1, 1))
-        else:
-            mean, var = self.stats["mean"], self.stats["var"]
-            centered = x - mean.reshape(self.shape)
-        self.inv_std = (1 / xp.sqrt(var + self.eps)).astype(x.dtype).reshape(self.shape)
-        self.x_hat = centered * self.inv_std
-        return self.x_hat * self.params["gamma"].reshape(self.shape) + self.params["beta"].reshape(self.shape)
+        self.x_hat = self.ws("x_hat", x.shape, x.dtype)
+        self.inv_std = self.ws("inv_std", (x.shape[1],), x.dtype)
+        y = self.ws("y", x.shape, x.dtype)
+        kernels.forward(_channels(x), self.params["gamma"], self.params["beta"], self.eps, self.stats["mean"],
+                        self.stats["var"], self.momentum, training, _channels(self.x_hat), self.inv_std, _channels(y))
+        return y
 
     def backward(self, dy, input_grad=True):
-        (dy * self.x_hat).sum(axis=self.axes, out=self.grads["gamma"])
-        dy.sum(axis=self.axes, out=self.grads["beta"])
-        if not input_grad:
-            return None
-        dx_hat = dy * self.params["gamma"].reshape(self.shape)
-        mean_dx_hat = dx_hat.mean(axis=self.axes, keepdims=True)
-        mean_dx_hat_x_hat = (dx_hat * self.x_hat).mean(axis=self.axes, keepdims=True)
-        return (dx_hat - mean_dx_hat - self.x_hat * mean_dx_hat_x_hat) * self.inv_std
+        dx = self.ws("dx", dy.shape, dy.dtype) if input_grad else None
+        kernels.backward(_channels(dy), _channels(self.x_hat), self.inv_std, self.params["gamma"],
+                         self.grads["gamma"], self.grads["beta"], None if dx is None else _channels(dx))
+        return dx
+
+
+def _channels(array):
+    """(N, C, S) view: features (N, F) as (N, F, 1), images (N, C, H, W) as (N, C, H*W)."""
+    return array.reshape(array.shape[0], array.shape[1], -1)

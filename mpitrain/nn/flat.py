@@ -16,12 +16,16 @@ third flat buffer of their own.
 | `decay_mask`   | 1 where L2 weight decay applies (weights), 0 elsewhere (biases, scales)          |
 | `n_params`     | `params.size`                                                                    |
 | `xp`           | the array module (numpy or cupy) the buffers live in                             |
+| `workspace`    | every other array a step writes (`mpitrain.nn.workspace`): the model's layers',  |
+|                | the loss's, the batch pipeline's, the synchronizer's                             |
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
+
+from mpitrain.nn.workspace import Workspace
 
 
 class FlatModel:
@@ -38,6 +42,7 @@ class FlatModel:
             decay[offset:offset + math.prod(shape)] = name.rsplit("/", 1)[-1] == "W"
             offset += math.prod(shape)
         self.decay_mask = xp.asarray(decay)
+        self.workspace = Workspace(xp)
 
 
 def flat_views(flat, layout: list) -> list:

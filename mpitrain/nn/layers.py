@@ -25,6 +25,8 @@ import math
 import numpy as np
 
 from mpitrain.backend import array_module
+from mpitrain.kernels.activations import (KEYED_BITS, activation_backward, bias_activation, dropout,
+                                          keyed_bits_reference)
 from mpitrain.nn.workspace import Workspace, WorkspacePart
 
 
@@ -75,10 +77,11 @@ class Layer:
 
 
 class Dense(Layer):
-    """y = x W + b on the flattened input; `activation` is expanded by the model builder."""
+    """y = x W + b on the flattened input; `activation` is expanded by the model builder (and then fused here)."""
 
     def __init__(self, units: int, activation: str = "none", init: str | None = None):
         self.units, self.activation, self.init = units, activation, init
+        self.kind = "none"  # the activation this layer runs itself (`fuse_activation`)
 
     def param_shapes(self, input_shape):
         return {"W": (math.prod(input_shape), self.units), "b": (self.units,)}
@@ -91,44 +94,71 @@ class Dense(Layer):
         return {"W": initial_weights(rng, self.init or scheme, fan_in, fan_out, (fan_in, fan_out)),
                 "b": np.zeros(fan_out)}
 
+    def fuse_activation(self, kind: str) -> None:
+        """Run activation `kind` on the output, fused with the bias add (the model's activation layer passes)."""
+        self.kind = kind
+
     def forward(self, x, training):
+        xp = array_module(x)
         self.input_shape = x.shape
         self.x = x.reshape(len(x), -1)
-        return self.x @ self.params["W"] + self.params["b"]
+        self.y = self.ws("y", (len(x), self.units), x.dtype)
+        xp.matmul(self.x, self.params["W"], out=self.y)
+        bias_activation(self.y, self.params["b"], self.kind, self.y)
+        return self.y
 
     def backward(self, dy, input_grad=True):
         xp = array_module(dy)
+        if self.kind != "none":
+            dz = self.ws("dz", dy.shape, dy.dtype)
+            activation_backward(dy, self.y, self.kind, dz)
+            dy = dz
         xp.matmul(self.x.T, dy, out=self.grads["W"])
         dy.sum(axis=0, out=self.grads["b"])
-        return (dy @ self.params["W"].T).reshape(self.input_shape) if input_grad else None
+        if not input_grad:
+            return None
+        dx = self.ws("dx", self.x.shape, dy.dtype)
+        xp.matmul(dy, self.params["W"].T, out=dx)
+        return dx.reshape(self.input_shape)
 
 
-class ReLU(Layer):
+class _Activation(Layer):
+    """An element-wise activation (`kind`), from its input to a workspace array and back, in one pass each way;
+    with `fused` (the layer before runs it, `Layer.fuse_activation`) it passes input and gradient through."""
+
+    kind = "none"
+    fused = False
+
     def forward(self, x, training):
-        self.mask = x > 0
-        return x * self.mask
-
-    def backward(self, dy, input_grad=True):
-        return dy * self.mask
-
-
-class Tanh(Layer):
-    def forward(self, x, training):
-        self.y = array_module(x).tanh(x)
+        if self.fused:
+            return x
+        self.y = self.ws("y", x.shape, x.dtype)
+        bias_activation(_rows(x), x[:0].reshape(-1), self.kind, _rows(self.y))
         return self.y
 
     def backward(self, dy, input_grad=True):
-        return dy * (1 - self.y * self.y)
+        if self.fused:
+            return dy
+        dx = self.ws("dx", dy.shape, dy.dtype)
+        activation_backward(_rows(dy), _rows(self.y), self.kind, _rows(dx))
+        return dx
 
 
-class Sigmoid(Layer):
-    def forward(self, x, training):
-        xp = array_module(x)
-        self.y = 1 / (1 + xp.exp(-x))
-        return self.y
+def _rows(array):
+    """`array` as (batch, features), a view of a contiguous array."""
+    return array.reshape(len(array), -1)
 
-    def backward(self, dy, input_grad=True):
-        return dy * self.y * (1 - self.y)
+
+class ReLU(_Activation):
+    kind = "relu"
+
+
+class Tanh(_Activation):
+    kind = "tanh"
+
+
+class Sigmoid(_Activation):
+    kind = "sigmoid"
 
 
 class Flatten(Layer):
@@ -148,7 +178,8 @@ class Dropout(Layer):
 
     The mask is drawn from `key` (the model sets it from seed, rank, epoch, step and the
     layer's index), so a resumed run drops the same units; at evaluation it is the identity.
-    The draw is `keyed_bits`, the same on numpy and cupy, so both backends drop the same units.
+    The draw is `keyed_bits`, the same on numpy and cupy, so both backends drop the same units;
+    the numba kernel draws each element's bits and applies the mask in one pass.
     """
 
     key = (0,)
@@ -162,28 +193,32 @@ class Dropout(Layer):
         if not training or self.rate == 0:
             self.mask = None
             return x
-        keep = keyed_bits(array_module(x), self.key, x.shape) >= np.uint64(math.ceil(self.rate * 2**KEYED_BITS))
-        self.mask = keep * x.dtype.type(1 / (1 - self.rate))
-        return x * self.mask
+        self.mask = self.ws("mask", x.shape, x.dtype)
+        y = self.ws("y", x.shape, x.dtype)
+        dropout(_rows(x), key_seed(self.key), math.ceil(self.rate * 2**KEYED_BITS), 1 / (1 - self.rate),
+                _rows(y), _rows(self.mask))
+        return y
 
     def backward(self, dy, input_grad=True):
-        return dy if self.mask is None else dy * self.mask
+        if self.mask is None:
+            return dy
+        dx = self.ws("dx", dy.shape, dy.dtype)
+        array_module(dy).multiply(dy, self.mask, out=dx)
+        return dx
 
 
-KEYED_BITS = 24
+def key_seed(key: tuple) -> np.uint64:
+    """The 64-bit seed of a dropout key (seed, rank, epoch, step, layer)."""
+    return np.random.SeedSequence(key).generate_state(1, np.uint64)[0]
 
 
 def keyed_bits(xp, key: tuple, shape):
     """Uniform random integers in [0, 2**KEYED_BITS), one per element of `shape`, from `key` alone.
 
     splitmix64 of (seed from `key`, element index) in xp's wrapping uint64 arithmetic: no
-    generator state, and numpy and cupy give the same numbers.
+    generator state, and numpy and cupy give the same numbers (`kernels.activations`).
     """
-    seed = np.random.SeedSequence(key).generate_state(1, np.uint64)[0]
-    z = (xp.arange(1, math.prod(shape) + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + seed).reshape(shape)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return (z ^ (z >> np.uint64(31))) >> np.uint64(64 - KEYED_BITS)
+    return keyed_bits_reference(xp, key_seed(key), shape)
 
 
 ACTIVATIONS = {"relu": ReLU, "tanh": Tanh, "sigmoid": Sigmoid}

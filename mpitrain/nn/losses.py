@@ -1,47 +1,32 @@
-"""Losses: the mean loss over the batch and its gradient with respect to the logits."""
+"""Losses: the mean loss over the batch, the correct predictions and the gradient with respect to the logits,
+from one fused kernel (`mpitrain.kernels.loss`) writing into the model's workspace."""
 from __future__ import annotations
 
+import numpy as np
+
 from mpitrain.backend import array_module
+from mpitrain.kernels import loss as kernels
+from mpitrain.nn.workspace import Workspace
 
 
-def _shifted_exp(logits):
-    """(logits - row max, its exp, the row sums of the exp): the stable pieces of softmax and log-sum-exp."""
-    xp = array_module(logits)
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    exp = xp.exp(shifted)
-    return shifted, exp, exp.sum(axis=1, keepdims=True)
+def softmax_cross_entropy(logits, labels, ws=None):
+    """(mean cross-entropy, correct predictions, gradient softmax(logits) - onehot(labels) over the batch).
 
-
-def _cross_entropy_rows(shifted, sums, labels):
-    xp = array_module(shifted)
-    return xp.log(sums[:, 0]) - shifted[xp.arange(len(shifted)), labels]
-
-
-def per_row_cross_entropy(logits, labels):
-    """Cross-entropy of softmax(logits) against integer labels, one value per row (log-sum-exp)."""
-    shifted, _, sums = _shifted_exp(logits)
-    return _cross_entropy_rows(shifted, sums, labels)
+    The loss and count are float64 numbers of the logits' device (no host round trip); the
+    gradient is the workspace part `ws`'s array (a new one when `ws` is None), so a step
+    allocates nothing.
+    """
+    ws = ws or Workspace(array_module(logits)).part("loss")
+    grad = ws("grad", logits.shape, logits.dtype)
+    totals = ws("totals", (2,), np.float64)
+    kernels.softmax_cross_entropy(logits, labels, grad, totals)
+    return totals[0:1].reshape(()).copy(), totals[1:2].reshape(()).copy(), grad
 
 
 def softmax(logits):
-    _, exp, sums = _shifted_exp(logits)
-    return exp / sums
-
-
-def softmax_cross_entropy(logits, labels):
-    """Mean cross-entropy (a 0-d array on the logits' device: no host round trip) and its gradient
-    softmax(logits) - onehot(labels), over the batch.
-
-    The exponentials are computed once for both (this runs every training step).
-    """
     xp = array_module(logits)
-    n = len(logits)
-    shifted, exp, sums = _shifted_exp(logits)
-    loss = _cross_entropy_rows(shifted, sums, labels).sum() / n
-    grad = exp / sums
-    grad[xp.arange(n), labels] -= 1
-    grad /= n
-    return loss, grad
+    exp = xp.exp(logits - logits.max(axis=1, keepdims=True))
+    return exp / exp.sum(axis=1, keepdims=True)
 
 
 LOSSES = {"softmax_cross_entropy": softmax_cross_entropy}

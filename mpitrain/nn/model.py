@@ -19,7 +19,6 @@ from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.flat import FlatModel, flat_views
 from mpitrain.nn.layers import ACTIVATIONS, INIT_SCHEMES, Dense, Dropout, Flatten, Layer
 from mpitrain.nn.losses import LOSSES
-from mpitrain.nn.workspace import Workspace
 
 LAYER_TYPES = {"dense": Dense, "flatten": Flatten, "conv2d": Conv2D, "maxpool2d": MaxPool2D,
                "avgpool2d": AvgPool2D, "dropout": Dropout, "batchnorm": BatchNorm, **ACTIVATIONS}
@@ -54,7 +53,6 @@ class Sequential(FlatModel):
                                                                             stat_shapes)):
             layer.bind(layer_params, layer_grads)
             layer.bind_stats(layer_stats)
-        self.workspace = Workspace(xp)
         for index, layer in enumerate(self.layers):
             layer.ws = self.workspace.part(f"{index:02d}_{type(layer).__name__.lower()}")
         self.loss_ws = self.workspace.part("loss")
@@ -91,10 +89,9 @@ class Sequential(FlatModel):
     def train_batch(self, x, y, key: tuple = (0,), grads_ready=None):
         """Forward and backward (`grads_ready` as `backward`'s) on one batch; fills `grads`; returns (mean loss,
         correct predictions) as 0-d arrays on the model's device, so a step never waits for the host."""
-        logits = self.forward(x, training=True, key=key)
-        loss, dlogits = self.loss_fn(logits, y)
+        loss, correct, dlogits = self.loss_fn(self.forward(x, training=True, key=key), y, self.loss_ws)
         self.backward(dlogits, grads_ready)
-        return loss, (logits.argmax(axis=1) == y).sum()
+        return loss, correct
 
     def layer_specs(self) -> list[dict]:
         """`model.layers` of a config that builds this model again: `{type: NAME, **arguments}` per layer."""

@@ -33,22 +33,35 @@ class Workspace:
         """The view a layer (or the loss, the batches) gets: arrays named within `owner`."""
         return WorkspacePart(self, owner)
 
-    def array(self, owner: str, name: str, shape, dtype):
-        """The array `name` of `owner` of this shape and dtype: made (uninitialized) on first use, then reused."""
-        key = (owner, name, tuple(int(s) for s in shape), np.dtype(dtype))
+    def array(self, owner: str, name: str, shape: tuple, dtype, host: bool = False):
+        """The array `name` of `owner` of this shape (a tuple of ints) and dtype: made (uninitialized) on first
+        use, then reused. `host`: a numpy array whatever the model's array module (the batch pipeline's host side)."""
+        key = (owner, name, shape, np.dtype(dtype), host)
         array = self.arrays.get(key)
         if array is None:
-            array = self.arrays[key] = self.xp.empty(key[2], dtype=key[3])
+            array = self.arrays[key] = (np if host else self.xp).empty(key[2], dtype=key[3])
         return array
+
+    def at_least(self, owner: str, name: str, size: int, dtype):
+        """The first `size` elements of the 1-D array `name` of `owner`, which grows (to twice its size at
+        least, so rarely) when `size` outgrows it: buffers whose length varies from step to step (`sharing`'s
+        messages). Make it once at its usual largest size and a step allocates nothing."""
+        key = (owner, name, None, np.dtype(dtype), False)
+        array = self.arrays.get(key)
+        if array is None or array.size < size:
+            array = self.arrays[key] = self.xp.empty(max(size, 2 * array.size if array is not None else 0),
+                                                     dtype=key[3])
+        return array[:size]
 
     @property
     def nbytes(self) -> int:
-        return sum(math.prod(key[2]) * key[3].itemsize for key in self.arrays)
+        return sum(array.nbytes for array in self.arrays.values())
 
     def table(self) -> list[tuple[str, str, tuple, str, int]]:
         """(owner, name, shape, dtype, bytes) of every array, in the order they were made."""
-        return [(owner, name, shape, dtype.name, math.prod(shape) * dtype.itemsize)
-                for owner, name, shape, dtype in self.arrays]
+        return [(owner, name + (" (host)" if host else ""), shape or self.arrays[key].shape, dtype.name,
+                 self.arrays[key].nbytes)
+                for key in self.arrays for owner, name, shape, dtype, host in [key]]
 
 
 class WorkspacePart:
@@ -57,5 +70,8 @@ class WorkspacePart:
     def __init__(self, workspace: Workspace, owner: str):
         self.workspace, self.owner = workspace, owner
 
-    def __call__(self, name: str, shape, dtype):
-        return self.workspace.array(self.owner, name, shape, dtype)
+    def __call__(self, name: str, shape, dtype, host: bool = False):
+        return self.workspace.array(self.owner, name, shape, dtype, host)
+
+    def at_least(self, name: str, size: int, dtype):
+        return self.workspace.at_least(self.owner, name, size, dtype)

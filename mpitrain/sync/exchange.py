@@ -9,9 +9,10 @@
 
 Either way every replica gets the mean of the ranks' sent updates and the replicas stay
 bit-identical; the two differ from each other only in the order the same terms are summed.
-An exchange is a callable `(comm, message, sizes, params) -> elements sent by all ranks`,
-where `sizes` is every rank's message size (the Allgather the step has done) and `params`
-the flat parameters it adds to. `choose_exchange` gives every rank the same choice, as it
+An exchange is a callable `(comm, message, sizes, params, received) -> elements sent by all
+ranks`, where `sizes` is every rank's message size (the Allgather the step has done),
+`params` the flat parameters it adds to and `received` a reusable int32 buffer of at least
+the sizes' sum. `choose_exchange` gives every rank the same choice, as it
 reads only the allgathered sizes, the model's size and the config.
 """
 from __future__ import annotations
@@ -24,18 +25,20 @@ from mpitrain.kernels.blocks import add_block, block_bounds, cut_message, encode
 INT32_BYTES = 4  # a threshold message is int32
 
 
-def allgather(comm, message, sizes, params) -> int:
-    """Every rank gets every message (Allgatherv) and adds each, in rank order, divided by the ranks. A collective."""
-    messages = comm.allgatherv(message, sizes)
+def allgather(comm, message, sizes, params, received=None) -> int:
+    """Every rank gets every message (Allgatherv, into `received` when given: int32, at least the sizes' sum) and
+    adds each, in rank order, divided by the ranks. A collective."""
+    messages = comm.allgatherv(message, sizes, received)
     for received in messages:  # rank order on every rank: identical sums, identical replicas
         threshold_decode(received, params, 1.0 / comm.size)
     return sum(message_count(received) for received in messages)
 
 
-def split(comm, message, sizes, params) -> int:
+def split(comm, message, sizes, params, received=None) -> int:
     """Rank j sums block j of every message in rank order (an Alltoallv of the blocks: a sparse reduce-scatter);
     every rank adds every reduced block (an Allgatherv), so each block's sum is made once and copied. A collective.
-    (`sizes` is not needed: the Alltoallv exchanges the sizes of the parts.)"""
+    (`sizes` is not needed: the Alltoallv exchanges the sizes of the parts.) Its parts and blocks are new arrays
+    each step (`received` is not used): the one exchange whose step still allocates."""
     bounds = block_bounds(params.size, comm.size)
     parts, part_sizes = cut_message(message, bounds)
     own = array_module(params).zeros(int(bounds[comm.rank + 1] - bounds[comm.rank]), dtype=params.dtype)

@@ -18,6 +18,11 @@ all ranks' messages, so every rank computes the same tau) fell below the band, t
 multiplied by `decay`; above it, divided. The residual is clipped to +-factor*tau every
 `every` steps, and the updater state is averaged at each epoch end.
 
+A step allocates nothing on the `allgather` exchange: the message is written into a buffer
+of its longest length, and the messages are gathered into one that holds what `auto` lets
+the allgather carry (at most a dense Allreduce's bytes), grown once if a forced `allgather`
+needs more (the model's workspace, part `sharing`).
+
 Before a checkpoint every rank's residual is replaced by the ranks' mean, which keeps the
 pending update (the mean residual is what the messages would add) and lets rank 0 save it
 beside the parameters; a resumed run, with any number of ranks, starts every rank from it.
@@ -29,11 +34,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-from mpitrain.costmodel import Network
+import numpy as np
+
+from mpitrain.costmodel import Network, allreduce_bytes
 from mpitrain.errors import MpitrainError
-from mpitrain.kernels import NaNResidual, add_to_residual, threshold_encode, warm_up
+from mpitrain.kernels import NaNResidual, add_to_residual, message_capacity, threshold_encode, warm_up
+from mpitrain.kernels.message import HEADER_SIZE
 from mpitrain.sync.base import Synchronizer
-from mpitrain.sync.exchange import EXCHANGES, choose_exchange
+from mpitrain.sync.exchange import EXCHANGES, INT32_BYTES, choose_exchange
 
 
 class SharingSync(Synchronizer):
@@ -51,6 +59,12 @@ class SharingSync(Synchronizer):
     def start(self, model, updater) -> None:
         super().start(model, updater)
         self.residual = model.xp.zeros_like(model.params)
+        self.ws = model.workspace.part("sharing")
+        n = model.params.size
+        self.message = self.ws("message", (message_capacity(n, self.config.encoding),), np.int32)
+        # `auto` allgathers only while the messages' bytes stay within a dense Allreduce's: enough for that
+        dense_values = int(allreduce_bytes(n * model.params.itemsize, self.comm.size)) // INT32_BYTES
+        self.ws.at_least("received", self.message.size + dense_values + self.comm.size * HEADER_SIZE, np.int32)
         warm_up(model.params)
 
     def step(self, model, updater) -> None:
@@ -60,7 +74,7 @@ class SharingSync(Synchronizer):
         add_to_residual(self.residual, updater.delta(model.grads, model.params), limit)  # one pass
         sent_tau = self.tau
         try:
-            message = threshold_encode(self.residual, sent_tau, self.config.encoding)
+            message = threshold_encode(self.residual, sent_tau, self.config.encoding, self.message)
         except NaNResidual:  # the others learn it from the allgathered sizes: an empty message
             message = self.residual[:0].view(model.xp.int32)
         sizes = self.comm.allgather_counts(message.size)
@@ -70,7 +84,8 @@ class SharingSync(Synchronizer):
                                 "try a lower optimizer.lr")
         exchange = choose_exchange(self.config.exchange, self.network, sizes, model.params.size,
                                    model.params.itemsize)
-        sent = EXCHANGES[exchange](self.comm, message, sizes, model.params)
+        received = self.ws.at_least("received", int(sizes.sum()), np.int32)
+        sent = EXCHANGES[exchange](self.comm, message, sizes, model.params, received)
         sparsity = sent / (self.comm.size * model.n_params)
         self._adapt(sparsity)
         self.exchanged[exchange] += 1

@@ -1,0 +1,111 @@
+"""Batch normalization's passes as kernels over (N, C, S) views: S = 1 for dense features (N, F), H*W for images.
+
+    forward(x, gamma, beta, eps, mean, var, momentum, training, x_hat, inv_std, y)
+    backward(dy, x_hat, inv_std, gamma, dgamma, dbeta, dx)      # dx may be None (first layer)
+
+In training, the batch's mean and (biased) variance per channel normalize `x` and move the
+running `mean` and `var` (unbiased) towards them by `momentum`; in evaluation the running
+ones normalize. One thread per channel sums in float64 and writes `x_hat`, `inv_std` and
+`y` (and in backward `dgamma`, `dbeta`, `dx`) into the arrays it is given: nothing is
+allocated. numpy arrays run the numba kernels, other arrays (cupy) the references.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+
+@njit(parallel=True, cache=True)
+def _forward_cpu(x, gamma, beta, eps, mean, var, momentum, training, x_hat, inv_std, y):
+    n, c, s = x.shape
+    m = n * s
+    for ch in prange(c):
+        if training:
+            total = 0.0
+            for i in range(n):
+                for k in range(s):
+                    total += x[i, ch, k]
+            mu = total / m
+            total = 0.0
+            for i in range(n):
+                for k in range(s):
+                    d = x[i, ch, k] - mu
+                    total += d * d
+            sigma2 = total / m
+            mean[ch] = momentum * mean[ch] + (1 - momentum) * mu
+            var[ch] = momentum * var[ch] + (1 - momentum) * sigma2 * (m / max(m - 1, 1))
+        else:
+            mu, sigma2 = mean[ch], var[ch]
+        inv = 1 / math.sqrt(sigma2 + eps)
+        inv_std[ch] = inv
+        g, b = gamma[ch], beta[ch]
+        for i in range(n):
+            for k in range(s):
+                h = (x[i, ch, k] - mu) * inv
+                x_hat[i, ch, k] = h
+                y[i, ch, k] = h * g + b
+
+
+@njit(parallel=True, cache=True)
+def _backward_cpu(dy, x_hat, inv_std, gamma, dgamma, dbeta, input_grad, dx):
+    n, c, s = dy.shape
+    m = n * s
+    for ch in prange(c):
+        sum_dy, sum_dy_x_hat = 0.0, 0.0
+        for i in range(n):
+            for k in range(s):
+                sum_dy += dy[i, ch, k]
+                sum_dy_x_hat += dy[i, ch, k] * x_hat[i, ch, k]
+        dgamma[ch] = sum_dy_x_hat
+        dbeta[ch] = sum_dy
+        if input_grad:
+            g, inv = gamma[ch], inv_std[ch]
+            mean_dx_hat, mean_dx_hat_x_hat = g * sum_dy / m, g * sum_dy_x_hat / m
+            for i in range(n):
+                for k in range(s):
+                    dx[i, ch, k] = (dy[i, ch, k] * g - mean_dx_hat - x_hat[i, ch, k] * mean_dx_hat_x_hat) * inv
+
+
+def forward(x, gamma, beta, eps: float, mean, var, momentum: float, training: bool, x_hat, inv_std, y) -> None:
+    """Normalize `x` (N, C, S) per channel into `x_hat` and `y` = gamma x_hat + beta; `inv_std` (C,) gets
+    1/sqrt(var + eps); in `training` the batch statistics normalize and update the running `mean`, `var`."""
+    if isinstance(x, np.ndarray):
+        _forward_cpu(x, gamma, beta, eps, mean, var, momentum, training, x_hat, inv_std, y)
+    else:
+        forward_reference(x, gamma, beta, eps, mean, var, momentum, training, x_hat, inv_std, y)
+
+
+def backward(dy, x_hat, inv_std, gamma, dgamma, dbeta, dx) -> None:
+    """Gradients of gamma and beta (C,) and, unless `dx` is None, of the input (N, C, S)."""
+    if isinstance(dy, np.ndarray):
+        _backward_cpu(dy, x_hat, inv_std, gamma, dgamma, dbeta, dx is not None, dy if dx is None else dx)
+    else:
+        backward_reference(dy, x_hat, inv_std, gamma, dgamma, dbeta, dx)
+
+
+def forward_reference(x, gamma, beta, eps, mean, var, momentum, training, x_hat, inv_std, y) -> None:
+    from mpitrain.backend import array_module
+    xp = array_module(x)
+    if training:
+        batch_mean = x.mean(axis=(0, 2))
+        centered = x - batch_mean[None, :, None]
+        batch_var = (centered * centered).mean(axis=(0, 2))
+        m = x.shape[0] * x.shape[2]
+        mean[...] = momentum * mean + (1 - momentum) * batch_mean
+        var[...] = momentum * var + (1 - momentum) * batch_var * (m / max(m - 1, 1))
+    else:
+        batch_var, centered = var, x - mean[None, :, None]
+    inv_std[...] = 1 / xp.sqrt(batch_var + eps)
+    x_hat[...] = centered * inv_std[None, :, None]
+    y[...] = x_hat * gamma[None, :, None] + beta[None, :, None]
+
+
+def backward_reference(dy, x_hat, inv_std, gamma, dgamma, dbeta, dx) -> None:
+    (dy * x_hat).sum(axis=(0, 2), out=dgamma)
+    dy.sum(axis=(0, 2), out=dbeta)
+    if dx is not None:
+        dx_hat = dy * gamma[None, :, None]
+        dx[...] = (dx_hat - dx_hat.mean(axis=(0, 2), keepdims=True)
+                   - x_hat * (dx_hat * x_hat).mean(axis=(0, 2), keepdims=True)) * inv_std[None, :, None]

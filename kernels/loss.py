@@ -1,0 +1,104 @@
+"""Softmax cross-entropy in one pass per row: the training loss with its gradient, and evaluation's scores.
+
+    softmax_cross_entropy(logits, labels, grad, totals)  # totals = [mean loss, correct]; grad filled
+    score(logits, labels, confusion, loss_sum)           # adds each row's loss and (label, prediction) count
+
+A row's maximum, sum of exponentials, loss, prediction (the first largest logit, as
+`argmax`) and gradient softmax - onehot, divided by the batch, come from one read of its
+logits, in float64 whatever the logits' dtype. Nothing is allocated: the outputs are the
+caller's (the model's workspace, the evaluation's sums). numpy arrays run the numba kernels
+(one thread: a batch's rows are few and short); other arrays (cupy) run the references,
+which the tests compare the kernels with.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+from numba.extending import register_jitable
+
+
+@register_jitable
+def _row(logits, r):
+    """(largest logit, the first index holding it, sum of exp(logit - largest)) of row r."""
+    c = logits.shape[1]
+    largest, at = logits[r, 0], 0
+    for j in range(1, c):
+        if logits[r, j] > largest:
+            largest, at = logits[r, j], j
+    total = 0.0
+    for j in range(c):
+        total += math.exp(logits[r, j] - largest)
+    return largest, at, total
+
+
+@njit(cache=True)
+def _softmax_cross_entropy_cpu(logits, labels, grad, totals):
+    n, c = logits.shape
+    loss, correct = 0.0, 0
+    for r in range(n):
+        largest, at, total = _row(logits, r)
+        label = labels[r]
+        loss += math.log(total) - (logits[r, label] - largest)
+        correct += at == label
+        for j in range(c):
+            grad[r, j] = (math.exp(logits[r, j] - largest) / total - (j == label)) / n
+    totals[0] = loss / n
+    totals[1] = correct
+
+
+@njit(cache=True)
+def _score_cpu(logits, labels, confusion, loss_sum):
+    n, c = logits.shape
+    for r in range(n):
+        largest, at, total = _row(logits, r)
+        label = labels[r]
+        loss_sum[0] += math.log(total) - (logits[r, label] - largest)
+        confusion[label * c + at] += 1
+
+
+def softmax_cross_entropy(logits, labels, grad, totals) -> None:
+    """Mean cross-entropy of softmax(logits) against integer labels into totals[0], correct predictions into
+    totals[1] (`totals`: 2 float64), and its gradient (softmax - onehot) / batch into `grad`."""
+    if isinstance(logits, np.ndarray):
+        _softmax_cross_entropy_cpu(logits, labels, grad, totals)
+    else:
+        softmax_cross_entropy_reference(logits, labels, grad, totals)
+
+
+def score(logits, labels, confusion, loss_sum) -> None:
+    """Add each row's cross-entropy to loss_sum[0] (float64) and count (label, prediction) in the flat
+    `confusion` (classes x classes, int64)."""
+    if isinstance(logits, np.ndarray):
+        _score_cpu(logits, labels, confusion, loss_sum)
+    else:
+        score_reference(logits, labels, confusion, loss_sum)
+
+
+def _row_losses_reference(logits, labels):
+    """(each row's cross-entropy, exp(logits - row max), row sums of those), in float64."""
+    from mpitrain.backend import array_module
+    xp = array_module(logits)
+    shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
+    exp = xp.exp(shifted)
+    sums = exp.sum(axis=1, keepdims=True)
+    return xp.log(sums[:, 0]) - shifted[xp.arange(len(logits)), labels], exp, sums
+
+
+def softmax_cross_entropy_reference(logits, labels, grad, totals) -> None:
+    from mpitrain.backend import array_module
+    xp, n = array_module(logits), len(logits)
+    losses, exp, sums = _row_losses_reference(logits, labels)
+    probabilities = exp / sums
+    probabilities[xp.arange(n), labels] -= 1
+    grad[...] = probabilities / n
+    totals[0] = losses.sum() / n
+    totals[1] = (logits.argmax(axis=1) == labels).sum()
+
+
+def score_reference(logits, labels, confusion, loss_sum) -> None:
+    from mpitrain.backend import array_module
+    xp, c = array_module(logits), logits.shape[1]
+    loss_sum += _row_losses_reference(logits, labels)[0].sum()
+    confusion += xp.bincount(labels * c + logits.argmax(axis=1), minlength=c * c)
