@@ -12,6 +12,7 @@ import pytest
 
 from conftest import MPITRAIN, make_dataset, mpiexec, write_config
 from test_kernels_cudasim import run_cuda_kernels_check
+from test_updaters import STEPS, step_inputs
 
 from mpitrain.backend import gpu_available
 from mpitrain.checkpoint import list_checkpoints
@@ -52,18 +53,21 @@ def test_im2col_col2im_and_max_pool_on_cupy_equal_the_cpu_kernels(cupy):
                                    max_pool_backward(y, where, g1), rtol=1e-6)
 
 
-def test_momentum_step_on_cupy_equals_the_cpu_kernel(cupy):
-    from mpitrain.kernels.sgd import momentum_step
-    rng = np.random.default_rng(1)
-    v, g, p = (rng.normal(size=1000).astype(np.float32) for _ in range(3))
-    decay = (rng.random(1000) < 0.5).astype(np.float32) * np.float32(1e-3)
-    for nesterov in (False, True):
-        host = [a.copy() for a in (v, g, p, decay)] + [np.empty_like(v)]
-        device = [cupy.asarray(a) for a in host]
-        momentum_step(*host[:4], 0.05, 0.9, nesterov, host[4])
-        momentum_step(*device[:4], 0.05, 0.9, nesterov, device[4])
-        np.testing.assert_allclose(device[0].get(), host[0], rtol=1e-6, atol=1e-7)
-        np.testing.assert_allclose(device[4].get(), host[4], rtol=1e-6, atol=1e-7)
+@pytest.mark.parametrize("l2", [False, True], ids=["no-l2", "l2"])
+@pytest.mark.parametrize("name", list(STEPS))
+def test_updater_steps_on_cupy_equal_the_cpu_kernels(cupy, name, l2):
+    from mpitrain.kernels import updaters
+    function, slots, args = STEPS[name]
+    step = getattr(updaters, function)
+    state, g, p, decay, out = step_inputs(np.random.default_rng(1), 1000, np.float32, slots, l2, False)
+    host = [*state, g, p, decay, out]
+    device = [None if a is None else cupy.asarray(a) for a in host]
+    for t in (1, 2, 3):
+        step(*host[:-1], *args(t), host[-1])
+        step(*device[:-1], *args(t), device[-1])
+        for on_host, on_device in zip(host, device):
+            if on_host is not None:
+                np.testing.assert_allclose(on_device.get(), on_host, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("encoding", ["sparse", "bitmap"])

@@ -1,8 +1,13 @@
-"""Each updater against a step computed by hand; L2 touches weights only."""
+"""Each updater against a step computed by hand; L2 touches weights only. Each fused kernel against its
+reference (sizes, dtypes, L2, strided views, state carried over steps), each updater against the unfused numpy
+formulas, and a step that allocates nothing."""
+import tracemalloc
+
 import numpy as np
 import pytest
 
 from mpitrain.config import OptimizerConfig
+from mpitrain.kernels import updaters as kernels
 from mpitrain.nn.updaters import create_updater
 
 P = np.array([1.0, -2.0, 0.5])
@@ -77,16 +82,148 @@ def test_learning_rate_decays_per_epoch():
     np.testing.assert_allclose(updater.delta(G, P), -0.025 * G)
 
 
-@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("kind, slots", [("sgd", 0), ("adagrad", 1), ("rmsprop", 1), ("adam", 2)])
+def test_loading_the_kernel_leaves_the_updater_untouched(kind, slots):
+    updater = create_updater(OptimizerConfig(type=kind, momentum=0.9, l2=0.01), P.copy(), MASK)
+    assert updater.iteration == 0
+    assert not updater.state.any()
+
+
+# name: (the kernels' function, state slots, its arguments after the slots, g, p, decay and before out, at step t)
+STEPS = {
+    "sgd": ("sgd_step", 0, lambda t: (0.05,)),
+    "momentum": ("momentum_step", 1, lambda t: (0.05, 0.9, False)),
+    "nesterov": ("momentum_step", 1, lambda t: (0.05, 0.9, True)),
+    "adagrad": ("adagrad_step", 1, lambda t: (0.05, 1e-8)),
+    "rmsprop": ("rmsprop_step", 1, lambda t: (0.01, 0.9, 1e-8)),
+    "adam": ("adam_step", 2, lambda t: (0.001, 0.9, 0.999, 1e-8, t)),
+}
+
+
+def step_inputs(rng, n, dtype, slots, l2, strided):
+    """Random state slots (>= 0, as sums of squares are), g, p, decay (None without L2) and out; every
+    other element of buffers twice as long when `strided`."""
+    def array(values):
+        if not strided:
+            return values.astype(dtype)
+        buffer = np.full(2 * n, np.nan, dtype=dtype)
+        buffer[::2] = values
+        return buffer[::2]
+    state = [array(rng.random(n)) for _ in range(slots)]
+    g, p = array(rng.normal(size=n)), array(rng.normal(size=n))
+    decay = array((rng.random(n) < 0.8) * 1e-2) if l2 else None
+    return state, g, p, decay, array(np.zeros(n))
+
+
+def assert_close(actual, expected):
+    """Equal to a few units in the last place of the dtype (of the largest magnitude, near zero)."""
+    eps = 4 * np.finfo(expected.dtype).eps
+    np.testing.assert_allclose(actual, expected, rtol=eps, atol=eps * float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
+@pytest.mark.parametrize("l2", [False, True], ids=["no-l2", "l2"])
+@pytest.mark.parametrize("n", [1, 7, 1001, 100_003])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_fused_momentum_kernel_matches_its_reference(nesterov, dtype):
-    from mpitrain.kernels.sgd import momentum_step, momentum_step_reference
-    rng = np.random.default_rng(0)
-    g, p = rng.normal(size=(2, 100_003)).astype(dtype)
-    decay = (rng.random(100_003) < 0.9).astype(dtype) * dtype(1e-4)
-    v1 = rng.normal(size=100_003).astype(dtype)
-    v2, out1, out2 = v1.copy(), np.empty_like(v1), np.empty_like(v1)
-    momentum_step(v1, g, p, decay, 0.05, 0.9, nesterov, out1)
-    momentum_step_reference(v2, g, p, decay, 0.05, 0.9, nesterov, out2)
-    np.testing.assert_array_equal(v1, v2)
-    np.testing.assert_array_equal(out1, out2)
+@pytest.mark.parametrize("name", list(STEPS))
+def test_fused_kernel_matches_its_reference(name, dtype, n, l2, strided):
+    function, slots, args = STEPS[name]
+    kernel, reference = getattr(kernels, function), getattr(kernels, function + "_reference")
+    rng = np.random.default_rng(n)
+    state, g, p, decay, out = step_inputs(rng, n, dtype, slots, l2, strided)
+    expected_state, expected_out = [s.copy() for s in state], out.copy()
+    for t in (1, 2, 3):
+        g[...] = rng.normal(size=n)
+        kernel(*state, g, p, decay, *args(t), out)
+        reference(*expected_state, g, p, decay, *args(t), expected_out)
+        assert out.dtype == dtype and all(s.dtype == dtype for s in state)
+        for got, expected in zip([*state, out], [*expected_state, expected_out]):
+            assert_close(got, expected)
+        p += out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_momentum_writes_its_delta_into_the_velocity(dtype):
+    rng = np.random.default_rng(5)
+    (v,), g, p, decay, _ = step_inputs(rng, 1001, dtype, 1, True, False)
+    expected_v = v.copy()
+    kernels.momentum_step(v, g, p, decay, 0.05, 0.9, False, v)
+    kernels.momentum_step_reference(expected_v, g, p, decay, 0.05, 0.9, False, expected_v)
+    assert_close(v, expected_v)
+
+
+class UnfusedUpdater:
+    """Today's updaters as plain numpy formulas, one operation at a time, temporaries and all."""
+
+    def __init__(self, c: OptimizerConfig, n: int, dtype):
+        self.c, self.t = c, 0
+        self.state = [np.zeros(n, dtype=dtype) for _ in range(2)]
+
+    def delta(self, grads, params, decay):
+        c, (a, b) = self.c, self.state
+        self.t += 1
+        g = grads + params * decay if c.l2 else grads
+        if c.type == "sgd" and not c.momentum:
+            return -c.lr * g
+        if c.type == "sgd":
+            a[...] = c.momentum * a - c.lr * g
+            return c.momentum * a - c.lr * g if c.nesterov else a.copy()
+        if c.type == "adagrad":
+            a += g * g
+            return -c.lr * g / (np.sqrt(a) + c.eps)
+        if c.type == "rmsprop":
+            a[...] = c.rho * a + (1 - c.rho) * g * g
+            return -c.lr * g / (np.sqrt(a) + c.eps)
+        a[...] = c.beta1 * a + (1 - c.beta1) * g
+        b[...] = c.beta2 * b + (1 - c.beta2) * g * g
+        m_hat, v_hat = a / (1 - c.beta1 ** self.t), b / (1 - c.beta2 ** self.t)
+        return -c.lr * m_hat / (np.sqrt(v_hat) + c.eps)
+
+
+UPDATER_CONFIGS = {
+    "sgd": dict(type="sgd", lr=0.05),
+    "momentum": dict(type="sgd", lr=0.05, momentum=0.9),
+    "nesterov": dict(type="sgd", lr=0.05, momentum=0.9, nesterov=True),
+    "adagrad": dict(type="adagrad", lr=0.05),
+    "rmsprop": dict(type="rmsprop", lr=0.01, rho=0.9),
+    "adam": dict(type="adam", lr=0.001),
+}
+
+
+@pytest.mark.parametrize("l2", [0.0, 1e-2])
+@pytest.mark.parametrize("dtype, rtol", [(np.float32, 2e-5), (np.float64, 1e-12)])
+@pytest.mark.parametrize("name", list(UPDATER_CONFIGS))
+def test_updater_matches_the_unfused_formulas_over_steps(name, dtype, rtol, l2):
+    c = OptimizerConfig(**UPDATER_CONFIGS[name], l2=l2)
+    rng = np.random.default_rng(3)
+    n = 1001
+    p = rng.normal(size=n).astype(dtype)
+    mask = (rng.random(n) < 0.8).astype(dtype)
+    updater, unfused = create_updater(c, p, mask), UnfusedUpdater(c, n, dtype)
+    expected_p = p.copy()
+    for _ in range(5):
+        g = rng.normal(size=n).astype(dtype)
+        expected = unfused.delta(g, expected_p, mask * l2)
+        got = updater.delta(g, p)
+        np.testing.assert_allclose(got, expected, rtol=rtol, atol=rtol * float(np.abs(expected).max()))
+        p += got
+        expected_p += expected
+
+
+@pytest.mark.parametrize("l2", [0.0, 1e-2])
+@pytest.mark.parametrize("name", list(UPDATER_CONFIGS))
+def test_a_step_allocates_no_array(name, l2):
+    rng = np.random.default_rng(4)
+    n = 100_000
+    p, g = rng.normal(size=(2, n)).astype(np.float32)
+    updater = create_updater(OptimizerConfig(**UPDATER_CONFIGS[name], l2=l2), p, np.ones(n, dtype=np.float32))
+    tracemalloc.start()
+    try:
+        updater.delta(g, p)
+        tracemalloc.reset_peak()
+        before, _ = tracemalloc.get_traced_memory()
+        updater.delta(g, p)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak - before <= 4096, f"{peak - before} bytes allocated by one step"

@@ -3,19 +3,22 @@
 The learning rate is already in the delta, so a synchronizer can share updates (not raw
 gradients) when it wants to. All state lives in ONE flat buffer `state`, so averaging
 updater state across ranks is one collective too. L2 applies to weights only (the
-model's `decay_mask`).
+model's `decay_mask`). Each updater's step is ONE pass over the buffers, L2 included
+(`mpitrain.kernels.updaters`: a numba kernel on numpy arrays): it updates the state in
+place and writes the delta into a preallocated buffer, so a step allocates nothing.
 """
 from __future__ import annotations
 
 from mpitrain.backend import array_module
-from mpitrain.kernels.sgd import momentum_step
+from mpitrain.kernels.updaters import adagrad_step, adam_step, momentum_step, rmsprop_step, sgd_step
 
 
 class Updater:
-    """Base: L2 on the weights, a preallocated delta buffer, and state slots in one buffer.
+    """Base: the state slots in one buffer, a preallocated delta buffer, L2 on the weights.
 
     `slot_names` says what each slot of `state` holds, in order: with the updater's type it is
     what a checkpoint's updater state means (a resume under another updater is refused).
+    Subclasses implement `_step`, one call of their fused kernel.
     """
 
     slot_names: tuple = ()
@@ -28,10 +31,17 @@ class Updater:
         self.state = xp.zeros(self.n_slots * self.n, dtype=params.dtype)
         self.slots = [self.state[i * self.n:(i + 1) * self.n] for i in range(self.n_slots)]
         self.out = xp.empty_like(params)
-        self.decay = decay_mask * config.l2  # L2 coefficient per parameter: l2 on weights, 0 on biases
-        self.g = xp.empty_like(params) if config.l2 else None
+        # L2 coefficient per parameter (l2 on weights, 0 on biases); None: no L2, the kernels skip it
+        self.decay = decay_mask * config.l2 if config.l2 else None
         self.iteration = 0
         self.lr = config.lr
+        self._load_kernel(xp, params.dtype)
+
+    def _load_kernel(self, xp, dtype) -> None:
+        """Run the step once on tiny zero arrays, so numba's first call (about 0.5 s) is not the first step's."""
+        tiny = xp.zeros(4, dtype=dtype)
+        decay = None if self.decay is None else xp.zeros(4, dtype=self.decay.dtype)
+        self._step([tiny] * self.n_slots, tiny, tiny, decay, tiny, 1)
 
     def start_epoch(self, epoch: int) -> None:
         """Apply the per-epoch learning-rate decay (the same on every rank)."""
@@ -40,41 +50,28 @@ class Updater:
     def delta(self, grads, params):
         """The step to add to `params` for gradient `grads` (the returned buffer is reused)."""
         self.iteration += 1
-        g = grads
-        if self.g is not None:
-            g = array_module(params).multiply(params, self.decay, out=self.g)
-            g += grads
-        return self._delta(g, self.out)
+        return self._step(self.slots, grads, params, self.decay, self.out, self.iteration)
 
-    def _delta(self, g, out):
+    def _step(self, slots, grads, params, decay, out, t):
+        """Step `t` on these state slots, writing the delta into `out` (or a slot); returns the delta."""
         raise NotImplementedError
 
 
 class SGD(Updater):
-    """Plain SGD, momentum v = mu v - lr g, or Nesterov momentum (delta = mu v - lr g).
-
-    With momentum, one fused kernel does the whole step (L2 included): the default
-    updater's step is then one pass over the buffers instead of five.
-    """
+    """Plain SGD (delta = -lr g), momentum v = mu v - lr g (delta = v), or Nesterov (delta = mu v - lr g)."""
 
     def __init__(self, config, params, decay_mask):
         self.slot_names = ("velocity",) if config.momentum else ()
         super().__init__(config, params, decay_mask)
-        if self.n_slots:  # load the fused kernel now: numba's first call takes about 0.5 s, not the first step's
-            tiny = array_module(params).zeros(4, dtype=params.dtype)
-            momentum_step(tiny, tiny, tiny, tiny, 0.0, 0.0, False, tiny)
 
-    def delta(self, grads, params):
-        if not self.config.momentum:
-            return super().delta(grads, params)
-        self.iteration += 1
-        v = self.slots[0]
-        out = self.out if self.config.nesterov else v
-        momentum_step(v, grads, params, self.decay, self.lr, self.config.momentum, self.config.nesterov, out)
-        return out
-
-    def _delta(self, g, out):
-        array_module(g).multiply(g, -self.lr, out=out)
+    def _step(self, slots, grads, params, decay, out, t):
+        c = self.config
+        if not c.momentum:
+            sgd_step(grads, params, decay, self.lr, out)
+            return out
+        v = slots[0]
+        out = out if c.nesterov else v
+        momentum_step(v, grads, params, decay, self.lr, c.momentum, c.nesterov, out)
         return out
 
 
@@ -83,42 +80,31 @@ class AdaGrad(Updater):
 
     slot_names = ("sum_of_squared_gradients",)
 
-    def _delta(self, g, out):
-        xp, h = array_module(g), self.slots[0]
-        self._accumulate(h, g)
-        xp.divide(g, xp.sqrt(h) + self.config.eps, out=out)
-        out *= -self.lr
+    def _step(self, slots, grads, params, decay, out, t):
+        adagrad_step(slots[0], grads, params, decay, self.lr, self.config.eps, out)
         return out
 
-    def _accumulate(self, h, g) -> None:
-        h += g * g
 
-
-class RMSProp(AdaGrad):
-    """AdaGrad with a decaying average: h = rho h + (1 - rho) g^2."""
+class RMSProp(Updater):
+    """AdaGrad with a decaying average: h = rho h + (1 - rho) g^2; delta = -lr g / (sqrt(h) + eps)."""
 
     slot_names = ("mean_squared_gradient",)
 
-    def _accumulate(self, h, g) -> None:
-        h *= self.config.rho
-        h += (1 - self.config.rho) * g * g
+    def _step(self, slots, grads, params, decay, out, t):
+        c = self.config
+        rmsprop_step(slots[0], grads, params, decay, self.lr, c.rho, c.eps, out)
+        return out
 
 
 class Adam(Updater):
-    """Adam with bias correction: delta = -lr m_hat / (sqrt(v_hat) + eps)."""
+    """Adam with bias correction: delta = -lr m_hat / (sqrt(v_hat) + eps) (`iteration` is t)."""
 
     slot_names = ("first_moment", "second_moment")
 
-    def _delta(self, g, out):
-        c, xp, t = self.config, array_module(g), self.iteration
-        m, v = self.slots
-        m *= c.beta1
-        m += (1 - c.beta1) * g
-        v *= c.beta2
-        v += (1 - c.beta2) * g * g
-        step = self.lr * (1 - c.beta2 ** t) ** 0.5 / (1 - c.beta1 ** t)
-        xp.divide(m, xp.sqrt(v) + c.eps * (1 - c.beta2 ** t) ** 0.5, out=out)
-        out *= -step
+    def _step(self, slots, grads, params, decay, out, t):
+        c = self.config
+        m, v = slots
+        adam_step(m, v, grads, params, decay, self.lr, c.beta1, c.beta2, c.eps, t, out)
         return out
 
 
