@@ -69,7 +69,7 @@ def softmax_cross_entropy(logits, labels, grad, totals) -> None:
 
 def score(logits, labels, confusion, loss_sum) -> None:
     """Add each row's cross-entropy to loss_sum[0] (float64) and count (label, prediction) in the flat
-    `confusion` (classes x classes, int64)."""
+    `confusion` (classes x classes, int64 or float64)."""
     if isinstance(logits, np.ndarray):
         _score_cpu(logits, labels, confusion, loss_sum)
     else:

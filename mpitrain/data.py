@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from dataclasses import dataclass
 
 import h5py
@@ -20,7 +20,7 @@ import numpy as np
 
 from mpitrain.augment import augment_images
 from mpitrain.errors import DataError, describe
-from mpitrain.kernels.rows import gather_scaled, scaled
+from mpitrain.kernels.rows import gather_scaled, scaled, sort_in_place
 from mpitrain.nn.workspace import Workspace, WorkspacePart
 from mpitrain.shard_format import MANIFEST_NAME, Manifest, check_shard, read_manifest, sha256_file
 
@@ -154,24 +154,17 @@ class Batches:
         if self.shuffle:
             np.random.default_rng([self.seed, epoch, self.rank]).shuffle(order)
         steps = range(start_step, self.steps_per_epoch)
-        if not self.prefetch:
+        if self.prefetch:
+            yield from _prefetched(lambda step: self._batch(order, epoch, step), steps)
+        else:
             yield from (self._batch(order, epoch, step) for step in steps)
-            return
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = None
-            for step in steps:
-                pending = pending or pool.submit(self._batch, order, epoch, step)
-                batch = pending.result()
-                pending = (pool.submit(self._batch, order, epoch, step + 1) if step + 1 < self.steps_per_epoch
-                           else None)
-                yield batch
 
     def _batch(self, order: np.ndarray, epoch: int, step: int):
         """Step `step`'s rows (ascending within the batch) into buffer pair `step % 2`."""
         slot, shape = step % 2, (self.batch_size, *self.data.x.shape[1:])
         index = self.ws(f"index{slot}", (self.batch_size,), np.int64, host=True)
         index[...] = order[step * self.batch_size:(step + 1) * self.batch_size]
-        index.sort()
+        sort_in_place(index)
         x, y = self.ws(f"x{slot}", shape, self.dtype, host=True), self.ws(f"y{slot}", shape[:1], np.int32, host=True)
         if self.augment:
             stored = augment_images(self.data.x[index], (self.seed, epoch, self.rank, step),
@@ -205,3 +198,43 @@ class Batches:
             device = self.ws(name, host.shape, host.dtype)
         self.backend.copy_to_device(host, device)
         return device
+
+
+def _prefetched(make_batch, steps: range):
+    """Yield `make_batch(step)` for `steps`, each made by one worker thread while the one before is in use.
+
+    The worker runs at most one batch ahead of the batch in use, so it never overwrites the
+    buffers of a batch being trained on; two semaphores keep that, allocating next to nothing
+    per step (an executor's future per batch made more Python objects than the whole step).
+    An exception in the worker is raised here; closing the generator early ends the worker.
+    """
+    ahead, ready, stopping = threading.Semaphore(2), threading.Semaphore(0), threading.Event()
+    made = [None, None]  # the batch (or the worker's exception) of steps of each parity
+
+    def work():
+        for step in steps:
+            ahead.acquire()
+            if stopping.is_set():
+                return
+            try:
+                made[step % 2] = make_batch(step)
+            except BaseException as e:  # noqa: B036  (handed to the consumer, who raises it)
+                made[step % 2] = e
+                ready.release()
+                return
+            ready.release()
+
+    worker = threading.Thread(target=work, name="mpitrain-batches", daemon=True)
+    worker.start()
+    try:
+        for step in steps:
+            ready.acquire()
+            batch = made[step % 2]
+            if isinstance(batch, BaseException):
+                raise batch
+            yield batch
+            ahead.release()  # this batch is done with: the worker may make the one after the next
+    finally:
+        stopping.set()
+        ahead.release()
+        worker.join()

@@ -54,19 +54,16 @@ def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, bac
     """Evaluate on every rank's rows; a collective, so every rank must call it.
 
     Each batch's loss and (label, prediction) counts are added up on the device by one fused
-    kernel (`mpitrain.kernels.loss.score`); one copy brings them to the host.
+    kernel (`mpitrain.kernels.loss.score`, counts in float64: exact below 2**53 rows); one copy
+    brings them to the host and one Allreduce sums them over the ranks.
     """
-    xp = backend.xp
     labels = backend.to_device(rows.y)
-    confusion = xp.zeros(num_classes * num_classes, dtype=np.int64)
-    loss_sum = xp.zeros(1, dtype=np.float64)
+    totals = backend.xp.zeros(num_classes * num_classes + 1, dtype=np.float64)  # the counts, then the loss sum
     for logits, batch in batched_logits(model, rows, to_input, batch_size):
-        score(logits, labels[batch], confusion, loss_sum)
-    totals = backend.to_host(xp.concatenate([confusion.astype(np.float64), loss_sum]))
-    confusion, loss_sum = totals[:-1].astype(np.int64).reshape(num_classes, num_classes), totals[-1:]
-    comm.allreduce_(confusion)
-    comm.allreduce_(loss_sum)
-    return Evaluation(confusion, float(loss_sum[0]))
+        score(logits, labels[batch], totals[:-1], totals[-1:])
+    totals = backend.to_host(totals)
+    comm.allreduce_(totals)
+    return Evaluation(totals[:-1].astype(np.int64).reshape(num_classes, num_classes), float(totals[-1]))
 
 
 def predict(model, rows, to_input, batch_size: int, backend) -> tuple[np.ndarray, np.ndarray]:

@@ -139,13 +139,13 @@ def _train_epochs(run: Run, loop: _Loop) -> _Done:
             tick = time.perf_counter()
             for step, (x, y) in enumerate(batches.epoch(epoch, start_step), start=start_step):
                 watchdog.beat(f"epoch {epoch + 1} step {step + 1}")
-                with loop.allocations.span("step"):
-                    before = Traffic.of(comm)
+                before = Traffic.of(comm)
+                with loop.allocations.span("step"):  # the step itself; its bookkeeping is a few Python objects
                     loss, correct = model.train_batch(x, y, key=(config.train.seed, comm.rank, epoch, step),
                                                       grads_ready=grads_ready)
                     sync.step(model, updater)
-                    now = time.perf_counter()
-                    window.add(step, loss, correct, len(y), now - tick, Traffic.of(comm) - before)
+                now = time.perf_counter()
+                window.add(step, loss, correct, len(y), now - tick, Traffic.of(comm) - before)
                 last = step + 1 == batches.steps_per_epoch
                 stop_signal = stop.agreed()  # the same answer on every rank, in the same step
                 if (step + 1) % config.train.log_every == 0 or last or stop_signal:

@@ -120,3 +120,9 @@ def test_sequential_announces_finished_gradients_from_the_buffer_end():
     model.train_batch(np.ones((2, 2, 3), dtype=np.float32), np.array([0, 2]), grads_ready=starts.append)
     first, second = 6 * 4 + 4, 6 * 4 + 4 + 4 * 3 + 3
     assert starts == [first, first, 0] and model.n_params == second  # dense, relu, dense: the flatten is skipped
+
+
+def test_an_activation_the_layer_before_cannot_fuse_runs_alone_with_the_same_gradients():
+    layers = [Flatten(), Sigmoid(), Dense(4), Tanh(), Dense(3)]
+    check_model_gradients(layers, (2, 3))
+    assert not layers[1].fused and layers[3].fused and layers[2].kind == "tanh"
