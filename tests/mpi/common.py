@@ -6,6 +6,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpitrain.config import SyncConfig
+from mpitrain.nn.workspace import Workspace
 from mpitrain.sync import create_synchronizer
 
 
@@ -32,9 +33,9 @@ def sharing(comm, **options):
 
 
 def flat_model(params):
-    """The flat-buffer contract and nothing else: `params`, zero gradients, no running statistics."""
+    """The flat-buffer contract and nothing else: `params`, zero gradients, no running statistics, a workspace."""
     return SimpleNamespace(params=params, grads=np.zeros_like(params), xp=np, n_params=params.size,
-                           stats=np.zeros(0, params.dtype))
+                           stats=np.zeros(0, params.dtype), workspace=Workspace(np))
 
 
 class Fed:
