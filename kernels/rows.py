@@ -6,7 +6,8 @@
 out_x = stored * scale + shift in out_x's dtype (uint8 or float32 features to float32 or
 float64 input), computed as the numpy steps `astype`, `*=`, `+=` compute it, so the values
 are the same; labels are copied beside. Host arrays only (the batch pipeline prepares
-batches on the host); the kernels write into the pipeline's fixed buffers and allocate nothing.
+batches on the host); the kernels write into the pipeline's fixed buffers and allocate nothing,
+and release the GIL (the pipeline's worker thread gathers while the step's Python runs).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def sort_in_place(a):
         _sift_down(a, 0, end)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _gather_scaled(stored_x, stored_y, index, scale, shift, out_x, out_y):
     for r in prange(index.size):
         row = index[r]
@@ -46,7 +47,7 @@ def _gather_scaled(stored_x, stored_y, index, scale, shift, out_x, out_y):
             out_x[r, k] = out_x.dtype.type(stored_x[row, k]) * scale + shift
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _scaled(stored_x, scale, shift, out_x):
     for r in prange(out_x.shape[0]):
         for k in range(out_x.shape[1]):
