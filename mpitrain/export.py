@@ -86,7 +86,7 @@ def _conv(graph, layer, x, name, input_shape):
 
 def _pool(op: str, **attributes):
     def convert(graph, layer, x, name, input_shape):
-        g = layer.g1
+        g = layer.g
         return graph.node(op, [x], name, kernel_shape=list(g.kernel), strides=[g.stride, g.stride], pads=_pads(g),
                           **attributes)
     return convert

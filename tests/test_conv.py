@@ -1,49 +1,16 @@
-"""Convolution, pooling, dropout and batch norm: kernels against references, layers against loops
-and finite differences, train/eval behaviour."""
+"""Convolution, pooling, dropout and batch norm: layers against loops and finite differences, train/eval
+behaviour (the convolution and pooling kernels against their references: test_conv_kernels.py)."""
 import numpy as np
 import pytest
 
 from mpitrain.config import ModelConfig
 from mpitrain.errors import ConfigError
-from mpitrain.kernels.im2col import col2im, col2im_reference, geometry, im2col, im2col_reference
-from mpitrain.kernels.pool import max_pool, max_pool_backward, max_pool_backward_reference, max_pool_reference
+from mpitrain.kernels.im2col import geometry
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
-from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Tanh
+from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
 from mpitrain.nn.model import Sequential, build_model
 from tests.test_nn import check_model_gradients
-
-GEOMETRIES = [  # (input C, H, W), kernel, stride, padding
-    ((1, 6, 6), 3, 1, "valid"),
-    ((2, 7, 5), 3, 2, "same"),
-    ((3, 5, 8), (2, 3), 2, "valid"),
-    ((2, 4, 4), 5, 1, "same"),  # kernel larger than the image
-    ((1, 9, 9), 2, 3, "valid"),  # stride past the kernel: some pixels in no window
-]
-
-
-@pytest.mark.parametrize("shape,kernel,stride,padding", GEOMETRIES)
-@pytest.mark.parametrize("fill", [0.0, -np.inf])
-def test_im2col_and_col2im_kernels_equal_the_reference(shape, kernel, stride, padding, fill):
-    rng = np.random.default_rng(0)
-    g = geometry(shape, kernel, stride, padding)
-    x = rng.normal(size=(3, *shape)).astype(np.float32)
-    cols = im2col(x, g, fill)
-    np.testing.assert_array_equal(cols, im2col_reference(x, g, fill))
-    into = np.full_like(cols, np.nan)  # the cupy path's call: into a given array
-    np.testing.assert_array_equal(cols, im2col_reference(x, g, fill, into))
-    dcols = rng.normal(size=cols.shape).astype(np.float32)
-    np.testing.assert_allclose(col2im(dcols, g), col2im_reference(dcols, g), rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.parametrize("shape,kernel,stride,padding", GEOMETRIES)
-def test_col2im_is_the_adjoint_of_im2col(shape, kernel, stride, padding):
-    rng = np.random.default_rng(1)
-    g = geometry(shape, kernel, stride, padding)
-    x, = rng.normal(size=(1, 2, *shape))
-    c = rng.normal(size=(2, *g.cols_shape))
-    assert np.isclose((im2col(x, g) * c).sum(), (x * col2im(c, g)).sum())
-
 
 def test_same_padding_keeps_the_size_at_stride_one_and_divides_it_at_stride_two():
     assert (geometry((1, 28, 28), 5, 1, "same").out_height, geometry((1, 28, 28), 5, 1, "same").pad_top) == (28, 2)
@@ -106,8 +73,11 @@ def test_max_pooling_with_same_padding_never_picks_the_padding():
 
 
 @pytest.mark.parametrize("stride,padding", [(1, "valid"), (2, "same"), (2, "valid")])
-def test_conv_gradients(stride, padding):
-    check_model_gradients([Conv2D(3, 3, stride, padding), Tanh(), Flatten(), Dense(3)], (2, 6, 6), n=3)
+@pytest.mark.parametrize("kind,activation", [("relu", ReLU), ("sigmoid", Sigmoid), ("tanh", Tanh)])
+def test_conv_gradients_with_each_fused_activation(stride, padding, kind, activation):
+    layers = [Conv2D(3, 3, stride, padding), activation(), Flatten(), Dense(3)]
+    check_model_gradients(layers, (2, 5, 7), n=3)
+    assert layers[0].kind == kind  # the conv layer ran the activation
 
 
 @pytest.mark.parametrize("layer", [MaxPool2D(2), AvgPool2D(2), MaxPool2D(3, stride=2, padding="same"),
@@ -181,18 +151,3 @@ def test_build_model_makes_conv_nets_and_names_the_layer_that_does_not_fit():
         build_model(lenet_config({1: {"padding": "full"}}), (1, 12, 12), 3, np)
     with pytest.raises(ConfigError, match=r"model.layers\[0\].*missing a required argument: 'filters'"):
         build_model(ModelConfig(layers=[{"type": "conv2d", "filter": 3, "kernel": 3}]), (1, 8, 8), 3, np)
-
-
-@pytest.mark.parametrize("shape,kernel,stride,padding", [((3, 6, 6), 2, 2, "valid"), ((2, 7, 5), 3, 2, "same"),
-                                                         ((1, 5, 5), 2, 1, "valid")])
-def test_max_pool_kernels_equal_the_reference(shape, kernel, stride, padding):
-    rng = np.random.default_rng(5)
-    g = geometry((1, *shape[1:]), kernel, stride, padding)
-    x = rng.normal(size=(4, *shape)).astype(np.float32)
-    x[0] = 0  # ties everywhere
-    y, where = max_pool(x, g)
-    y_ref, where_ref = max_pool_reference(x, g)
-    np.testing.assert_array_equal(y, y_ref)
-    np.testing.assert_array_equal(where, where_ref)
-    dy = rng.normal(size=y.shape).astype(np.float32)
-    np.testing.assert_allclose(max_pool_backward(dy, where, g), max_pool_backward_reference(dy, where, g), rtol=1e-6)

@@ -34,23 +34,49 @@ def cupy():
     return cupy
 
 
-def test_im2col_col2im_and_max_pool_on_cupy_equal_the_cpu_kernels(cupy):
+def test_conv_and_pool_kernels_on_cupy_equal_the_cpu_kernels(cupy):
+    from mpitrain.kernels.activations import KINDS
+    from mpitrain.kernels.conv_rows import activation_backward_rows, bias_activation_nchw
     from mpitrain.kernels.im2col import col2im, geometry, im2col
     from mpitrain.kernels.pool import max_pool, max_pool_backward
+
+    def outputs(shape, dtype=np.float32):
+        """An output array for the CPU kernel and one for cupy's."""
+        return np.empty(shape, dtype), cupy.empty(shape, dtype)
+
     rng = np.random.default_rng(0)
     x = rng.normal(size=(3, 2, 9, 8)).astype(np.float32)
     for kernel, stride, padding in ((3, 1, "same"), (2, 2, "valid"), ((3, 2), 2, "same")):
         g = geometry(x.shape[1:], kernel, stride, padding)
-        cols = im2col(x, g)
-        np.testing.assert_array_equal(im2col(cupy.asarray(x), g).get(), cols)
-        np.testing.assert_allclose(col2im(cupy.asarray(cols), g).get(), col2im(cols, g), rtol=1e-6, atol=1e-6)
-        g1 = geometry((1, *x.shape[2:]), kernel, stride, padding)
-        y, where = max_pool(x, g1)
-        y_dev, where_dev = max_pool(cupy.asarray(x), g1)
+        cols, cols_dev = outputs((3, *g.cols_shape))
+        im2col(x, g, 0.0, cols)
+        im2col(cupy.asarray(x), g, 0.0, cols_dev)
+        np.testing.assert_array_equal(cols_dev.get(), cols)
+        dx, dx_dev = outputs(x.shape)
+        col2im(cols, g, dx)
+        col2im(cols_dev, g, dx_dev)
+        np.testing.assert_allclose(dx_dev.get(), dx, rtol=1e-6, atol=1e-6)
+        (y, y_dev), (where, where_dev) = (outputs((3, 2, g.out_height, g.out_width), dtype)
+                                          for dtype in (np.float32, np.int32))
+        max_pool(x, g, y, where)
+        max_pool(cupy.asarray(x), g, y_dev, where_dev)
         np.testing.assert_array_equal(y_dev.get(), y)
         np.testing.assert_array_equal(where_dev.get(), where)
-        np.testing.assert_allclose(max_pool_backward(cupy.asarray(y), where_dev, g1).get(),
-                                   max_pool_backward(y, where, g1), rtol=1e-6)
+        max_pool_backward(y, where, g, dx)
+        max_pool_backward(y_dev, where_dev, g, dx_dev)
+        np.testing.assert_allclose(dx_dev.get(), dx, rtol=1e-6)
+    rows, b = rng.normal(size=(3 * 4 * 5, 6)).astype(np.float32), rng.normal(size=6).astype(np.float32)
+    dy = rng.normal(size=(3, 6, 4, 5)).astype(np.float32)
+    for kind in KINDS:
+        y, y_dev = outputs(dy.shape)
+        bias_activation_nchw(rows, b, kind, y)
+        bias_activation_nchw(cupy.asarray(rows), cupy.asarray(b), kind, y_dev)
+        np.testing.assert_allclose(y_dev.get(), y, rtol=1e-6, atol=1e-7)
+        (dz, dz_dev), (sums, sums_dev) = outputs(rows.shape), outputs((3, 6), np.float64)
+        activation_backward_rows(dy, y, kind, dz, sums)
+        activation_backward_rows(cupy.asarray(dy), y_dev, kind, dz_dev, sums_dev)
+        np.testing.assert_allclose(dz_dev.get(), dz, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(sums_dev.get(), sums, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("l2", [False, True], ids=["no-l2", "l2"])

@@ -1,7 +1,10 @@
 """Spatial layers on NCHW batches: convolution as im2col + one GEMM, pooling as a reduction of windows.
 
 The GEMM is `xp.matmul`, so numpy runs BLAS and cupy runs cuBLAS; im2col/col2im are the
-`kernels.im2col` kernels (numba on the CPU).
+`kernels.im2col` kernels, max pooling the `kernels.pool` ones (numba on the CPU). A conv2d
+layer adds its bias, runs its fused activation (`fuse_activation`) and transposes the GEMM's
+rows to NCHW in one kernel (`kernels.conv_rows`), and back in backward. Every array a layer
+returns or keeps is an array of its workspace (`Layer.ws`), written in place.
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import math
 import numpy as np
 
 from mpitrain.backend import array_module
+from mpitrain.kernels.conv_rows import activation_backward_rows, bias_activation_nchw
 from mpitrain.kernels.im2col import PADDINGS, col2im, geometry, im2col
 from mpitrain.kernels.pool import max_pool, max_pool_backward
 from mpitrain.nn.layers import Layer, initial_weights
@@ -28,13 +32,20 @@ def _window_geometry(input_shape, kernel, stride, padding, layer: str):
 
 
 class Conv2D(Layer):
-    """`filters` kernels of `kernel` x `kernel` (or [kh, kw]) over all input channels, plus a bias each."""
+    """`filters` kernels of `kernel` x `kernel` (or [kh, kw]) over all input channels, plus a bias each;
+    with `fuse_activation`, the activation layer after it runs here, fused with the bias add.
+
+    Backward writes the output gradient's rows over forward's GEMM rows, and the windows' gradient
+    over forward's windows once the weight gradient has read them: both are dead by then, so a
+    batch shape holds one array of each (for LeNet's second conv layer, 8 MB of windows saved).
+    """
 
     def __init__(self, filters: int, kernel, stride: int = 1, padding: str = "valid", activation: str = "none",
                  init: str | None = None):
         _check_padding(padding)
         self.filters, self.kernel, self.stride, self.padding = filters, kernel, stride, padding
         self.activation, self.init = activation, init
+        self.kind = "none"  # the activation this layer runs itself (`fuse_activation`)
 
     def param_shapes(self, input_shape):
         self.g = _window_geometry(input_shape, self.kernel, self.stride, self.padding, "conv2d")
@@ -49,60 +60,101 @@ class Conv2D(Layer):
         return {"W": initial_weights(rng, self.init or scheme, fan_in, fan_out, self.params["W"].shape),
                 "b": np.zeros(self.filters)}
 
+    def fuse_activation(self, kind: str) -> None:
+        """Run activation `kind` on the output, fused with the bias add (the model's activation layer passes)."""
+        self.kind = kind
+
+    def _matrix(self, kernels):
+        """`W` or its gradient as the GEMM's (F, C*KH*KW) matrix, a view."""
+        return kernels.reshape(self.filters, -1)
+
     def forward(self, x, training):
-        n, g = len(x), self.g
-        self.cols = im2col(x, g).reshape(n * g.out_height * g.out_width, -1)
-        y = self.cols @ self.params["W"].reshape(self.filters, -1).T
-        y += self.params["b"]
-        return array_module(y).ascontiguousarray(y.reshape(n, g.out_height, g.out_width, -1).transpose(0, 3, 1, 2))
+        xp, n, g = array_module(x), len(x), self.g
+        self.input_shape = x.shape
+        cols = self.ws("cols", (n, *g.cols_shape), x.dtype)
+        im2col(x, g, 0.0, cols)
+        self.cols = cols.reshape(n * g.out_height * g.out_width, -1)
+        rows = self.ws("rows", (len(self.cols), self.filters), x.dtype)
+        xp.matmul(self.cols, self._matrix(self.params["W"]).T, out=rows)
+        self.y = self.ws("y", (n, self.filters, g.out_height, g.out_width), x.dtype)
+        bias_activation_nchw(rows, self.params["b"], self.kind, self.y)
+        return self.y
 
     def backward(self, dy, input_grad=True):
         xp = array_module(dy)
-        dy_rows = xp.ascontiguousarray(dy.transpose(0, 2, 3, 1)).reshape(-1, self.filters)
-        xp.matmul(dy_rows.T, self.cols, out=self.grads["W"].reshape(self.filters, -1))
-        dy.sum(axis=(0, 2, 3), out=self.grads["b"])
+        dz = self.ws("rows", (len(self.cols), self.filters), dy.dtype)  # forward's rows, no longer needed
+        sums = self.ws("bias_sums", (len(dy), self.filters), np.float64)  # each image's part of the bias gradient
+        activation_backward_rows(dy, self.y, self.kind, dz, sums)
+        sums.sum(axis=0, out=self.grads["b"])
+        xp.matmul(dz.T, self.cols, out=self._matrix(self.grads["W"]))
         if not input_grad:
             return None
-        dcols = dy_rows @ self.params["W"].reshape(self.filters, -1)
-        return col2im(dcols.reshape(len(dy), *self.g.cols_shape), self.g)
+        dcols = self.cols  # forward's windows, read for the last time above
+        xp.matmul(dz, self._matrix(self.params["W"]), out=dcols)
+        dx = self.ws("dx", self.input_shape, dy.dtype)
+        col2im(dcols.reshape(len(dy), *self.g.cols_shape), self.g, dx)
+        return dx
 
 
 class _Pool2D(Layer):
     """Pooling over `pool` x `pool` windows (stride defaults to `pool`), each channel alone:
-    `g1` is the window geometry of one channel."""
+    `g` is the window geometry of the input."""
 
     def __init__(self, pool=2, stride: int | None = None, padding: str = "valid"):
         _check_padding(padding)
         self.pool, self.stride, self.padding = pool, stride or (pool if isinstance(pool, int) else pool[0]), padding
 
     def output_shape(self, input_shape):
-        g = _window_geometry(input_shape, self.pool, self.stride, self.padding, type(self).__name__.lower())
-        self.g1 = geometry((1, g.height, g.width), self.pool, self.stride, self.padding)
-        return (g.channels, g.out_height, g.out_width)
+        self.g = _window_geometry(input_shape, self.pool, self.stride, self.padding, type(self).__name__.lower())
+        return (self.g.channels, self.g.out_height, self.g.out_width)
+
+    def _output(self, x):
+        """The workspace array of the output of `x`."""
+        g = self.g
+        return self.ws("y", (len(x), g.channels, g.out_height, g.out_width), x.dtype)
+
+    def _input_grad(self, dy):
+        """The workspace array of the input gradient of `dy`."""
+        g = self.g
+        return self.ws("dx", (len(dy), g.channels, g.height, g.width), dy.dtype)
 
 
 class MaxPool2D(_Pool2D):
     """The largest value of each window (`kernels.pool`); its gradient goes to the first largest element."""
 
     def forward(self, x, training):
-        y, self.where = max_pool(x, self.g1)
+        y = self._output(x)
+        self.where = self.ws("where", y.shape, np.int32)
+        max_pool(x, self.g, y, self.where)
         return y
 
     def backward(self, dy, input_grad=True):
-        return max_pool_backward(dy, self.where, self.g1)
+        dx = self._input_grad(dy)
+        max_pool_backward(dy, self.where, self.g, dx)
+        return dx
 
 
 class AvgPool2D(_Pool2D):
-    """The mean of each window, as im2col rows of one channel; padding counts as zeros in the mean."""
+    """The mean of each window, over its im2col row; padding counts as zeros in the mean. A sum, then a
+    scaling in place (numpy's `mean` and a broadcasting multiply with `out=` allocate buffers); backward
+    writes the windows' gradient over forward's windows."""
+
+    def _cols(self, array):
+        """The workspace array of the windows of a batch like `array`."""
+        return self.ws("cols", (len(array), *self.g.cols_shape), array.dtype)
 
     def forward(self, x, training):
-        n, c, h, w = self.input_shape = x.shape
-        return im2col(x.reshape(n * c, 1, h, w), self.g1).reshape(n, c, self.g1.out_height, self.g1.out_width,
-                                                                  -1).mean(axis=-1)
+        cols = self._cols(x)
+        im2col(x, self.g, 0.0, cols)
+        y = self._output(x)
+        cols.sum(axis=(4, 5), out=y.transpose(0, 2, 3, 1))
+        y *= 1 / math.prod(self.g.kernel)
+        return y
 
     def backward(self, dy, input_grad=True):
-        xp = array_module(dy)
-        n, c, h, w = self.input_shape
-        area = math.prod(self.g1.kernel)
-        dcols = xp.broadcast_to((dy / area)[..., None], (*dy.shape, area)).reshape(n * c, *self.g1.cols_shape)
-        return col2im(dcols, self.g1).reshape(n, c, h, w)
+        dcols = self._cols(dy)
+        dcols[...] = dy.transpose(0, 2, 3, 1)[..., None, None]
+        dx = self._input_grad(dy)
+        col2im(dcols, self.g, dx)
+        dx *= 1 / math.prod(self.g.kernel)
+        return dx
