@@ -86,3 +86,21 @@ def _activation_backward_rows_cpu(dy, y, kind, out, sums):
             for row in range(first + p * ow, first + (p + 1) * ow):
                 for k in range(f):
                     sums[image, k] += out[row, k]
+
+
+@njit(cache=True)
+def _column_sums_cpu(sums, out):
+    for k in range(sums.shape[1]):
+        total = 0.0
+        for image in range(sums.shape[0]):
+            total += sums[image, k]
+        out[k] = total
+
+
+def column_sums(sums, out) -> None:
+    """out (F,) = the column sums of `sums` (N, F), in float64 then cast to out's dtype (the bias gradient from
+    each image's part; numpy's `sum(out=)` into another dtype allocates a cast buffer)."""
+    if isinstance(sums, np.ndarray):
+        _column_sums_cpu(sums, out)
+    else:
+        sums.sum(axis=0, out=out)

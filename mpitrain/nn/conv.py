@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from mpitrain.backend import array_module
-from mpitrain.kernels.conv_rows import activation_backward_rows, bias_activation_nchw
+from mpitrain.kernels.conv_rows import activation_backward_rows, bias_activation_nchw, column_sums
 from mpitrain.kernels.im2col import PADDINGS, col2im, geometry, im2col
 from mpitrain.kernels.pool import max_pool, max_pool_backward
 from mpitrain.nn.layers import Layer, initial_weights
@@ -85,7 +85,7 @@ class Conv2D(Layer):
         dz = self.ws("rows", (len(self.cols), self.filters), dy.dtype)  # forward's rows, no longer needed
         sums = self.ws("bias_sums", (len(dy), self.filters), np.float64)  # each image's part of the bias gradient
         activation_backward_rows(dy, self.y, self.kind, dz, sums)
-        sums.sum(axis=0, out=self.grads["b"])
+        column_sums(sums, self.grads["b"])
         xp.matmul(dz.T, self.cols, out=self._matrix(self.grads["W"]))
         if not input_grad:
             return None
