@@ -45,13 +45,17 @@ def batch(rng, shape, dtype, is_strided: bool):
     return strided(x) if is_strided else x
 
 
+def each_batch_and_dtype(test):
+    """Run `test` for every batch (size, strided or not) and every dtype."""
+    return pytest.mark.parametrize("n,is_strided", BATCHES)(pytest.mark.parametrize("dtype", DTYPES)(test))
+
+
 def tolerance(dtype):
     return {"rtol": 1e-5, "atol": 1e-6} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-12}
 
 
 @pytest.mark.parametrize("shape,kernel,stride,padding", GEOMETRIES)
-@pytest.mark.parametrize("n,is_strided", BATCHES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@each_batch_and_dtype
 def test_im2col_and_col2im_kernels_equal_the_reference(shape, kernel, stride, padding, n, is_strided, dtype):
     rng = np.random.default_rng(0)
     g = geometry(shape, kernel, stride, padding)
@@ -80,8 +84,7 @@ def test_col2im_is_the_adjoint_of_im2col(shape, kernel, stride, padding):
 
 
 @pytest.mark.parametrize("shape,pool,stride,padding", POOLS)
-@pytest.mark.parametrize("n,is_strided", BATCHES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@each_batch_and_dtype
 def test_max_pool_kernels_equal_the_reference(shape, pool, stride, padding, n, is_strided, dtype):
     rng = np.random.default_rng(5)
     g = geometry(shape, pool, stride, padding)
