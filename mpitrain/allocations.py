@@ -7,7 +7,8 @@
 
 numpy reports every array buffer it allocates to `tracemalloc`; a span's figure is the peak
 of traced memory above its start, so any array made (and freed) inside it counts, with the
-small Python objects a step makes besides (tuples, floats: well under a kilobyte). The
+small Python objects a step makes besides (tuples, views, floats, the batch thread's
+semaphores: 1-3 KB measured on the shipped configs). The
 first `warm_up` spans of a kind make the workspace's arrays and are not counted. Arrays
 that numba kernels, BLAS or cupy allocate are not traced; mpitrain's kernels allocate
 nothing. Tracing slows Python, so it is off by default and for diagnosis and the tests.
