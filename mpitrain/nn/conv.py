@@ -16,7 +16,7 @@ from mpitrain.backend import array_module
 from mpitrain.kernels.conv_rows import activation_backward_rows, bias_activation_nchw, column_sums
 from mpitrain.kernels.im2col import PADDINGS, col2im, geometry, im2col
 from mpitrain.kernels.pool import max_pool, max_pool_backward
-from mpitrain.nn.layers import Layer, initial_weights
+from mpitrain.nn.layers import FusesActivation, Layer, initial_weights
 
 
 def _check_padding(padding: str) -> None:
@@ -31,7 +31,7 @@ def _window_geometry(input_shape, kernel, stride, padding, layer: str):
     return geometry(input_shape, kernel, stride, padding)
 
 
-class Conv2D(Layer):
+class Conv2D(FusesActivation):
     """`filters` kernels of `kernel` x `kernel` (or [kh, kw]) over all input channels, plus a bias each;
     with `fuse_activation`, the activation layer after it runs here, fused with the bias add.
 
@@ -45,7 +45,6 @@ class Conv2D(Layer):
         _check_padding(padding)
         self.filters, self.kernel, self.stride, self.padding = filters, kernel, stride, padding
         self.activation, self.init = activation, init
-        self.kind = "none"  # the activation this layer runs itself (`fuse_activation`)
 
     def param_shapes(self, input_shape):
         self.g = _window_geometry(input_shape, self.kernel, self.stride, self.padding, "conv2d")
@@ -59,10 +58,6 @@ class Conv2D(Layer):
         fan_in, fan_out = self.g.channels * area, self.filters * area
         return {"W": initial_weights(rng, self.init or scheme, fan_in, fan_out, self.params["W"].shape),
                 "b": np.zeros(self.filters)}
-
-    def fuse_activation(self, kind: str) -> None:
-        """Run activation `kind` on the output, fused with the bias add (the model's activation layer passes)."""
-        self.kind = kind
 
     def _matrix(self, kernels):
         """`W` or its gradient as the GEMM's (F, C*KH*KW) matrix, a view."""

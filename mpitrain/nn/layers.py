@@ -76,12 +76,22 @@ class Layer:
         raise NotImplementedError
 
 
-class Dense(Layer):
+class FusesActivation(Layer):
+    """A layer (dense, conv2d) that can run the activation layer after it itself, fused with its bias add:
+    `kind` is that activation ("none" until the model calls `fuse_activation`)."""
+
+    kind = "none"
+
+    def fuse_activation(self, kind: str) -> None:
+        """Run activation `kind` on the output, fused with the bias add (the model's activation layer passes)."""
+        self.kind = kind
+
+
+class Dense(FusesActivation):
     """y = x W + b on the flattened input; `activation` is expanded by the model builder (and then fused here)."""
 
     def __init__(self, units: int, activation: str = "none", init: str | None = None):
         self.units, self.activation, self.init = units, activation, init
-        self.kind = "none"  # the activation this layer runs itself (`fuse_activation`)
 
     def param_shapes(self, input_shape):
         return {"W": (math.prod(input_shape), self.units), "b": (self.units,)}
@@ -93,10 +103,6 @@ class Dense(Layer):
         fan_in, fan_out = self.params["W"].shape
         return {"W": initial_weights(rng, self.init or scheme, fan_in, fan_out, (fan_in, fan_out)),
                 "b": np.zeros(fan_out)}
-
-    def fuse_activation(self, kind: str) -> None:
-        """Run activation `kind` on the output, fused with the bias add (the model's activation layer passes)."""
-        self.kind = kind
 
     def forward(self, x, training):
         xp = array_module(x)
@@ -124,7 +130,7 @@ class Dense(Layer):
 
 class _Activation(Layer):
     """An element-wise activation (`kind`), from its input to a workspace array and back, in one pass each way;
-    with `fused` (the layer before runs it, `Layer.fuse_activation`) it passes input and gradient through."""
+    with `fused` (the layer before runs it, `FusesActivation.fuse_activation`) it passes input and gradient through."""
 
     kind = "none"
     fused = False

@@ -17,7 +17,7 @@ from mpitrain.kernels.im2col import PADDINGS
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.flat import FlatModel, flat_views
-from mpitrain.nn.layers import ACTIVATIONS, INIT_SCHEMES, Dense, Dropout, Flatten, Layer
+from mpitrain.nn.layers import ACTIVATIONS, INIT_SCHEMES, Dense, Dropout, Flatten, FusesActivation, Layer
 from mpitrain.nn.losses import LOSSES
 
 LAYER_TYPES = {"dense": Dense, "flatten": Flatten, "conv2d": Conv2D, "maxpool2d": MaxPool2D,
@@ -28,7 +28,7 @@ class Sequential(FlatModel):
     """Layers applied in order, a loss on the last layer's output, flat buffers for all parameters.
 
     A dense or conv2d layer's `activation` becomes a layer of its own right after it; the
-    dense or conv2d layer then runs it fused with its bias add (`Layer.fuse_activation`).
+    dense or conv2d layer then runs it fused with its bias add (`FusesActivation.fuse_activation`).
     Every array a step writes is in `workspace` (`mpitrain.nn.workspace`), one part per layer
     (named like the layout, `03_dense`) and one for the loss.
     """
@@ -122,7 +122,7 @@ def _with_activation_layers(layers: list[Layer]) -> list[Layer]:
 def _fuse_activations(layers: list[Layer]) -> None:
     """Let each layer that can (dense, conv2d) run the activation layer right after it, which then passes through."""
     for layer, after in zip(layers, layers[1:]):
-        if type(after) in ACTIVATIONS.values() and hasattr(layer, "fuse_activation"):
+        if type(after) in ACTIVATIONS.values() and isinstance(layer, FusesActivation):
             layer.fuse_activation(after.kind)
             after.fused = True
 

@@ -17,8 +17,6 @@ must not keep an array from one step to the next: the next step of that shape ov
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 
@@ -59,9 +57,8 @@ class Workspace:
 
     def table(self) -> list[tuple[str, str, tuple, str, int]]:
         """(owner, name, shape, dtype, bytes) of every array, in the order they were made."""
-        return [(owner, name + (" (host)" if host else ""), shape or self.arrays[key].shape, dtype.name,
-                 self.arrays[key].nbytes)
-                for key in self.arrays for owner, name, shape, dtype, host in [key]]
+        return [(owner, name + (" (host)" if host else ""), array.shape, dtype.name, array.nbytes)
+                for (owner, name, _, dtype, host), array in self.arrays.items()]
 
 
 class WorkspacePart:
