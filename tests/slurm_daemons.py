@@ -179,7 +179,11 @@ def _write_config(root: str, nodes: dict[str, str | None], controller: str | Non
         "ProctrackType": "proctrack/linuxproc", "TaskPlugin": "task/none",
         "SelectType": "select/cons_tres", "SelectTypeParameters": "CR_Core",
         "JobAcctGatherType": "jobacct_gather/none", "AccountingStorageType": "accounting_storage/none",
-        "MpiDefault": "none", "ReturnToService": 2, "MinJobAge": 600, "KillWait": 3, "InactiveLimit": 0,
+        "MpiDefault": "none", "ReturnToService": 2, "MinJobAge": 600, "InactiveLimit": 0,
+        # Slurm's default grace between a cancel's SIGTERM and SIGKILL. At 3 s a busy 2-core CI machine killed
+        # the ranks after they wrote their stop checkpoint but before they said so; processes that obey the
+        # signal exit long before 30 s, so the tests wait no longer for it.
+        "KillWait": 30,
     }
     with open(os.path.join(root, "slurm.conf"), "w") as f:
         f.writelines(f"{key}={value}\n" for key, value in settings.items())
