@@ -119,19 +119,27 @@ class Communicator:
             MPI.Request.Testall([p.request for p in posted])
             self.mpi_seconds += time.perf_counter() - start
 
-    def complete(self, posted: list[Posted]) -> None:
-        """Wait for the posted collectives, in the order they were posted, and finish them (staged buffers are
-        copied back). Not a collective itself: the posts were."""
-        if not posted:
+    def complete(self, posted: list[Posted], last=None) -> None:
+        """Sum `last` over all ranks in place by a blocking Allreduce, if given, then wait for the posted
+        collectives and finish them (staged buffers are copied back). A collective when `last` is given (every
+        rank passes one of the same size, after the same posts); otherwise not, the posts were.
+
+        MPICH runs a blocking Allreduce faster than a posted one waited for, and the blocking call moves the
+        posted ones along too: so the bucket that backward finishes last goes this way."""
+        if not posted and last is None:
             return
         start = time.perf_counter()
+        if last is not None:
+            _synchronize_device(last)
+            self.bytes_sent += last.nbytes
+            self._allreduce(last)
         MPI.Request.Waitall([p.request for p in posted])
         for p in posted:
             if p.finish is not None:
                 p.finish()
         now = time.perf_counter()
         self.mpi_seconds += now - start
-        self.comm_seconds += now - min(p.posted_at for p in posted)
+        self.comm_seconds += now - min([start] + [p.posted_at for p in posted])
 
     def average_(self, buf) -> None:
         """Average a contiguous array over all ranks, in place. A collective."""
@@ -298,8 +306,8 @@ class StagedCommunicator(Communicator):
         if self.rank != root:
             self._to_device(host, buf)
 
-    def complete(self, posted: list[Posted]) -> None:
-        super().complete(posted)
+    def complete(self, posted: list[Posted], last=None) -> None:
+        super().complete(posted, last)
         self.in_flight = 0
 
     def _iallreduce(self, buf) -> tuple:

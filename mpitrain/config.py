@@ -165,7 +165,8 @@ class SyncConfig(Section):
     average_updater: bool = option(False, "averaging: average the updater state too (DL4J's "
                                           "ParameterAveragingTrainingMaster).")
     overlap: bool = option(True, "allreduce: post a non-blocking Allreduce on each bucket of gradients as backward "
-                                 "finishes it, driving MPI between layers, and wait before the update; false: one "
+                                 "finishes it, driving MPI between layers; the last bucket (done when backward "
+                                 "ends) by a blocking Allreduce, then wait for all before the update; false: one "
                                  "blocking Allreduce after backward. The results are the same.")
     bucket_mb: float = option(0.25, "allreduce with overlap: the largest bucket, in MB (1e6 bytes); whole layers, "
                                     "last layer first; a layer larger than this is a bucket of its own, 0 gives one "

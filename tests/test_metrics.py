@@ -61,3 +61,8 @@ def test_each_collective_is_timed_once():
         posted = [comm.iallreduce_(np.ones(4, dtype=np.float32))]  # posted at 6 (1 s inside MPI) ...
         comm.complete(posted)  # ... completed from 8 to 9 (1 s more inside MPI): 3 s from post to end
         assert (comm.mpi_seconds, comm.comm_seconds) == (5.0, 6.0)
+        posted = [comm.iallreduce_(np.ones(4, dtype=np.float32))]  # posted at 10 (1 s) ...
+        comm.complete(posted, last=np.ones(4, dtype=np.float32))  # ... the last bucket and the wait from 12 to 13
+        assert (comm.mpi_seconds, comm.comm_seconds) == (7.0, 9.0)
+        comm.complete([], last=np.ones(4, dtype=np.float32))  # a one-bucket cut: a blocking Allreduce, 14 to 15
+        assert (comm.mpi_seconds, comm.comm_seconds) == (8.0, 10.0)

@@ -19,10 +19,13 @@ class AllreduceSync(Synchronizer):
 
     With `overlap` (the default) the buffer is cut into buckets of whole layers, last layer first
     (`mpitrain.sync.buckets`, at most `bucket_mb` each); as backward finishes a bucket the rank
-    posts a non-blocking Allreduce on it, lets MPI progress after every layer, and `step` waits
-    for all of them before the update. Every rank posts the same buckets in the same order. Sums
-    are elementwise, so they do not depend on the cut: at 2 ranks the result is bit for bit that
-    of one blocking Allreduce (beyond, MPI may add in another order: equal to float rounding).
+    posts a non-blocking Allreduce on it and lets MPI progress after every layer. The last bucket
+    (the first layers, done when backward ends) nothing could hide anyway: `step` reduces it by a
+    blocking Allreduce, which MPICH runs faster than a posted one and which moves the posted ones
+    along, then waits for them all before the update. A one-bucket cut is thus exactly blocking
+    `allreduce`. Every rank posts the same buckets in the same order. Sums are elementwise, so
+    they do not depend on the cut: at 2 ranks the result is bit for bit that of one blocking
+    Allreduce (beyond, MPI may add in another order: equal to float rounding).
     """
 
     def start(self, model, updater) -> None:
@@ -38,7 +41,8 @@ class AllreduceSync(Synchronizer):
     def step(self, model, updater) -> None:
         if self.config.overlap:
             self._post(model, 0)  # what backward did not announce (a model without the hook: all of it)
-            self.comm.complete(self.posted)
+            begin, end = self.buckets[-1]
+            self.comm.complete(self.posted, last=model.grads[begin:end])
             self.posted = []
             model.grads /= self.comm.size
         else:
@@ -46,8 +50,9 @@ class AllreduceSync(Synchronizer):
         model.params += updater.delta(model.grads, model.params)
 
     def _post(self, model, start: int) -> None:
-        """Post the next buckets, in order, while they lie within the final `grads[start:]`. A collective."""
-        while len(self.posted) < len(self.buckets) and self.buckets[len(self.posted)][0] >= start:
+        """Post the next buckets but the last, in order, while they lie within the final `grads[start:]`. A
+        collective."""
+        while len(self.posted) < len(self.buckets) - 1 and self.buckets[len(self.posted)][0] >= start:
             begin, end = self.buckets[len(self.posted)]
             self.posted.append(self.comm.iallreduce_(model.grads[begin:end]))
 
