@@ -70,7 +70,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--two-node-variants", nargs="+", default=["allreduce blocking", "allreduce overlapped",
                                                                    "sharing allgather"],
                         help="the variants run on clusters of fewer than 4 nodes (the MLP only)")
-    parser.add_argument("--buckets", type=float, nargs="*", default=[0.0, 1.0, 4.0],
+    parser.add_argument("--buckets", type=float, nargs="*", default=[0.0, 0.25, 4.0],
                         help="bucket caps (MB) for extra overlapped rows beside the default's, on the largest cluster "
                              "at the slowest link")
     parser.add_argument("--max-rows", type=int, default=0, help="rows per split instead of the models' (a quick try)")
