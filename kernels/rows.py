@@ -57,13 +57,13 @@ def _scaled(stored_x, scale, shift, out_x):
 def gather_scaled(stored_x, stored_y, index, scale: float, shift: float, out_x, out_y) -> None:
     """out_x[r] = stored_x[index[r]] * scale + shift and out_y[r] = stored_y[index[r]] (rows of any shape)."""
     dtype = out_x.dtype.type
-    _gather_scaled(_flat_rows(stored_x), stored_y, index, dtype(scale), dtype(shift), _flat_rows(out_x), out_y)
+    _gather_scaled(flat_rows(stored_x), stored_y, index, dtype(scale), dtype(shift), flat_rows(out_x), out_y)
 
 
 def scaled(stored_x, scale: float, shift: float, out_x) -> None:
     """out_x = stored_x * scale + shift, row for row."""
     dtype = out_x.dtype.type
-    _scaled(_flat_rows(stored_x), dtype(scale), dtype(shift), _flat_rows(out_x))
+    _scaled(flat_rows(stored_x), dtype(scale), dtype(shift), flat_rows(out_x))
 
 
 def gather_scaled_reference(stored_x, stored_y, index, scale, shift, out_x, out_y) -> None:
@@ -74,5 +74,6 @@ def gather_scaled_reference(stored_x, stored_y, index, scale, shift, out_x, out_
     out_y[...] = stored_y[index]
 
 
-def _flat_rows(array: np.ndarray) -> np.ndarray:
+def flat_rows(array):
+    """`array` as (batch, features), a view of a contiguous array."""
     return array.reshape(len(array), -1)

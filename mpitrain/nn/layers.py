@@ -27,6 +27,7 @@ import numpy as np
 from mpitrain.backend import array_module
 from mpitrain.kernels.activations import (KEYED_BITS, activation_backward, bias_activation, dropout,
                                           keyed_bits_reference)
+from mpitrain.kernels.rows import flat_rows
 from mpitrain.nn.workspace import Workspace, WorkspacePart
 
 
@@ -139,20 +140,15 @@ class _Activation(Layer):
         if self.fused:
             return x
         self.y = self.ws("y", x.shape, x.dtype)
-        bias_activation(_rows(x), x[:0].reshape(-1), self.kind, _rows(self.y))
+        bias_activation(flat_rows(x), x[:0].reshape(-1), self.kind, flat_rows(self.y))
         return self.y
 
     def backward(self, dy, input_grad=True):
         if self.fused:
             return dy
         dx = self.ws("dx", dy.shape, dy.dtype)
-        activation_backward(_rows(dy), _rows(self.y), self.kind, _rows(dx))
+        activation_backward(flat_rows(dy), flat_rows(self.y), self.kind, flat_rows(dx))
         return dx
-
-
-def _rows(array):
-    """`array` as (batch, features), a view of a contiguous array."""
-    return array.reshape(len(array), -1)
 
 
 class ReLU(_Activation):
@@ -201,8 +197,8 @@ class Dropout(Layer):
             return x
         self.mask = self.ws("mask", x.shape, x.dtype)
         y = self.ws("y", x.shape, x.dtype)
-        dropout(_rows(x), key_seed(self.key), math.ceil(self.rate * 2**KEYED_BITS), 1 / (1 - self.rate),
-                _rows(y), _rows(self.mask))
+        dropout(flat_rows(x), key_seed(self.key), math.ceil(self.rate * 2**KEYED_BITS), 1 / (1 - self.rate),
+                flat_rows(y), flat_rows(self.mask))
         return y
 
     def backward(self, dy, input_grad=True):

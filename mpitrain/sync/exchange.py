@@ -29,9 +29,9 @@ def allgather(comm, message, sizes, params, received=None) -> int:
     """Every rank gets every message (Allgatherv, into `received` when given: int32, at least the sizes' sum) and
     adds each, in rank order, divided by the ranks. A collective."""
     messages = comm.allgatherv(message, sizes, received)
-    for received in messages:  # rank order on every rank: identical sums, identical replicas
-        threshold_decode(received, params, 1.0 / comm.size)
-    return sum(message_count(received) for received in messages)
+    for each in messages:  # rank order on every rank: identical sums, identical replicas
+        threshold_decode(each, params, 1.0 / comm.size)
+    return sum(message_count(each) for each in messages)
 
 
 def split(comm, message, sizes, params, received=None) -> int:
