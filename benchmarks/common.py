@@ -12,13 +12,19 @@ import tempfile
 import time
 
 from mpitrain.report import read_metrics
+from mpitrain.threads import SIZED_MARK
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORES = len(os.sched_getaffinity(0))
 BIN = os.path.dirname(sys.executable)
-# 1 thread per rank for every engine, so ranks, not threads, share the cores
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-       "NUMBA_NUM_THREADS": "1"}
+# mpitrain runs in the benchmark's own environment, as a user's shell starts it (it sizes its thread
+# pools itself: mpitrain/threads.py). PyTorch's peer gets what its launcher gives: torchrun sets
+# OMP_NUM_THREADS=1 in each process it starts when the user has not.
+TORCHRUN_ENV = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+# What a user who pins every pool by hand sets: the "pinned" rows beside the default ones.
+PINNED_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+              "NUMBA_NUM_THREADS": "1"}
+PINNED_ENV.pop(SIZED_MARK, None)  # these are the user's values, not the ones importing mpitrain set here
 
 
 def benchmark_parser(doc: str, epochs: int) -> argparse.ArgumentParser:
@@ -31,8 +37,9 @@ def benchmark_parser(doc: str, epochs: int) -> argparse.ArgumentParser:
     return parser
 
 
-def run_mpitrain(args, ranks: int, mode: str, extra: dict, epochs: int) -> dict:
-    """One `mpiexec -n RANKS mpitrain train` run of `args.config` on `args.data`.
+def run_mpitrain(args, ranks: int, mode: str, extra: dict, epochs: int, env: dict | None = None) -> dict:
+    """One `mpiexec -n RANKS mpitrain train` run of `args.config` on `args.data`, in this process's environment
+    (or `env`).
 
     Returns its summary.json, with its metrics.jsonl window records under "windows" (and its DBN
     pretraining records under "pretrain").
@@ -42,7 +49,7 @@ def run_mpitrain(args, ranks: int, mode: str, extra: dict, epochs: int) -> dict:
                      "sync.mode": mode, "train.log_every": 1000, "report": False, **extra}
         command = [os.path.join(BIN, "mpiexec"), "-n", str(ranks), os.path.join(BIN, "mpitrain"), "train",
                    args.config, *[f"--set={k}={v}" for k, v in overrides.items()]]
-        subprocess.run(command, check=True, env=ENV, capture_output=True, text=True)
+        subprocess.run(command, check=True, env=env, capture_output=True, text=True)
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
         summary["windows"] = read_metrics(os.path.join(run_dir, "metrics.jsonl"))[0]
@@ -66,11 +73,11 @@ def torch_available() -> bool:
 
 
 def run_ddp(args, ranks: int, epochs: int, extra: list[str] = ()) -> dict:
-    """PyTorch DDP on the same config and data (benchmarks/torch_ddp.py, `extra` arguments passed on);
-    returns samples/s and accuracy."""
+    """PyTorch DDP on the same config and data (benchmarks/torch_ddp.py, `extra` arguments passed on), one
+    thread per process as torchrun starts it; returns samples/s and accuracy."""
     out = subprocess.run([sys.executable, os.path.join(HERE, "torch_ddp.py"), "--data", args.data, "--config",
                           args.config, "--ranks", str(ranks), "--epochs", str(epochs), *extra],
-                         check=True, env=ENV, capture_output=True, text=True)
+                         check=True, env=TORCHRUN_ENV, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

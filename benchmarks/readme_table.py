@@ -31,7 +31,7 @@ SECTIONS = [("throughput", "Throughput per sync mode, beside PyTorch DDP (`bench
             ("etl", "Spark ETL beside a single-process conversion (`benchmarks/etl.py`)")]
 # The README's headline: (section, what the rows show, which rows of the section's first table).
 HEADLINE = [("throughput", "CPU, 2 ranks on 2 cores, beside PyTorch DDP",
-             lambda row: row["ranks"] == "2" and row["sync"] in ("allreduce (overlapped)", "DDP gloo")),
+             lambda row: row["ranks"] == "2" and row["sync"] in ("allreduce (overlapped)", "allreduce (overlapped, threads pinned)", "DDP gloo")),
             ("communication", "Bytes each rank sends per step, 4 ranks, MLP", lambda row: row["ranks"] == "4"),
             ("cnn_accuracy", "Conv nets after 10 epochs, 4 ranks, sharing", lambda row: True),
             ("dbn", "Deep belief net, 4 ranks", lambda row: True),

@@ -3,7 +3,13 @@
 `import mpitrain` gives the Python API (`mpitrain.api`: `init`, `Config`, `DatasetReader`,
 `Sequential`, `create_synchronizer`, `train`, ...). Its names load on first use, so tools
 that need no MPI (the ETL, `mpitrain info`) never start it.
+
+Importing it first sizes the thread pools of numba and BLAS for the ranks on this node, before
+either loads (`mpitrain.threads`): every entry point passes through here.
 """
+from mpitrain.threads import size_thread_pools
+
+THREADS = size_thread_pools()  # before anything imports numpy or numba
 
 __version__ = "0.1.0"
 

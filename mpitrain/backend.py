@@ -7,13 +7,17 @@ nothing there), so tests on the CPU check where the GPU path would cross the bus
 """
 from __future__ import annotations
 
-import os
+import logging
 import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from mpitrain import THREADS
 from mpitrain.errors import ConfigError
+from mpitrain.threads import check_ranks_on_node
+
+log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "numpy", "cupy")
 
@@ -102,12 +106,15 @@ def create_backend(name: str, local_rank: int = 0, local_size: int = 1) -> Backe
     """Build the backend `name` (auto: cupy when a GPU is available, else numpy).
 
     With cupy, rank `local_rank` on a node takes GPU `local_rank % n_gpus`, made current
-    before anything is allocated (for cupy and for the numba-CUDA kernels alike).
+    before anything is allocated (for cupy and for the numba-CUDA kernels alike). With numpy,
+    the thread pools sized at import (`mpitrain.threads`) are logged and checked against the
+    `local_size` ranks MPI found on this node.
     """
     if name == "auto":
         name = "cupy" if gpu_available() else "numpy"
     if name == "numpy":
-        _share_cores(local_size)
+        log.info(THREADS.describe())
+        check_ranks_on_node(THREADS, local_size)
         return Backend("numpy", np)
     if name == "cupy":
         if not gpu_available():
@@ -129,23 +136,6 @@ def gpu_available() -> bool:
     except ImportError:
         return False
     return bool(cupy.is_available())
-
-
-def _share_cores(local_size: int) -> None:
-    """Give each of the node's ranks its share of the cores for BLAS and numba, unless the user chose.
-
-    Several ranks per node each running one thread per core oversubscribe the node and run
-    slower than one thread each; OMP_NUM_THREADS / NUMBA_NUM_THREADS set by the user win.
-    """
-    if local_size <= 1:
-        return
-    share = max(1, (os.cpu_count() or 1) // local_size)
-    if "NUMBA_NUM_THREADS" not in os.environ:
-        import numba
-        numba.set_num_threads(min(share, numba.config.NUMBA_NUM_THREADS))
-    if "OMP_NUM_THREADS" not in os.environ and "OPENBLAS_NUM_THREADS" not in os.environ:
-        from threadpoolctl import threadpool_limits
-        threadpool_limits(share)
 
 
 def array_module(array):

@@ -54,12 +54,13 @@ class Totals:
     traffic: Traffic = Traffic()
     first_bad_step: int = -1  # the first step whose loss was NaN or Inf
     step_comm: tuple = ()  # each step's communication seconds, start to end
+    input_seconds: float = 0.0  # the time the steps waited for their batch (part of `seconds`)
 
     def __add__(self, other: Totals) -> Totals:
         bad = [s for s in (self.first_bad_step, other.first_bad_step) if s >= 0]
         return Totals(self.steps + other.steps, self.samples + other.samples, self.loss_sum + other.loss_sum,
                       self.correct + other.correct, self.seconds + other.seconds, self.traffic + other.traffic,
-                      min(bad, default=-1), self.step_comm + other.step_comm)
+                      min(bad, default=-1), self.step_comm + other.step_comm, self.input_seconds + other.input_seconds)
 
 
 @dataclass
@@ -77,28 +78,33 @@ class Window:
     seconds: float = 0.0
     traffic: Traffic = Traffic()
     step_comm: list = field(default_factory=list)
+    input_seconds: float = 0.0
 
-    def add(self, step: int, loss, correct, samples: int, seconds: float, traffic: Traffic) -> None:
+    def add(self, step: int, loss, correct, samples: int, seconds: float, traffic: Traffic,
+            input_seconds: float) -> None:
+        """One step: `seconds` from the end of the step before, of which `input_seconds` waiting for its batch."""
         if self.first_step < 0:
             self.first_step = step
         self.samples.append(samples)
         self.losses.append(loss)
         self.corrects.append(correct)
         self.seconds += seconds
+        self.input_seconds += input_seconds
         self.traffic += traffic
         self.step_comm.append(traffic.comm_seconds)
 
     def totals(self, backend) -> Totals:
         """The window's sums on the host (one counted copy through `backend`)."""
         if not self.losses:
-            return Totals(seconds=self.seconds, traffic=self.traffic)
+            return Totals(seconds=self.seconds, traffic=self.traffic, input_seconds=self.input_seconds)
         xp = backend.xp
         losses, corrects = backend.to_host(xp.stack([xp.stack(self.losses).astype(np.float64),
                                                      xp.stack(self.corrects).astype(np.float64)]))
         bad = ~np.isfinite(losses)
         return Totals(len(losses), sum(self.samples), float(losses @ np.asarray(self.samples, dtype=np.float64)),
                       int(corrects.sum()), self.seconds, self.traffic,
-                      self.first_step + int(np.argmax(bad)) if bad.any() else -1, tuple(self.step_comm))
+                      self.first_step + int(np.argmax(bad)) if bad.any() else -1, tuple(self.step_comm),
+                      self.input_seconds)
 
 
 class MetricsLog:
@@ -149,6 +155,7 @@ class MetricsLog:
             "samples": samples,
             "samples_per_s": samples / max(max(w.seconds for w in windows), 1e-12),
             **per_step([w.traffic for w in windows], window.steps),
+            "input_wait_ms_per_step": input_wait_ms([w.input_seconds for w in windows], window.steps),
             "comm_ms_per_step": 1e3 * sum(fastest) / max(len(fastest), 1),
             "rank_losses": [w.loss_sum / max(w.samples, 1) for w in windows],
             **extra,
@@ -228,6 +235,11 @@ def _keeps(line: str, keep) -> bool:
     except json.JSONDecodeError:
         return False
     return isinstance(record, dict) and keep(record)
+
+
+def input_wait_ms(input_seconds: list[float], steps: int) -> float:
+    """The ranks' mean time per step spent waiting for the next batch (the prefetch was behind), in ms."""
+    return 1e3 * sum(input_seconds) / (len(input_seconds) * max(steps, 1))
 
 
 def per_step(traffic: list[Traffic], steps: int) -> dict:

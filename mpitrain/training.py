@@ -22,7 +22,7 @@ from mpitrain.files import os_errors, write_file
 from mpitrain.data import Batches, RankRows
 from mpitrain.errors import ConfigError
 from mpitrain.evaluation import Evaluation, evaluate
-from mpitrain.metrics import MetricsLog, Totals, Traffic, Window, per_step
+from mpitrain.metrics import MetricsLog, Totals, Traffic, Window, input_wait_ms, per_step
 from mpitrain.nn.updaters import Updater, create_updater
 from mpitrain.preemption import StopSignals, Stopped, requeue
 from mpitrain.pretrain import pretrain
@@ -67,12 +67,14 @@ class _Loop:
 
 @dataclass
 class _Done:
-    """What the epochs did on this rank: time and samples of training steps, traffic, the last evaluation."""
+    """What the epochs did on this rank: time and samples of training steps (and time waiting for batches),
+    traffic, the last evaluation."""
 
     seconds: float = 0.0
     samples: int = 0
     steps: int = 0
     traffic: Traffic = Traffic()
+    input_seconds: float = 0.0
     evaluation: Evaluation | None = None
     hashes: list = field(default_factory=list)
 
@@ -138,6 +140,7 @@ def _train_epochs(run: Run, loop: _Loop) -> _Done:
             window, epoch_totals = Window(), Totals()
             tick = time.perf_counter()
             for step, (x, y) in enumerate(batches.epoch(epoch, start_step), start=start_step):
+                waited = time.perf_counter() - tick  # for this batch: the prefetch was behind
                 watchdog.beat(f"epoch {epoch + 1} step {step + 1}")
                 before = Traffic.of(comm)
                 with loop.allocations.span("step"):  # the step itself; its bookkeeping is a few Python objects
@@ -145,13 +148,13 @@ def _train_epochs(run: Run, loop: _Loop) -> _Done:
                                                       grads_ready=grads_ready)
                     sync.step(model, updater)
                 now = time.perf_counter()
-                window.add(step, loss, correct, len(y), now - tick, Traffic.of(comm) - before)
+                window.add(step, loss, correct, len(y), now - tick, Traffic.of(comm) - before, waited)
                 last = step + 1 == batches.steps_per_epoch
                 stop_signal = stop.agreed()  # the same answer on every rank, in the same step
                 if (step + 1) % config.train.log_every == 0 or last or stop_signal:
-                    waited = time.perf_counter()
+                    copied = time.perf_counter()
                     totals = window.totals(backend)  # the window's one device -> host copy ...
-                    totals.seconds += time.perf_counter() - waited  # ... waits for its queued GPU work
+                    totals.seconds += time.perf_counter() - copied  # ... waits for its queued GPU work
                     metrics.window(epoch, step, totals, sync.metrics())
                     epoch_totals += totals
                     window = Window()
@@ -170,6 +173,7 @@ def _train_epochs(run: Run, loop: _Loop) -> _Done:
             done.seconds += epoch_totals.seconds
             done.samples += epoch_totals.samples
             done.steps += epoch_totals.steps
+            done.input_seconds += epoch_totals.input_seconds
             if sync.replicas_identical and config.sync.check_replicas:
                 done.hashes = check_replicas(comm, *map(backend.to_host, (model.params, model.stats)))
             with loop.allocations.span("evaluation"):
@@ -199,6 +203,7 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
         "test_accuracy": evaluation.accuracy, "test_loss": evaluation.loss,
         "samples_per_s": sum(comm.allgather_obj(done.samples)) / slowest if slowest else 0.0,
         **per_step(comm.allgather_obj(done.traffic), done.steps),  # the ranks' mean
+        "input_wait_ms_per_step": input_wait_ms(comm.allgather_obj(done.input_seconds), done.steps),
         "comm_ms_per_step": loop.metrics.comm_ms_per_step,
         "epochs": config.train.epochs, "ranks": comm.size, "nodes": comm.nodes,
         "ranks_per_node": comm.local_size, "sync_mode": config.sync.mode,

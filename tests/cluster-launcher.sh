@@ -1,9 +1,9 @@
 #!/bin/bash
 # Hydra's -launcher-exec for tests/cluster.py: mpiexec runs it as it would run ssh,
 #   cluster-launcher.sh [-x] HOST COMMAND...
-# HOST is a simulated node's address; SIMULATED_NODES ("ADDRESS=NODE ...", set by the cluster)
-# names its network namespace. COMMAND (Hydra's proxy) runs in that namespace and in a UTS
-# namespace of its own, whose host name is the node's name.
+# HOST is a simulated node's address; SIMULATED_NODES ("ADDRESS=NODE@CORE ...", set by the cluster)
+# names its network namespace and its core. COMMAND (Hydra's proxy) runs in that namespace, on
+# that core (taskset), and in a UTS namespace of its own, whose host name is the node's name.
 set -euo pipefail
 while [[ $1 == -* ]]; do shift; done
 host=$1
@@ -11,7 +11,9 @@ shift
 for pair in ${SIMULATED_NODES:-}; do
     if [[ ${pair%%=*} == "$host" ]]; then
         node=${pair#*=}
-        exec ip netns exec "$node" unshare --uts bash -c 'hostname "$0" && exec bash -c "$1"' "$node" "$*"
+        core=${node#*@}
+        node=${node%@*}
+        exec ip netns exec "$node" unshare --uts taskset -c "$core" bash -c 'hostname "$0" && exec bash -c "$1"' "$node" "$*"
     fi
 done
 echo "$0: $host is no node of this simulated cluster (SIMULATED_NODES: ${SIMULATED_NODES:-unset})" >&2

@@ -173,12 +173,15 @@ class SimulatedCluster:
 
     @property
     def env(self) -> dict:
-        """mpiexec's environment: UCX over the nodes' links only, one thread per rank (the nodes share the machine's
-        cores, which a rank alone on its node would otherwise take all of: numba's parallel kernels, BLAS)."""
-        nodes = " ".join(f"{host}={node}" for host, node in zip(self.hosts, self.nodes))
-        return {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-                "PYTHONUNBUFFERED": "1", "UCX_TLS": "tcp",
-                "UCX_NET_DEVICES": NODE_IF, "SIMULATED_NODES": nodes}
+        """mpiexec's environment: UCX over the nodes' links only; no thread variables (each node has its cores)."""
+        nodes = " ".join(f"{host}={node}@{self.cores(node)}" for host, node in zip(self.hosts, self.nodes))
+        return {**os.environ, "PYTHONUNBUFFERED": "1", "UCX_TLS": "tcp", "UCX_NET_DEVICES": NODE_IF,
+                "SIMULATED_NODES": nodes}
+
+    def cores(self, node: str) -> int:
+        """The one core of this machine that `node` runs on (nodes take the cores in turn), as a node of a real
+        cluster has cores of its own: its ranks size their thread pools for it, as they would there."""
+        return sorted(os.sched_getaffinity(0))[self.nodes.index(node) % len(os.sched_getaffinity(0))]
 
     def mpiexec_command(self, n: int, *args, ppn: int = 1) -> list[str]:
         """`mpiexec` placing `n` ranks, `ppn` per node in the order of `nodes`, running ARGS."""
@@ -213,9 +216,10 @@ class SimulatedCluster:
 
     def node_command(self, node: str, *args) -> list[str]:
         """ARGS as a command that runs inside `node`: its network namespace and hosts file, its host name (a UTS
-        namespace of its own), as cluster-launcher.sh runs Hydra's proxies; the command replaces the shell."""
-        return ["ip", "netns", "exec", node, "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', node,
-                *map(str, args)]
+        namespace of its own) and on its core, as cluster-launcher.sh runs Hydra's proxies; the command replaces
+        the shell."""
+        return ["ip", "netns", "exec", node, "unshare", "--uts", "taskset", "-c", str(self.cores(node)), "sh", "-c",
+                'hostname "$0" && exec "$@"', node, *map(str, args)]
 
     def pids(self) -> dict[str, list[int]]:
         """The processes running in each node."""

@@ -1,9 +1,14 @@
-"""metrics.jsonl on resume: the checkpointer drops the records written after the checkpoint a run resumes from."""
+"""metrics.jsonl: the records a resumed run keeps (the checkpointer drops those written after its checkpoint), and
+the time steps waited for their batches."""
 import json
 from types import SimpleNamespace
 
+import numpy as np
+from conftest import MPITRAIN, make_dataset, mpiexec, write_config
+
+from mpitrain.backend import create_backend
 from mpitrain.checkpointer import Checkpointer
-from mpitrain.metrics import append_record
+from mpitrain.metrics import Traffic, Window, append_record, input_wait_ms
 
 
 def records(tmp_path) -> list:
@@ -66,3 +71,32 @@ def test_each_collective_is_timed_once():
         assert (comm.mpi_seconds, comm.comm_seconds) == (7.0, 9.0)
         comm.complete([], last=np.ones(4, dtype=np.float32))  # a one-bucket cut: a blocking Allreduce, 14 to 15
         assert (comm.mpi_seconds, comm.comm_seconds) == (8.0, 10.0)
+
+
+def test_the_time_steps_waited_for_their_batch_is_kept_apart_and_summed():
+    window = Window()
+    window.add(0, np.float32(1.0), np.int64(3), 4, 0.010, Traffic(), 0.002)
+    window.add(1, np.float32(2.0), np.int64(1), 4, 0.030, Traffic(), 0.004)
+    totals = window.totals(create_backend("numpy"))
+    assert (totals.steps, totals.seconds, totals.input_seconds) == (2, 0.040, 0.006)
+    assert (totals + totals).input_seconds == 0.012
+    assert input_wait_ms([0.006, 0.002], 2) == 2.0  # two ranks' 8 ms over 2 steps each
+
+
+def test_without_prefetch_every_step_waits_for_its_batch_and_the_metrics_say_so(tmp_path):
+    """data.prefetch: false makes each batch between the steps, in the training thread: that time is the input wait,
+    in every window record and the summary, and is a part of the step time."""
+    make_dataset(tmp_path / "data", n_train=480)
+    for prefetch in (False, True):
+        run_dir = tmp_path / f"run-{prefetch}"
+        config = write_config(tmp_path / f"{prefetch}.yaml", tmp_path / "data", run_dir=str(run_dir),
+                              data={"prefetch": prefetch})
+        result = mpiexec(2, MPITRAIN, "train", config)
+        assert result.returncode == 0, result.stderr
+        s = json.loads((run_dir / "summary.json").read_text())
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        windows = [r for r in records if r["kind"] == "window"]
+        assert windows and all(0 <= w["input_wait_ms_per_step"] for w in windows)
+        assert 0 <= s["input_wait_ms_per_step"] < 1e3 * s["wall_s"] / s["steps_per_epoch"]
+        if not prefetch:
+            assert s["input_wait_ms_per_step"] > 0 and all(w["input_wait_ms_per_step"] > 0 for w in windows)

@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from conftest import make_dataset
+from test_threads import THREAD_POOLS, assert_every_pool, pools_of
 from slurm_daemons import (ENDED, SLURM, failed_in_mpi_init, job_logs, start_slurm, summary_hashes, wait_for,
                            write_mlp_config)
 
@@ -180,3 +181,19 @@ def test_srun_with_a_mismatched_mpi_plugin_fails_on_every_rank(slurm, tmp_path):
     assert result.returncode != 0
     assert result.stderr.count("srun started 2 tasks, but each sees an MPI world of 1 rank") == 2, result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("tasks, cpus_per_task", [(2, None), (1, 2)])
+def test_srun_tasks_size_their_thread_pools_with_no_thread_variables(slurm, tasks, cpus_per_task):
+    """Every pool of each srun task (tests/mpi/thread_pools.py): the node's cores shared by its tasks, or the
+    task's --cpus-per-task; no thread variable in the environment."""
+    cores = len(os.sched_getaffinity(0))
+    env = {k: v for k, v in slurm.env.items() if not k.endswith("_NUM_THREADS")}
+    command = ["srun", "-n", tasks, *([f"--cpus-per-task={cpus_per_task}"] if cpus_per_task else []),
+               sys.executable, THREAD_POOLS]
+    result = subprocess.run(list(map(str, command)), capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    ranks = pools_of(result.stdout)
+    assert len(ranks) == tasks and all(r["launcher"] == "Slurm srun" for r in ranks), result.stdout
+    for pool in ranks:
+        assert_every_pool(pool, cpus_per_task or max(1, cores // tasks))
