@@ -11,7 +11,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 # at MPI_Init on a single host, pmodels/mpich#7417). On a cluster, set UCX_TLS for its network.
 export UCX_TLS ?= self,sm
 
-.PHONY: setup fashion-mnist slurm network-tools demo test bench bench-gpu clean
+.PHONY: setup fashion-mnist slurm network-tools demo test test-fast lint bench bench-gpu clean
 
 setup: $(VENV)/.installed
 
@@ -29,23 +29,23 @@ fashion-mnist:
 	       "or point FASHION=/path/to/idx-folder at a folder holding train-images-idx3-ubyte[.gz] and friends"; exit 1; fi; \
 	fi
 
-# Debian's Slurm and munge, for tests/test_slurm.py and tests/test_cluster.py (they start their own daemons; nothing runs as a service).
+# Debian's Slurm and munge, for tests/system/test_slurm.py and tests/system/test_cluster.py (they start their own daemons; nothing runs as a service).
 slurm:
 	@if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v sbatch >/dev/null \
 	    || ! command -v munged >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	       --no-install-recommends slurmctld slurmd slurm-client munge; \
 	  else echo "Slurm not found: run 'sudo apt-get install slurmctld slurmd slurm-client munge'" \
-	       "(tests/test_slurm.py and the Slurm tests of tests/test_cluster.py skip without it, and fail under CI=true)"; fi; \
+	       "(tests/system/test_slurm.py and the Slurm tests of tests/system/test_cluster.py skip without it, and fail under CI=true)"; fi; \
 	fi
 
-# ip, tc (iproute2) and unshare (util-linux) for tests/test_cluster.py's simulated nodes (network namespaces).
+# ip, tc (iproute2), unshare and taskset (util-linux) for tests/system/test_cluster.py's simulated nodes (network namespaces).
 network-tools:
-	@if ! command -v ip >/dev/null || ! command -v tc >/dev/null || ! command -v unshare >/dev/null; then \
+	@if ! command -v ip >/dev/null || ! command -v tc >/dev/null || ! command -v unshare >/dev/null || ! command -v taskset >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	       --no-install-recommends iproute2 util-linux; \
 	  else echo "ip/tc/unshare not found: run 'sudo apt-get install iproute2 util-linux'" \
-	       "(tests/test_cluster.py skips without them, and fails under CI=true)"; fi; \
+	       "(tests/system/test_cluster.py skips without them, and fails under CI=true)"; fi; \
 	fi
 
 demo: setup fashion-mnist
@@ -55,11 +55,21 @@ demo: setup fashion-mnist
 	$(BIN)/mpiexec -n $(RANKS) $(BIN)/mpitrain train configs/fashion_mlp.yaml
 	$(BIN)/mpiexec -n $(RANKS) $(BIN)/mpitrain eval runs/fashion_mlp --split test
 
-test: setup fashion-mnist slurm network-tools
+# Everything, as CI runs it: the linter, then tests/unit, tests/mpi and tests/system (real Spark, MPI, Slurm,
+# simulated nodes; root installs the Debian packages they need).
+test: setup fashion-mnist slurm network-tools lint
 	$(PY) -m pytest -q tests
 
+# The unit tests alone: no MPI launcher, no Spark, no root; under a minute.
+test-fast: setup
+	$(PY) -m pytest -q -m unit tests/unit
+
+# pyflakes' rules and pycodestyle's errors (pyproject.toml's [tool.ruff]).
+lint: setup
+	$(BIN)/ruff check .
+
 bench: setup fashion-mnist
-	$(PY) -m pip install -q torch==2.13.0 || echo "PyTorch not installed: the DDP baseline is left out"
+	$(PY) -m pip install -q -e '.[bench]' || echo "PyTorch not installed: the DDP baseline is left out"
 	test -f data/fashion/manifest.json || $(BIN)/mpitrain etl --source idx:$(FASHION) --out data/fashion --shards 8
 	$(PY) benchmarks/kernels.py
 	$(PY) benchmarks/throughput.py --data data/fashion --out benchmarks/results
@@ -70,16 +80,16 @@ bench: setup fashion-mnist
 	$(PY) benchmarks/soak.py --out benchmarks/results
 	$(PY) benchmarks/etl.py --out benchmarks/results
 	$(PY) benchmarks/dbn.py --data data/fashion --out benchmarks/results
-	$(PY) benchmarks/readme_table.py --results benchmarks/results --page docs/benchmarks.md --readme README.md
+	$(PY) -m mpitrain.testing.tables --results benchmarks/results --page docs/benchmarks.md --readme README.md
 
 # One GPU: cupy and numba-CUDA kernels beside PyTorch CUDA; stops at once, saying so, without a GPU.
 bench-gpu: setup fashion-mnist
 	$(PY) -m pip install -q -e '.[gpu]'
-	$(PY) -m pip install -q torch==2.14.1 || echo "PyTorch not installed: the PyTorch CUDA baseline is left out"
+	$(PY) -m pip install -q -e '.[bench]' || echo "PyTorch not installed: the PyTorch CUDA baseline is left out"
 	test -f data/fashion/manifest.json || $(BIN)/mpitrain etl --source idx:$(FASHION) --out data/fashion --shards 8
 	$(PY) benchmarks/kernels.py --backend cupy
 	$(PY) benchmarks/throughput.py --backend cupy --data data/fashion --out benchmarks/results
-	$(PY) benchmarks/readme_table.py --results benchmarks/results --page docs/benchmarks.md --readme README.md
+	$(PY) -m mpitrain.testing.tables --results benchmarks/results --page docs/benchmarks.md --readme README.md
 
 clean:
 	rm -rf $(VENV) *.egg-info data runs

@@ -1,17 +1,26 @@
 """Distribution `mpitrain`.
 
-`etl/` ships as `mpitrain.etl` and `kernels/` as `mpitrain.kernels` (package_dir), so no
-generic top-level `etl` or `kernels` package is installed next to the user's own.
+`etl/` ships as `mpitrain.etl`, `kernels/` as `mpitrain.kernels` and the test and benchmark
+harness `tests/harness/` as `mpitrain.testing` (package_dir), so no generic top-level `etl`,
+`kernels` or `tests` package is installed next to the user's own.
 """
 from setuptools import setup
+
+# pyarrow: Spark hands the ETL's Python tasks Arrow batches; PySpark wants pandas < 3
+SPARK = ["pyspark>=3.5", "pyarrow>=11", "pandas>=2,<3", "Pillow>=9"]
+# `mpitrain export` (a trained model to ONNX) and `mpitrain score` (onnxruntime in Spark's executors)
+ONNX = ["onnx>=1.14", "onnxruntime>=1.16"]
 
 setup(
     name="mpitrain",
     version="0.1.0",
     description="Data-parallel deep learning on HPC clusters: Spark ETL to HDF5, MPI training",
     python_requires=">=3.10",
-    packages=["mpitrain", "mpitrain.nn", "mpitrain.sync", "mpitrain.etl", "mpitrain.kernels"],
-    package_dir={"mpitrain.etl": "etl", "mpitrain.kernels": "kernels"},
+    packages=["mpitrain", "mpitrain.config", "mpitrain.parallel", "mpitrain.parallel.sync", "mpitrain.data",
+              "mpitrain.training", "mpitrain.rundir", "mpitrain.nn", "mpitrain.etl", "mpitrain.kernels",
+              "mpitrain.kernels.threshold", "mpitrain.testing"],
+    package_dir={"mpitrain.etl": "etl", "mpitrain.kernels": "kernels", "mpitrain.testing": "tests/harness"},
+    package_data={"mpitrain.testing": ["cluster-launcher.sh"]},
     install_requires=[
         "numpy>=1.24",
         "h5py>=3.8",
@@ -23,15 +32,12 @@ setup(
         "numba>=0.58",
     ],
     extras_require={
-        # pyarrow: Spark hands the ETL's Python tasks Arrow batches; PySpark wants pandas < 3
-        "spark": ["pyspark>=3.5", "pyarrow>=11", "pandas>=2,<3", "Pillow>=9"],
+        "spark": SPARK,
         "mpich": ["mpich"],
-        # `mpitrain export` (a trained model to ONNX) and `mpitrain score` (onnxruntime in Spark's executors)
-        "onnx": ["onnx>=1.14", "onnxruntime>=1.16"],
+        "onnx": ONNX,
         # numba-cuda: the CUDA target with its toolkit wheels; it still calls np.row_stack, gone in numpy 2.5
         "gpu": ["cupy-cuda12x", "numba-cuda[cu12]", "numpy<2.5"],
-        "test": ["pytest>=7", "scikit-learn>=1.2", "pyspark>=3.5", "pyarrow>=11", "pandas>=2,<3", "Pillow>=9",
-                 "onnx>=1.14", "onnxruntime>=1.16"],
+        "test": ["pytest>=7", "scikit-learn>=1.2", "ruff>=0.6", *SPARK, *ONNX],
         "bench": ["torch==2.13.0"],
     },
     entry_points={"console_scripts": ["mpitrain = mpitrain.cli:main"]},

@@ -1,9 +1,9 @@
 """Training on a simulated multi-node cluster, beside the communication cost model (needs root).
 
 For each link rate (`--links`, Gb/s) and node count (`--nodes`), a cluster of network
-namespaces (tests/cluster.py: tbf-shaped links into one bridge, MPICH over TCP, one rank per
+namespaces (tests/harness/cluster.py: tbf-shaped links into one bridge, MPICH over TCP, one rank per
 node) is built; benchmarks/network_probe.py measures its Allreduce over sizes and
-`mpitrain.costmodel.Network.fit` fits latency and time per byte to it. Then each model trains
+`mpitrain.parallel.costmodel.Network.fit` fits latency and time per byte to it. Then each model trains
 2 epochs per sync variant (blocking and overlapped `allreduce`, `averaging` every 5 steps,
 `sharing` with the allgather and the split exchange): samples/s and communication time per
 step are those of the second epoch (the first is the warm-up: numba's kernels, TCP
@@ -36,16 +36,15 @@ import tempfile
 import numpy as np
 from common import BIN, HERE, markdown_table, write_results
 
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-from cluster import SimulatedCluster, missing_capability  # noqa: E402
+from mpitrain.testing.cluster import SimulatedCluster, missing_capability  # noqa: E402
 
-from mpitrain.config import load_config  # noqa: E402
-from mpitrain.costmodel import Network, allgather_exchange, split_exchange  # noqa: E402
+from mpitrain.config.sections import load_config  # noqa: E402
+from mpitrain.parallel.costmodel import Network, allgather_exchange, split_exchange  # noqa: E402
 from mpitrain.nn.model import build_model  # noqa: E402
-from mpitrain.report import read_metrics  # noqa: E402
-from mpitrain.shard_format import read_manifest  # noqa: E402
-from mpitrain.sync.buckets import gradient_buckets  # noqa: E402
-from mpitrain.sync.exchange import choose_exchange  # noqa: E402
+from mpitrain.rundir.report import read_metrics  # noqa: E402
+from mpitrain.data.shards import read_manifest  # noqa: E402
+from mpitrain.parallel.sync.buckets import gradient_buckets  # noqa: E402
+from mpitrain.parallel.sync.exchange import choose_exchange  # noqa: E402
 
 MODELS = {"MLP": ("configs/fashion_mlp.yaml", 30000), "LeNet": ("configs/fashion_lenet.yaml", 16000)}  # max rows
 VARIANTS = {  # name: (sync.mode, overrides)

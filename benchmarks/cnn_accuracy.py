@@ -11,7 +11,7 @@ import argparse
 
 from common import benchmark_parser, markdown_table, run_mpitrain, write_results
 
-from mpitrain.config import load_config
+from mpitrain.config.sections import load_config
 
 MODELS = [("LeNet", "configs/fashion_lenet.yaml", 0.915), ("batch-norm CNN", "configs/fashion_cnn_bn.yaml", 0.925)]
 

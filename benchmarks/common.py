@@ -11,14 +11,14 @@ import sys
 import tempfile
 import time
 
-from mpitrain.report import read_metrics
-from mpitrain.threads import SIZED_MARK
+from mpitrain.rundir.report import read_metrics
+from mpitrain.parallel.threads import SIZED_MARK
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORES = len(os.sched_getaffinity(0))
 BIN = os.path.dirname(sys.executable)
 # mpitrain runs in the benchmark's own environment, as a user's shell starts it (it sizes its thread
-# pools itself: mpitrain/threads.py). PyTorch's peer gets what its launcher gives: torchrun sets
+# pools itself: mpitrain/parallel/threads.py). PyTorch's peer gets what its launcher gives: torchrun sets
 # OMP_NUM_THREADS=1 in each process it starts when the user has not.
 TORCHRUN_ENV = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 # What a user who pins every pool by hand sets: the "pinned" rows beside the default ones.
@@ -67,7 +67,7 @@ def torch_available() -> bool:
     try:
         import torch  # noqa: F401
     except ImportError:
-        print("PyTorch is not installed (pip install torch==2.13.0): the DDP baseline is left out", file=sys.stderr)
+        print("PyTorch is not installed (pip install -e '.[bench]'): the DDP baseline is left out", file=sys.stderr)
         return False
     return True
 

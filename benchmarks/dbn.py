@@ -19,8 +19,8 @@ import json
 
 from common import benchmark_parser, markdown_table, run_mpitrain, write_results
 
-from mpitrain.config import load_config
-from mpitrain.pretrain import dbn_layers
+from mpitrain.config.sections import load_config
+from mpitrain.training.pretrain import dbn_layers
 
 TARGET = 0.89
 

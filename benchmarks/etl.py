@@ -28,7 +28,7 @@ from common import markdown_table, write_results
 
 from mpitrain.etl.job import run_etl
 from mpitrain.etl.sources import SourceOptions
-from mpitrain.shard_format import shard_path
+from mpitrain.data.shards import shard_path
 
 FEATURES = 784
 CLASSES = 10

@@ -28,9 +28,9 @@ import numpy as np
 
 from common import markdown_table, write_results
 
-from mpitrain import kernels
-from mpitrain.backend import gpu_available
-from mpitrain.kernels import message, reference
+from mpitrain.kernels import threshold as kernels
+from mpitrain.parallel.backend import gpu_available
+from mpitrain.kernels.threshold import message, reference
 
 
 def best_seconds(run, prepare=None, repeat: int = 7):

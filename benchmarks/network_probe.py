@@ -4,7 +4,7 @@ Ping-pong between ranks 0 and 1 (one-way time = round trip / 2) over message siz
 Allreduce (float32, all ranks) over sizes, then `sharing`'s exchange (an Allgather of sizes
 and an Allgatherv) over message sizes per rank, each the median of its repetitions after one
 warm-up. Rank 0 prints one JSON object: {"ranks", "pingpong": [[bytes, seconds]...],
-"allreduce": [[bytes, seconds]...], "allgatherv": [[bytes per rank, seconds]...]}. `mpitrain.costmodel.Network.fit` turns the ping-pong
+"allreduce": [[bytes, seconds]...], "allgatherv": [[bytes per rank, seconds]...]}. `mpitrain.parallel.costmodel.Network.fit` turns the ping-pong
 into latency and bandwidth; the Allreduce rows check the model's collective formulas.
 """
 from __future__ import annotations

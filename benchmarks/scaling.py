@@ -25,8 +25,9 @@ from statistics import mean
 
 from common import CORES, benchmark_parser, best_of, markdown_table, run_mpitrain, write_results
 
-from mpitrain.config import load_config
+from mpitrain.config.sections import load_config
 from mpitrain.errors import MpitrainError
+from mpitrain.testing.scaling_model import cost
 
 MODES = [("allreduce", {}), ("averaging", {"sync.frequency": 5}), ("sharing", {})]
 MODEL_RANKS = [2 ** i for i in range(1, 11)]  # 2 .. 1024, for the plot
@@ -74,21 +75,6 @@ def main(argv=None) -> dict:
 def basis(rows: list[dict]) -> list[dict]:
     """Per mode, the measurement the model starts from: the one with the most ranks."""
     return [max((r for r in rows if r["mode"] == mode), key=lambda r: r["ranks"]) for mode, _ in MODES]
-
-
-def cost(row: dict, ranks: int, bandwidth_gbps: float, latency_us: float) -> dict:
-    """The modelled communication of one step on `ranks` ranks (see the module docstring)."""
-    gathered = min(row["step_bytes_sent_per_step"], row["bytes_sent_per_step"]) if row["mode"] == "sharing" else 0.0
-    reduced = row["bytes_sent_per_step"] - gathered
-    allreduces, allgathers = reduced / (4 * row["n_params"]), 2.0 if gathered else 0.0
-    messages = (2 * allreduces + allgathers) * (ranks - 1)
-    wire = 2 * (ranks - 1) / ranks * reduced + (ranks - 1) * gathered
-    seconds = messages * latency_us * 1e-6 + wire * 8 / (bandwidth_gbps * 1e9)
-    return {"mode": row["mode"], "ranks": ranks, "measured_at_ranks": row["ranks"],
-            "bytes_sent_per_step": row["bytes_sent_per_step"], "collectives_per_step": allreduces + allgathers,
-            "messages_per_step": messages, "wire_bytes_per_step": wire, "comm_s_per_step": seconds,
-            "compute_s_per_step": row["compute_s_per_step"],
-            "efficiency": row["compute_s_per_step"] / (row["compute_s_per_step"] + seconds)}
 
 
 def markdown(result: dict) -> str:

@@ -22,11 +22,11 @@ import time
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 from common import write_results  # noqa: E402
-from conftest import MPIEXEC, MPITRAIN, make_dataset  # noqa: E402
-from mpitrain.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
+from mpitrain.testing.launch import MPIEXEC, MPITRAIN  # noqa: E402
+from mpitrain.testing.datasets import make_dataset  # noqa: E402
+from mpitrain.rundir.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
 
 
 def rank_pids(config: str) -> list[int]:

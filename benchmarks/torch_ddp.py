@@ -1,6 +1,6 @@
 """PyTorch DistributedDataParallel (gloo, CPU, 1 thread per rank) on the same model, rows, batches and optimizer.
 
-Each rank reads its rows through `mpitrain.data` (same rows, same per-epoch shuffle as an
+Each rank reads its rows through `mpitrain.data.reader` (same rows, same per-epoch shuffle as an
 mpitrain run), so the only difference measured is the training engine and its allreduce.
 With `--device cuda` one process trains on the GPU without DDP (the twin of a 1-rank
 `backend: cupy` run), each batch uploaded as mpitrain uploads it.
@@ -22,10 +22,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from mpitrain.backend import create_backend
-from mpitrain.config import load_config
-from mpitrain.data import Batches, load_rank_rows
-from mpitrain.shard_format import read_manifest
+from mpitrain.parallel.backend import create_backend
+from mpitrain.config.sections import load_config
+from mpitrain.data.reader import Batches, load_rank_rows
+from mpitrain.data.shards import read_manifest
 
 
 def build_torch_model(layers, input_shape) -> torch.nn.Sequential:

@@ -28,7 +28,7 @@ from mpitrain.etl.records import BadRecords, ReadBatch
 from mpitrain.etl.shuffle import Placement, key_partition, plan_placement, row_keys, shard_of
 from mpitrain.etl.sources import Source, SourceOptions, carved_rows, open_source
 from mpitrain.etl.transforms import FeatureStats, TransformOptions, Transforms
-from mpitrain.shard_format import MANIFEST_NAME, Manifest, shard_path, write_manifest, write_shard
+from mpitrain.data.shards import MANIFEST_NAME, Manifest, shard_path, write_manifest, write_shard
 
 STATS_SPLIT = "train"  # mean/std and fitted transforms come from this split only, so test data never leaks
 log = logging.getLogger(__name__)

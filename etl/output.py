@@ -6,7 +6,7 @@ job's own `marker` file (or nothing), so a typo cannot delete a home directory. 
 ETL (marker manifest.json) and by scoring (marker _metrics.json).
 
 `out` given as a symbolic link is replaced where the link points, and the link stays. While a
-job runs it holds `TMP.lock` beside its temporary folder (`mpitrain.rundir.FileLock`, released
+job runs it holds `TMP.lock` beside its temporary folder (`mpitrain.rundir.directory.FileLock`, released
 by the operating system when the job dies, however it dies); a later job for the same `out`
 removes the temporary folders whose lock nobody holds (jobs that were killed) and leaves the
 others (jobs still running).
@@ -21,7 +21,7 @@ import shutil
 import uuid
 
 from mpitrain.errors import DataError
-from mpitrain.rundir import FileLock
+from mpitrain.rundir.directory import FileLock
 
 log = logging.getLogger(__name__)
 

@@ -6,11 +6,12 @@ as one-line descriptions, so the job can print a sample and fail above `--max-ba
 """
 from __future__ import annotations
 
-import math
 
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from mpitrain.kernels.rows import flat_rows
 
 SAMPLES = 5  # bad records described per batch and in the job's message
 
@@ -44,12 +45,6 @@ class ReadBatch:
     seen: int
     bad: BadRecords
     kept: np.ndarray | None = None
-
-
-def flat_rows(x: np.ndarray) -> np.ndarray:
-    """`x` as (rows, values per row), also when it has no rows (`reshape(len(x), -1)` fails on size 0:
-    a batch whose every record was bad)."""
-    return x.reshape(len(x), math.prod(x.shape[1:]))
 
 
 def checked_batch(x: np.ndarray, labels: np.ndarray | None, num_classes: int | None, where: str, record,

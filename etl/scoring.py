@@ -3,7 +3,7 @@
     spark-submit etl/score.py --model runs/fashion_lenet --source idx:/usr/share/datasets/fashion-mnist --out p.parquet
     mpitrain score --model lenet.onnx --source csv:new.csv --no-label --out p.parquet
 
-The model is an ONNX file, or a run directory exported in memory (`mpitrain.export`); its bytes
+The model is an ONNX file, or a run directory exported in memory (`mpitrain.rundir.export`); its bytes
 are broadcast to the executors once. The source is read with the ETL's sources, options and
 bad-record rules (`--max-bad-fraction`). Executors score the Arrow record batches of the
 source's DataFrame (`mapInArrow`) with onnxruntime, one session per Python worker, and emit
@@ -27,7 +27,7 @@ from mpitrain.etl.job import check_bad_records, task_data_errors
 from mpitrain.etl.output import atomic_folder, check_out
 from mpitrain.etl.records import BadRecords
 from mpitrain.etl.sources import Source, SourceOptions, open_source
-from mpitrain.shard_format import FEATURE_DTYPES
+from mpitrain.data.shards import FEATURE_DTYPES
 
 METRICS_NAME = "_metrics.json"  # inside the output folder; also what marks a folder --overwrite may replace
 ROW_ID = "row"  # the key column made for sources without keys of their own
@@ -53,7 +53,7 @@ class ScoringModel:
 def load_model(path: str) -> ScoringModel:
     """An ONNX file, or a run directory's newest checkpoint exported in memory; one input of rows
     [N, *feature_shape], one output of probabilities [N, classes]."""
-    from mpitrain.export import export_run, input_rows_shape, metadata, output_classes, require_onnx
+    from mpitrain.rundir.export import export_run, input_rows_shape, metadata, output_classes, require_onnx
 
     onnx = require_onnx()
     if os.path.isdir(path):
@@ -178,7 +178,7 @@ def _schema(input_schema, keys: list[str], labeled: bool):
 
 def _tally(rows, plan: ScorePlan) -> dict:
     """Sum the tally rows; fail above --max-bad-fraction (as the ETL does); accuracy etc. given labels."""
-    from mpitrain.evaluation import Evaluation
+    from mpitrain.training.evaluation import Evaluation
 
     seen, bad = sum(row["_seen"] for row in rows), BadRecords()
     for row in rows:

@@ -13,17 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpitrain.etl.records import flat_rows
-
-_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-
-
-def splitmix(z: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer: a bijective mix of uint64s into well-spread keys."""
-    z = (z ^ (z >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    return z ^ (z >> np.uint64(31))
-
+from mpitrain.kernels.activations import splitmix64
+from mpitrain.kernels.rows import flat_rows
 
 def row_keys(x: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray:
     """uint64 keys from each row's bytes and label: a seeded random linear hash, then splitmix64."""
@@ -36,7 +27,7 @@ def row_keys(x: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray:
     multipliers |= np.uint64(1)
     with np.errstate(over="ignore"):
         total = (words * multipliers[:-1]).sum(axis=1, dtype=np.uint64)
-        return splitmix(total + y.astype(np.uint64) * multipliers[-1])
+        return splitmix64(total + y.astype(np.uint64) * multipliers[-1])
 
 
 def key_partition(keys: np.ndarray, parts: int) -> np.ndarray:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from mpitrain.errors import ConfigError, DataError
 from mpitrain.etl.records import BadRecords, ReadBatch, checked_batch
 from mpitrain.etl.sources import Source, SourceOptions, split_paths
-from mpitrain.shard_format import FEATURE_DTYPES
+from mpitrain.data.shards import FEATURE_DTYPES
 
 import numpy as np
 

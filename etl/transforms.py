@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpitrain.errors import ConfigError, DataError
-from mpitrain.etl.records import flat_rows
-from mpitrain.etl.shuffle import splitmix
+from mpitrain.kernels.rows import flat_rows
+from mpitrain.kernels.activations import splitmix64
 
 BINARIZE_MODES = ("threshold", "stochastic")
 
@@ -118,9 +118,9 @@ class Transforms:
 
     def _uniform(self, keys: np.ndarray, features: int) -> np.ndarray:
         """Uniform [0, 1) per (row, feature) from the seed and the row's key."""
-        feature_salt = splitmix(np.arange(features, dtype=np.uint64) + np.uint64(self.seed) * np.uint64(features))
+        feature_salt = splitmix64(np.arange(features, dtype=np.uint64) + np.uint64(self.seed) * np.uint64(features))
         with np.errstate(over="ignore"):
-            bits = splitmix(keys[:, None] ^ feature_salt[None, :])
+            bits = splitmix64(keys[:, None] ^ feature_salt[None, :])
         return (bits >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
 
     def one_hot(self, y: np.ndarray, num_classes: int) -> dict[str, np.ndarray]:

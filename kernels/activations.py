@@ -19,6 +19,7 @@ import math
 import numpy as np
 from numba import njit, prange
 from numba.extending import register_jitable
+from .dispatch import numpy_or_reference
 
 KINDS = {"none": 0, "relu": 1, "sigmoid": 2, "tanh": 3}
 
@@ -52,12 +53,18 @@ def derivative(y, kind):
 
 
 @register_jitable
-def keyed_bits_at(seed, index):
-    """splitmix64 of (seed, 1-based element index), its top KEYED_BITS bits: `mpitrain.nn.layers.keyed_bits`."""
-    z = np.uint64(index) * _GOLDEN + seed
+def splitmix64(z):
+    """splitmix64's finalizer: a bijective mix of uint64s into well-spread bits. One value inside numba
+    kernels (dropout's keyed bits), or a whole uint64 array from Python (the ETL's shuffle keys)."""
     z = (z ^ (z >> _S30)) * _MIX1
     z = (z ^ (z >> _S27)) * _MIX2
-    return (z ^ (z >> _S31)) >> _TOP
+    return z ^ (z >> _S31)
+
+
+@register_jitable
+def keyed_bits_at(seed, index):
+    """splitmix64 of (seed, 1-based element index), its top KEYED_BITS bits: `mpitrain.nn.layers.keyed_bits`."""
+    return splitmix64(np.uint64(index) * _GOLDEN + seed) >> _TOP
 
 
 @njit(parallel=True, cache=True)
@@ -91,32 +98,26 @@ def _dropout_cpu(x, seed, threshold, scale, out, mask):
             out[r, j] = x[r, j] * m
 
 
+@numpy_or_reference("bias_activation_reference")
 def bias_activation(z, b, kind: str, out) -> None:
     """out = activation(z + b) for 2-D z (rows, features); `b` (features,) or empty for no bias. `out` may be `z`."""
-    if isinstance(z, np.ndarray):
-        _bias_activation_cpu(z, b, KINDS[kind], out)
-    else:
-        bias_activation_reference(z, b, kind, out)
+    _bias_activation_cpu(z, b, KINDS[kind], out)
 
 
+@numpy_or_reference("activation_backward_reference")
 def activation_backward(dy, y, kind: str, out) -> None:
     """out = dy * activation'(.) for 2-D dy, the derivative from the activation's output `y`. `out` may be `dy`."""
-    if isinstance(dy, np.ndarray):
-        _activation_backward_cpu(dy, y, KINDS[kind], out)
-    else:
-        activation_backward_reference(dy, y, kind, out)
+    _activation_backward_cpu(dy, y, KINDS[kind], out)
 
 
+@numpy_or_reference("dropout_reference")
 def dropout(x, seed: np.uint64, threshold: int, scale: float, out, mask) -> None:
     """mask = scale where the element's keyed bits are >= threshold, else 0; out = x * mask (2-D x)."""
-    if isinstance(x, np.ndarray):
-        _dropout_cpu(x, np.uint64(seed), np.uint64(threshold), x.dtype.type(scale), out, mask)
-    else:
-        dropout_reference(x, seed, threshold, scale, out, mask)
+    _dropout_cpu(x, np.uint64(seed), np.uint64(threshold), x.dtype.type(scale), out, mask)
 
 
 def bias_activation_reference(z, b, kind: str, out) -> None:
-    from mpitrain.backend import array_module
+    from mpitrain.parallel.backend import array_module
     xp = array_module(z)
     if b.size:
         xp.add(z, b, out=out)
@@ -134,7 +135,7 @@ def bias_activation_reference(z, b, kind: str, out) -> None:
 
 
 def activation_backward_reference(dy, y, kind: str, out) -> None:
-    from mpitrain.backend import array_module
+    from mpitrain.parallel.backend import array_module
     xp = array_module(dy)
     if kind == "relu":
         xp.multiply(dy, y > 0, out=out)
@@ -155,7 +156,7 @@ def keyed_bits_reference(xp, seed: np.uint64, shape):
 
 
 def dropout_reference(x, seed, threshold: int, scale: float, out, mask) -> None:
-    from mpitrain.backend import array_module
+    from mpitrain.parallel.backend import array_module
     xp = array_module(x)
     keep = keyed_bits_reference(xp, seed, x.shape) >= np.uint64(threshold)
     xp.multiply(keep, x.dtype.type(scale), out=mask)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 from numba import njit, prange
+from .dispatch import numpy_or_reference
 
 
 @njit(parallel=True, cache=True)
@@ -68,25 +68,21 @@ def _backward_cpu(dy, x_hat, inv_std, gamma, dgamma, dbeta, input_grad, dx):
                     dx[i, ch, k] = (dy[i, ch, k] * g - mean_dx_hat - x_hat[i, ch, k] * mean_dx_hat_x_hat) * inv
 
 
+@numpy_or_reference("forward_reference")
 def forward(x, gamma, beta, eps: float, mean, var, momentum: float, training: bool, x_hat, inv_std, y) -> None:
     """Normalize `x` (N, C, S) per channel into `x_hat` and `y` = gamma x_hat + beta; `inv_std` (C,) gets
     1/sqrt(var + eps); in `training` the batch statistics normalize and update the running `mean`, `var`."""
-    if isinstance(x, np.ndarray):
-        _forward_cpu(x, gamma, beta, eps, mean, var, momentum, training, x_hat, inv_std, y)
-    else:
-        forward_reference(x, gamma, beta, eps, mean, var, momentum, training, x_hat, inv_std, y)
+    _forward_cpu(x, gamma, beta, eps, mean, var, momentum, training, x_hat, inv_std, y)
 
 
+@numpy_or_reference("backward_reference")
 def backward(dy, x_hat, inv_std, gamma, dgamma, dbeta, dx) -> None:
     """Gradients of gamma and beta (C,) and, unless `dx` is None, of the input (N, C, S)."""
-    if isinstance(dy, np.ndarray):
-        _backward_cpu(dy, x_hat, inv_std, gamma, dgamma, dbeta, dx is not None, dy if dx is None else dx)
-    else:
-        backward_reference(dy, x_hat, inv_std, gamma, dgamma, dbeta, dx)
+    _backward_cpu(dy, x_hat, inv_std, gamma, dgamma, dbeta, dx is not None, dy if dx is None else dx)
 
 
 def forward_reference(x, gamma, beta, eps, mean, var, momentum, training, x_hat, inv_std, y) -> None:
-    from mpitrain.backend import array_module
+    from mpitrain.parallel.backend import array_module
     xp = array_module(x)
     if training:
         batch_mean = x.mean(axis=(0, 2))

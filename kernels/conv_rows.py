@@ -11,7 +11,7 @@ allocates nothing. Kind "none" is the bias add (forward) or the transpose (backw
 The backward kernel also adds up each image's rows into its row of `sums` (the conv layer's
 are float64) while they are still in cache: no race, and the bias gradient is then
 `sums.sum(axis=0)`, not a second pass over dz (numpy's column sums of a tall (N*OH*OW, F)
-array go row by row, slower than the whole kernel).
+array go row by row).
 The activation and its derivative (from the activation's OUTPUT y) are `kernels.activations`'
 `activate` and `derivative`. numpy arrays run the numba kernels, parallel over images, on
 any strided views; other arrays (cupy) run the `*_reference` versions, `kernels.activations`'
@@ -19,27 +19,23 @@ references on transposed views, which the tests compare the kernels with.
 """
 from __future__ import annotations
 
-import numpy as np
 from numba import njit, prange
 
 from .activations import KINDS, activate, activation_backward_reference, bias_activation_reference, derivative
+from .dispatch import numpy_or_reference
 
 
+@numpy_or_reference("bias_activation_nchw_reference")
 def bias_activation_nchw(rows, b, kind: str, out) -> None:
     """`out` (N, F, OH, OW) = activation `kind` of `rows` (N*OH*OW, F) + `b` (F,), transposed."""
-    if isinstance(rows, np.ndarray):
-        _bias_activation_nchw_cpu(rows, b, KINDS[kind], out)
-    else:
-        bias_activation_nchw_reference(rows, b, kind, out)
+    _bias_activation_nchw_cpu(rows, b, KINDS[kind], out)
 
 
+@numpy_or_reference("activation_backward_rows_reference")
 def activation_backward_rows(dy, y, kind: str, out, sums) -> None:
     """`out` (N*OH*OW, F) = `dy` (N, F, OH, OW) * the derivative of activation `kind` at its output `y`
     (N, F, OH, OW, read unless kind is "none"), transposed; `sums` (N, F) = each image's column sums of `out`."""
-    if isinstance(dy, np.ndarray):
-        _activation_backward_rows_cpu(dy, y, KINDS[kind], out, sums)
-    else:
-        activation_backward_rows_reference(dy, y, kind, out, sums)
+    _activation_backward_rows_cpu(dy, y, KINDS[kind], out, sums)
 
 
 def bias_activation_nchw_reference(rows, b, kind: str, out) -> None:
@@ -97,10 +93,12 @@ def _column_sums_cpu(sums, out):
         out[k] = total
 
 
+@numpy_or_reference("column_sums_reference")
 def column_sums(sums, out) -> None:
     """out (F,) = the column sums of `sums` (N, F), in float64 then cast to out's dtype (the bias gradient from
     each image's part; numpy's `sum(out=)` into another dtype allocates a cast buffer)."""
-    if isinstance(sums, np.ndarray):
-        _column_sums_cpu(sums, out)
-    else:
-        sums.sum(axis=0, out=out)
+    _column_sums_cpu(sums, out)
+
+
+def column_sums_reference(sums, out) -> None:
+    sums.sum(axis=0, out=out)

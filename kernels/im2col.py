@@ -13,7 +13,7 @@ sums, for all its channels at once, the window elements that saw it, in the refe
 order; no scatter, so no race, and no zeroing pass (a pixel's sums start from zero where
 they are taken). Channels are its inner loop because a window's channels lie together in
 `cols`: a gather per (image, channel) plane reads each window's cache lines once per
-channel, 3-4x slower at 20 channels. Other arrays (cupy) run the reference, written for any
+channel (slower: docs/benchmarks.md#measurements-behind-the-code). Other arrays (cupy) run the reference, written for any
 array module: im2col copies one strided view of all windows, col2im adds one strided slice
 per kernel offset into a padded buffer it allocates; the tests compare both with the kernels.
 """
@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 from numba import njit, prange
 from numba.extending import register_jitable
+from .dispatch import numpy_or_reference
 
 PADDINGS = ("valid", "same")
 
@@ -66,20 +66,16 @@ def geometry(input_shape, kernel, stride: int = 1, padding: str = "valid") -> Ge
     return Geometry(channels, height, width, (kh, kw), stride, *pads, oh, ow)
 
 
+@numpy_or_reference("im2col_reference")
 def im2col(x, g: Geometry, fill: float, out) -> None:
     """Write the windows of `x` (N, C, H, W) into `out` (N, OH, OW, C, KH, KW); pixels outside read `fill`."""
-    if isinstance(x, np.ndarray):
-        _im2col_cpu(x, g.stride, g.pad_top, g.pad_left, x.dtype.type(fill), out)
-    else:
-        im2col_reference(x, g, fill, out)
+    _im2col_cpu(x, g.stride, g.pad_top, g.pad_left, x.dtype.type(fill), out)
 
 
+@numpy_or_reference("col2im_reference")
 def col2im(cols, g: Geometry, out) -> None:
     """The adjoint of `im2col` (fill 0): `out` (N, C, H, W) = the sum of each window's values in `cols`."""
-    if isinstance(cols, np.ndarray):
-        _col2im_cpu(cols, g.stride, g.pad_top, g.pad_left, out)
-    else:
-        col2im_reference(cols, g, out)
+    _col2im_cpu(cols, g.stride, g.pad_top, g.pad_left, out)
 
 
 def _padded(xp, n: int, g: Geometry, dtype, fill: float):
@@ -96,7 +92,7 @@ def _padded(xp, n: int, g: Geometry, dtype, fill: float):
 def im2col_reference(x, g: Geometry, fill: float, out) -> None:
     """im2col of any array module (numpy or cupy): the padded images seen through one strided view of
     every window, copied once into `out` (on a GPU, one copy kernel instead of one per kernel offset)."""
-    from mpitrain.backend import array_module
+    from mpitrain.parallel.backend import array_module
     xp = array_module(x)
     padded, inside = _padded(xp, len(x), g, x.dtype, fill)
     padded[inside] = x
@@ -108,7 +104,7 @@ def im2col_reference(x, g: Geometry, fill: float, out) -> None:
 
 def col2im_reference(cols, g: Geometry, out) -> None:
     """col2im with strided slices of any array module (numpy or cupy), through a padded buffer."""
-    from mpitrain.backend import array_module
+    from mpitrain.parallel.backend import array_module
     xp = array_module(cols)
     padded, inside = _padded(xp, len(cols), g, cols.dtype, 0)
     s, (kh, kw) = g.stride, g.kernel

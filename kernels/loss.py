@@ -17,6 +17,7 @@ import math
 import numpy as np
 from numba import njit
 from numba.extending import register_jitable
+from .dispatch import numpy_or_reference
 
 
 @register_jitable
@@ -58,27 +59,23 @@ def _score_cpu(logits, labels, confusion, loss_sum):
         confusion[label * c + at] += 1
 
 
+@numpy_or_reference("softmax_cross_entropy_reference")
 def softmax_cross_entropy(logits, labels, grad, totals) -> None:
     """Mean cross-entropy of softmax(logits) against integer labels into totals[0], correct predictions into
     totals[1] (`totals`: 2 float64), and its gradient (softmax - onehot) / batch into `grad`."""
-    if isinstance(logits, np.ndarray):
-        _softmax_cross_entropy_cpu(logits, labels, grad, totals)
-    else:
-        softmax_cross_entropy_reference(logits, labels, grad, totals)
+    _softmax_cross_entropy_cpu(logits, labels, grad, totals)
 
 
+@numpy_or_reference("score_reference")
 def score(logits, labels, confusion, loss_sum) -> None:
     """Add each row's cross-entropy to loss_sum[0] (float64) and count (label, prediction) in the flat
     `confusion` (classes x classes, int64 or float64)."""
-    if isinstance(logits, np.ndarray):
-        _score_cpu(logits, labels, confusion, loss_sum)
-    else:
-        score_reference(logits, labels, confusion, loss_sum)
+    _score_cpu(logits, labels, confusion, loss_sum)
 
 
 def _row_losses_reference(logits, labels):
     """(each row's cross-entropy, exp(logits - row max), row sums of those), in float64."""
-    from mpitrain.backend import array_module
+    from mpitrain.parallel.backend import array_module
     xp = array_module(logits)
     shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
     exp = xp.exp(shifted)
@@ -87,7 +84,7 @@ def _row_losses_reference(logits, labels):
 
 
 def softmax_cross_entropy_reference(logits, labels, grad, totals) -> None:
-    from mpitrain.backend import array_module
+    from mpitrain.parallel.backend import array_module
     xp, n = array_module(logits), len(logits)
     losses, exp, sums = _row_losses_reference(logits, labels)
     probabilities = exp / sums
@@ -98,7 +95,7 @@ def softmax_cross_entropy_reference(logits, labels, grad, totals) -> None:
 
 
 def score_reference(logits, labels, confusion, loss_sum) -> None:
-    from mpitrain.backend import array_module
+    from mpitrain.parallel.backend import array_module
     xp, c = array_module(logits), logits.shape[1]
     loss_sum += _row_losses_reference(logits, labels)[0].sum()
     confusion += xp.bincount(labels * c + logits.argmax(axis=1), minlength=c * c)

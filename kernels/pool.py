@@ -8,8 +8,8 @@ Both write into the arrays they are given (workspace arrays), so a step allocate
 element, so ties (ReLU zeros) send the gradient to one element only. numpy arrays run numba
 kernels parallel over (image, channel); the backward kernel zeroes its image channel and adds
 each window's gradient at its maximum (one thread per image channel, so overlapping windows
-never race; a gather over each pixel's windows measured 14x slower on LeNet's first pool). Inputs may be any strided views. Other arrays (cupy)
-run the reference: im2col windows, max and argmax; one-hot gradients, col2im.
+never race; a gather over each pixel's windows was slower: docs/benchmarks.md#measurements-behind-the-code).
+Inputs may be any strided views. Other arrays (cupy) run the reference: im2col windows, max and argmax; one-hot gradients, col2im.
 """
 from __future__ import annotations
 
@@ -19,28 +19,25 @@ import numpy as np
 from numba import njit, prange
 
 from .im2col import Geometry, col2im_reference, im2col_reference
+from .dispatch import numpy_or_reference
 
 
+@numpy_or_reference("max_pool_reference")
 def max_pool(x, g: Geometry, out, where) -> None:
     """`out` (N, C, OH, OW) = the max of each window; `where` (int32, same shape) = the window index of its first
     maximum. Pixels outside the image never win."""
-    if isinstance(x, np.ndarray):
-        _max_pool_cpu(x, g.kernel[0], g.kernel[1], g.stride, g.pad_top, g.pad_left, out, where)
-    else:
-        max_pool_reference(x, g, out, where)
+    _max_pool_cpu(x, g.kernel[0], g.kernel[1], g.stride, g.pad_top, g.pad_left, out, where)
 
 
+@numpy_or_reference("max_pool_backward_reference")
 def max_pool_backward(dy, where, g: Geometry, out) -> None:
     """`out` (N, C, H, W) = the input gradient: each dy added to the element its window's maximum came from."""
-    if isinstance(dy, np.ndarray):
-        _max_pool_backward_cpu(dy, where, g.kernel[0], g.kernel[1], g.stride, g.pad_top, g.pad_left, out)
-    else:
-        max_pool_backward_reference(dy, where, g, out)
+    _max_pool_backward_cpu(dy, where, g.kernel[0], g.kernel[1], g.stride, g.pad_top, g.pad_left, out)
 
 
 def max_pool_reference(x, g: Geometry, out, where) -> None:
     """max_pool of any array module: the windows (im2col with -inf outside), their max and argmax."""
-    from mpitrain.backend import array_module
+    from mpitrain.parallel.backend import array_module
     n = len(x)
     windows = array_module(x).empty((n, *g.cols_shape), dtype=x.dtype)
     im2col_reference(x, g, -math.inf, windows)
@@ -51,7 +48,7 @@ def max_pool_reference(x, g: Geometry, out, where) -> None:
 
 def max_pool_backward_reference(dy, where, g: Geometry, out) -> None:
     """max_pool_backward of any array module: one-hot window gradients, added back by col2im."""
-    from mpitrain.backend import array_module
+    from mpitrain.parallel.backend import array_module
     xp = array_module(dy)
     first_largest = xp.arange(math.prod(g.kernel)) == where[..., None]
     dcols = (first_largest * dy[..., None]).transpose(0, 2, 3, 1, 4).reshape(len(dy), *g.cols_shape)

@@ -11,7 +11,8 @@ and release the GIL (the pipeline's worker thread gathers while the step's Pytho
 """
 from __future__ import annotations
 
-import numpy as np
+import math
+
 from numba import njit, prange
 
 
@@ -75,5 +76,6 @@ def gather_scaled_reference(stored_x, stored_y, index, scale, shift, out_x, out_
 
 
 def flat_rows(array):
-    """`array` as (batch, features), a view of a contiguous array."""
-    return array.reshape(len(array), -1)
+    """`array` as (rows, values per row), a view of a contiguous array; also when it has no rows
+    (`reshape(len(x), -1)` fails on size 0: an ETL batch whose every record was bad)."""
+    return array.reshape(len(array), math.prod(array.shape[1:]))

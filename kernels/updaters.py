@@ -21,57 +21,47 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 from numba import njit, prange
 from numba.extending import register_jitable
 
-from mpitrain.backend import array_module
+from mpitrain.parallel.backend import array_module
+from .dispatch import numpy_or_reference
 
 
+@numpy_or_reference("sgd_step_reference", on="out")
 def sgd_step(g, p, decay, lr: float, out) -> None:
     """Plain SGD: out = -lr (g + decay p)."""
-    if isinstance(out, np.ndarray):
-        _sgd_cpu(g, p, decay, out.dtype.type(lr), out)
-    else:
-        sgd_step_reference(g, p, decay, lr, out)
+    _sgd_cpu(g, p, decay, out.dtype.type(lr), out)
 
 
+@numpy_or_reference("momentum_step_reference")
 def momentum_step(v, g, p, decay, lr: float, mu: float, nesterov: bool, out) -> None:
     """Momentum: v = mu v - lr (g + decay p) in place; out = v, or mu v - lr (g + decay p) with Nesterov."""
-    if isinstance(v, np.ndarray):
-        dtype = v.dtype.type
-        _momentum_cpu(v, g, p, decay, dtype(lr), dtype(mu), nesterov, out)
-    else:
-        momentum_step_reference(v, g, p, decay, lr, mu, nesterov, out)
+    dtype = v.dtype.type
+    _momentum_cpu(v, g, p, decay, dtype(lr), dtype(mu), nesterov, out)
 
 
+@numpy_or_reference("adagrad_step_reference")
 def adagrad_step(h, g, p, decay, lr: float, eps: float, out) -> None:
     """AdaGrad: h += G^2 in place; out = -lr G / (sqrt(h) + eps), G = g + decay p."""
-    if isinstance(h, np.ndarray):
-        dtype = h.dtype.type
-        _adagrad_cpu(h, g, p, decay, dtype(lr), dtype(eps), out)
-    else:
-        adagrad_step_reference(h, g, p, decay, lr, eps, out)
+    dtype = h.dtype.type
+    _adagrad_cpu(h, g, p, decay, dtype(lr), dtype(eps), out)
 
 
+@numpy_or_reference("rmsprop_step_reference")
 def rmsprop_step(h, g, p, decay, lr: float, rho: float, eps: float, out) -> None:
     """RMSProp: h = rho h + (1 - rho) G^2 in place; out = -lr G / (sqrt(h) + eps), G = g + decay p."""
-    if isinstance(h, np.ndarray):
-        dtype = h.dtype.type
-        _rmsprop_cpu(h, g, p, decay, dtype(lr), dtype(rho), dtype(1 - rho), dtype(eps), out)
-    else:
-        rmsprop_step_reference(h, g, p, decay, lr, rho, eps, out)
+    dtype = h.dtype.type
+    _rmsprop_cpu(h, g, p, decay, dtype(lr), dtype(rho), dtype(1 - rho), dtype(eps), out)
 
 
+@numpy_or_reference("adam_step_reference")
 def adam_step(m, v, g, p, decay, lr: float, beta1: float, beta2: float, eps: float, t: int, out) -> None:
     """Adam's step `t` (from 1): m, v moving averages of G and G^2 in place; out the bias-corrected step."""
-    if isinstance(m, np.ndarray):
-        dtype = m.dtype.type
-        step, eps_hat = adam_correction(lr, beta1, beta2, eps, t)
-        _adam_cpu(m, v, g, p, decay, dtype(beta1), dtype(1 - beta1), dtype(beta2), dtype(1 - beta2),
-                  dtype(step), dtype(eps_hat), out)
-    else:
-        adam_step_reference(m, v, g, p, decay, lr, beta1, beta2, eps, t, out)
+    dtype = m.dtype.type
+    step, eps_hat = adam_correction(lr, beta1, beta2, eps, t)
+    _adam_cpu(m, v, g, p, decay, dtype(beta1), dtype(1 - beta1), dtype(beta2), dtype(1 - beta2),
+              dtype(step), dtype(eps_hat), out)
 
 
 def adam_correction(lr: float, beta1: float, beta2: float, eps: float, t: int) -> tuple:

@@ -5,23 +5,21 @@
 that need no MPI (the ETL, `mpitrain info`) never start it.
 
 Importing it first sizes the thread pools of numba and BLAS for the ranks on this node, before
-either loads (`mpitrain.threads`): every entry point passes through here.
+either loads (`mpitrain.parallel.threads`): every entry point passes through here.
 """
-from mpitrain.threads import size_thread_pools
+from mpitrain.parallel.threads import size_thread_pools
 
 THREADS = size_thread_pools()  # before anything imports numpy or numba
 
 __version__ = "0.1.0"
 
-API = ("init", "setup_logging", "Communicator", "Config", "DataConfig", "ModelConfig", "OptimizerConfig",
-       "TrainConfig", "SyncConfig", "CheckpointConfig", "CommConfig", "PretrainConfig", "load_config",
-       "DatasetReader", "Sequential", "build_model", "Dense", "Conv2D", "MaxPool2D", "AvgPool2D", "Flatten",
-       "Dropout", "BatchNorm", "ReLU", "Tanh", "Sigmoid", "create_synchronizer", "setup_run", "train",
-       "evaluate", "predict", "export_onnx")
 
 
 def __getattr__(name: str):
-    if name in API:
-        from mpitrain import api
-        return getattr(api, name)
+    """The Python API's names (`mpitrain.api.__all__`, the one list of them), loaded on first use."""
+    if not name.startswith("_"):
+        import importlib
+        api = importlib.import_module("mpitrain.api")  # not `from mpitrain import api`: that asks this hook again
+        if name in getattr(api, "__all__", ()):  # (absent while api itself is being imported)
+            return getattr(api, name)
     raise AttributeError(f"module 'mpitrain' has no attribute {name!r}")

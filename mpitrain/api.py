@@ -22,23 +22,27 @@ from __future__ import annotations
 import logging
 import sys
 
-from mpitrain import API
-from mpitrain.comm import Communicator
-from mpitrain.config import (CheckpointConfig, CommConfig, Config, DataConfig, ModelConfig, OptimizerConfig,
+from mpitrain.parallel.comm import Communicator
+from mpitrain.config.sections import (CheckpointConfig, CommConfig, Config, DataConfig, ModelConfig, OptimizerConfig,
                              PretrainConfig, SyncConfig, TrainConfig, load_config)
-from mpitrain.data import DatasetReader
-from mpitrain.evaluation import evaluate, predict
-from mpitrain.export import export_onnx
-from mpitrain.launch import install_abort_hook
+from mpitrain.data.reader import DatasetReader
+from mpitrain.training.evaluation import evaluate, predict
+from mpitrain.rundir.export import export_onnx
+from mpitrain.parallel.launch import install_abort_hook
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
 from mpitrain.nn.model import Sequential, build_model
-from mpitrain.run import setup_run
-from mpitrain.sync import create_synchronizer
-from mpitrain.training import train
+from mpitrain.training.run import setup_run
+from mpitrain.parallel.sync import create_synchronizer
+from mpitrain.training.loop import train
+from mpitrain.training.trained import evaluate_run, predict_run
 
-__all__ = list(API)
+__all__ = ["init", "setup_logging", "Communicator", "Config", "DataConfig", "ModelConfig", "OptimizerConfig",
+           "TrainConfig", "SyncConfig", "CheckpointConfig", "CommConfig", "PretrainConfig", "load_config",
+           "DatasetReader", "Sequential", "build_model", "Dense", "Conv2D", "MaxPool2D", "AvgPool2D", "Flatten",
+           "Dropout", "BatchNorm", "ReLU", "Tanh", "Sigmoid", "create_synchronizer", "setup_run", "train",
+           "evaluate", "predict", "evaluate_run", "predict_run", "export_onnx"]
 
 
 def init(backend: str = "auto", cuda_aware="auto", mpi_comm=None) -> Communicator:
@@ -48,7 +52,7 @@ def init(backend: str = "auto", cuda_aware="auto", mpi_comm=None) -> Communicato
     uncaught exception on any rank then ends the whole job (MPI_Abort) instead of leaving
     the others waiting; mpitrain logs at INFO on rank 0. `mpi_comm` defaults to COMM_WORLD.
     """
-    from mpitrain.backend import create_backend
+    from mpitrain.parallel.backend import create_backend
     install_abort_hook()
     comm = Communicator(mpi_comm)
     setup_logging(comm.rank)

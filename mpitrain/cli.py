@@ -6,20 +6,16 @@ uncaught exception on any rank aborts the whole job (see `launch.install_abort_h
 a user error (bad config, bad data) prints one line on rank 0 and exits 2 on every rank; a
 training stopped by SIGUSR1/SIGTERM, its checkpoint written, exits 3.
 The commands are thin: `train` is `mpitrain.train`, and `eval`/`predict` build their run
-with the same `mpitrain.run.setup_run`, as a Python script would (`mpitrain.api`).
+with the same `mpitrain.training.run.setup_run`, as a Python script would (`mpitrain.api`).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 
-import numpy as np
-
 from mpitrain.errors import MpitrainError
-from mpitrain.files import os_errors, write_file
 
 log = logging.getLogger("mpitrain")
 
@@ -30,8 +26,8 @@ def main(argv=None) -> int:
     rank = 0
     try:
         if args.command in ("train", "eval", "predict"):
-            from mpitrain.comm import Communicator
-            from mpitrain.launch import install_abort_hook
+            from mpitrain.parallel.comm import Communicator
+            from mpitrain.parallel.launch import install_abort_hook
             install_abort_hook()
             comm = Communicator()
             rank = comm.rank
@@ -64,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("run_dir", help="a run directory written by `mpitrain train`")
         sub.add_argument("--split", default="test")
         sub.add_argument("--checkpoint", help="checkpoint file (default: the run's newest)")
-        sub.add_argument("--batch-size", type=int, default=256)
+        sub.add_argument("--batch-size", type=int, help="rows per scoring batch on each rank (default: "
+                                                             "mpitrain.training.evaluation.EVAL_BATCH_SIZE)")
         sub.add_argument("--allow-other-dataset", action="store_true",
                          help="use a checkpoint trained on another dataset than data.path holds now (recorded in "
                               "the output)")
@@ -105,102 +102,36 @@ def _setup_logging(rank: int) -> None:
 
 
 def _train(args, comm) -> int:
-    from mpitrain.config import load_config
-    from mpitrain.training import train
+    from mpitrain.config.sections import load_config
+    from mpitrain.training.loop import train
     train(load_config(args.config, args.set + ([args.resume] if args.resume else [])), comm)
     return 0
 
 
 def _eval(args, comm) -> int:
-    from mpitrain.evaluation import evaluate
-    from mpitrain.report import class_names, write_confusion_png
-    trained = _load_trained(args, comm)
-    result = evaluate(trained.run.model, trained.rows, trained.to_input, args.batch_size, trained.run.comm,
-                      trained.manifest.num_classes, trained.run.backend).to_dict()
-    with comm.agreed_errors():
-        if comm.is_root:
-            out = os.path.join(args.run_dir, f"eval-{args.split}.json")
-            write_file(out, lambda f: json.dump({**trained.provenance(args), **result}, f, indent=2))
-            names = trained.manifest.class_names or class_names(trained.manifest.source, trained.manifest.num_classes)
-            picture = os.path.join(args.run_dir, f"confusion-{args.split}.png")
-            with os_errors(picture, "drawing the confusion matrix"):
-                write_confusion_png(np.array(result["confusion"]), names, picture,
-                                    f"{os.path.basename(os.path.abspath(args.run_dir))}, {args.split}: "
-                                    f"accuracy {result['accuracy']:.4f}")
-            print(f"{args.split}: accuracy {result['accuracy']:.4f}  loss {result['loss']:.4f}  "
-                  f"rows {result['rows']}  ({trained.checkpoint.path})")
-            print(f"{'class':>12}  precision  recall")
-            for name, p, r in zip(names, result["precision"], result["recall"]):
-                print(f"{name:>12}  {p:9.4f}  {r:6.4f}")
-            print(f"wrote {out} and {picture}")
+    from mpitrain.training.trained import evaluate_run
+    result = evaluate_run(args.run_dir, comm, args.split, args.checkpoint, args.batch_size, args.allow_other_dataset)
+    if comm.is_root:
+        print(f"{args.split}: accuracy {result['accuracy']:.4f}  loss {result['loss']:.4f}  "
+              f"rows {result['rows']}  ({result['checkpoint']})")
+        print(f"{'class':>12}  precision  recall")
+        for name, p, r in zip(result["class_names"], result["precision"], result["recall"]):
+            print(f"{name:>12}  {p:9.4f}  {r:6.4f}")
+        print(f"wrote {result['json']} and {result['picture']}")
     return 0
 
 
 def _predict(args, comm) -> int:
-    import h5py
-    from mpitrain.evaluation import predict
-    trained = _load_trained(args, comm)
-    classes, probabilities = predict(trained.run.model, trained.rows, trained.to_input, args.batch_size,
-                                     trained.run.backend)
-    parts = comm.gather_obj((classes, probabilities, trained.rows.y))
-    with comm.agreed_errors():
-        if comm.is_root:
-            def write(f):
-                with h5py.File(f, "w") as h5:
-                    h5.create_dataset("predicted", data=np.concatenate([p[0] for p in parts]))
-                    h5.create_dataset("probabilities", data=np.concatenate([p[1] for p in parts]))
-                    h5.create_dataset("label", data=np.concatenate([p[2] for p in parts]))
-                    h5.attrs.update(trained.provenance(args))
-            write_file(_predictions_path(args), write, binary=True)
-            print(f"wrote {_predictions_path(args)}: {sum(len(p[0]) for p in parts)} rows of split {args.split!r}")
+    from mpitrain.training.trained import predict_run
+    path, rows = predict_run(args.run_dir, comm, args.split, args.out, args.checkpoint, args.batch_size,
+                             args.allow_other_dataset)
+    if comm.is_root:
+        print(f"wrote {path}: {rows} rows of split {args.split!r}")
     return 0
 
 
-def _predictions_path(args) -> str:
-    return args.out or os.path.join(args.run_dir, f"predictions-{args.split}.h5")
-
-
-class _Trained:
-    """A run set up as training set it up, a checkpoint's parameters in its model, and this rank's rows of a split."""
-
-    def __init__(self, run, rows, checkpoint):
-        self.run, self.rows, self.checkpoint = run, rows, checkpoint
-        self.manifest = run.reader.manifest
-        self.to_input = run.batches(rows, 1, training=False).to_model_input
-
-    def provenance(self, args) -> dict:
-        """What the scores were computed from: the checkpoint, the split, the dataset, and whether the
-        checkpoint was trained on another dataset than the one scored (allowed by --allow-other-dataset)."""
-        return {"checkpoint": self.checkpoint.path, "split": args.split, "dataset": self.run.reader.path,
-                "manifest_sha256": self.run.reader.manifest_sha256,
-                "trained_on_manifest_sha256": self.checkpoint.manifest_sha256,
-                "other_dataset": self.checkpoint.manifest_sha256 != self.run.reader.manifest_sha256}
-
-
-def _load_trained(args, comm) -> _Trained:
-    """The run of `args.run_dir` (its config.yaml), its checkpoint, and this rank's rows of `args.split` (a collective)."""
-    from mpitrain.config import load_config
-    from mpitrain.run import setup_run
-
-    with comm.agreed_errors():
-        if args.batch_size < 1:
-            raise MpitrainError(f"--batch-size is {args.batch_size}, expected an integer >= 1")
-        if args.command == "predict" and os.path.isdir(_predictions_path(args)):
-            raise MpitrainError(f"--out {_predictions_path(args)}: is a folder; expected an HDF5 file path")
-        if not os.path.isdir(args.run_dir):
-            raise MpitrainError(f"{args.run_dir}: no such run directory; expected a folder written by `mpitrain train`")
-        # the run's own folder, wherever it was trained; eval and predict score every row of the split
-        config = load_config(os.path.join(args.run_dir, "config.yaml"),
-                             [f"run_dir={os.path.abspath(args.run_dir)}", "data.max_rows=0"])
-    run = setup_run(config, comm)
-    with run.comm.agreed_errors():
-        checkpoint = run.checkpointer.restore(run.model, args.checkpoint, other_dataset=args.allow_other_dataset)
-        rows = run.reader.rows(args.split, training=False)
-    return _Trained(run, rows, checkpoint)
-
-
 def _export(args) -> int:
-    from mpitrain.export import describe_tensor, export_run, metadata, write_model
+    from mpitrain.rundir.export import describe_tensor, export_run, metadata, write_model
     proto = export_run(args.run_dir, args.checkpoint)
     write_model(proto, args.out)
     print(f"wrote {args.out}: {len(proto.graph.node)} ONNX nodes (opset {proto.opset_import[0].version}), "
@@ -210,7 +141,7 @@ def _export(args) -> int:
 
 
 def _report(args) -> int:
-    from mpitrain.report import write_report
+    from mpitrain.rundir.report import write_report
     out = args.out or (args.run_dirs[0] if len(args.run_dirs) == 1 else ".")
     print("wrote {} and {}".format(*write_report(args.run_dirs, out)))
     return 0
@@ -226,7 +157,7 @@ def _spark_job(job):
 
 
 def _info(args) -> int:
-    from mpitrain.shard_format import check_shard, read_manifest
+    from mpitrain.data.shards import check_shard, read_manifest
     manifest = read_manifest(args.dataset)
     print(f"{args.dataset}: schema {manifest.schema_version}, features {manifest.feature_dtype}"
           f"{list(manifest.feature_shape)} (scale {manifest.scale:.6g}, offset {manifest.offset:g}, "

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from mpitrain.backend import array_module
+from mpitrain.parallel.backend import array_module
 from mpitrain.kernels.conv_rows import activation_backward_rows, bias_activation_nchw, column_sums
 from mpitrain.kernels.im2col import PADDINGS, col2im, geometry, im2col
 from mpitrain.kernels.pool import max_pool, max_pool_backward

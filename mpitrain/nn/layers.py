@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from mpitrain.backend import array_module
+from mpitrain.parallel.backend import array_module
 from mpitrain.kernels.activations import (KEYED_BITS, activation_backward, bias_activation, dropout,
                                           keyed_bits_reference)
 from mpitrain.kernels.rows import flat_rows

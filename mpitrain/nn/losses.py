@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpitrain.backend import array_module
+from mpitrain.parallel.backend import array_module
 from mpitrain.kernels import loss as kernels
 from mpitrain.nn.workspace import Workspace
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpitrain.backend import array_module
+from mpitrain.parallel.backend import array_module
 from mpitrain.nn.flat import FlatModel, flat_views
 
 VISIBLE_UNITS = ("bernoulli", "gaussian")
@@ -141,7 +141,6 @@ class RBM(FlatModel):
         """
         if self.visible != "bernoulli":
             raise ValueError("the pseudo-log-likelihood is defined here for Bernoulli visible units only")
-        xp = self.xp
         x = v @ self.W + self.c
         total = 0.0
         for start in range(0, self.n_visible, chunk):

@@ -1,0 +1,480 @@
+"""Run configuration: YAML sections validated into dataclasses, with `--set section.key=value` overrides.
+
+Every error names the config file and the dotted key, and says what was expected. Each
+field carries its meaning (and, where it is a choice, the allowed values, taken from the
+registry that implements them) in its metadata: `mpitrain.config.reference` turns them
+into docs/configuration.md, and `validate` checks the choices when the config is loaded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+
+import yaml
+
+from mpitrain.data.augment import AUGMENT_DEFAULTS
+from mpitrain.parallel.backend import BACKENDS
+from mpitrain.errors import ConfigError
+from mpitrain.kernels.threshold.message import ENCODINGS as MESSAGE_ENCODINGS
+from mpitrain.nn.layers import INIT_SCHEMES
+from mpitrain.nn.losses import LOSSES
+from mpitrain.nn.model import LAYER_TYPES, check_layer_spec
+from mpitrain.nn.rbm import VISIBLE_UNITS
+from mpitrain.nn.updaters import UPDATERS
+from mpitrain.rundir.directory import own_run_dir
+from mpitrain.parallel.sync import EXCHANGES, SYNCHRONIZERS
+
+log = logging.getLogger("mpitrain")
+
+ENCODINGS = ("auto", *MESSAGE_ENCODINGS)
+EXCHANGE_CHOICES = ("auto", *EXCHANGES)
+ADAPTIVE_DEFAULTS = {"min_sparsity": 1.0e-4, "max_sparsity": 1.0e-2, "decay": 0.965936}
+RESIDUAL_CLIP_DEFAULTS = {"factor": 5.0, "every": 5}
+PROPAGATE = ("mean", "sample")
+
+
+def option(default, doc: str, choices: typing.Iterable | None = None):
+    """A config field: its default, what it means, and (for a choice) the allowed values."""
+    metadata = {"doc": doc, "choices": tuple(choices) if choices is not None else None}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def section(cls, doc: str, factory=None):
+    """A config section (a nested dataclass) and what it is for."""
+    return field(default_factory=factory or cls, metadata={"doc": doc, "choices": None})
+
+
+class Section:
+    """Base of the config sections: checks each choice field against its allowed values."""
+
+    def check_choices(self, where: str, prefix: str) -> None:
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            _check(choices is None or getattr(self, f.name) in choices, where, prefix + f.name,
+                   getattr(self, f.name), f"one of {choices}")
+
+
+@dataclass(frozen=True)
+class DataConfig(Section):
+    path: str = option("", "The dataset folder written by `mpitrain etl` (it holds manifest.json); relative to the "
+                           "current folder.")
+    train_split: str = option("train", "The split trained on.")
+    test_split: str = option("test", "The split evaluated after every epoch.")
+    normalize: bool = option(True, "Standardize inputs with the manifest's mean and std (after its scale and offset); "
+                                   "false keeps scale * stored + offset.")
+    verify_checksums: bool = option(True, "Check each shard's sha256 against the manifest before reading it.")
+    shuffle: bool = option(True, "Shuffle each rank's training rows every epoch, seeded by (seed, epoch, rank).")
+    max_rows: int = option(0, "Use only the first max_rows rows of each split (0: all rows).")
+    prefetch: bool = option(True, "Prepare the next batch in a thread while this one trains.")
+    augment: typing.Union[bool, dict] = option(
+        False, "Training images only: false, true (the defaults) or a mapping {flip, shift}: mirror each image "
+               "left-right with probability 1/2 (flip: true) and move it by up to `shift` pixels (default 2), "
+               "drawn by (seed, epoch, rank, step) so a resume sees the same images.")
+
+    def validate(self, where):
+        _check(self.path != "", where, "data.path", self.path, "the dataset folder written by `mpitrain etl`")
+        _check(self.max_rows >= 0, where, "data.max_rows", self.max_rows, "0 (all rows) or a positive count")
+        augment = _options(self.augment, AUGMENT_DEFAULTS, where, "data.augment")
+        if augment:
+            _check(augment["shift"] >= 0, where, "data.augment.shift", augment["shift"], "a number of pixels >= 0")
+        return dataclasses.replace(self, augment=augment)
+
+
+@dataclass(frozen=True)
+class ModelConfig(Section):
+    layers: list = option([], "The layers in order, each a mapping {type: NAME, ...its arguments}; a dense or "
+                              "conv2d layer's `activation` adds that activation layer after it. Layer types: "
+                              + ", ".join(f"`{name}`" for name in LAYER_TYPES) + ". Left out with "
+                              "`pretrain.layers`, the deep belief net's layers are built from those.")
+    loss: str = option("softmax_cross_entropy", "The loss on the last layer's outputs.", LOSSES)
+    init: str = option("xavier", "Initial weights: Glorot uniform (xavier) or He normal (he); a layer's own "
+                                 "`init` wins.", INIT_SCHEMES)
+    dtype: str = option("float32", "The floating-point type of parameters and activations.", ("float32", "float64"))
+
+    def validate(self, where):
+        self.check_choices(where, "model.")
+        for i, spec in enumerate(self.layers):
+            try:
+                check_layer_spec(spec, f"model.layers[{i}]")
+            except ConfigError as e:
+                raise ConfigError(f"{where}: {e}") from None
+        return self
+
+
+@dataclass(frozen=True)
+class OptimizerConfig(Section):
+    type: str = option("sgd", "The updater: SGD (with momentum or Nesterov momentum), AdaGrad, Adam or RMSProp.",
+                       UPDATERS)
+    lr: float = option(0.01, "The learning rate.")
+    lr_decay: float = option(1.0, "Per-epoch decay: epoch e (from 0) runs at lr * lr_decay**e.")
+    momentum: float = option(0.0, "SGD's momentum (0: plain SGD).")
+    nesterov: bool = option(False, "SGD: Nesterov momentum instead of classical momentum.")
+    l2: float = option(0.0, "L2 weight decay on weights (never on biases or batch-norm scales).")
+    beta1: float = option(0.9, "Adam: decay of the first-moment estimate.")
+    beta2: float = option(0.999, "Adam: decay of the second-moment estimate.")
+    rho: float = option(0.95, "RMSProp: decay of the mean squared gradient.")
+    eps: float = option(1e-8, "AdaGrad, RMSProp, Adam: added to the denominator.")
+
+    def validate(self, where):
+        self.check_choices(where, "optimizer.")
+        _check(self.lr > 0, where, "optimizer.lr", self.lr, "a positive number")
+        _check(0 < self.lr_decay <= 1, where, "optimizer.lr_decay", self.lr_decay, "a number in (0, 1]")
+        for key in ("momentum", "beta1", "beta2", "rho"):
+            value = getattr(self, key)
+            _check(0 <= value < 1, where, f"optimizer.{key}", value, "a number in [0, 1)")
+        _check(self.l2 >= 0, where, "optimizer.l2", self.l2, "a number >= 0")
+        _check(self.eps > 0, where, "optimizer.eps", self.eps, "a positive number")
+        return self
+
+
+@dataclass(frozen=True)
+class TrainConfig(Section):
+    epochs: int = option(1, "Epochs to train (a resumed run continues up to this many).")
+    batch_size: int = option(64, "Rows per step on each rank: N ranks train on N x batch_size rows per step.")
+    seed: int = option(0, "Seeds initial weights, shuffling, dropout and augmentation.")
+    log_every: int = option(50, "Steps per metrics window (a record in metrics.jsonl, a log line on rank 0).")
+    watchdog_s: float = option(1800.0, "Abort the job when a rank makes no progress for this many seconds, printing "
+                                       "where it is and every thread's stack.")
+    requeue: typing.Union[bool, str] = option(
+        "auto", "After SIGUSR1 (the time limit's warning) stopped training with a checkpoint, rank 0 runs "
+                "`scontrol requeue $SLURM_JOB_ID`: auto does so inside a Slurm job. Never after SIGTERM (scancel, "
+                "or preemption, which Slurm requeues itself).", ("auto", True, False))
+    trace_allocations: bool = option(False, "Measure with tracemalloc what each training step and each evaluation "
+                                            "allocates after the first ones (summary.json's allocated_bytes; 0 "
+                                            "but for a few Python objects: a step writes into preallocated "
+                                            "workspaces). Slows training: for diagnosis.")
+
+    def validate(self, where):
+        for key in ("epochs", "batch_size", "log_every"):
+            _check(getattr(self, key) >= 1, where, f"train.{key}", getattr(self, key), "an integer >= 1")
+        _check(self.watchdog_s > 0, where, "train.watchdog_s", self.watchdog_s, "a positive number of seconds")
+        self.check_choices(where, "train.")
+        return self
+
+
+@dataclass(frozen=True)
+class SyncConfig(Section):
+    mode: str = option("allreduce", "How the ranks keep one model: allreduce (gradients every step), averaging "
+                                    "(parameters every `frequency` steps), sharing (threshold-encoded updates) or "
+                                    "none. See docs/sync-modes.md.", SYNCHRONIZERS)
+    frequency: typing.Union[int, str] = option(1, "averaging: steps between averagings, or 'epoch'.")
+    average_updater: bool = option(False, "averaging: average the updater state too (DL4J's "
+                                          "ParameterAveragingTrainingMaster).")
+    overlap: bool = option(True, "allreduce: post a non-blocking Allreduce on each bucket of gradients as backward "
+                                 "finishes it, driving MPI between layers; the last bucket (done when backward "
+                                 "ends) by a blocking Allreduce, then wait for all before the update; false: one "
+                                 "blocking Allreduce after backward. The results are the same.")
+    bucket_mb: float = option(1.0, "allreduce with overlap: the largest bucket, in MB (1e6 bytes); whole layers, "
+                                   "last layer first; a layer larger than this is a bucket of its own, 0 gives one "
+                                   "bucket per layer. The default was chosen on the simulated cluster "
+                                   "(docs/cluster.md, benchmarks/cluster.py's bucket rows).")
+    check_replicas: bool = option(True, "Compare a hash of the parameters across ranks at every epoch end (modes "
+                                        "that promise identical replicas).")
+    threshold: float = option(1.0e-3, "sharing: the initial threshold tau.")
+    adaptive: typing.Union[bool, dict] = option(
+        True, "sharing: adapt tau to keep the sparsity in a band: false, true (the defaults) or a mapping "
+              "{min_sparsity: 1e-4, max_sparsity: 1e-2, decay: 0.965936}.")
+    residual_clip: typing.Union[bool, dict] = option(
+        True, "sharing: clip the residual to +-factor*tau every `every` steps: false, true (the defaults) or a "
+              "mapping {factor: 5.0, every: 5}.")
+    encoding: str = option("auto", "sharing: message body: sparse indices, a bitmap, or auto (a bitmap once "
+                                    "denser than 1/16).", ENCODINGS)
+    exchange: str = option("auto", "sharing: how the messages cross the network: allgather (every rank receives "
+                                   "every message: bytes per rank grow with the ranks), split (each rank sums one "
+                                   "index block of all messages, then the sums are allgathered, sparse or dense: "
+                                   "never more bytes than a dense Allreduce, plus headers) or auto (each step, the "
+                                   "one the cost model of latency_us and link_gbps predicts faster).",
+                           EXCHANGE_CHOICES)
+    latency_us: float = option(1.0, "sharing: the network's latency per message in microseconds, as the cost model "
+                                    "of exchange: auto sees it; it steers auto's choice and nothing else.")
+    link_gbps: float = option(100.0, "sharing: the network's link rate in Gb/s (100: InfiniBand EDR), as the cost "
+                                     "model of exchange: auto sees it; it steers auto's choice and nothing else.")
+
+    def validate(self, where, section: str = "sync"):
+        self.check_choices(where, f"{section}.")
+        ok = self.frequency == "epoch" or (isinstance(self.frequency, int) and self.frequency >= 1)
+        _check(ok, where, f"{section}.frequency", self.frequency, "a number of steps >= 1, or 'epoch'")
+        _check(self.threshold > 0, where, f"{section}.threshold", self.threshold, "a positive number")
+        _check(self.bucket_mb >= 0, where, f"{section}.bucket_mb", self.bucket_mb, "a number of MB >= 0")
+        _check(self.latency_us >= 0, where, f"{section}.latency_us", self.latency_us, "a number of microseconds >= 0")
+        _check(self.link_gbps > 0, where, f"{section}.link_gbps", self.link_gbps, "a positive number of Gb/s")
+        adaptive = _options(self.adaptive, ADAPTIVE_DEFAULTS, where, f"{section}.adaptive")
+        if adaptive:
+            a = adaptive
+            _check(0 < a["min_sparsity"] < a["max_sparsity"] <= 1, where, f"{section}.adaptive",
+                   a, "0 < min_sparsity < max_sparsity <= 1")
+            _check(0 < a["decay"] < 1, where, f"{section}.adaptive.decay", a["decay"], "a number in (0, 1)")
+        clip = _options(self.residual_clip, RESIDUAL_CLIP_DEFAULTS, where, f"{section}.residual_clip")
+        if clip:
+            _check(clip["factor"] >= 1, where, f"{section}.residual_clip.factor", clip["factor"], "a number >= 1")
+            _check(isinstance(clip["every"], int) and clip["every"] >= 1, where, f"{section}.residual_clip.every",
+                   clip["every"], "an integer >= 1")
+        return dataclasses.replace(self, adaptive=adaptive, residual_clip=clip)
+
+
+@dataclass(frozen=True)
+class PretrainConfig(Section):
+    """Greedy layer-wise RBM pretraining of a deep belief net (mpitrain.training.pretrain); off while `layers` is empty."""
+
+    layers: list = option([], "Hidden units per RBM, e.g. [500, 500, 2000]; empty: no pretraining.")
+    epochs: int = option(10, "Epochs per layer.")
+    cd_k: int = option(1, "Gibbs steps of contrastive divergence (CD-k).")
+    persistent: bool = option(False, "Persistent CD: fantasy particles kept between batches.")
+    lr: float = option(0.1, "The RBMs' learning rate (SGD).")
+    momentum: float = option(0.5, "The RBMs' SGD momentum.")
+    weight_decay: float = option(2.0e-4, "L2 on the RBMs' weights.")
+    sparsity_target: float = option(0.0, "Target mean activation of the hidden units (0: no sparsity penalty).")
+    sparsity_cost: float = option(0.1, "Weight of the sparsity penalty.")
+    visible: str = option("bernoulli", "The first RBM's visible units: bernoulli (inputs in [0, 1]) or gaussian "
+                                       "(standardized inputs).", VISIBLE_UNITS)
+    sample_visible: bool = option(False, "Sample the visible units in the Gibbs chain (else use their means).")
+    propagate: str = option("mean", "The next layer trains on the layers below's mean activations, or samples of "
+                                    "them.", PROPAGATE)
+    monitor_rows: int = option(2000, "Rows per rank for the per-epoch reconstruction error (0: all).")
+    pll_max_visible: int = option(100, "Pseudo-log-likelihood for Bernoulli RBMs of up to this many visible units.")
+    sync: SyncConfig = section(SyncConfig, "How the ranks keep one RBM (the keys of `sync`; default averaging once "
+                                           "per epoch).", lambda: SyncConfig(mode="averaging", frequency="epoch"))
+
+    def validate(self, where):
+        ok = all(isinstance(units, int) and not isinstance(units, bool) and units >= 1 for units in self.layers)
+        _check(ok, where, "pretrain.layers", self.layers, "a list of hidden-unit counts >= 1, e.g. [500, 500, 2000]")
+        self.check_choices(where, "pretrain.")
+        for key in ("epochs", "cd_k"):
+            _check(getattr(self, key) >= 1, where, f"pretrain.{key}", getattr(self, key), "an integer >= 1")
+        _check(self.lr > 0, where, "pretrain.lr", self.lr, "a positive number")
+        _check(0 <= self.momentum < 1, where, "pretrain.momentum", self.momentum, "a number in [0, 1)")
+        _check(self.weight_decay >= 0, where, "pretrain.weight_decay", self.weight_decay, "a number >= 0")
+        _check(0 <= self.sparsity_target < 1, where, "pretrain.sparsity_target", self.sparsity_target,
+               "a number in [0, 1) (0: no sparsity penalty)")
+        _check(self.sparsity_cost >= 0, where, "pretrain.sparsity_cost", self.sparsity_cost, "a number >= 0")
+        for key in ("monitor_rows", "pll_max_visible"):
+            _check(getattr(self, key) >= 0, where, f"pretrain.{key}", getattr(self, key), "an integer >= 0")
+        return dataclasses.replace(self, sync=self.sync.validate(where, "pretrain.sync"))
+
+
+@dataclass(frozen=True)
+class CheckpointConfig(Section):
+    every: int = option(1, "Checkpoint every this many units.")
+    unit: str = option("epoch", "What `every` counts: epochs or steps (a mid-epoch checkpoint resumes at its step).",
+                       ("epoch", "step", "steps"))
+    keep: int = option(3, "Keep the newest this many checkpoints (the last one of a run is always written).")
+
+    def validate(self, where):
+        _check(self.every >= 1, where, "checkpoint.every", self.every, "an integer >= 1")
+        self.check_choices(where, "checkpoint.")
+        _check(self.keep >= 1, where, "checkpoint.keep", self.keep, "an integer >= 1")
+        return dataclasses.replace(self, unit="step" if self.unit == "steps" else self.unit)
+
+
+@dataclass(frozen=True)
+class CommConfig(Section):
+    cuda_aware: typing.Union[bool, str] = option(
+        "auto", "Whether MPI reads device (GPU) buffers itself: auto asks the MPI library; false stages collectives "
+                "through pinned host memory.", ("auto", True, False))
+
+    def validate(self, where):
+        self.check_choices(where, "comm.")
+        return self
+
+
+@dataclass(frozen=True)
+class Config(Section):
+    data: DataConfig = section(DataConfig, "The dataset and how batches are made of it.")
+    model: ModelConfig = section(ModelConfig, "The network.")
+    optimizer: OptimizerConfig = section(OptimizerConfig, "The updater (each rank's step from its gradient).")
+    train: TrainConfig = section(TrainConfig, "The training loop.")
+    sync: SyncConfig = section(SyncConfig, "How the ranks keep one model.")
+    checkpoint: CheckpointConfig = section(CheckpointConfig, "When checkpoints are written and how many are kept.")
+    comm: CommConfig = section(CommConfig, "Collectives.")
+    pretrain: PretrainConfig = section(PretrainConfig, "Greedy RBM pretraining of a deep belief net.")
+    backend: str = option("numpy", "The array backend: numpy (CPU), cupy (GPU), or auto (cupy when a GPU is "
+                                   "available).", BACKENDS)
+    run_dir: str = option("", "The run directory (default: runs/NAME for a config file NAME.yaml).")
+    resume: str = option("auto", "auto: continue from the run directory's newest checkpoint; never: refuse a run "
+                                 "directory that holds checkpoints.", ("auto", "never"))
+    report: bool = option(True, "Rank 0 draws RUN_DIR/report.png and report.html at the end of training.")
+
+    def validate(self, where) -> Config:
+        """The config with every section checked against its domain and normalized (a new object: configs are
+        frozen); a value out of its domain is a ConfigError naming `where` and the key."""
+        config = dataclasses.replace(self, **{name: getattr(self, name).validate(where) for name in SECTIONS})
+        config.check_choices(where, "")
+        model, pretrain = config.model, config.pretrain
+        _check(len(model.layers) > 0 or len(pretrain.layers) > 0, where, "model.layers", model.layers,
+               "a non-empty list of layers (or pretrain.layers, from which a deep belief net's layers are built)")
+        if pretrain.layers and pretrain.visible == "bernoulli":
+            _check(not config.data.normalize, where, "data.normalize", config.data.normalize,
+                   "false with pretrain.visible: bernoulli (Bernoulli units take inputs in [0, 1]; "
+                   "or use pretrain.visible: gaussian for standardized inputs)")
+        return config
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = ("data", "model", "optimizer", "train", "sync", "checkpoint", "comm", "pretrain")
+
+
+def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
+    """Read a YAML config, apply `section.key=value` overrides, validate, resolve paths.
+
+    `run_dir` defaults to `runs/<config file stem>`; a run's own config.yaml (its folder holds
+    the run's files) always gets its own folder, so a copied run directory never writes into
+    the original; `--set run_dir=...` wins over both. `data.path` and `run_dir` become
+    absolute, so the saved `RUN_DIR/config.yaml` works from any directory.
+    """
+    try:
+        with open(path) as f:
+            raw = yaml.load(f, Loader=_UniqueKeyLoader) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder; expected a YAML config file") from None
+    except PermissionError:
+        raise ConfigError(f"{path}: not readable (permission denied)") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file; expected a YAML config file") from None
+    except _DuplicateKey as e:
+        raise ConfigError(f"{path}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    own = own_run_dir(path)
+    if own and os.path.abspath(str(raw.get("run_dir", ""))) != own:
+        log.info("%s is the config of the run in %s: run_dir is that folder (the file says %s)", path, own,
+                 raw.get("run_dir"))
+        raw["run_dir"] = own
+    for override in overrides:
+        _apply_override(raw, override, path)
+    config = _build(Config, raw, path, "").validate(path)
+    run_dir = config.run_dir or os.path.join("runs", os.path.splitext(os.path.basename(path))[0])
+    return dataclasses.replace(config, run_dir=os.path.abspath(run_dir),
+                               data=dataclasses.replace(config.data, path=os.path.abspath(config.data.path)))
+
+
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last, silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _DuplicateKey(f"{key!r} appears twice (line {key_node.start_mark.line + 1}); PyYAML would keep "
+                                    "only the last, so the first would be ignored: merge them")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+# Which sync mode reads each of the sync section's options (the others apply to every mode).
+SYNC_OPTION_MODES = {"overlap": "allreduce", "bucket_mb": "allreduce", "frequency": "averaging",
+                     "average_updater": "averaging", "threshold": "sharing", "adaptive": "sharing",
+                     "residual_clip": "sharing", "encoding": "sharing", "exchange": "sharing", "latency_us": "sharing",
+                     "link_gbps": "sharing"}
+
+
+def ignored_options(config: Config) -> list[str]:
+    """The options a config sets (away from their defaults) for a sync mode it does not use, e.g. sync.threshold
+    under allreduce: training warns about them."""
+    ignored = []
+    for section, sync, default in (("sync", config.sync, SyncConfig()),
+                                   ("pretrain.sync", config.pretrain.sync, PretrainConfig().sync)):
+        default = dataclasses.replace(default, mode=sync.mode).validate(section)
+        ignored += [f"{section}.{key} (read by {mode} only; {section}.mode is {sync.mode})"
+                    for key, mode in SYNC_OPTION_MODES.items()
+                    if mode != sync.mode and getattr(sync, key) != getattr(default, key)]
+    return ignored
+
+
+def config_yaml(config: Config) -> str:
+    """`config` as YAML, as RUN_DIR/config.yaml and every checkpoint store it."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+
+def _apply_override(raw: dict, override: str, where: str) -> None:
+    key, sep, text = override.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {override!r}: expected section.key=value")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {override!r}: value is not valid YAML ({e})") from None
+    *sections, last = key.split(".")
+    node = raw
+    for section in sections:
+        node = node.setdefault(section, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{where}: --set {key}: {section!r} is not a section")
+    node[last] = value
+
+
+def _build(cls, raw, where: str, prefix: str, base=None):
+    """Turn a mapping into dataclass `cls` (keys missing from it keep `base`'s values, or the class defaults),
+    rejecting unknown keys and wrong types."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: {prefix or 'config'} is {raw!r}, expected a mapping")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), known, n=1)
+        hint = f"did you mean {prefix + close[0]!r}? " if close else ""
+        raise ConfigError(f"{where}: unknown key {prefix + str(unknown[0])!r}; {hint}expected one of {sorted(known)}")
+    base = base if base is not None else cls()
+    values = {}
+    for name, value in raw.items():
+        kind = hints[name]
+        if dataclasses.is_dataclass(kind):
+            values[name] = _build(kind, value, where, f"{prefix}{name}.", getattr(base, name))
+        else:
+            values[name] = _coerce(value, kind, where, prefix + name)
+    return dataclasses.replace(base, **values)
+
+
+def _coerce(value, kind, where: str, key: str):
+    allowed = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
+    for option in allowed:
+        option = typing.get_origin(option) or option
+        if option is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if option is float and isinstance(value, str):
+            try:
+                return float(value)  # PyYAML reads `1e-3` (no dot) as a string
+            except ValueError:
+                pass
+        if isinstance(value, option) and not (option is int and isinstance(value, bool)):
+            return value
+    names = " or ".join(getattr(a, "__name__", str(a)) for a in allowed)
+    raise ConfigError(f"{where}: {key} is {value!r}, expected {names}")
+
+
+def _options(value, defaults: dict, where: str, key: str):
+    """An optional feature: false stays false, true -> the defaults, a mapping -> the defaults updated by it."""
+    if value is False:
+        return False
+    if value is True:
+        return dict(defaults)
+    unknown = sorted(set(value) - set(defaults))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {key}.{unknown[0]}; expected one of {sorted(defaults)}")
+    merged = dict(defaults)
+    for name, item in value.items():
+        merged[name] = _coerce(item, type(defaults[name]), where, f"{key}.{name}")
+    return merged
+
+
+def _check(ok: bool, where: str, key: str, value, expected: str) -> None:
+    if not ok:
+        raise ConfigError(f"{where}: {key} is {value!r}, expected {expected}")

@@ -1,0 +1,201 @@
+"""The dataset format: one module for the writer (`mpitrain.etl`) and the reader (`mpitrain.data.reader`).
+
+A dataset is a folder holding `manifest.json` and, per split, HDF5 shards
+`SPLIT/shard-NNNNN.h5` with datasets `x` (rows, *feature_shape) and `y` (rows,) int32,
+chunked by rows. The manifest is written last: it is the commit point of an ETL run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+
+import h5py
+import numpy as np
+
+from mpitrain.errors import DataError, describe
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+FEATURE_DTYPES = ("uint8", "float32")
+CHUNK_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard as the manifest lists it; `path` is relative to the dataset folder."""
+
+    path: str
+    rows: int
+    sha256: str
+
+
+@dataclass
+class Manifest:
+    """The parsed `manifest.json`; `splits` maps a split name to its shards in order."""
+
+    feature_shape: tuple[int, ...]
+    feature_dtype: str
+    scale: float
+    offset: float
+    mean: float
+    std: float
+    num_classes: int
+    label_counts: dict[str, list[int]]
+    splits: dict[str, list[ShardInfo]]
+    schema_version: int = SCHEMA_VERSION
+    source: str = ""
+    seed: int = 0
+    transforms: list[dict] = field(default_factory=list)  # {"name": ..., fitted parameters}, in applied order
+    class_names: list[str] = field(default_factory=list)  # empty: the classes are known by index only
+    bad_records: int = 0  # records the ETL dropped (at most --max-bad-fraction of them)
+
+    def rows(self, split: str) -> int:
+        return sum(shard.rows for shard in self.shards(split))
+
+    def shards(self, split: str) -> list[ShardInfo]:
+        if split not in self.splits:
+            raise DataError(f"{MANIFEST_NAME}: no split {split!r}; the dataset has {sorted(self.splits)}")
+        return self.splits[split]
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["feature_shape"] = list(self.feature_shape)
+        data["splits"] = {name: {"rows": self.rows(name), "shards": [asdict(s) for s in shards]}
+                          for name, shards in self.splits.items()}
+        return data
+
+
+def shard_path(split: str, index: int) -> str:
+    """Relative path of shard `index` of `split`."""
+    return f"{split}/shard-{index:05d}.h5"
+
+
+def sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_shard(dataset_dir: str, relative_path: str, x: np.ndarray, y: np.ndarray,
+                extras: dict[str, np.ndarray] | None = None) -> ShardInfo:
+    """Write one shard and return its manifest entry (rows and sha256 of the file).
+
+    `extras` are further per-row datasets (e.g. `y_onehot`), chunked like `x`; readers may ignore them.
+    """
+    if len(x) != len(y):
+        raise ValueError(f"{relative_path}: {len(x)} feature rows but {len(y)} labels")
+    if x.dtype.name not in FEATURE_DTYPES:
+        raise ValueError(f"{relative_path}: feature dtype {x.dtype}, expected one of {FEATURE_DTYPES}")
+    path = os.path.join(dataset_dir, relative_path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    rows = len(x)
+    with h5py.File(path, "w") as f:
+        chunk = (max(1, min(rows, CHUNK_ROWS)),)
+        f.create_dataset("x", data=x, chunks=chunk + x.shape[1:] if rows else None)
+        f.create_dataset("y", data=y.astype(np.int32), chunks=chunk if rows else None)
+        for name, data in (extras or {}).items():
+            f.create_dataset(name, data=data, chunks=chunk + data.shape[1:] if rows else None)
+        f.attrs["rows"] = rows
+        f.attrs["schema_version"] = SCHEMA_VERSION
+    return ShardInfo(relative_path, rows, sha256_file(path))
+
+
+def write_manifest(dataset_dir: str, manifest: Manifest) -> None:
+    """Write the manifest atomically (temporary file, fsync, rename)."""
+    path = os.path.join(dataset_dir, MANIFEST_NAME)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(manifest.to_json(), f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_manifest(dataset_dir: str) -> Manifest:
+    """Read and validate `DATASET_DIR/manifest.json`; every problem names the file and key."""
+    path = os.path.join(dataset_dir, MANIFEST_NAME)
+    if os.path.exists(dataset_dir) and not os.path.isdir(dataset_dir):
+        raise DataError(f"{dataset_dir}: is a file; expected a dataset folder written by `mpitrain etl`")
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file; expected a dataset folder written by `mpitrain etl`") from None
+    except OSError as e:
+        raise DataError(f"{path}: {describe(e)}; expected a readable manifest written by `mpitrain etl`") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: a JSON {type(data).__name__}, expected an object of manifest keys")
+
+    def need(key, kind):
+        if key not in data:
+            raise DataError(f"{path}: missing key {key!r}")
+        value = data[key]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise DataError(f"{path}: key {key!r} is {value!r}, expected {kind.__name__ if isinstance(kind, type) else 'a number'}")
+        return value
+
+    version = need("schema_version", int)
+    if version != SCHEMA_VERSION:
+        raise DataError(f"{path}: schema_version {version}, this mpitrain reads {SCHEMA_VERSION}")
+    shape = need("feature_shape", list)
+    if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
+        raise DataError(f"{path}: feature_shape {shape!r}, expected a list of positive integers")
+    dtype = need("feature_dtype", str)
+    if dtype not in FEATURE_DTYPES:
+        raise DataError(f"{path}: feature_dtype {dtype!r}, expected one of {FEATURE_DTYPES}")
+    num_classes = need("num_classes", int)
+    if num_classes < 2:
+        raise DataError(f"{path}: num_classes {num_classes}, expected at least 2")
+    numbers = {key: float(need(key, (int, float))) for key in ("scale", "offset", "mean", "std")}
+    if not all(math.isfinite(v) for v in numbers.values()) or numbers["std"] <= 0:
+        raise DataError(f"{path}: scale/offset/mean/std {numbers}, expected finite numbers and std > 0")
+    class_names = data.get("class_names", [])
+    if class_names and len(class_names) != num_classes:
+        raise DataError(f"{path}: class_names has {len(class_names)} names, expected num_classes {num_classes}")
+    splits = {}
+    for name, split in need("splits", dict).items():
+        try:
+            splits[name] = [ShardInfo(str(s["path"]), int(s["rows"]), str(s["sha256"])) for s in split["shards"]]
+        except (KeyError, TypeError, ValueError):
+            raise DataError(f"{path}: splits.{name}.shards, expected a list of {{path, rows, sha256}}") from None
+    return Manifest(
+        feature_shape=tuple(shape), feature_dtype=dtype, num_classes=num_classes,
+        label_counts={k: list(v) for k, v in need("label_counts", dict).items()},
+        splits=splits, schema_version=version, source=str(data.get("source", "")),
+        seed=int(data.get("seed", 0)), transforms=list(data.get("transforms", [])),
+        class_names=[str(name) for name in class_names], bad_records=int(data.get("bad_records", 0)),
+        **numbers)
+
+
+def check_shard(dataset_dir: str, manifest: Manifest, shard: ShardInfo, verify_checksum: bool) -> str:
+    """Validate a shard against the manifest (existence, checksum, shapes, dtypes); return its path."""
+    path = os.path.join(dataset_dir, shard.path)
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: shard listed in {MANIFEST_NAME} is missing")
+    if verify_checksum:
+        try:
+            actual = sha256_file(path)
+        except OSError as e:
+            raise DataError(f"{path}: {describe(e)}; expected a readable shard") from None
+        if actual != shard.sha256:
+            raise DataError(f"{path}: sha256 {actual} does not match {MANIFEST_NAME} ({shard.sha256}); "
+                            "the shard is corrupt or was replaced")
+    try:
+        with h5py.File(path, "r") as f:
+            x, y = f["x"], f["y"]
+            expected_x = (shard.rows, *manifest.feature_shape)
+            if x.shape != expected_x or x.dtype.name != manifest.feature_dtype:
+                raise DataError(f"{path}: dataset 'x' is {x.dtype}{list(x.shape)}, "
+                                f"expected {manifest.feature_dtype}{list(expected_x)}")
+            if y.shape != (shard.rows,) or y.dtype != np.int32:
+                raise DataError(f"{path}: dataset 'y' is {y.dtype}{list(y.shape)}, expected int32[{shard.rows}]")
+    except (OSError, KeyError) as e:
+        raise DataError(f"{path}: not a readable shard with datasets 'x' and 'y' ({e})") from None
+    return path

@@ -1,0 +1,31 @@
+"""Synchronizers keep the ranks' replicas one model; `create_synchronizer` picks one by `sync.mode`.
+
+| mode        | what crosses the network            | when to pick it                                       |
+| ----------- | ----------------------------------- | ----------------------------------------------------- |
+| `allreduce` | the flat gradient, every step       | the baseline: synchronous SGD, same result as 1 rank  |
+|             |                                     | with N times the batch; fast interconnects            |
+| `averaging` | the flat parameters (+ updater      | slow networks or many ranks: communication falls by   |
+|             | state), every `frequency` steps     | `frequency`; DL4J/IterativeReduce parameter averaging |
+| `sharing`   | each rank's update elements beyond  | slow networks, large models: ~1% of the bytes of      |
+|             | +-tau, as sparse int32 messages;    | `allreduce`; DL4J SharedTrainingMaster / Strom 2015;  |
+|             | or split by index blocks and summed | `sync.exchange` (`exchange.py`) keeps it within a     |
+|             | on the way (SparCML)                | dense allreduce's bytes on many ranks                 |
+| `none`      | nothing                             | one rank, or independent runs for baselines           |
+"""
+from __future__ import annotations
+
+from mpitrain.parallel.sync.base import Synchronizer, check_replicas, parameter_hash
+from mpitrain.parallel.sync.exchange import EXCHANGES
+from mpitrain.parallel.sync.modes import AllreduceSync, AveragingSync, NoSync
+from mpitrain.parallel.sync.sharing import SharingSync
+
+SYNCHRONIZERS = {"none": NoSync, "allreduce": AllreduceSync, "averaging": AveragingSync, "sharing": SharingSync}
+
+__all__ = ["Synchronizer", "create_synchronizer", "check_replicas", "parameter_hash", "SYNCHRONIZERS", "EXCHANGES"]
+
+
+def create_synchronizer(config, comm) -> Synchronizer:
+    """The synchronizer for `config.mode` (a SyncConfig, validated here) on communicator `comm`, which must be
+    the one the run uses (`mpitrain.init()`'s, or the run's `comm`)."""
+    config = config.validate("create_synchronizer")
+    return SYNCHRONIZERS[config.mode](comm, config)

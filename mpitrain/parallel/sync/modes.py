@@ -1,0 +1,104 @@
+"""The dense synchronization modes: none, allreduce (gradients), averaging (parameters)."""
+from __future__ import annotations
+
+from mpitrain.parallel.sync.base import Synchronizer
+from mpitrain.parallel.sync.buckets import gradient_buckets
+
+
+class NoSync(Synchronizer):
+    """Each rank trains alone: single-process runs and independent baselines."""
+
+    replicas_identical = False
+
+    def step(self, model, updater) -> None:
+        model.params += updater.delta(model.grads, model.params)
+
+
+class AllreduceSync(Synchronizer):
+    """Synchronous SGD: average the flat gradient buffer every step, then an identical update everywhere.
+
+    With `overlap` (the default) the buffer is cut into buckets of whole layers, last layer first
+    (`mpitrain.parallel.sync.buckets`, at most `bucket_mb` each); as backward finishes a bucket the rank
+    posts a non-blocking Allreduce on it and lets MPI progress after every layer. The last bucket
+    (the first layers, done when backward ends) nothing could hide anyway: `step` reduces it by a
+    blocking Allreduce, which moves the posted ones along (and measured faster than a posted one on
+    MPICH), then waits for them all before the update. A one-bucket cut is thus exactly blocking
+    `allreduce`. Every rank posts the same buckets in the same order. Sums are elementwise, so
+    they do not depend on the cut: at 2 ranks the result is bit for bit that of one blocking
+    Allreduce (beyond, MPI may add in another order: equal to float rounding).
+    """
+
+    def start(self, model, updater) -> None:
+        super().start(model, updater)
+        self.buckets = gradient_buckets(model.layout, self.config.bucket_mb * 1e6, model.grads.itemsize)
+        self.posted = []
+
+    def grads_ready(self, model, start: int) -> None:
+        if self.config.overlap:
+            self._post(model, start)
+            self.comm.progress(self.posted)
+
+    def step(self, model, updater) -> None:
+        if self.config.overlap:
+            self._post(model, 0)  # what backward did not announce (a model without the hook: all of it)
+            begin, end = self.buckets[-1]
+            self.comm.complete(self.posted, last=model.grads[begin:end])
+            self.posted = []
+            model.grads /= self.comm.size
+        else:
+            self.comm.average_(model.grads)
+        model.params += updater.delta(model.grads, model.params)
+
+    def _post(self, model, start: int) -> None:
+        """Post the next buckets but the last, in order, while they lie within the final `grads[start:]`. A
+        collective."""
+        while len(self.posted) < len(self.buckets) - 1 and self.buckets[len(self.posted)][0] >= start:
+            begin, end = self.buckets[len(self.posted)]
+            self.posted.append(self.comm.iallreduce_(model.grads[begin:end]))
+
+
+class AveragingSync(Synchronizer):
+    """Local steps; every `frequency` steps (or once per epoch) average the parameters.
+
+    With `average_updater`, the flat updater state is averaged too (DL4J's
+    ParameterAveragingTrainingMaster); running statistics always are. An epoch always ends with an averaging, so the
+    replicas are identical at every epoch end, whatever the frequency.
+    """
+
+    def __init__(self, comm, config):
+        super().__init__(comm, config)
+        self.steps_since_average = 0
+
+    def step(self, model, updater) -> None:
+        model.params += updater.delta(model.grads, model.params)
+        self.steps_since_average += 1
+        if self.config.frequency != "epoch" and self.steps_since_average >= self.config.frequency:
+            self._average(model, updater)
+
+    def _end_epoch(self, model, updater) -> None:
+        if self.steps_since_average:
+            self._average(model, updater)
+
+    def _flush(self, model, updater) -> None:
+        """Average parameters and updater state before a checkpoint, so it holds every rank's work.
+
+        A resumed run then continues exactly as an uninterrupted one, which averaged at the
+        same point.
+        """
+        if self.steps_since_average:
+            self._average(model, updater)
+        if not self.config.average_updater and updater.state.size:
+            self.comm.average_(updater.state)
+
+    def numbers(self) -> dict:
+        return {"steps_since_average": self.steps_since_average}
+
+    def load_numbers(self, numbers: dict) -> None:
+        self.steps_since_average = int(numbers.get("steps_since_average", 0))
+
+    def _average(self, model, updater) -> None:
+        self.comm.average_(model.params)
+        self.average_stats(model)
+        if self.config.average_updater and updater.state.size:
+            self.comm.average_(updater.state)
+        self.steps_since_average = 0

@@ -1,0 +1,156 @@
+"""The checkpoint file format: HDF5, written atomically, independent of the number of ranks.
+
+`checkpoints/ckpt-EEEE-SSSSSS.h5` holds, each dataset with HDF5's Fletcher-32 checksum, the flat parameters and running statistics (and
+each layer's arrays under `layers/`, for `h5ls` and other tools), the flat updater state, the
+synchronizer's state (e.g. sharing's tau) and arrays under `sync/` (sharing's pending
+residual), where to resume (epoch EEEE, step SSSSSS within it), the resolved config and the
+sha256 of the dataset's manifest. Replicas are identical when a checkpoint is taken, so
+rank 0 alone writes it and any number of ranks can resume it. All other randomness derives
+from (seed, epoch, step, rank), so no RNG state is stored. `mpitrain.rundir.checkpointer` decides
+when to write them and which one a run resumes from.
+"""
+from __future__ import annotations
+
+import glob
+import io
+import json
+import os
+from dataclasses import dataclass, field
+
+import h5py
+import numpy as np
+
+from mpitrain.errors import DataError
+from mpitrain.files import write_file
+from mpitrain.nn.flat import flat_views
+from mpitrain.rundir.directory import CHECKPOINT_NAME, RunDir
+
+
+
+@dataclass
+class Checkpoint:
+    params: np.ndarray
+    updater_state: np.ndarray
+    epoch: int
+    step: int
+    iteration: int
+    layout: list = field(default_factory=list)  # [(layer parameter name, shape)] in buffer order
+    sync_numbers: dict = field(default_factory=dict)  # a sync mode's saved numbers (sharing: tau); file: sync_state
+    manifest_sha256: str = ""
+    config_yaml: str = ""
+    path: str = ""
+    stats: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # running statistics (batch norm)
+    stats_layout: list = field(default_factory=list)
+    sync_arrays: dict = field(default_factory=dict)  # a sync mode's saved arrays (sharing: the mean residual)
+    meaning: dict = field(default_factory=dict)  # what the arrays mean: layer types, loss, optimizer, its state slots
+
+    @property
+    def full_layout(self) -> list:
+        """Parameters then running statistics: what a model's `layout + stats_layout` must match."""
+        return list(self.layout) + list(self.stats_layout)
+
+
+def save_checkpoint(run_dir: str, ckpt: Checkpoint, keep: int) -> str:
+    """Write RUN_DIR/checkpoints/ckpt-EEEE-SSSSSS.h5 atomically; only then delete all but the newest `keep`."""
+    path = write_checkpoint(RunDir(run_dir).checkpoint(ckpt.epoch, ckpt.step), ckpt)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        os.remove(old)
+    return path
+
+
+def write_checkpoint(path: str, ckpt: Checkpoint) -> str:
+    """Write `ckpt` to `path` atomically (`mpitrain.files.write_file`): complete or absent.
+
+    The HDF5 file is built in memory and written with one plain write, so a full or read-only
+    disk fails there, cleanly: the partial file is removed, the checkpoints already there are
+    left alone, and the error names the file and the space needed.
+    """
+    buffer = io.BytesIO()
+    with h5py.File(buffer, "w") as f:
+        _write(f, ckpt)
+    write_file(path, lambda f: f.write(buffer.getbuffer()), binary=True, size=buffer.getbuffer().nbytes)
+    return path
+
+
+def _write(f: h5py.File, ckpt: Checkpoint) -> None:
+    _dataset(f, "params", ckpt.params)
+    _dataset(f, "updater_state", ckpt.updater_state)
+    _dataset(f, "stats", ckpt.stats)
+    for name, array in ckpt.sync_arrays.items():
+        _dataset(f, f"sync/{name}", array)
+    layers = f.create_group("layers")
+    for flat, layout in ((ckpt.params, ckpt.layout), (ckpt.stats, ckpt.stats_layout)):
+        for (name, _), view in zip(layout, flat_views(flat, layout)):
+            _dataset(layers, name, view)
+    f.attrs.update(epoch=ckpt.epoch, step=ckpt.step, iteration=ckpt.iteration,
+                   layout=json.dumps([[name, list(shape)] for name, shape in ckpt.layout]),
+                   stats_layout=json.dumps([[name, list(shape)] for name, shape in ckpt.stats_layout]),
+                   sync_state=json.dumps(ckpt.sync_numbers), meaning=json.dumps(ckpt.meaning),
+                   manifest_sha256=ckpt.manifest_sha256, config=ckpt.config_yaml)
+
+
+def _dataset(group, name: str, array: np.ndarray) -> None:
+    """A dataset with HDF5's Fletcher-32 checksum, so reading flipped bytes fails instead of resuming from them
+    (an empty array cannot be chunked, so it has none: there is nothing in it to damage)."""
+    group.create_dataset(name, data=array, fletcher32=array.size > 0)
+
+
+def list_checkpoints(run_dir: str) -> list[str]:
+    """Complete checkpoints, oldest first (temporary files are never listed)."""
+    paths = [p for p in glob.glob(os.path.join(RunDir(run_dir).checkpoints, "ckpt-*.h5")) if CHECKPOINT_NAME.search(p)]
+    return sorted(paths, key=lambda p: tuple(int(g) for g in CHECKPOINT_NAME.search(p).groups()))
+
+
+def load_checkpoint(path: str) -> Checkpoint:
+    try:
+        with h5py.File(path, "r") as f:
+            a = f.attrs
+            return Checkpoint(f["params"][...], f["updater_state"][...], int(a["epoch"]), int(a["step"]),
+                              int(a["iteration"]), _layout(a["layout"]), json.loads(a["sync_state"]),
+                              str(a["manifest_sha256"]), str(a["config"]), path, f["stats"][...],
+                              _layout(a["stats_layout"]), {k: v[...] for k, v in f.get("sync", {}).items()},
+                              json.loads(a.get("meaning", "{}")))
+    except (OSError, KeyError, ValueError) as e:
+        raise DataError(f"{path}: not a readable mpitrain checkpoint ({e})") from None
+
+
+def _layout(text: str) -> list:
+    return [(name, tuple(shape)) for name, shape in json.loads(text)]
+
+
+def check_fits(ckpt: Checkpoint, layout: list, n_state: int | None = None, manifest_sha256: str | None = None,
+               dataset: str = "", meaning: dict | None = None) -> None:
+    """Refuse a checkpoint of another model, optimizer or dataset, saying what differs.
+
+    `layout` is the model's parameters then its running statistics (`layout + stats_layout`);
+    `meaning` what its arrays mean (see `Checkpoint.meaning`): keys both sides have must agree.
+    """
+    for key, here in (meaning or {}).items():
+        saved = ckpt.meaning.get(key, here)
+        if saved != here:
+            raise DataError(f"{ckpt.path}: {_difference(key, saved, here)}; a resumed run must keep what the "
+                            "checkpoint's arrays mean (docs/sync-modes.md says what may change)")
+    for (saved, saved_shape), (name, shape) in zip(ckpt.full_layout, layout):
+        if (saved, tuple(saved_shape)) != (name, tuple(shape)):
+            raise DataError(f"{ckpt.path}: holds {saved} of shape {list(saved_shape)} where this config's model "
+                            f"has {name} of shape {list(shape)}")
+    if len(ckpt.full_layout) != len(layout):
+        raise DataError(f"{ckpt.path}: holds {len(ckpt.full_layout)} parameter arrays, this config's model has "
+                        f"{len(layout)}")
+    if n_state is not None and ckpt.updater_state.size != n_state:
+        raise DataError(f"{ckpt.path}: holds {ckpt.updater_state.size} updater values, this config's optimizer "
+                        f"needs {n_state} (was optimizer.type or momentum changed?)")
+    if manifest_sha256 is not None and ckpt.manifest_sha256 != manifest_sha256:
+        raise DataError(f"{ckpt.path}: taken on a dataset whose manifest.json has sha256 "
+                        f"{ckpt.manifest_sha256[:16]}..., but {dataset} has {manifest_sha256[:16]}...")
+
+
+def _difference(key: str, saved, here) -> str:
+    """One line on how a checkpoint's `key` (see `Checkpoint.meaning`) differs from this config's."""
+    if key == "layers":
+        if len(saved) != len(here):
+            return f"holds a model of {len(saved)} layers ({', '.join(saved)}), this config's has {len(here)}"
+        index = next(i for i, (a, b) in enumerate(zip(saved, here)) if a != b)
+        return f"its layer {index} is {saved[index]}, this config's is {here[index]}"
+    names = {"loss": "model.loss", "optimizer": "optimizer.type", "updater_state": "the optimizer's state"}
+    return f"was trained with {names[key]} {saved}, this config has {here}"

@@ -1,0 +1,208 @@
+"""The one owner of a run's checkpoints: it saves them, finds the newest, validates it and resumes from it.
+
+    checkpointer = Checkpointer(run_dir, comm, backend, manifest_sha256, data_path, keep=3)
+    start = checkpointer.resume(model, updater)           # where to begin: a Position (a collective)
+    checkpointer.write_config(config)                     # RUN_DIR/config.yaml, carried by every checkpoint too
+    ...
+    checkpointer.save(epoch, step, model, updater, sync)  # a collective; rank 0 writes
+
+The file format is `mpitrain.rundir.checkpoint`'s. Here is the policy: `resume: never` refuses a run
+directory that holds checkpoints; a checkpoint of another model, optimizer or dataset is
+refused, saying what differs; records of metrics.jsonl written after the checkpoint (by a
+job that ended before its next one) are dropped, a fresh start begins a fresh file; a
+checkpoint is never written with NaN or Inf parameters; only the newest `keep` are kept.
+Pretraining's finished layers (RUN_DIR/pretrain/layer-LL.h5) are checkpoints of this
+kind too, one per RBM, so a resumed run skips them.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mpitrain.rundir.checkpoint import Checkpoint, check_fits, list_checkpoints, load_checkpoint, save_checkpoint, \
+    write_checkpoint
+from mpitrain.config.sections import config_yaml
+from mpitrain.errors import ConfigError, DataError, MpitrainError
+from mpitrain.files import write_file
+from mpitrain.rundir.directory import RunDir
+
+log = logging.getLogger("mpitrain")
+
+
+@dataclass
+class Position:
+    """Where a run continues: at step `step` of epoch `epoch` (0-based), the updater at `iteration`,
+    with a sync mode's saved numbers and arrays (the arrays on rank 0 only)."""
+
+    epoch: int = 0
+    step: int = 0
+    iteration: int = 0
+    sync_numbers: dict = field(default_factory=dict)
+    sync_arrays: dict = field(default_factory=dict)
+
+
+def _unused(path: str) -> str:
+    """`path`, or `path.1`, `path.2`, ... : the first name no file has."""
+    name, number = path, 0
+    while os.path.exists(name):
+        number += 1
+        name = f"{path}.{number}"
+    return name
+
+
+def meaning(model, updater=None) -> dict:
+    """What a checkpoint's arrays mean, beyond their shapes: the model's layer types (activations
+    included) and loss, and the optimizer and what each slot of its state holds."""
+    described = {"layers": [type(layer).__name__.lower() for layer in model.layers], "loss": model.loss}
+    if updater is not None:
+        described.update(optimizer=type(updater).__name__.lower(), updater_state=list(updater.slot_names))
+    return described
+
+
+class Checkpointer:
+    """Saves, finds, validates and resumes the checkpoints of the run in `run_dir`; see the module docstring."""
+
+    def __init__(self, run_dir: str, comm, backend, manifest_sha256: str, data_path: str, *, keep: int = 3,
+                 resume: str = "auto"):
+        self.run_dir, self.comm, self.backend = run_dir, comm, backend
+        self.manifest_sha256, self.data_path = manifest_sha256, data_path
+        self.keep, self.policy = keep, resume
+        self.config_yaml = ""  # what write_config wrote: every checkpoint carries it
+        self.files = RunDir(run_dir)
+
+    def paths(self) -> list[str]:
+        """The run's complete checkpoints, oldest first."""
+        return list_checkpoints(self.run_dir)
+
+    def resume(self, model, updater, pretraining: bool = False) -> Position:
+        """Load the newest checkpoint on rank 0 into `model` and `updater` and say where to continue.
+
+        A collective: every rank calls it and gets the same Position (the sync arrays on rank 0
+        only; `Synchronizer.load_arrays` hands them on). With `pretraining`, a fresh start keeps
+        metrics.jsonl for `finished_layers` to sort out.
+        """
+        position = Position()
+        with self.comm.agreed_errors():
+            checkpoints = self.paths() if self.comm.is_root else []
+            if checkpoints:
+                self._refuse_unless_resuming("checkpoints")
+                ckpt = self._newest_good(checkpoints)
+                check_fits(ckpt, model.layout + model.stats_layout, updater.state.size, self.manifest_sha256,
+                           self.data_path, meaning(model, updater))
+                self._restore(ckpt, model)
+                updater.state[...] = self.backend.to_device(ckpt.updater_state)
+                position = Position(ckpt.epoch, ckpt.step, ckpt.iteration, ckpt.sync_numbers, ckpt.sync_arrays)
+                self.files.drop_records_after(ckpt.epoch, ckpt.step)
+                log.info("resuming from %s at epoch %d step %d", ckpt.path, ckpt.epoch + 1, ckpt.step)
+            elif self.comm.is_root and os.path.exists(self.files.metrics) and not pretraining:
+                os.remove(self.files.metrics)
+        numbers = self.comm.bcast_obj((position.epoch, position.step, position.iteration, position.sync_numbers))
+        return Position(*numbers, sync_arrays=position.sync_arrays)
+
+    def write_config(self, config) -> None:
+        """Rank 0 writes RUN_DIR/config.yaml, the config as the run uses it, which every checkpoint then carries
+        too. A collective: a write that fails is an error on every rank."""
+        self.config_yaml = config_yaml(config)
+        with self.comm.agreed_errors():
+            if self.comm.is_root:
+                write_file(self.files.config, lambda f: f.write(self.config_yaml))
+
+    def save(self, epoch: int, step: int, model, updater, sync) -> str:
+        """Checkpoint "resume at step `step` of epoch `epoch`"; never one with NaN or Inf parameters. Returns its path.
+
+        A collective: the synchronizer's `flush` puts pending rank-local work into the
+        parameters, every rank reports whether its parameters are finite, then rank 0 writes.
+        """
+        to_host = self.backend.to_host
+        sync.flush(model, updater)
+        finite = self.comm.allgather_obj(bool(to_host(model.xp.isfinite(model.params).all())))
+        if not all(finite):
+            raise MpitrainError(f"parameters hold NaN or Inf on rank {finite.index(False)} before the checkpoint "
+                                f"of epoch {epoch} step {step}; it is not written, the last good one is kept; "
+                                "try a lower optimizer.lr")
+        with self.comm.agreed_errors():  # a full disk on rank 0 ends every rank, not just rank 0
+            if self.comm.is_root:
+                save_checkpoint(self.run_dir, Checkpoint(
+                    to_host(model.params), to_host(updater.state), epoch, step, updater.iteration, model.layout,
+                    sync.numbers(), self.manifest_sha256, self.config_yaml, stats=to_host(model.stats),
+                    stats_layout=model.stats_layout,
+                    sync_arrays={name: to_host(array) for name, array in sync.arrays().items()},
+                    meaning=meaning(model, updater)), self.keep)
+        return self.files.checkpoint(epoch, step)
+
+    def _newest_good(self, paths: list[str]) -> Checkpoint:
+        """(Rank 0) The newest of `paths` that reads back whole (its checksums hold) with finite values. Each damaged
+        one is renamed PATH.damaged, never deleted (nor pruned), with a warning naming it and what is wrong."""
+        problems = []
+        for path in reversed(paths):
+            try:
+                ckpt = load_checkpoint(path)
+                if not all(np.isfinite(a).all() for a in (ckpt.params, ckpt.updater_state, ckpt.stats)):
+                    raise DataError(f"{path}: holds NaN or Inf values")
+                return ckpt
+            except DataError as e:
+                aside = _unused(path + ".damaged")
+                os.replace(path, aside)
+                log.warning("%s; kept aside as %s, resuming from the checkpoint before it", e, aside)
+                problems.append(str(e))
+        raise DataError(f"{self.run_dir}/checkpoints: none of its {len(paths)} checkpoints can be resumed (they are "
+                        f"kept aside as *.damaged): {'; '.join(problems)}")
+
+    def restore(self, model, path: str | None = None, other_dataset: bool = False) -> Checkpoint:
+        """Load checkpoint `path` (default: the run's newest) into `model` on this rank and return it.
+
+        Not a collective: each rank reads the file (evaluation and prediction). A checkpoint
+        trained on another dataset than the run's `data.path` holds now (re-written by the
+        ETL, say: scores could then count rows the model trained on) is refused unless
+        `other_dataset`.
+        """
+        if path is None:
+            checkpoints = self.paths()
+            if not checkpoints:
+                raise DataError(f"{self.run_dir}/checkpoints: no checkpoint; train first or pass --checkpoint")
+            path = checkpoints[-1]
+        ckpt = load_checkpoint(path)
+        check_fits(ckpt, model.layout + model.stats_layout, meaning=meaning(model))
+        if ckpt.manifest_sha256 != self.manifest_sha256 and not other_dataset:
+            raise DataError(f"{path}: trained on a dataset whose manifest.json had sha256 {ckpt.manifest_sha256[:16]}..., "
+                            f"but {self.data_path}/manifest.json now has {self.manifest_sha256[:16]}... (re-written "
+                            "or another dataset: its rows may include ones the model trained on); `mpitrain eval` "
+                            "and `predict` take --allow-other-dataset to use it anyway")
+        self._restore(ckpt, model)
+        return ckpt
+
+    def finished_layers(self, layouts: list[list]) -> list[np.ndarray]:
+        """(Rank 0) The parameters of pretraining's finished layers, in order up to the first missing one.
+
+        `layouts` holds each RBM's layout; a layer file of another shape or dataset is refused.
+        metrics.jsonl starts afresh, keeping the pretrain records of the layers being skipped.
+        """
+        finished = []
+        for index, layout in enumerate(layouts):
+            path = self.files.pretrained_layer(index)
+            if not os.path.exists(path):
+                break
+            self._refuse_unless_resuming("pretrained layers")
+            ckpt = load_checkpoint(path)
+            check_fits(ckpt, layout, None, self.manifest_sha256, self.data_path)
+            finished.append(ckpt.params)
+        self.files.keep_metrics(lambda r: r.get("kind") == "pretrain" and r.get("layer", 0) < len(finished))
+        return finished
+
+    def save_layer(self, index: int, layout: list, params: np.ndarray, epochs: int) -> str:
+        """(Rank 0) Write pretraining's finished layer `index` (host parameters of `layout`)."""
+        return write_checkpoint(self.files.pretrained_layer(index), Checkpoint(
+            params, np.zeros(0, dtype=params.dtype), epochs, 0, 0, layout, {}, self.manifest_sha256, ""))
+
+    def _refuse_unless_resuming(self, what: str) -> None:
+        """`resume: never` refuses a run directory holding `what` of an earlier run, rather than overwrite them."""
+        if self.policy == "never":
+            raise ConfigError(f"resume is 'never', but {self.run_dir} holds {what} of an earlier run; use "
+                              "resume=auto to continue it, or another run_dir")
+
+    def _restore(self, ckpt: Checkpoint, model) -> None:
+        model.params[...] = self.backend.to_device(ckpt.params)
+        model.stats[...] = self.backend.to_device(ckpt.stats)

@@ -1,0 +1,137 @@
+"""The run directory: `RunDir` owns every path under it, and the trimming of its metrics on resume; a
+run directory belongs to one job at a time, and a run's own config.yaml always points at its own folder.
+
+    run = RunDir("runs/fashion_mlp")
+    run.config, run.checkpoints, run.checkpoint(epoch, step), run.metrics, run.summary, run.eval_json("test")
+    owner = FileLock(run.lock).take()   # rank 0, before anything is written; None: ours until released
+
+The lock is `fcntl.flock` on RUN_DIR/.lock: the operating system releases it when the owning
+process dies, however it dies, so a crashed job never leaves it stuck. Beside the lock the
+file holds the owner's host and pid, for the message a second job gets.
+
+A run directory copied with `cp -r runs/A runs/B` holds a config.yaml whose `run_dir` still
+names A; training `runs/B/config.yaml` must write B, not A. `own_run_dir` says which folder a
+config file inside a run directory belongs to.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import socket
+from dataclasses import dataclass
+
+CHECKPOINT_NAME = re.compile(r"ckpt-(\d{4})-(\d{6})\.h5$")  # resume at step SSSSSS of epoch EEEE (0-based)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Every path under the run directory `path`; no other module spells a name in it.
+
+    config.yaml (the resolved config the run used), checkpoints/ckpt-EEEE-SSSSSS.h5,
+    pretrain/layer-LL.h5 (pretraining's finished layers), metrics.jsonl, summary.json, .lock, and
+    the outputs of `mpitrain eval` (eval-SPLIT.json, confusion-SPLIT.png), `predict`
+    (predictions-SPLIT.h5) and `report` (report.png, report.html; also in any other folder).
+    """
+
+    path: str
+
+    @property
+    def config(self) -> str:
+        return os.path.join(self.path, "config.yaml")
+
+    @property
+    def checkpoints(self) -> str:
+        return os.path.join(self.path, "checkpoints")
+
+    def checkpoint(self, epoch: int, step: int) -> str:
+        """The checkpoint that resumes at step `step` of epoch `epoch` (0-based)."""
+        return os.path.join(self.checkpoints, f"ckpt-{epoch:04d}-{step:06d}.h5")
+
+    def pretrained_layer(self, index: int) -> str:
+        return os.path.join(self.path, "pretrain", f"layer-{index:02d}.h5")
+
+    @property
+    def metrics(self) -> str:
+        return os.path.join(self.path, "metrics.jsonl")
+
+    @property
+    def summary(self) -> str:
+        return os.path.join(self.path, "summary.json")
+
+    @property
+    def lock(self) -> str:
+        return os.path.join(self.path, ".lock")
+
+    def eval_json(self, split: str) -> str:
+        return os.path.join(self.path, f"eval-{split}.json")
+
+    def confusion_png(self, split: str) -> str:
+        return os.path.join(self.path, f"confusion-{split}.png")
+
+    def predictions(self, split: str) -> str:
+        return os.path.join(self.path, f"predictions-{split}.h5")
+
+    @property
+    def report_png(self) -> str:
+        return os.path.join(self.path, "report.png")
+
+    @property
+    def report_html(self) -> str:
+        return os.path.join(self.path, "report.html")
+
+    def holds_a_run(self) -> bool:
+        """Whether the folder holds a run's files (checkpoints, metrics or a summary)."""
+        return any(os.path.exists(p) for p in (self.checkpoints, self.metrics, self.summary))
+
+    def keep_metrics(self, keep) -> None:
+        """Keep only the records of metrics.jsonl for which `keep(record)` holds (a resumed run's trimming)."""
+        from mpitrain.training.metrics import keep_records
+        keep_records(self.metrics, keep)
+
+    def drop_records_after(self, epoch: int, step: int) -> None:
+        """Drop the records a run resumed at step `step` of epoch `epoch` writes again: windows past that step and
+        epoch records from `epoch` on. Records are matched by (epoch, step within it), so resuming on another rank
+        count (other steps per epoch) keeps the earlier ones as they were."""
+        self.keep_metrics(lambda r: r.get("kind") not in ("window", "epoch")
+                          or (r["kind"] == "window" and (r["epoch"], r["step"]) <= (epoch, step))
+                          or (r["kind"] == "epoch" and r["epoch"] < epoch))
+
+
+class FileLock:
+    """An exclusive, non-blocking lock on the file `path` (a run directory's `.lock`, an ETL output's), released
+    when the process exits. Not a collective: one process (rank 0, the Spark driver) takes it."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.fd = None
+
+    def take(self) -> str | None:
+        """Take the lock: None once it is ours, else its holder's host and pid (the lock stays theirs)."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            owner = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                return owner
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"host {socket.gethostname()} pid {os.getpid()}\n".encode(), 0)
+        self.fd = fd
+        return None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = None
+
+
+def own_run_dir(config_path: str) -> str | None:
+    """The run directory a config file belongs to: its folder when the file is a run's config.yaml
+    (the folder holds the run's files), else None (a config of the user's, which names its run_dir)."""
+    folder = os.path.dirname(os.path.abspath(config_path))
+    run = RunDir(folder)
+    return folder if os.path.abspath(config_path) == run.config and run.holds_a_run() else None

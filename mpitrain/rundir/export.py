@@ -1,0 +1,238 @@
+"""A trained model as an ONNX graph: stored dataset rows in, class probabilities out.
+
+    mpitrain export runs/fashion_lenet --out lenet.onnx                     # a run's newest checkpoint
+    export_onnx(model, manifest, "model.onnx", normalize=True)              # a model built in Python
+
+The graph (opset 17, built with `onnx.helper`, weights as initializers named like the
+checkpoint's layout, e.g. `00_dense/W`) takes rows as the dataset stores them, uint8 or float32
+of shape [N, *feature_shape] with a symbolic batch N, and first applies the manifest's scaling
+as `mpitrain.data.reader.Batches` does (Cast, Mul, Add), so onnxruntime gives `mpitrain predict`'s
+probabilities. `metadata_props` record where the model came from (run dir, checkpoint, the
+manifest's sha256) and the manifest's feature description, which `mpitrain score` reads.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from mpitrain import __version__
+from mpitrain.errors import ConfigError, MpitrainError
+from mpitrain.files import write_file
+from mpitrain.nn.batchnorm import BatchNorm
+from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
+from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
+
+OPSET = 17
+INPUT, OUTPUT = "x", "probabilities"
+MANIFEST_KEYS = ("feature_shape", "feature_dtype", "scale", "offset", "mean", "std", "num_classes", "class_names",
+                 "source", "seed", "transforms")  # the manifest's feature description, in metadata "manifest"
+
+
+def require_onnx():
+    """The onnx module, or a one-line error saying which extra installs it."""
+    try:
+        import onnx
+    except ImportError:
+        raise ConfigError("ONNX export needs the onnx package (pip install 'mpitrain[onnx]')") from None
+    return onnx
+
+
+class _Graph:
+    """Nodes and initializers appended in order; each node's output gets a fresh name."""
+
+    def __init__(self, dtype: np.dtype):
+        self.onnx, self.dtype = require_onnx(), np.dtype(dtype)
+        self.nodes, self.initializers = [], []
+
+    def constant(self, name: str, value) -> str:
+        array = np.ascontiguousarray(_host(value), dtype=self.dtype)
+        self.initializers.append(self.onnx.numpy_helper.from_array(array, name))
+        return name
+
+    def node(self, op: str, inputs: list[str], name: str, **attributes) -> str:
+        output = f"{name}/{op}"
+        self.nodes.append(self.onnx.helper.make_node(op, inputs, [output], name=f"{name}/{op}", **attributes))
+        return output
+
+
+def _host(array) -> np.ndarray:
+    """A numpy copy of a numpy or cupy array (a model may live on a GPU)."""
+    return array.get() if hasattr(array, "get") else np.asarray(array)
+
+
+def _pads(g) -> list[int]:
+    """ONNX pads [top, left, bottom, right] of a `kernels.im2col.Geometry`: its own top and left, and at the
+    bottom and right exactly what its last window reaches past the image (none for `valid`)."""
+    (kh, kw), s = g.kernel, g.stride
+    return [g.pad_top, g.pad_left, max((g.out_height - 1) * s + kh - g.height - g.pad_top, 0),
+            max((g.out_width - 1) * s + kw - g.width - g.pad_left, 0)]
+
+
+def _dense(graph, layer, x, name, input_shape):
+    if len(input_shape) > 1:
+        x = graph.node("Flatten", [x], name, axis=1)
+    return graph.node("Gemm", [x, graph.constant(f"{name}/W", layer.params["W"]),
+                               graph.constant(f"{name}/b", layer.params["b"])], name)
+
+
+def _conv(graph, layer, x, name, input_shape):
+    g = layer.g
+    return graph.node("Conv", [x, graph.constant(f"{name}/W", layer.params["W"]),
+                               graph.constant(f"{name}/b", layer.params["b"])], name,
+                      kernel_shape=list(g.kernel), strides=[g.stride, g.stride], pads=_pads(g))
+
+
+def _pool(op: str, **attributes):
+    def convert(graph, layer, x, name, input_shape):
+        g = layer.g
+        return graph.node(op, [x], name, kernel_shape=list(g.kernel), strides=[g.stride, g.stride], pads=_pads(g),
+                          **attributes)
+    return convert
+
+
+def _batchnorm(graph, layer, x, name, input_shape):
+    """Inference mode with the running statistics; on dense (N, F) inputs F is the channel axis."""
+    return graph.node("BatchNormalization", [x, graph.constant(f"{name}/gamma", layer.params["gamma"]),
+                                             graph.constant(f"{name}/beta", layer.params["beta"]),
+                                             graph.constant(f"{name}/mean", layer.stats["mean"]),
+                                             graph.constant(f"{name}/var", layer.stats["var"])], name,
+                      epsilon=float(layer.eps))
+
+
+def _same(op: str):
+    return lambda graph, layer, x, name, input_shape: graph.node(op, [x], name)
+
+
+# One converter per layer type, matched exactly: a subclass may compute something else.
+CONVERTERS = {Dense: _dense, Conv2D: _conv, MaxPool2D: _pool("MaxPool"),
+              AvgPool2D: _pool("AveragePool", count_include_pad=1), BatchNorm: _batchnorm,
+              ReLU: _same("Relu"), Tanh: _same("Tanh"), Sigmoid: _same("Sigmoid"),
+              Flatten: lambda graph, layer, x, name, input_shape: graph.node("Flatten", [x], name, axis=1),
+              Dropout: _same("Identity")}  # dropout is the identity at inference
+
+
+def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = None):
+    """The ONNX ModelProto of `model` (a Sequential) for rows of the dataset of `manifest`.
+
+    `normalize` is the run's `data.normalize`; `metadata` ({key: text}) goes into
+    `metadata_props` beside the manifest's feature description. A layer ONNX cannot express
+    (one of the user's own Layer classes) is refused by name.
+    """
+    from mpitrain.data.reader import input_scaling
+
+    onnx = require_onnx()
+    helper = onnx.helper
+    for index, layer in enumerate(model.layers):
+        if type(layer) not in CONVERTERS:
+            raise MpitrainError(f"layer {index} of the model is a {type(layer).__name__}, which has no ONNX export; "
+                                f"exportable layers are {sorted(cls.__name__ for cls in CONVERTERS)}")
+    if model.loss != "softmax_cross_entropy":
+        raise MpitrainError(f"the model's loss is {model.loss!r}; ONNX export gives softmax probabilities, "
+                            "expected 'softmax_cross_entropy'")
+    if tuple(manifest.feature_shape) != tuple(model.input_shape):
+        raise MpitrainError(f"the model takes inputs of shape {list(model.input_shape)}, the manifest's rows have "
+                            f"shape {list(manifest.feature_shape)}")
+    dtype = model.params.dtype
+    graph = _Graph(dtype)
+    scale, shift = input_scaling(manifest, normalize)
+    x = graph.node("Cast", [INPUT], "input", to=helper.np_dtype_to_tensor_dtype(dtype))
+    x = graph.node("Mul", [x, graph.constant("input/scale", scale)], "input")
+    x = graph.node("Add", [x, graph.constant("input/shift", shift)], "input")
+    shape = tuple(model.input_shape)
+    for index, layer in enumerate(model.layers):
+        x = CONVERTERS[type(layer)](graph, layer, x, f"{index:02d}_{type(layer).__name__.lower()}", shape)
+        shape = layer.output_shape(shape)
+    x = graph.node("Softmax", [x], "output", axis=-1)
+    if dtype != np.float32:
+        x = graph.node("Cast", [x], "output", to=onnx.TensorProto.FLOAT)
+    graph.nodes.append(helper.make_node("Identity", [x], [OUTPUT], name="output/probabilities"))
+    inputs = [helper.make_tensor_value_info(INPUT, helper.np_dtype_to_tensor_dtype(np.dtype(manifest.feature_dtype)),
+                                            ["N", *manifest.feature_shape])]  # N: any batch size
+    outputs = [helper.make_tensor_value_info(OUTPUT, onnx.TensorProto.FLOAT, ["N", manifest.num_classes])]
+    proto = helper.make_model(helper.make_graph(graph.nodes, "mpitrain", inputs, outputs, graph.initializers),
+                              opset_imports=[helper.make_opsetid("", OPSET)], producer_name="mpitrain")
+    proto.producer_version = __version__
+    description = {key: getattr(manifest, key) for key in MANIFEST_KEYS}
+    description["feature_shape"] = list(description["feature_shape"])
+    props = {"normalize": json.dumps(bool(normalize)), "manifest": json.dumps(description), **(metadata or {})}
+    helper.set_model_props(proto, {key: str(value) for key, value in props.items()})
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+def export_onnx(model, manifest, path: str, normalize: bool = True, metadata: dict | None = None):
+    """Write `onnx_model(model, manifest, normalize, metadata)` to `path` (a temporary file, then a rename)."""
+    proto = onnx_model(model, manifest, normalize, metadata)
+    write_model(proto, path)
+    return proto
+
+
+def export_run(run_dir: str, checkpoint: str | None = None):
+    """The ONNX model of a run's checkpoint (default: its newest), built on one process with numpy.
+
+    The run's config.yaml rebuilds the model as `mpitrain eval` does; the checkpoint must have
+    been taken on the run's dataset as it is now, since the graph bakes in its manifest.
+    """
+    from mpitrain.parallel.backend import Backend
+    from mpitrain.rundir.checkpointer import Checkpointer
+    from mpitrain.config.sections import load_config
+    from mpitrain.rundir.directory import RunDir
+    from mpitrain.nn.model import build_model
+    from mpitrain.data.shards import MANIFEST_NAME, read_manifest, sha256_file
+
+    run_dir = os.path.abspath(run_dir)
+    config = load_config(RunDir(run_dir).config, [f"run_dir={run_dir}"])
+    manifest = read_manifest(config.data.path)
+    sha256 = sha256_file(os.path.join(config.data.path, MANIFEST_NAME))
+    model = build_model(config.model, manifest.feature_shape, manifest.num_classes, np)  # config.yaml: resolved
+    checkpoint = Checkpointer(run_dir, None, Backend("numpy", np), sha256, config.data.path) \
+        .restore(model, checkpoint).path
+    return onnx_model(model, manifest, config.data.normalize,
+                      {"run_dir": run_dir, "checkpoint": os.path.abspath(checkpoint), "manifest_sha256": sha256,
+                       "dataset": config.data.path})
+
+
+def write_model(proto, path: str) -> None:
+    """Write an ONNX model to `path`: complete or absent (`mpitrain.files.write_file`)."""
+    data = proto.SerializeToString()
+    write_file(path, lambda f: f.write(data), binary=True, size=len(data))
+
+
+def describe_tensor(value_info) -> str:
+    """A graph input or output as `dtype[dims]`, e.g. `uint8[N, 1, 28, 28]`."""
+    tensor = value_info.type.tensor_type
+    dtype = np.dtype(require_onnx().helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
+    return f"{dtype}[{', '.join(str(d.dim_param or d.dim_value) for d in tensor.shape.dim)}]"
+
+
+def metadata(proto) -> dict[str, str]:
+    """An ONNX model's metadata_props as a dict."""
+    return {prop.key: prop.value for prop in proto.metadata_props}
+
+
+def input_rows_shape(proto) -> tuple[str, tuple[int, ...]]:
+    """(numpy dtype name, feature shape) of the rows an exported graph takes (its one input, less the batch)."""
+    onnx = require_onnx()
+    graph = proto.graph
+    if len(graph.input) != 1 or len(graph.output) != 1:
+        raise MpitrainError(f"the ONNX model has {len(graph.input)} inputs and {len(graph.output)} outputs; "
+                            "expected one input (rows) and one output (class probabilities)")
+    tensor = graph.input[0].type.tensor_type
+    dims = [d.dim_value for d in tensor.shape.dim[1:]]
+    if not dims or not all(dims):
+        raise MpitrainError(f"the ONNX model's input {graph.input[0].name!r} has shape "
+                            f"{[d.dim_param or d.dim_value for d in tensor.shape.dim]}; expected [N, fixed sizes...]")
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
+    return dtype, tuple(dims)
+
+
+def output_classes(proto) -> int:
+    """The number of classes of an exported graph's probabilities [N, K]."""
+    dims = proto.graph.output[0].type.tensor_type.shape.dim
+    if len(dims) != 2 or not dims[1].dim_value:
+        raise MpitrainError(f"the ONNX model's output {proto.graph.output[0].name!r} has "
+                            f"{len(dims)} dimensions; expected [N, classes]")
+    return dims[1].dim_value
+

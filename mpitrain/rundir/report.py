@@ -1,0 +1,183 @@
+"""Pictures of runs: `report.png`/`report.html` from run directories, and a confusion-matrix picture.
+
+A report reads what training wrote (`metrics.jsonl`, `config.yaml`, and `summary.json` when
+the run has finished), so it also works on a run still in progress or on someone else's
+copy. Figures are drawn on a bare `matplotlib.figure.Figure` (Agg canvas): no display, no
+pyplot state, safe inside an MPI job.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import yaml
+
+from mpitrain.errors import MpitrainError
+from mpitrain.rundir.directory import RunDir
+
+FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
+                         "Bag", "Ankle boot")
+REPORT_SIZE = (15, 8)  # inches; at REPORT_DPI: 1500 x 800 pixels
+REPORT_DPI = 100
+RECORD_KEYS = {"window": ("global_step", "samples_per_s", "bytes_sent_per_step"),
+               "epoch": ("epoch", "train_loss", "test_loss", "test_accuracy"),
+               "pretrain": ("layer", "epoch", "reconstruction_error")}
+SUMMARY_COLUMNS = {"ranks": "ranks", "epochs": "epochs", "test accuracy": "test_accuracy", "test loss": "test_loss",
+                   "samples/s": "samples_per_s", "bytes/step/rank": "bytes_sent_per_step", "wall s": "wall_s"}
+
+
+@dataclass
+class Run:
+    """One run directory's records: step windows, epochs, and its summary (None while unfinished)."""
+
+    name: str
+    mode: str
+    windows: list[dict]
+    epochs: list[dict]
+    summary: dict | None
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.mode})"
+
+
+def read_run(run_dir: str) -> Run:
+    """Read a run directory; a missing or damaged file is an MpitrainError naming it."""
+    files = RunDir(run_dir)
+    windows, epochs = read_metrics(files.metrics)
+    path = files.config
+    try:
+        with open(path) as f:
+            mode = yaml.safe_load(f)["sync"]["mode"]
+        path = files.summary
+        summary = None
+        if os.path.exists(path):
+            with open(path) as f:
+                summary = json.load(f)
+    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError) as e:
+        raise MpitrainError(f"{path}: cannot read it ({e}); expected the file `mpitrain train` writes") from None
+    return Run(os.path.basename(os.path.normpath(run_dir)), mode, windows, epochs, summary)
+
+
+def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
+    """(window records, epoch records) of a metrics.jsonl, checked line by line."""
+    expected = "one JSON object per line, as `mpitrain train` writes"
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise MpitrainError(f"{path}: cannot read ({e.strerror}); expected the metrics file of a run") from None
+    records = {kind: [] for kind in RECORD_KEYS}
+    for number, line in enumerate(lines, start=1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise MpitrainError(f"{path}: line {number} is not valid JSON (truncated or corrupt?); "
+                                f"expected {expected}") from None
+        keys = RECORD_KEYS.get(record.get("kind")) if isinstance(record, dict) else None
+        if keys is None or any(key not in record for key in keys):
+            raise MpitrainError(f"{path}: line {number} is not a window, epoch or pretrain record; expected {expected} "
+                                f"with these keys: {RECORD_KEYS}")
+        records[record["kind"]].append(record)
+    if not records["epoch"]:
+        raise MpitrainError(f"{path}: no epoch record; expected at least one finished epoch")
+    return records["window"], records["epoch"]
+
+
+def write_report(run_dirs: list[str], out_dir: str) -> tuple[str, str]:
+    """Draw OUT/report.png from the runs (overlaid) and OUT/report.html around it; return both paths."""
+    runs = [read_run(d) for d in run_dirs]
+    os.makedirs(out_dir, exist_ok=True)
+    png, page = RunDir(out_dir).report_png, RunDir(out_dir).report_html
+    _report_figure(runs).savefig(png, dpi=REPORT_DPI)
+    with open(png, "rb") as f:
+        image = base64.b64encode(f.read()).decode("ascii")
+    with open(page, "w") as f:
+        f.write(_report_html(runs, image))
+    return png, page
+
+
+def _report_figure(runs: list[Run]):
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+    fig = Figure(figsize=REPORT_SIZE, layout="constrained")
+    axes = fig.subplots(2, 3).ravel()
+    panels = [("loss per epoch: train solid, test dashed", "epoch", "loss"),
+              ("test accuracy per epoch", "epoch", "accuracy"),
+              ("throughput (all ranks)", "step", "samples/s"),
+              ("bytes sent per step per rank", "step", "bytes"),
+              ("sharing: threshold tau", "step", "tau"),
+              ("sharing: sparsity of all messages", "step", "sent / (ranks x params)")]
+    for ax, (title, xlabel, ylabel) in zip(axes, panels):
+        ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+        ax.grid(alpha=0.3)
+    for i, run in enumerate(runs):
+        color = f"C{i % 10}"
+        epoch = [r["epoch"] + 1 for r in run.epochs]
+        axes[0].plot(epoch, [r["train_loss"] for r in run.epochs], "o-", color=color, label=run.label)
+        axes[0].plot(epoch, [r["test_loss"] for r in run.epochs], "s--", color=color)
+        axes[1].plot(epoch, [r["test_accuracy"] for r in run.epochs], "o-", color=color, label=run.label)
+        step = [r["global_step"] for r in run.windows]
+        for ax, key in ((axes[2], "samples_per_s"), (axes[3], "bytes_sent_per_step"),
+                        (axes[4], "tau"), (axes[5], "sparsity")):
+            if run.windows and all(key in r for r in run.windows):
+                ax.plot(step, [r[key] for r in run.windows], ".-", color=color, label=run.label)
+    for ax in axes:
+        if ax.lines:
+            ax.legend(fontsize="small")
+    for ax in axes[4:]:
+        if not ax.lines:
+            ax.text(0.5, 0.5, "no sharing run", ha="center", va="center", transform=ax.transAxes)
+    for ax in axes[:2]:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in axes[3:]:
+        if any(y > 0 for line in ax.lines for y in line.get_ydata()):
+            ax.set_yscale("log")
+    return fig
+
+
+def _report_html(runs: list[Run], image_base64: str) -> str:
+    header = "".join(f"<th>{name}</th>" for name in ["run", "sync", *SUMMARY_COLUMNS])
+    rows = []
+    for run in runs:
+        values = [run.name, run.mode, *[(run.summary or {}).get(key, "unfinished") for key in SUMMARY_COLUMNS.values()]]
+        cells = [html.escape(f"{v:.4g}" if isinstance(v, float) else str(v)) for v in values]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>mpitrain report</title>"
+            "<style>body{font-family:sans-serif} table{border-collapse:collapse} "
+            "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style></head><body>\n"
+            f"<h1>mpitrain report: {html.escape(', '.join(r.label for r in runs))}</h1>\n"
+            f"<table><tr>{header}</tr>\n" + "\n".join(rows) + "</table>\n"
+            f"<p><img alt=\"loss, accuracy, throughput and communication per run\" "
+            f"src=\"data:image/png;base64,{image_base64}\"></p>\n</body></html>\n")
+
+
+def class_names(source: str, num_classes: int) -> list[str]:
+    """Fashion-MNIST's names for a dataset made from it (by its manifest `source`), else the indices."""
+    if "fashion" in source.lower() and num_classes == len(FASHION_MNIST_CLASSES):
+        return list(FASHION_MNIST_CLASSES)
+    return [str(c) for c in range(num_classes)]
+
+
+def write_confusion_png(confusion: np.ndarray, names: list[str], path: str, title: str) -> None:
+    """The confusion matrix (rows: true class) shaded by row fraction (recall), with counts up to 20 classes."""
+    from matplotlib.figure import Figure
+    size = max(5.0, 0.6 * len(names) + 2)
+    fig = Figure(figsize=(size + 1, size), layout="constrained")
+    ax = fig.subplots()
+    totals = confusion.sum(axis=1, keepdims=True)
+    image = ax.imshow(confusion / np.maximum(totals, 1), cmap="Blues", vmin=0, vmax=1)
+    fig.colorbar(image, ax=ax, label="fraction of the true class")
+    ticks = np.arange(len(names))
+    ax.set_xticks(ticks, names, rotation=45, ha="right")
+    ax.set_yticks(ticks, names)
+    ax.set(xlabel="predicted", ylabel="true", title=title)
+    if len(names) <= 20:
+        for (true, predicted), count in np.ndenumerate(confusion):
+            ax.text(predicted, true, str(count), ha="center", va="center", fontsize="small",
+                    color="white" if count > 0.5 * totals[true, 0] else "black")
+    fig.savefig(path, dpi=REPORT_DPI)

@@ -1,0 +1,277 @@
+"""The training loop, as the story of a run: set up the run, train the epochs, finish.
+
+    mpiexec -n 4 mpitrain train configs/fashion_mlp.yaml          # the command line
+    summary = mpitrain.train(config, comm)                       # the same, from Python
+
+`train` is a collective: every rank calls it. Rank 0 writes the run directory (config.yaml,
+checkpoints/, metrics.jsonl, summary.json, the report). SIGUSR1 or SIGTERM on any rank stops
+every rank at a step boundary with a checkpoint (`mpitrain.training.preemption`: `Stopped`, exit 3).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+from mpitrain.training.allocations import AllocationTrace
+from mpitrain.config.sections import Config, ignored_options
+from mpitrain.files import os_errors, write_file
+from mpitrain.data.reader import Batches, RankRows
+from mpitrain.errors import ConfigError
+from mpitrain.rundir.directory import RunDir
+from mpitrain.training.evaluation import EVAL_BATCH_SIZE, Evaluation, evaluate
+from mpitrain.training.metrics import MetricsLog, Totals, Traffic, Window, input_wait_ms, per_step
+from mpitrain.nn.updaters import Updater, create_updater
+from mpitrain.training.preemption import StopSignals, Stopped, requeue
+from mpitrain.training.pretrain import pretrain
+from mpitrain.training.run import Run, setup_run
+from mpitrain.parallel.sync import Synchronizer, check_replicas, create_synchronizer, parameter_hash
+from mpitrain.training.watchdog import Watchdog
+
+log = logging.getLogger("mpitrain")
+
+
+def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer | None = None) -> dict:
+    """Train as `config` says on every rank of `comm` (a collective); returns the summary.
+
+    `reader` (a DatasetReader), `model` (a Sequential) and `sync` (a Synchronizer built on
+    the run's communicator) replace the parts the config would build (the Python API).
+    """
+    started = time.perf_counter()
+    run = setup_run(config, comm, reader=reader, model=model, sync=sync)
+    with run.owned():  # no other job writes this run directory meanwhile
+        loop = _set_up_training(run, sync)
+        if loop is None:
+            return _summary_of_finished_run(run)
+        done = _train_epochs(run, loop)
+        return _finish(run, loop, done, started)
+
+
+@dataclass
+class _Loop:
+    """What the epochs need beyond the run's parts: rows, batches, updater, synchronizer, metrics, start, and the
+    allocation trace (`train.trace_allocations`)."""
+
+    train_rows: RankRows
+    test_rows: RankRows
+    batches: Batches
+    updater: Updater
+    sync: Synchronizer
+    metrics: MetricsLog
+    epoch: int
+    step: int
+    allocations: AllocationTrace
+
+
+@dataclass
+class _Done:
+    """What the epochs did on this rank: time and samples of training steps (and time waiting for batches),
+    traffic, the last evaluation."""
+
+    seconds: float = 0.0
+    samples: int = 0
+    steps: int = 0
+    traffic: Traffic = Traffic()
+    input_seconds: float = 0.0
+    evaluation: Evaluation | None = None
+    hashes: list = field(default_factory=list)
+
+
+def _set_up_training(run: Run, sync: Synchronizer | None) -> _Loop:
+    """Rows, batches, updater and synchronizer; resume or start (pretraining first when asked); config.yaml."""
+    config, comm, model = run.config, run.comm, run.model
+    with comm.agreed_errors():
+        train_rows = run.reader.rows(config.data.train_split, training=True)
+        test_rows = run.reader.rows(config.data.test_split, training=False)
+        if config.data.augment and len(run.reader.manifest.feature_shape) != 3:
+            raise ConfigError(f"data.augment flips and shifts images, but {run.reader.path} holds rows of "
+                              f"shape {tuple(run.reader.manifest.feature_shape)}; expected images (channels, height, "
+                              "width)")
+        if len(train_rows.y) < config.train.batch_size:
+            raise ConfigError(f"train.batch_size is {config.train.batch_size} (per rank), but each of the "
+                              f"{comm.size} ranks has only {len(train_rows.y)} training rows")
+        if sync is not None and sync.comm is not comm:
+            raise ConfigError("the synchronizer was built on another communicator than the run's; build it on "
+                              "the one mpitrain.init() returned")
+    batches = run.batches(train_rows, config.train.batch_size, training=True)
+    updater = create_updater(config.optimizer, model.params, model.decay_mask)
+    sync = sync or create_synchronizer(config.sync, comm)
+
+    model.init_params(config.train.seed, config.model.init)
+    start = run.checkpointer.resume(model, updater, pretraining=bool(config.pretrain.layers))
+    if start.epoch >= config.train.epochs and comm.bcast_obj(os.path.exists(RunDir(config.run_dir).summary)):
+        if comm.is_root:
+            log.info("%s is finished: %d epochs trained, train.epochs is %d; its files are left as they are (a "
+                     "larger train.epochs continues it)", config.run_dir, start.epoch, config.train.epochs)
+        return None
+    updater.iteration = start.iteration
+    run.checkpointer.write_config(config)
+    if comm.is_root:
+        for option in ignored_options(config):
+            log.warning("ignored: %s", option)
+    if config.pretrain.layers and (start.epoch, start.step) == (0, 0):  # fine-tuning has not begun
+        pretrain(config, comm, model, batches, train_rows, run.checkpointer)
+    sync.start(model, updater)  # every rank starts from rank 0's parameters and updater state
+    sync.load_numbers(start.sync_numbers)
+    sync.load_arrays(start.sync_arrays)  # e.g. sharing's residual, saved by rank 0
+    if comm.is_root:
+        log.info("%d ranks, %d training rows per rank, %d steps per epoch, %d parameters, sync %s, backend %s%s",
+                 comm.size, len(train_rows.y), batches.steps_per_epoch, model.n_params, config.sync.mode,
+                 run.backend.name, ", collectives staged through host memory" if comm.staged else "")
+    metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs)
+    return _Loop(train_rows, test_rows, batches, updater, sync, metrics, start.epoch, start.step,
+                 AllocationTrace(config.train.trace_allocations))
+
+
+def _train_epochs(run: Run, loop: _Loop) -> _Done:
+    """The epochs from where the run starts, each its steps (`_train_epoch`) then its end (`_end_epoch`)."""
+    config, comm = run.config, run.comm
+    done, start_step = _Done(), loop.step
+    with Watchdog(config.train.watchdog_s, comm.rank, comm.abort) as watchdog, StopSignals(comm) as stop:
+        for epoch in range(loop.epoch, config.train.epochs):
+            totals = _train_epoch(run, loop, epoch, start_step, watchdog, stop)
+            _end_epoch(run, loop, epoch, totals, done, watchdog)
+            start_step = 0
+    return done
+
+
+def _train_epoch(run: Run, loop: _Loop, epoch: int, start_step: int, watchdog: Watchdog, stop: StopSignals) -> Totals:
+    """The steps of `epoch` from `start_step`: each step, then its metrics window when one ends, the stop agreement
+    and the checkpoint cadence. Returns the epoch's totals on this rank."""
+    comm, grads_ready = run.comm, functools.partial(loop.sync.grads_ready, run.model)  # backward tells the sync
+    loop.metrics.start_epoch(epoch, start_step)
+    loop.updater.start_epoch(epoch)
+    window, totals = Window(), Totals()
+    tick = time.perf_counter()
+    for step, (x, y) in enumerate(loop.batches.epoch(epoch, start_step), start=start_step):
+        waited = time.perf_counter() - tick  # for this batch: the prefetch was behind
+        watchdog.beat(f"epoch {epoch + 1} step {step + 1}")
+        before = Traffic.of(comm)
+        loss, correct = _step(run, loop, epoch, step, x, y, grads_ready)
+        window.add(step, loss, correct, len(y), time.perf_counter() - tick, Traffic.of(comm) - before, waited)
+        last = step + 1 == loop.batches.steps_per_epoch
+        stop_signal = stop.agreed()  # the same answer on every rank, in the same step
+        if (step + 1) % run.config.train.log_every == 0 or last or stop_signal:
+            totals += _record_window(run, loop, epoch, step, window)
+            window = Window()
+        if stop_signal:
+            _stop_with_checkpoint(run, loop, epoch, step, stop_signal, watchdog)
+        if _step_checkpoint_due(run.config, step) and not last:
+            run.checkpointer.save(epoch, step + 1, run.model, loop.updater, loop.sync)
+        tick = time.perf_counter()
+    return totals
+
+
+def _step(run: Run, loop: _Loop, epoch: int, step: int, x, y, grads_ready):
+    """One training step: forward and backward on this rank's batch, then the synchronizer's step (which
+    updates the parameters). Returns the batch's loss and correct count, on the device."""
+    with loop.allocations.span("step"):  # the step itself; its bookkeeping is a few Python objects
+        loss, correct = run.model.train_batch(x, y, key=(run.config.train.seed, run.comm.rank, epoch, step),
+                                              grads_ready=grads_ready)
+        loop.sync.step(run.model, loop.updater)
+    return loss, correct
+
+
+def _record_window(run: Run, loop: _Loop, epoch: int, step: int, window: Window) -> Totals:
+    """End a metrics window at `step` (a collective: every rank's window goes into one record). Returns its totals."""
+    copied = time.perf_counter()
+    totals = window.totals(run.backend)  # the window's one device -> host copy ...
+    totals.seconds += time.perf_counter() - copied  # ... waits for its queued GPU work
+    loop.metrics.window(epoch, step, totals, loop.sync.metrics())
+    return totals
+
+
+def _stop_with_checkpoint(run: Run, loop: _Loop, epoch: int, step: int, signal_name: str, watchdog: Watchdog):
+    """The ranks agreed to stop after `step` (SIGUSR1 or SIGTERM on any rank): checkpoint it, requeue the job after
+    SIGUSR1 (rank 0), and raise Stopped (exit status 3)."""
+    watchdog.beat(f"the checkpoint of {signal_name} at epoch {epoch + 1} step {step + 1}")
+    path = run.checkpointer.save(epoch, step + 1, run.model, loop.updater, loop.sync)
+    then = requeue(run.config.train.requeue, signal_name) if run.comm.is_root else "resume with the same command"
+    raise Stopped(f"stopped by {signal_name} at epoch {epoch + 1} step {step + 1}: wrote {path}; {then}")
+
+
+def _step_checkpoint_due(config: Config, step: int) -> bool:
+    """Whether `checkpoint: {unit: step}` asks for a checkpoint after `step` (0-based) of an epoch."""
+    return config.checkpoint.unit == "step" and (step + 1) % config.checkpoint.every == 0
+
+
+def _epoch_checkpoint_due(config: Config, epoch: int) -> bool:
+    """Whether a checkpoint is written at the end of `epoch`: by `checkpoint: {unit: epoch}`, and always the last."""
+    return epoch + 1 == config.train.epochs or (config.checkpoint.unit == "epoch"
+                                                and (epoch + 1) % config.checkpoint.every == 0)
+
+
+def _end_epoch(run: Run, loop: _Loop, epoch: int, totals: Totals, done: _Done, watchdog: Watchdog) -> None:
+    """The end of `epoch` (collectives): the sync's epoch work, the replica check, an evaluation, the epoch record
+    and, by the cadence, a checkpoint; what the epoch did is added to `done`."""
+    config, comm, model, sync = run.config, run.comm, run.model, loop.sync
+    watchdog.beat(f"the end of epoch {epoch + 1} (sync, replica check, evaluation, checkpoint)")
+    before = Traffic.of(comm)
+    sync.end_epoch(model, loop.updater)
+    done.traffic += totals.traffic + (Traffic.of(comm) - before)
+    done.seconds += totals.seconds
+    done.samples += totals.samples
+    done.steps += totals.steps
+    done.input_seconds += totals.input_seconds
+    if sync.replicas_identical and config.sync.check_replicas:
+        done.hashes = check_replicas(comm, *map(run.backend.to_host, (model.params, model.stats)))
+    with loop.allocations.span("evaluation"):
+        done.evaluation = _evaluate(run, loop)
+    loop.metrics.end_epoch({"epoch": epoch, "nodes": comm.nodes, "ranks_per_node": comm.local_size,
+                            "train_loss": totals.loss_sum / max(totals.samples, 1),
+                            "test_accuracy": done.evaluation.accuracy, "test_loss": done.evaluation.loss,
+                            "replica_hashes": done.hashes})
+    if _epoch_checkpoint_due(config, epoch):
+        run.checkpointer.save(epoch + 1, 0, model, loop.updater, sync)  # the end of training is always kept
+
+
+def _evaluate(run: Run, loop: _Loop) -> Evaluation:
+    return evaluate(run.model, loop.test_rows, loop.batches.to_model_input, EVAL_BATCH_SIZE, run.comm,
+                    run.reader.manifest.num_classes, run.backend)
+
+
+def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
+    """The summary over all ranks (a collective); rank 0 writes summary.json and the report."""
+    config, comm, model, backend = run.config, run.comm, run.model, run.backend
+    evaluation = done.evaluation or _evaluate(run, loop)  # resumed a finished run: evaluate what it left
+    slowest = comm.max(done.seconds)
+    summary = {
+        "test_accuracy": evaluation.accuracy, "test_loss": evaluation.loss,
+        "samples_per_s": sum(comm.allgather_obj(done.samples)) / slowest if slowest else 0.0,
+        **per_step(comm.allgather_obj(done.traffic), done.steps),  # the ranks' mean
+        "input_wait_ms_per_step": input_wait_ms(comm.allgather_obj(done.input_seconds), done.steps),
+        "comm_ms_per_step": loop.metrics.comm_ms_per_step,
+        "epochs": config.train.epochs, "ranks": comm.size, "nodes": comm.nodes,
+        "ranks_per_node": comm.local_size, "sync_mode": config.sync.mode,
+        "wall_s": comm.max(time.perf_counter() - started), "steps_per_epoch": loop.batches.steps_per_epoch,
+        "n_params": model.n_params,
+        "replica_hashes": comm.allgather_obj(parameter_hash(*map(backend.to_host, (model.params, model.stats)))),
+        "backend": backend.name, "cuda_aware_mpi": comm.cuda_aware, "host_staging": comm.staged,
+        "transfers": backend.transfers.to_dict(),
+        "evaluation": evaluation.to_dict(),
+    }
+    if config.train.trace_allocations:  # the largest over the ranks, per span kind
+        summary["allocated_bytes"] = {kind: max(worst.get(kind, 0) for worst in comm.allgather_obj(
+            loop.allocations.worst())) for kind in ("step", "evaluation")}
+    with comm.agreed_errors():
+        if comm.is_root:
+            write_file(RunDir(config.run_dir).summary, lambda f: json.dump(summary, f, indent=2))
+            log.info("test accuracy %.4f, %.0f samples/s, %.0f bytes sent per step per rank",
+                     summary["test_accuracy"], summary["samples_per_s"], summary["bytes_sent_per_step"])
+            if config.report:
+                from mpitrain.rundir.report import write_report
+                with os_errors(config.run_dir, "drawing the report"):
+                    log.info("wrote %s and %s", *write_report([config.run_dir], config.run_dir))
+    return summary
+
+
+def _summary_of_finished_run(run: Run) -> dict:
+    """A finished run asked to train again touches nothing: the summary it wrote, on every rank (a collective)."""
+    summary = None
+    if run.comm.is_root:
+        with open(RunDir(run.config.run_dir).summary) as f:
+            summary = json.load(f)
+    return run.comm.bcast_obj(summary)

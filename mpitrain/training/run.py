@@ -1,0 +1,139 @@
+"""Setting up a run: the parts that training, evaluation and prediction share, built in one place.
+
+    run = setup_run(load_config("configs/fashion_mlp.yaml"), Communicator())
+    run.model, run.reader.manifest, run.checkpointer.paths()
+
+`setup_run` picks the array backend and the communicator variant for it (host staging or
+not), opens the dataset, builds the model and the run's checkpointer. `mpitrain.train`
+goes on to train; `mpitrain eval` and `predict` restore a checkpoint into the same model.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from mpitrain.parallel.backend import Backend, create_backend
+from mpitrain.rundir.checkpointer import Checkpointer
+from mpitrain.config.resolved import resolve
+from mpitrain.config.sections import Config
+from mpitrain.data.reader import Batches, DatasetReader, RankRows
+from mpitrain.errors import ConfigError, describe
+from mpitrain.nn.model import Sequential, build_model
+from mpitrain.training.pretrain import dbn_layers
+from mpitrain.rundir.directory import FileLock, RunDir
+
+
+@dataclass
+class Run:
+    """A run's parts: its config, the communicator for its backend, its dataset, model and checkpoints."""
+
+    config: Config
+    comm: object  # mpitrain.parallel.comm.Communicator, the variant for `backend`
+    backend: Backend
+    reader: DatasetReader
+    model: Sequential
+    checkpointer: Checkpointer
+
+    @contextmanager
+    def owned(self):
+        """Hold the run directory for this job while the block runs (a collective).
+
+        Rank 0 creates it and takes its lock (`mpitrain.rundir.directory`): a second job on the same
+        run directory is refused at once, naming this one, instead of interleaving its files
+        with ours. A folder that cannot be written is one error on every rank.
+        """
+        run_dir = self.config.run_dir
+        lock = FileLock(RunDir(run_dir).lock)
+        with self.comm.agreed_errors():
+            if self.comm.is_root:
+                try:
+                    os.makedirs(run_dir, exist_ok=True)
+                    owner = lock.take()
+                except OSError as e:
+                    raise ConfigError(f"{run_dir}: {describe(e)}; expected a folder this job can write (run_dir)") \
+                        from None
+                if owner is not None:
+                    raise ConfigError(f"{run_dir}: in use by another job ({owner}); a run directory belongs to one "
+                                      "job at a time: wait for it to end, or use another run_dir")
+        try:
+            yield self
+        finally:
+            lock.release()
+
+    def batches(self, rows: RankRows, batch_size: int, training: bool) -> Batches:
+        """Batches of this rank's `rows` as the config's data section says (shuffled and augmented
+        only in `training`)."""
+        data, train = self.config.data, self.config.train
+        return Batches(rows, self.reader.manifest, batch_size, self.backend, self.config.model.dtype, train.seed,
+                       self.comm.rank, shuffle=training and data.shuffle, normalize=data.normalize,
+                       prefetch=training and data.prefetch, augment=training and data.augment,
+                       ws=self.model.workspace.part("batches"))
+
+
+def on_backend(comm, config: Config):
+    """`comm` if a backend was already chosen for it (`mpitrain.init`), else the variant for
+    `config.backend` (a collective)."""
+    if comm.backend is None:
+        backend = create_backend(config.backend, comm.local_rank, comm.local_size)  # before any allocation
+        comm = comm.for_backend(backend, config.comm.cuda_aware)
+    return comm
+
+
+def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, model: Sequential | None = None,
+              sync=None) -> Run:
+    """Build the parts of the run `config` describes on every rank of `comm` (a collective), and resolve the config.
+
+    A `reader`, `model` or `sync` (a Synchronizer) built by the caller (the Python API) replaces
+    the config's. The run's config is resolved here, once (`mpitrain.config.resolved`): it
+    describes those parts, the backend that runs, a deep belief net's layers and absolute
+    paths, so the run directory's config.yaml rebuilds the same model for `mpitrain eval`. A
+    user error on any rank is raised on every rank.
+    """
+    decided = {}
+    if reader is not None:
+        decided["data.path"] = reader.path
+    if model is not None:
+        decided.update({"model.layers": model.layer_specs(), "model.loss": model.loss,
+                        "model.dtype": str(model.params.dtype)})
+    if sync is not None:
+        decided["sync"] = sync.config  # the run's config.yaml and summary say which mode ran
+    config = resolve(config, decided, "the config")
+    if not config.run_dir:
+        raise ConfigError("the config: run_dir is empty; expected the run directory, e.g. Config(run_dir='runs/x')")
+    comm = on_backend(comm, config)
+    decided = {"run_dir": os.path.abspath(config.run_dir), "data.path": os.path.abspath(config.data.path),
+               "backend": comm.backend.name}
+    with comm.agreed_errors():
+        if reader is None:
+            reader = DatasetReader(decided["data.path"], comm, verify_checksums=config.data.verify_checksums,
+                                   max_rows=config.data.max_rows)
+        manifest = reader.manifest
+        decided["model.layers"] = model_layers(config, manifest)
+        config = resolve(config, decided, "the config")
+        if model is None:
+            model = build_model(config.model, manifest.feature_shape, manifest.num_classes, comm.backend.xp)
+        else:
+            _check_fits(model, manifest, comm.backend)
+    checkpointer = Checkpointer(config.run_dir, comm, comm.backend, reader.manifest_sha256, reader.path,
+                                keep=config.checkpoint.keep, resume=config.resume)
+    return Run(config, comm, comm.backend, reader, model, checkpointer)
+
+
+def model_layers(config: Config, manifest) -> list:
+    """The layers of the model `config` describes for the dataset of `manifest`: `model.layers`, or a deep belief
+    net's built from `pretrain.layers` when `model.layers` is empty."""
+    if config.pretrain.layers and not config.model.layers:
+        return dbn_layers(config.pretrain.layers, manifest.num_classes)
+    return config.model.layers
+
+
+def _check_fits(model: Sequential, manifest, backend) -> None:
+    """A caller's model must live on the run's backend and map the dataset's rows to its classes."""
+    if model.xp is not backend.xp:
+        raise ConfigError(f"the model's arrays are {model.xp.__name__} arrays, but the run's backend is "
+                          f"{backend.name}; build it with xp=comm.backend.xp")
+    if model.input_shape != tuple(manifest.feature_shape) or model.output_shape != (manifest.num_classes,):
+        raise ConfigError(f"the model maps inputs of shape {list(model.input_shape)} to {list(model.output_shape)}, "
+                          f"but the dataset has rows of shape {list(manifest.feature_shape)} and "
+                          f"{manifest.num_classes} classes")

@@ -1,0 +1,92 @@
+"""A trained run restored for scoring: `evaluate_run` and `predict_run`, what `mpitrain eval` and `predict` do.
+
+    result = evaluate_run("runs/fashion_mlp", comm, split="test")   # writes RUN_DIR/eval-test.json and
+                                                                     # confusion-test.png; returns the scores
+    path, rows = predict_run("runs/fashion_mlp", comm, split="test", out="predictions.h5")
+
+Both are collectives: every rank scores its own rows of the split (all of them: no max_rows)
+with the run's newest checkpoint (or `checkpoint`), set up from the run's config.yaml exactly as
+training set it up; rank 0 writes the outputs (`mpitrain.rundir.outputs`).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from mpitrain.config.sections import load_config
+from mpitrain.errors import MpitrainError
+from mpitrain.rundir.directory import RunDir
+from mpitrain.rundir.outputs import names_of, write_evaluation, write_predictions
+from mpitrain.training.evaluation import EVAL_BATCH_SIZE, evaluate, predict
+from mpitrain.training.run import setup_run
+
+
+class Trained:
+    """A run set up as training set it up, a checkpoint's parameters in its model, and this rank's rows of a split."""
+
+    def __init__(self, run_dir: str, comm, split: str, checkpoint: str | None, batch_size: int | None,
+                 allow_other_dataset: bool):
+        """Restore the run of `run_dir` (a collective): its config.yaml, its checkpoint, this rank's rows of `split`;
+        `batch_size` None is EVAL_BATCH_SIZE."""
+        batch_size = EVAL_BATCH_SIZE if batch_size is None else batch_size
+        with comm.agreed_errors():
+            if batch_size < 1:
+                raise MpitrainError(f"--batch-size is {batch_size}, expected an integer >= 1")
+            if not os.path.isdir(run_dir):
+                raise MpitrainError(f"{run_dir}: no such run directory; expected a folder written by `mpitrain train`")
+            # the run's own folder, wherever it was trained; eval and predict score every row of the split
+            config = load_config(RunDir(run_dir).config, [f"run_dir={os.path.abspath(run_dir)}", "data.max_rows=0"])
+        self.run = setup_run(config, comm)
+        with self.run.comm.agreed_errors():
+            self.checkpoint = self.run.checkpointer.restore(self.run.model, checkpoint,
+                                                            other_dataset=allow_other_dataset)
+            self.rows = self.run.reader.rows(split, training=False)
+        self.split, self.batch_size = split, batch_size
+        self.manifest = self.run.reader.manifest
+        self.to_input = self.run.batches(self.rows, 1, training=False).to_model_input
+
+    def provenance(self) -> dict:
+        """What the scores were computed from: the checkpoint, the split, the dataset, and whether the
+        checkpoint was trained on another dataset than the one scored (allowed by allow_other_dataset)."""
+        reader = self.run.reader
+        return {"checkpoint": self.checkpoint.path, "split": self.split, "dataset": reader.path,
+                "manifest_sha256": reader.manifest_sha256,
+                "trained_on_manifest_sha256": self.checkpoint.manifest_sha256,
+                "other_dataset": self.checkpoint.manifest_sha256 != reader.manifest_sha256}
+
+
+def evaluate_run(run_dir: str, comm, split: str = "test", checkpoint: str | None = None,
+                 batch_size: int | None = None, allow_other_dataset: bool = False) -> dict:
+    """Evaluate a run's checkpoint on every row of `split` (a collective); rank 0 writes RUN_DIR/eval-SPLIT.json and
+    confusion-SPLIT.png. Returns the scores (accuracy, loss, rows, confusion, precision, recall) with their
+    provenance, the two paths ("json", "picture") and the class names."""
+    trained = Trained(run_dir, comm, split, checkpoint, batch_size, allow_other_dataset)
+    run = trained.run
+    result = evaluate(run.model, trained.rows, trained.to_input, trained.batch_size, run.comm,
+                      trained.manifest.num_classes, run.backend).to_dict()
+    files = RunDir(run_dir)
+    paths = {"json": files.eval_json(split), "picture": files.confusion_png(split)}
+    with comm.agreed_errors():
+        if comm.is_root:
+            write_evaluation(paths["json"], paths["picture"], result, trained.provenance(), trained.manifest,
+                             f"{os.path.basename(os.path.abspath(run_dir))}, {split}: accuracy {result['accuracy']:.4f}")
+    return {**trained.provenance(), **result, **paths, "class_names": names_of(trained.manifest)}
+
+
+def predict_run(run_dir: str, comm, split: str = "test", out: str | None = None, checkpoint: str | None = None,
+                batch_size: int | None = None, allow_other_dataset: bool = False) -> tuple[str, int]:
+    """Predict every row of `split` with a run's checkpoint (a collective); rank 0 writes the classes,
+    probabilities and labels to `out` (default RUN_DIR/predictions-SPLIT.h5). Returns the path and the row count."""
+    path = out or RunDir(run_dir).predictions(split)
+    with comm.agreed_errors():
+        if os.path.isdir(path):
+            raise MpitrainError(f"--out {path}: is a folder; expected an HDF5 file path")
+    trained = Trained(run_dir, comm, split, checkpoint, batch_size, allow_other_dataset)
+    classes, probabilities = predict(trained.run.model, trained.rows, trained.to_input, trained.batch_size,
+                                     trained.run.backend)
+    parts = comm.gather_obj((classes, probabilities, trained.rows.y))
+    with comm.agreed_errors():
+        if comm.is_root:
+            write_predictions(path, *(np.concatenate([p[i] for p in parts]) for i in range(3)), trained.provenance())
+    return path, sum(comm.allgather_obj(len(classes)))

@@ -1,0 +1,120 @@
+"""Small datasets for tests and benchmarks, written with the real shard writer (no Spark), a
+small MLP config for them, and IDX files as Debian's Fashion-MNIST ships them."""
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from mpitrain.data.shards import Manifest, read_manifest, shard_path, write_manifest, write_shard
+from mpitrain.etl.idx import IMAGES_MAGIC, LABELS_MAGIC
+
+def make_dataset(path, n_train=600, n_test=200, shards=3, num_classes=3, shape=(1, 4, 4), seed=0) -> Manifest:
+    """Write a learnable dataset: uint8 features around a class-specific mean pattern."""
+    rng = np.random.default_rng(seed)
+    centers = rng.uniform(40, 215, size=(num_classes, *shape))
+    splits, counts = {}, {}
+    for split, n in (("train", n_train), ("test", n_test)):
+        y = rng.integers(0, num_classes, size=n).astype(np.int32)
+        x = np.clip(centers[y] + rng.normal(0, 30, size=(n, *shape)), 0, 255).astype(np.uint8)
+        bounds = [i * n // shards for i in range(shards + 1)]
+        splits[split] = [write_shard(str(path), shard_path(split, i), x[a:b], y[a:b])
+                         for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+        counts[split] = np.bincount(y, minlength=num_classes).tolist()
+    scaled = x / 255.0
+    manifest = Manifest(feature_shape=tuple(shape), feature_dtype="uint8", scale=1 / 255, offset=0.0,
+                        mean=float(scaled.mean()), std=float(scaled.std()), num_classes=num_classes,
+                        label_counts=counts, splits=splits, source="synthetic", seed=seed)
+    write_manifest(str(path), manifest)
+    return manifest
+
+
+def make_digits_dataset(path, shards=2, seed=0, test_fraction=0.2) -> Manifest:
+    """scikit-learn's digits (8x8, values 0..16, scale 1/16) in a seeded train/test split, written without Spark."""
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    order = np.random.default_rng(seed).permutation(len(digits.target))
+    n_test = round(test_fraction * len(order))
+    x_all = digits.images.astype(np.uint8).reshape(-1, 1, 8, 8)
+    y_all = digits.target.astype(np.int32)
+    splits, counts = {}, {}
+    for split, rows in (("train", order[n_test:]), ("test", order[:n_test])):
+        x, y = x_all[rows], y_all[rows]
+        bounds = [i * len(rows) // shards for i in range(shards + 1)]
+        splits[split] = [write_shard(str(path), shard_path(split, i), x[a:b], y[a:b])
+                         for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+        counts[split] = np.bincount(y, minlength=10).tolist()
+    scaled = x_all[order[n_test:]] / 16
+    manifest = Manifest(feature_shape=(1, 8, 8), feature_dtype="uint8", scale=1 / 16, offset=0.0,
+                        mean=float(scaled.mean()), std=float(scaled.std()), num_classes=10,
+                        label_counts=counts, splits=splits, source="digits:", seed=seed)
+    write_manifest(str(path), manifest)
+    return manifest
+
+
+def write_config(path, dataset_dir, **sections) -> str:
+    """A small MLP config for `dataset_dir`; keyword arguments replace or extend sections."""
+    import yaml
+    config = {
+        "data": {"path": str(dataset_dir)},
+        "model": {"layers": [{"type": "dense", "units": 16, "activation": "relu"}, {"type": "dense", "units": 3}]},
+        "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9},
+        "train": {"epochs": 2, "batch_size": 16, "seed": 1, "log_every": 10},
+        "sync": {"mode": "allreduce"},
+        "run_dir": str(os.path.join(os.path.dirname(path), "run")),
+        "report": False,  # drawing costs a second or two; tests/mpi/test_report.py turns it on
+    }
+    for key, value in sections.items():
+        config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+    with open(path, "w") as f:
+        yaml.safe_dump(config, f)
+    return str(path)
+
+
+
+ROWS = {"train": 103, "test": 37}
+
+
+PREFIX = {"train": "train", "test": "t10k"}
+
+
+def write_idx(path: Path, array: np.ndarray, magic: int) -> None:
+    data = struct.pack(">I", magic) + struct.pack(f">{array.ndim}I", *array.shape) + array.tobytes()
+    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+
+
+def make_idx_folder(folder: Path, seed: int = 0, labels_override: dict | None = None) -> dict:
+    """Random 28x28 IDX data (train gzipped, test plain); returns {split: (images, labels)}."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True)
+    data = {}
+    for split, n in ROWS.items():
+        images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, n).astype(np.uint8)
+        labels[:10] = np.arange(10, dtype=np.uint8)  # every class present
+        if labels_override and split in labels_override:
+            labels[labels_override[split][0]] = labels_override[split][1]
+        suffix = ".gz" if split == "train" else ""
+        write_idx(folder / f"{PREFIX[split]}-images-idx3-ubyte{suffix}", images, IMAGES_MAGIC)
+        write_idx(folder / f"{PREFIX[split]}-labels-idx1-ubyte{suffix}", labels, LABELS_MAGIC)
+        data[split] = (images, labels)
+    return data
+
+
+def read_split(out: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    manifest = read_manifest(str(out))
+    xs, ys = [], []
+    for shard in manifest.shards(split):
+        with h5py.File(out / shard.path, "r") as f:
+            xs.append(f["x"][:])
+            ys.append(f["y"][:])
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def siblings(out: Path) -> list[str]:
+    return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(out.name))
+

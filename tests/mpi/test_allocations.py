@@ -1,0 +1,40 @@
+"""A training step and an evaluation allocate nothing: each shipped config in each sync mode, 2 ranks, the real
+training loop measuring itself with tracemalloc (`train.trace_allocations`, mpitrain/training/allocations.py)."""
+import json
+import os
+
+import pytest
+
+from mpitrain.testing import launch
+
+from mpitrain.testing.launch import MPITRAIN, mpiexec
+from mpitrain.testing.datasets import make_dataset
+
+REPO = launch.REPO
+CONFIGS = ["fashion_mlp", "fashion_lenet", "fashion_cnn_bn", "fashion_dbn"]
+LIMIT = 4096  # bytes: no numpy array larger than this, and the step's few Python objects stay below it
+
+
+@pytest.fixture(scope="module")
+def fashion_shaped(tmp_path_factory):
+    """Rows shaped like Fashion-MNIST's (1x28x28, 10 classes): 400 training rows per rank (several steps past the
+    two warm-up steps at batch 32 and 64) and 300 test rows per rank (a full evaluation batch of 256 and a short one)."""
+    path = tmp_path_factory.mktemp("fashion-shaped") / "data"
+    make_dataset(path, n_train=800, n_test=600, shards=2, num_classes=10, shape=(1, 28, 28))
+    return path
+
+
+@pytest.mark.parametrize("mode", ["allreduce", "averaging", "sharing"])
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_training_step_and_an_evaluation_allocate_no_array(fashion_shaped, tmp_path, name, mode):
+    run_dir = tmp_path / "run"
+    result = mpiexec(2, MPITRAIN, "train", os.path.join(REPO, "configs", f"{name}.yaml"),
+                     "--set", f"data.path={fashion_shaped}", "--set", f"run_dir={run_dir}",
+                     "--set", f"sync.mode={mode}", "--set", "sync.frequency=3", "--set", "train.epochs=2",
+                     "--set", "train.trace_allocations=true", "--set", "pretrain.epochs=1", "--set", "report=false",
+                     timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    allocated = summary["allocated_bytes"]
+    assert summary["steps_per_epoch"] * 2 > 2  # steps past the warm-up were measured
+    assert 0 < allocated["step"] <= LIMIT and 0 < allocated["evaluation"] <= LIMIT, allocated

@@ -1,0 +1,141 @@
+"""Reliability under real mpiexec: resume equals an uninterrupted run, rank faults end the job, NaN stops it."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import pytest
+
+from mpitrain.testing.launch import MPIEXEC, MPITRAIN, RANK_SCRIPTS, mpiexec
+from mpitrain.testing.datasets import make_dataset, write_config
+from mpitrain.rundir.checkpoint import list_checkpoints, load_checkpoint
+from mpitrain.parallel.sync import parameter_hash
+
+
+
+def final_hash(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())["replica_hashes"][0]
+
+
+def run(config, n=2, *overrides, timeout=120):
+    return mpiexec(n, MPITRAIN, "train", config, *[f"--set={o}" for o in overrides], timeout=timeout)
+
+
+CNN = {"layers": [{"type": "conv2d", "filters": 3, "kernel": 3, "padding": "same"}, {"type": "batchnorm"},
+                  {"type": "relu"}, {"type": "flatten"}, {"type": "dropout", "rate": 0.3}, {"type": "dense", "units": 3}]}
+
+
+@pytest.mark.parametrize("sync,model", [({"mode": "allreduce"}, {}), ({"mode": "averaging", "frequency": 4}, {}),
+                                        ({"mode": "sharing", "threshold": 2.0e-3}, {}),
+                                        ({"mode": "sharing", "threshold": 2.0e-3, "exchange": "split"}, {}),
+                                        ({"mode": "averaging", "frequency": 4}, CNN)],
+                         ids=["allreduce", "averaging", "sharing", "sharing-split", "averaging-cnn-batchnorm-dropout"])
+def test_resume_matches_an_uninterrupted_run_bit_for_bit(tmp_path, sync, model):
+    make_dataset(tmp_path / "data", n_train=600)
+    checkpoint = {"unit": "steps", "every": 7, "keep": 10}
+    configs = {}
+    for name, epochs in (("straight", 3), ("pieces", 1)):
+        os.makedirs(tmp_path / name)
+        configs[name] = write_config(tmp_path / name / "exp.yaml", tmp_path / "data", sync=sync,
+                                     checkpoint=checkpoint, train={"epochs": epochs}, model=model)
+        result = run(configs[name])
+        assert result.returncode == 0, result.stderr
+    pieces = configs["pieces"]
+    # as if killed after step 14 of epoch 1: drop the checkpoint its end wrote, resume from step 14
+    ckpts = list_checkpoints(str(tmp_path / "pieces" / "run"))
+    os.remove(ckpts[-1])
+    assert ckpts[-2].endswith("ckpt-0000-000014.h5")
+    result = run(pieces, 2, "train.epochs=3")
+    assert result.returncode == 0 and "resuming from" in result.stderr, result.stderr
+    assert final_hash(tmp_path / "pieces" / "run") == final_hash(tmp_path / "straight" / "run")
+    # the last checkpoint holds the model the run evaluated (sharing keeps its pending residual beside it)
+    last = load_checkpoint(list_checkpoints(str(tmp_path / "pieces" / "run"))[-1])
+    assert parameter_hash(last.params, last.stats) == final_hash(tmp_path / "pieces" / "run")
+    assert (abs(last.sync_arrays["residual"]).max() > 0) if sync["mode"] == "sharing" else not last.sync_arrays
+
+
+def one_epoch_of_sharing(tmp_path):
+    """The config of a finished 1-epoch sharing run on 2 ranks (its checkpoints hold a residual)."""
+    make_dataset(tmp_path / "data", n_train=600)
+    config = write_config(tmp_path / "exp.yaml", tmp_path / "data", sync={"mode": "sharing", "threshold": 2.0e-3},
+                          train={"epochs": 1})
+    assert run(config, 2).returncode == 0
+    return config
+
+
+def test_sharing_resumes_on_another_number_of_ranks(tmp_path):
+    result = run(one_epoch_of_sharing(tmp_path), 4, "train.epochs=2")
+    assert result.returncode == 0 and "resuming from" in result.stderr, result.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["ranks"] == 4 and summary["epochs"] == 2 and len(set(summary["replica_hashes"])) == 1
+
+
+def test_sharing_resumed_by_another_mode_says_its_residual_is_dropped(tmp_path):
+    result = run(one_epoch_of_sharing(tmp_path), 2, "train.epochs=2", "sync.mode=allreduce")
+    assert result.returncode == 0 and "resuming from" in result.stderr, result.stderr
+    assert result.stderr.count("the checkpoint's 'residual' (of another sync mode) is dropped: "
+                               "sync.mode allreduce does not keep it") == 1, result.stderr
+    assert not load_checkpoint(list_checkpoints(str(tmp_path / "run"))[-1]).sync_arrays
+
+
+def test_an_exception_mid_epoch_on_rank_1_of_4_ends_the_job(tmp_path):
+    make_dataset(tmp_path / "data", n_train=800)
+    config = write_config(tmp_path / "exp.yaml", tmp_path / "data")
+    started = time.monotonic()
+    result = mpiexec(4, sys.executable, os.path.join(RANK_SCRIPTS, "raise_mid_epoch.py"), config, 1, 5, timeout=60)
+    assert result.returncode != 0
+    assert "[rank 1] RuntimeError: injected fault at step 5" in result.stderr
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_a_killed_rank_ends_the_job_and_resume_finishes(tmp_path):
+    make_dataset(tmp_path / "data", n_train=4000, shape=(1, 8, 8))
+    config = write_config(tmp_path / "exp.yaml", tmp_path / "data", train={"epochs": 500, "batch_size": 16})
+    job = subprocess.Popen([MPIEXEC, "-n", "2", MPITRAIN, "train", config], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        while len(list_checkpoints(str(tmp_path / "run"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ranks = [int(p) for p in subprocess.run(["pgrep", "-f", f"bin/python .*mpitrain train {config}"],
+                                                capture_output=True, text=True).stdout.split()]
+        assert len(ranks) == 2, ranks
+        os.kill(ranks[1], signal.SIGKILL)
+        job.wait(timeout=30)  # no hang: the surviving rank goes with it
+    finally:
+        job.kill()
+    assert job.returncode != 0
+    last = list_checkpoints(str(tmp_path / "run"))[-1]
+    with h5py.File(last) as f:
+        resumed_from = int(f.attrs["epoch"])
+    result = mpiexec(2, MPITRAIN, "train", config, "--resume", f"--set=train.epochs={resumed_from + 2}",
+                     "--set=resume=never", timeout=120)  # --resume wins over the config's resume key
+    assert result.returncode == 0, result.stderr
+    assert f"resuming from {last}" in result.stderr
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # every epoch once: what was logged after the checkpoint, before the kill, is dropped on resume
+    assert [r["epoch"] for r in records if r["kind"] == "epoch"] == list(range(resumed_from + 2))
+    steps = [r["global_step"] for r in records if r["kind"] == "window"]
+    assert steps == sorted(set(steps))
+
+
+def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
+    make_dataset(tmp_path / "data", n_train=480)
+    config = write_config(tmp_path / "exp.yaml", tmp_path / "data", train={"epochs": 1})
+    assert run(config).returncode == 0
+    result = run(config, 2, "train.epochs=3", "optimizer.lr=1.0e+30")
+    assert result.returncode == 2
+    assert "training diverged" in result.stderr and "epoch 2" in result.stderr
+    assert [os.path.basename(p) for p in list_checkpoints(str(tmp_path / "run"))] == ["ckpt-0001-000000.h5"]
+
+
+def test_watchdog_aborts_a_stuck_job():
+    started = time.monotonic()
+    result = mpiexec(2, sys.executable, os.path.join(RANK_SCRIPTS, "stuck_rank.py"), timeout=60)
+    assert result.returncode != 0
+    assert "[rank 1] watchdog: no progress for" in result.stderr and "stuck_rank.py" in result.stderr
+    assert time.monotonic() - started < 30

@@ -1,0 +1,361 @@
+"""Misuse never costs a user their results: each case builds its bad input in a folder of its own, runs the
+command under `mpiexec -n 2` (or alone, for single-process commands), and asserts exit 2, one error line and
+no traceback, a quick exit, and that every file that existed before is byte for byte unchanged."""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from mpitrain.testing.launch import MPIEXEC, MPITRAIN, command, mpiexec
+from mpitrain.testing.datasets import make_dataset, write_config
+from mpitrain.rundir.directory import LOCK_NAME
+from mpitrain.data.shards import Manifest, shard_path, write_manifest, write_shard
+
+SMALL = {"train": {"epochs": 1, "batch_size": 16, "seed": 1, "log_every": 10}}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A dataset and a run trained on it for one epoch (SGD with momentum, ReLU), shared read-only by the cases."""
+    folder = tmp_path_factory.mktemp("trained")
+    make_dataset(folder / "data", n_train=320, n_test=64)
+    config = write_config(folder / "exp.yaml", folder / "data", **SMALL)
+    result = mpiexec(2, MPITRAIN, "train", config)
+    assert result.returncode == 0, result.stderr
+    return folder
+
+
+def checksums(folder: Path) -> dict:
+    """sha256 of every file under `folder`, but the run directory's lock (it names its newest holder)."""
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != LOCK_NAME}
+
+
+def copy_run(trained: Path, case: Path) -> Path:
+    """The trained run copied into the case's folder (its config.yaml still names the original)."""
+    shutil.copytree(trained / "run", case / "run")
+    return case / "run"
+
+
+def config_for(trained: Path, case: Path, **sections) -> str:
+    return write_config(case / "exp.yaml", trained / "data", **{**SMALL, "run_dir": str(case / "run"), **sections})
+
+
+def resumed_as(**sections):
+    """A config continuing the trained run (a copy of it) with `sections` changed."""
+    def setup(trained, case):
+        copy_run(trained, case)
+        return ["train", config_for(trained, case, train={**SMALL["train"], "epochs": 2}, **sections)]
+    return setup
+
+
+def other_dataset(subcommand):
+    def setup(trained, case):
+        run = copy_run(trained, case)
+        make_dataset(case / "data2", n_train=320, n_test=64, seed=7)  # a re-ETL: same shapes, other rows
+        text = (run / "config.yaml").read_text().replace(str(trained / "data"), str(case / "data2"))
+        (run / "config.yaml").write_text(text)
+        return [subcommand, str(run)]
+    return setup
+
+
+def written(name: str, text: str):
+    def setup(trained, case):
+        (case / name).write_bytes(text.encode("latin-1") if isinstance(text, str) else text)
+        return ["train", str(case / name)]
+    return setup
+
+
+def with_config(**sections):
+    def setup(trained, case):
+        return ["train", config_for(trained, case, **sections)]
+    return setup
+
+
+def huge_values_run(case: Path, exchange: str = "auto") -> list:
+    """float32 features of 3e38 (finite, so the dataset is valid): the first forward pass overflows and the
+    update is NaN; `sharing` (with `exchange`) must stop every rank, in its exchange, before a metrics window sees
+    the loss."""
+    rng = np.random.default_rng(0)
+    splits = {}
+    for split, n in (("train", 640), ("test", 16)):
+        x, y = np.full((n, 4), 3e38, np.float32), rng.integers(0, 3, n).astype(np.int32)
+        splits[split] = [write_shard(str(case / "data"), shard_path(split, 0), x, y)]
+    write_manifest(str(case / "data"), Manifest(feature_shape=(4,), feature_dtype="float32", scale=1.0, offset=0.0,
+                                                mean=0.0, std=1.0, num_classes=3, splits=splits,
+                                                label_counts={"train": [1, 1, 1], "test": [1, 1, 1]}))
+    return ["train", write_config(case / "exp.yaml", case / "data", run_dir=str(case / "run"),
+                                  sync={"mode": "sharing", "exchange": exchange},
+                                  data={"path": str(case / "data"), "normalize": False},
+                                  train={**SMALL["train"], "log_every": 1000})]
+
+
+def data_path_is_a_file(trained, case):
+    (case / "data").write_text("not a dataset")
+    return ["train", write_config(case / "exp.yaml", case / "data", run_dir=str(case / "run"), **SMALL)]
+
+
+def corrupt_shard(verify: bool):
+    def setup(trained, case):
+        shutil.copytree(trained / "data", case / "data")
+        shard = case / "data" / "train" / "shard-00001.h5"
+        shard.write_bytes(shard.read_bytes()[:100])
+        return ["train", write_config(case / "exp.yaml", case / "data", run_dir=str(case / "run"),
+                                      data={"path": str(case / "data"), "verify_checksums": verify}, **SMALL)]
+    return setup
+
+
+def run_dir_is_a_file(trained, case):
+    (case / "run").write_text("a file where the run directory should be")
+    return ["train", config_for(trained, case)]
+
+
+def eval_with(*args):
+    def setup(trained, case):
+        return [args[0], str(copy_run(trained, case)), *args[1:]]
+    return setup
+
+
+def predict_into_a_folder(trained, case):
+    (case / "out.h5").mkdir()
+    return ["predict", str(copy_run(trained, case)), "--out", str(case / "out.h5")]
+
+
+CASES = [
+    # wrong results reported as success
+    ("eval-after-re-etl", other_dataset("eval"), "trained on a dataset whose manifest.json had sha256"),
+    ("predict-after-re-etl", other_dataset("predict"), "take --allow-other-dataset to use it anyway"),
+    ("resume-as-rmsprop", resumed_as(optimizer={"type": "rmsprop", "lr": 0.01}),
+     "was trained with optimizer.type sgd, this config has rmsprop"),
+    ("resume-as-adagrad", resumed_as(optimizer={"type": "adagrad", "lr": 0.01}), "optimizer.type sgd"),
+    ("resume-with-tanh", resumed_as(model={"layers": [{"type": "dense", "units": 16, "activation": "tanh"},
+                                                      {"type": "dense", "units": 3}]}),
+     "its layer 1 is relu, this config's is tanh"),
+    ("zero-units", with_config(model={"layers": [{"type": "dense", "units": 0}, {"type": "dense", "units": 3}]}),
+     r"model.layers\[0\].units is 0, expected an integer >= 1"),
+    ("dropout-rate-1", with_config(model={"layers": [{"type": "dense", "units": 8}, {"type": "dropout", "rate": 1},
+                                                     {"type": "dense", "units": 3}]}),
+     r"model.layers\[1\].rate is 1, expected a number in \[0, 1\)"),
+    ("conv-stride-0", with_config(model={"layers": [{"type": "conv2d", "filters": 2, "kernel": 3, "stride": 0},
+                                                    {"type": "flatten"}, {"type": "dense", "units": 3}]}),
+     r"model.layers\[0\].stride is 0"),
+    ("batchnorm-momentum", with_config(model={"layers": [{"type": "batchnorm", "momentum": 1.5},
+                                                         {"type": "dense", "units": 3}]}),
+     r"model.layers\[0\].momentum is 1.5"),
+    ("sharing-diverges", lambda trained, case: huge_values_run(case), "training diverged: the update of rank [01] "
+                                                                      "holds NaN after [0-9]+ sharing steps"),
+    ("sharing-split-diverges", lambda trained, case: huge_values_run(case, "split"),
+     "training diverged: the update of rank [01] holds NaN after [0-9]+ sharing steps"),
+    # one line, exit 2, on every rank
+    ("config-is-a-folder", lambda trained, case: ["train", str(case)], "is a folder; expected a YAML config file"),
+    ("config-is-binary", written("exp.yaml", "\x00\x01\xff\xfe" * 64), "expected a YAML config file|not valid YAML"),
+    ("duplicate-section", written("exp.yaml", "data: {path: d}\nmodel: {layers: [{type: dense, units: 3}]}\n"
+                                              "train: {epochs: 1}\ntrain: {epochs: 5}\n"),
+     "'train' appears twice"),
+    ("data-path-is-a-file", data_path_is_a_file, "is a file; expected a dataset folder"),
+    ("corrupt-shard", corrupt_shard(True), "sha256 .* does not match"),
+    ("unreadable-shard", corrupt_shard(False), "not a readable shard"),
+    ("run-dir-is-a-file", run_dir_is_a_file, "expected a folder this job can write"),
+    ("eval-negative-batch", eval_with("eval", "--batch-size", "-5"), "--batch-size is -5, expected an integer >= 1"),
+    ("eval-no-run-dir", lambda trained, case: ["eval", str(case / "nowhere")], "no such run directory"),
+    ("predict-out-is-a-folder", predict_into_a_folder, "is a folder; expected an HDF5 file path"),
+]
+
+
+def run_case(command_args, ranks: int = 2, timeout: float = 90):
+    started = time.monotonic()
+    if ranks:
+        result = mpiexec(ranks, MPITRAIN, *command_args, timeout=timeout)
+    else:
+        result = command(MPITRAIN, *command_args, timeout=timeout)
+    return result, time.monotonic() - started
+
+
+def assert_one_line_error(result, elapsed: float, pattern: str) -> None:
+    import re
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and re.search(pattern, errors[0]), result.stderr
+    assert elapsed < 60
+
+
+@pytest.mark.parametrize("name, setup, pattern", CASES, ids=[c[0] for c in CASES])
+def test_misuse_is_one_line_exit_2_and_changes_no_file(trained, tmp_path, name, setup, pattern):
+    args = setup(trained, tmp_path)
+    before, trained_before = checksums(tmp_path), checksums(trained)
+    result, elapsed = run_case(args)
+    assert_one_line_error(result, elapsed, pattern)
+    after = checksums(tmp_path)
+    assert {path: after.get(path) for path in before} == before
+    assert checksums(trained) == trained_before
+
+
+def test_eval_of_another_dataset_when_allowed_says_so_in_its_output(trained, tmp_path):
+    args = other_dataset("eval")(trained, tmp_path)
+    result, _ = run_case([*args, "--allow-other-dataset"])
+    assert result.returncode == 0, result.stderr
+    record = json.loads((tmp_path / "run" / "eval-test.json").read_text())
+    assert record["other_dataset"] is True and record["dataset"] == str(tmp_path / "data2")
+    assert record["trained_on_manifest_sha256"] != record["manifest_sha256"]
+
+
+def test_info_on_a_corrupt_shard_is_one_line(trained, tmp_path):
+    corrupt_shard(False)(trained, tmp_path)
+    result, elapsed = run_case(["info", str(tmp_path / "data"), "--no-verify"], ranks=0)
+    assert_one_line_error(result, elapsed, "not a readable shard")
+
+
+def test_a_copied_run_directory_trains_itself_not_the_original(trained, tmp_path):
+    run = copy_run(trained, tmp_path)
+    original = checksums(trained)
+    result, _ = run_case(["train", str(run / "config.yaml"), "--set", "train.epochs=2"])
+    assert result.returncode == 0, result.stderr
+    assert checksums(trained) == original
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 2
+    assert yaml.safe_load((run / "config.yaml").read_text())["run_dir"] == str(run)
+
+
+def test_a_finished_run_asked_to_train_again_says_so_and_leaves_its_files(trained, tmp_path):
+    run = copy_run(trained, tmp_path)
+    before = checksums(run)
+    result, _ = run_case(["train", str(run / "config.yaml")])
+    assert result.returncode == 0, result.stderr
+    assert "is finished: 1 epochs trained, train.epochs is 1" in result.stderr
+    assert checksums(run) == before
+
+
+def test_options_of_another_sync_mode_are_reported_once_as_ignored(trained, tmp_path):
+    config = config_for(trained, tmp_path, sync={"mode": "allreduce", "threshold": 0.01, "frequency": 3})
+    result, _ = run_case(["train", config])
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("ignored: sync.threshold (read by sharing only") == 1
+    assert result.stderr.count("ignored: sync.frequency (read by averaging only") == 1
+
+
+def test_a_second_job_on_a_run_directory_is_refused_naming_the_first(trained, tmp_path):
+    config = config_for(trained, tmp_path, train={**SMALL["train"], "epochs": 150}, checkpoint={"every": 50})
+    first = subprocess.Popen([MPIEXEC, "-n", "2", MPITRAIN, "train", config], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        lock = tmp_path / "run" / LOCK_NAME
+        while not (lock.exists() and lock.read_text().startswith("host")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        result, elapsed = run_case(["train", config])
+        assert_one_line_error(result, elapsed, r"run: in use by another job \(host \S+ pid \d+\)")
+        assert first.poll() is None  # the first job was not disturbed
+    finally:
+        out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    windows = [(r["epoch"], r["step"]) for r in records if r["kind"] == "window"]
+    assert windows == sorted(set(windows))  # one job's records, in order, none twice
+
+
+def test_resuming_on_another_rank_count_keeps_the_earlier_records(trained, tmp_path):
+    run = copy_run(trained, tmp_path)
+    before = (run / "metrics.jsonl").read_text().splitlines()
+    result = command(MPITRAIN, "train", str(run / "config.yaml"), "--set", "train.epochs=2", timeout=120)
+    assert result.returncode == 0, result.stderr
+    after = (run / "metrics.jsonl").read_text().splitlines()
+    assert after[:len(before)] == before and len(after) > len(before)
+
+
+@pytest.fixture
+def small_file_system(tmp_path):
+    """A 1 MiB tmpfs mounted for the test (root only), unmounted afterwards also when the test fails."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("the disk-full and read-only cases mount a tmpfs, which needs root")
+        pytest.skip("needs root to mount a tmpfs")
+    mounts = []
+
+    def mount(folder: Path, *options: str) -> Path:
+        folder.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(["size=1m", *options]), "tmpfs", str(folder)],
+                       check=True)
+        mounts.append(folder)
+        return folder
+    yield mount
+    for folder in mounts:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_good_checkpoints(trained, tmp_path,
+                                                                                    small_file_system):
+    disk = small_file_system(tmp_path / "disk")
+    wide = {"layers": [{"type": "dense", "units": 1500, "activation": "relu"}, {"type": "dense", "units": 3}]}
+    config = write_config(tmp_path / "exp.yaml", trained / "data", model=wide, run_dir=str(disk / "run"),
+                          train={**SMALL["train"], "epochs": 3}, checkpoint={"keep": 3})  # 0.34 MB a checkpoint
+    result, elapsed = run_case(["train", config])
+    assert_one_line_error(result, elapsed, r"run/checkpoints/ckpt-0003-000000.h5: No space left on device while "
+                                           r"writing it \(it needs about 0.\d MB, 0.\d MB free\); the partial file "
+                                           "is removed")
+    names = sorted(os.listdir(disk / "run" / "checkpoints"))
+    assert names == ["ckpt-0001-000000.h5", "ckpt-0002-000000.h5"]  # no partial file; the good ones intact
+    resumed = command(MPITRAIN, "eval", disk / "run", timeout=120)
+    assert resumed.returncode == 0 and "ckpt-0002-000000.h5" in resumed.stdout, resumed.stderr
+
+
+def test_a_read_only_run_directory_is_one_line(trained, tmp_path, small_file_system):
+    disk = small_file_system(tmp_path / "disk", "ro")
+    result, elapsed = run_case(["train", config_for(trained, tmp_path, run_dir=str(disk / "run"))])
+    assert_one_line_error(result, elapsed, r"disk/run: Read-only file system; expected a folder this job can write")
+
+
+def test_etl_overwrite_through_a_link_keeps_the_link_and_clears_only_dead_jobs_temporaries(tmp_path):
+    from mpitrain.testing.datasets import make_digits_dataset
+    from mpitrain.rundir.directory import FileLock
+    old = make_digits_dataset(tmp_path / "data_v1")
+    (tmp_path / "current").symlink_to("data_v1")
+    dead, live = tmp_path / "data_v1.etl-tmp-deadbeef", tmp_path / "data_v1.etl-tmp-11ve0000"
+    dead.mkdir()
+    (dead / "train").mkdir()  # what a killed job left: its folder, and its lock that nobody holds any more
+    (tmp_path / "data_v1.etl-tmp-deadbeef.lock").write_text("host gone pid 1\n")
+    live.mkdir()
+    holder = FileLock(str(live) + ".lock")
+    assert holder.take() is None  # a job that is still running
+    try:
+        result = command(MPITRAIN, "etl", "--source", "digits:", "--out", tmp_path / "current", "--shards", "2",
+                         "--seed", "5", "--overwrite", "--master", "local[2]", timeout=300)
+    finally:
+        holder.release()
+    assert result.returncode == 0, result.stderr
+    assert os.path.islink(tmp_path / "current") and os.readlink(tmp_path / "current") == "data_v1"
+    manifest = json.loads((tmp_path / "data_v1" / "manifest.json").read_text())
+    assert manifest["seed"] == 5 and old.seed == 0
+    assert sorted(os.listdir(tmp_path)) == ["current", "data_v1", "data_v1.etl-tmp-11ve0000",
+                                            "data_v1.etl-tmp-11ve0000.lock"]
+
+
+def test_etl_csv_part_of_malformed_lines_is_counted_as_bad_records(tmp_path):
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "part-0.csv").write_text("label,a,b,c\n" + "".join(f"{i % 3},{i},{i},{i}\n" for i in range(90)))
+    (tmp_path / "csv" / "part-1.csv").write_text("label,a,b,c\n" + "".join(f"{i % 3},{i},{i}\n" for i in range(30)))
+    started = time.monotonic()
+    result = command(MPITRAIN, "etl", "--source", f"csv:{tmp_path / 'csv'}", "--out", tmp_path / "out", "--shards",
+                     "2", "--master", "local[2]", timeout=300)
+    assert_one_line_error(result, time.monotonic() - started,
+                          r"30 of 120 records are bad, more than --max-bad-fraction 0 allows; the first: .*"
+                          r"malformed line '0,0,0', expected 4 numbers")
+    assert sorted(os.listdir(tmp_path)) == ["csv"]  # no dataset, no temporary folder
+
+
+@pytest.mark.parametrize("variable, launcher", [("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
+                                                ("PMI_SIZE", "an MPICH-family mpiexec")])
+def test_another_mpis_launcher_is_refused_instead_of_n_lone_copies(trained, tmp_path, variable, launcher):
+    """What each process of another MPI's launcher sees: a world of 1 rank, and the launcher's count."""
+    started = time.monotonic()
+    result = command(MPITRAIN, "train", config_for(trained, tmp_path), env={variable: "4"}, timeout=60)
+    assert_one_line_error(result, time.monotonic() - started,
+                          f"{launcher} started 4 processes, but each sees an MPI world of 1 rank: mpi4py runs on "
+                          "another MPI library")
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,212 @@
+"""Multi-rank behaviour under real `mpiexec -n 2` and `-n 4` (and an odd size), each with a timeout."""
+import json
+import os
+import sys
+import time
+
+import h5py
+import pytest
+
+from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, mpiexec
+from mpitrain.testing.datasets import make_dataset, write_config
+
+MODES = {
+    "allreduce": {"mode": "allreduce"},
+    "averaging-3": {"mode": "averaging", "frequency": 3},
+    "averaging-epoch": {"mode": "averaging", "frequency": "epoch", "average_updater": True},
+    "none": {"mode": "none"},
+    "sharing": {"mode": "sharing", "threshold": 1.0e-2},
+    "sharing-split": {"mode": "sharing", "threshold": 1.0e-2, "exchange": "split"},
+}
+
+
+def train(tmp_path, n, timeout=120, **sections):
+    config = write_config(tmp_path / "exp.yaml", tmp_path / "data", **sections)
+    result = mpiexec(n, MPITRAIN, "train", config, timeout=timeout)
+    return result, tmp_path / "run"
+
+
+def summary(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_replicas_bit_identical_in_every_mode(tmp_path, n, mode):
+    make_dataset(tmp_path / "data", n_train=480)
+    result, run_dir = train(tmp_path, n, sync=MODES[mode], optimizer={"type": "adam", "lr": 0.01})
+    assert result.returncode == 0, result.stderr
+    s = summary(run_dir)
+    assert s["ranks"] == n and s["sync_mode"] == MODES[mode]["mode"]
+    assert s["test_accuracy"] > 0.8  # 3 classes: chance is 1/3
+    if mode == "none":
+        assert len(set(s["replica_hashes"])) == n  # independent ranks really do drift apart
+    else:
+        assert len(set(s["replica_hashes"])) == 1
+    epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in epochs if r["kind"] == "epoch"] == [0, 1]
+    assert all(len(r["rank_losses"]) == n for r in epochs if r["kind"] == "window")
+    # the windows count every sample trained: each rank's full batches of 16 (a partial last batch is dropped)
+    assert sum(r["samples"] for r in epochs if r["kind"] == "window" and r["epoch"] == 1) == n * s["steps_per_epoch"] * 16
+    if mode == "allreduce":
+        assert s["bytes_sent_per_step"] == s["n_params"] * 4
+    if mode.startswith("sharing"):
+        windows = [r for r in epochs if r["kind"] == "window"]
+        assert all(r["tau"] > 0 and 0 <= r["sparsity"] <= 1 for r in windows)
+        assert s["bytes_sent_per_step"] < s["n_params"] * 4
+        exchange = MODES[mode].get("exchange", "allgather")  # auto keeps allgather on a few ranks
+        assert all(r["exchange"] == exchange and r[f"{exchange}_steps"] > 0 for r in windows)
+        assert sum(r["allgather_steps"] + r["split_steps"] for r in windows) == s["steps_per_epoch"] * s["epochs"]
+    if mode == "averaging-3":  # one parameter averaging every 3 steps (and at each epoch end)
+        assert s["bytes_sent_per_step"] < s["n_params"] * 4 / 2
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_allreduce_equals_one_process_with_n_times_the_batch(n, optimizer):
+    result = mpiexec(n, sys.executable, os.path.join(RANK_SCRIPTS, "allreduce_equivalence.py"), optimizer)
+    assert result.returncode == 0 and f"OK {n} {optimizer}" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_overlapped_allreduce_equals_blocking_for_every_bucket_cut(n):
+    result = mpiexec(n, sys.executable, os.path.join(RANK_SCRIPTS, "overlap_checks.py"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    for model in ("mlp", "bn-cnn"):
+        for cut in ("one bucket larger than the buffer", "one bucket per layer", "buckets smaller than a layer"):
+            lines = [line for line in result.stdout.splitlines() if line.startswith(f"OK {model}, {cut}")]
+            assert len(lines) == 3 and all(line.endswith(f" {n}") for line in lines), result.stdout
+            for check in ("overlapped equals blocking", "every bucket but the last posted during backward",
+                          "replicas identical"):
+                assert any(check in line for line in lines), result.stdout
+    assert "OK staged buckets equal blocking, with two copies per bucket per step" in result.stdout
+
+
+def test_overlapped_training_run_equals_blocking_and_reports_its_communication(tmp_path):
+    make_dataset(tmp_path / "data", n_train=480)
+    summaries = {}
+    for overlap in (True, False):
+        config = write_config(tmp_path / f"{overlap}.yaml", tmp_path / "data", run_dir=str(tmp_path / f"run-{overlap}"),
+                              sync={"mode": "allreduce", "overlap": overlap, "bucket_mb": 0})
+        result = mpiexec(2, MPITRAIN, "train", config)
+        assert result.returncode == 0, result.stderr
+        summaries[overlap] = summary(tmp_path / f"run-{overlap}")
+    assert summaries[True]["replica_hashes"] == summaries[False]["replica_hashes"]
+    for s in summaries.values():
+        assert s["nodes"] == 1 and s["ranks_per_node"] == 2
+        assert 0 < s["comm_ms_per_step"] and 0 < s["mpi_ms_per_step"] < 1e3 * s["wall_s"] / s["steps_per_epoch"]
+    # blocking: the last rank to arrive communicates for less than the ranks' mean time inside MPI
+    assert summaries[False]["comm_ms_per_step"] <= summaries[False]["mpi_ms_per_step"]
+    records = [json.loads(line) for line in (tmp_path / "run-True" / "metrics.jsonl").read_text().splitlines()]
+    assert all(w["comm_ms_per_step"] > 0 and w["mpi_ms_per_step"] > 0 for w in records if w["kind"] == "window")
+    assert all(r["nodes"] == 1 and r["ranks_per_node"] == 2 for r in records if r["kind"] == "epoch")
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("exchange", ["allgather", "split"])
+def test_sharing_keeps_its_promises(n, exchange):
+    result = mpiexec(n, sys.executable, os.path.join(RANK_SCRIPTS, "sharing_checks.py"), exchange)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for check in ("replicas identical after every step", "nothing lost with a fixed tau",
+                  "adaptive tau falls when too sparse", "adaptive tau rises when too dense",
+                  "adaptive tau stays inside the band", "mixed sparse and bitmap messages decode exactly",
+                  "flush keeps the parameters and the pending updates",
+                  "a resumed synchronizer starts every rank from the saved residual"):
+        assert f"OK {check} {n}" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_split_and_allgather_exchanges_agree_and_auto_chooses_alike_everywhere(n):
+    result = mpiexec(n, sys.executable, os.path.join(RANK_SCRIPTS, "exchange_checks.py"), timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for check in ("split and allgather agree to float tolerance (n=1001)",
+                  "split and allgather agree to float tolerance (n=40)",
+                  "split keeps the replicas identical after every step (n=1001)",
+                  "split keeps the replicas identical after every step (n=40)",
+                  "split sends no more than a ring allreduce plus headers (1% sparse)",
+                  "split sends no more than a ring allreduce plus headers (bitmaps)",
+                  "split sends no more than a ring allreduce plus headers (every element)",
+                  "a NaN on one rank stops every rank (split)", "a NaN on one rank stops every rank (auto)",
+                  "auto keeps allgather with the default network, bit for bit",
+                  "auto splits on a slow link with dense messages from 3 ranks on, alike on every rank"):
+        assert f"OK {check} {n}" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_ranks_read_disjoint_rows_covering_the_split(tmp_path, n):
+    make_dataset(tmp_path, n_train=103, n_test=10, shards=5)
+    result = mpiexec(n, sys.executable, os.path.join(RANK_SCRIPTS, "rank_rows.py"), tmp_path)
+    assert result.returncode == 0 and f"OK {n}" in result.stdout, result.stdout + result.stderr
+
+
+def test_an_exception_on_one_rank_aborts_the_job():
+    started = time.monotonic()
+    result = mpiexec(2, sys.executable, os.path.join(RANK_SCRIPTS, "crash_on_one_rank.py"), timeout=60)
+    assert result.returncode != 0
+    assert "[rank 1] RuntimeError: deliberate failure on rank 1" in result.stderr
+    assert "got past the barrier" not in result.stdout
+    assert time.monotonic() - started < 30
+
+
+def test_a_corrupt_shard_of_one_rank_fails_every_rank_cleanly(tmp_path):
+    make_dataset(tmp_path / "data", n_train=400, shards=4)
+    shard = tmp_path / "data" / "train" / "shard-00003.h5"  # only the last rank reads it
+    with h5py.File(shard, "r+") as f:
+        f["x"][0] = 1
+    started = time.monotonic()
+    result, run_dir = train(tmp_path, 2, timeout=60)
+    assert result.returncode != 0
+    assert result.stderr.count("sha256") == 1 and str(shard) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert time.monotonic() - started < 30
+    assert not (run_dir / "summary.json").exists()
+
+
+def test_config_error_exits_nonzero_on_every_rank(tmp_path):
+    make_dataset(tmp_path / "data", n_train=40)
+    result, _ = train(tmp_path, 2, timeout=60, sync={"mode": "ring"})
+    assert result.returncode == 2
+    assert result.stderr.count("sync.mode is 'ring'") == 1
+
+
+def test_batch_larger_than_rank_rows_is_an_error(tmp_path):
+    make_dataset(tmp_path / "data", n_train=40)
+    result, _ = train(tmp_path, 4, timeout=60, train={"batch_size": 16})
+    assert result.returncode == 2
+    assert "train.batch_size is 16 (per rank), but each of the 4 ranks has only 10 training rows" in result.stderr
+
+
+def test_augmenting_rows_that_are_not_images_is_an_error(tmp_path):
+    make_dataset(tmp_path / "data", n_train=40, shape=(16,))
+    result, _ = train(tmp_path, 2, timeout=60, data={"augment": True})
+    assert result.returncode == 2
+    assert result.stderr.count("data.augment flips and shifts images") == 1 and "(16,)" in result.stderr
+
+
+def test_eval_and_predict_after_training_and_resume_on_other_rank_count(tmp_path):
+    make_dataset(tmp_path / "data", n_train=480)
+    result, run_dir = train(tmp_path, 2, train={"epochs": 1})
+    assert result.returncode == 0, result.stderr
+    first = summary(run_dir)
+    result = mpiexec(2, MPITRAIN, "eval", run_dir, "--split", "test", timeout=60)
+    assert result.returncode == 0, result.stderr
+    evaluation = json.loads((run_dir / "eval-test.json").read_text())
+    assert evaluation["accuracy"] == pytest.approx(first["test_accuracy"])
+    assert evaluation["rows"] == 200 and sum(map(sum, evaluation["confusion"])) == 200
+    result = mpiexec(3, MPITRAIN, "predict", run_dir, "--split", "test", timeout=60)
+    assert result.returncode == 0, result.stderr
+    with h5py.File(run_dir / "predictions-test.h5") as f:
+        assert f["predicted"].shape == (200,) and f["probabilities"].shape == (200, 3)
+        hits = (f["predicted"][...] == f["label"][...]).mean()
+    assert hits == pytest.approx(first["test_accuracy"])
+    # a second run of the same config with more epochs resumes after epoch 1, here on 4 ranks
+    result, run_dir = train(tmp_path, 4, train={"epochs": 2})
+    assert result.returncode == 0, result.stderr
+    assert "resuming from" in result.stderr and "ckpt-0001-000000.h5" in result.stderr
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [0, 1]
+    assert summary(run_dir)["ranks"] == 4
+    # resume: never refuses to write over the checkpoints of that run
+    result, run_dir = train(tmp_path, 2, timeout=60, resume="never")
+    assert result.returncode == 2 and "holds checkpoints of an earlier run" in result.stderr
+    assert len(list((run_dir / "checkpoints").iterdir())) == 2

@@ -1,0 +1,134 @@
+"""Jobs survive preemption and damaged checkpoints: a signal stops every rank at a step boundary with a
+checkpoint, the resumed run ends where an uninterrupted one does (bit for bit), and resume falls back past a
+damaged newest checkpoint. The Slurm path (scancel --signal=USR1, requeue) is in tests/system/test_slurm.py."""
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from mpitrain.testing.launch import MPIEXEC, MPITRAIN, command, mpiexec
+from mpitrain.testing.datasets import make_dataset, write_config
+from mpitrain.rundir.checkpoint import list_checkpoints, load_checkpoint
+
+LONG = {"train": {"epochs": 12, "batch_size": 16, "seed": 1, "log_every": 20},
+        "checkpoint": {"every": 100, "unit": "epoch", "keep": 3}}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    make_dataset(folder / "data", n_train=6000, n_test=200)
+    return folder / "data"
+
+
+def rank_pids(config: str) -> list[int]:
+    """The PIDs of the ranks running `mpitrain train CONFIG` (python processes: not the launcher)."""
+    out = subprocess.run(["pgrep", "-f", f"python.* .*bin/mpitrain train {config}"], capture_output=True,
+                         text=True).stdout
+    return [int(pid) for pid in out.split()]
+
+
+def caught_signals(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("SigCgt")).split()[1], 16)
+
+
+def test_sigterm_to_one_rank_stops_every_rank_with_a_checkpoint_and_resume_ends_bit_identical(data, tmp_path):
+    reference = write_config(tmp_path / "reference.yaml", data, run_dir=str(tmp_path / "reference"), **LONG)
+    config = write_config(tmp_path / "exp.yaml", data, run_dir=str(tmp_path / "run"), **LONG)
+    job = subprocess.Popen([MPIEXEC, "-n", "2", MPITRAIN, "train", config], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 60
+    while not (metrics.exists() and '"epoch": 1' in metrics.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = rank_pids(config)
+    assert len(pids) == 2 and job.poll() is None, "the job ended before the signal"
+    assert all(caught_signals(pid) >> (signal.SIGTERM - 1) & 1 for pid in pids)  # a handler is installed
+    os.kill(pids[1], signal.SIGTERM)
+    out, err = job.communicate(timeout=60)
+    assert job.returncode == 3, err
+    assert "got SIGTERM: training stops with a checkpoint at the next step boundary" in err  # mpitrain's handler
+    stopped = re.search(r"mpitrain train: stopped by SIGTERM at epoch (\d+) step (\d+): wrote (\S+); resume with the "
+                        r"same command", err)
+    assert stopped and "Traceback" not in err, err
+    assert os.path.basename(stopped.group(3)) == f"ckpt-{int(stopped.group(1)) - 1:04d}-{int(stopped.group(2)):06d}.h5"
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+    resumed = mpiexec(2, MPITRAIN, "train", config, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming from {stopped.group(3)}" in resumed.stderr
+    uninterrupted = mpiexec(2, MPITRAIN, "train", reference, timeout=120)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr
+    hashes = [json.loads((tmp_path / name / "summary.json").read_text())["replica_hashes"]
+              for name in ("run", "reference")]
+    assert hashes[0] == hashes[1] and len(set(hashes[0])) == 1
+
+
+def trained_with_three_checkpoints(data, tmp_path) -> tuple[str, list]:
+    config = write_config(tmp_path / "exp.yaml", data, run_dir=str(tmp_path / "run"),
+                          train={"epochs": 3, "batch_size": 64, "seed": 1, "log_every": 50},
+                          checkpoint={"every": 1, "unit": "epoch", "keep": 3})
+    result = mpiexec(2, MPITRAIN, "train", config, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return config, list_checkpoints(str(tmp_path / "run"))
+
+
+def truncate(path):
+    with open(path, "rb+") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+def flip_bytes_in_params(path):
+    with h5py.File(path, "r") as f:
+        offset = f["params"].id.get_chunk_info(0).byte_offset  # the parameters' raw bytes in the file
+    with open(path, "rb+") as f:
+        f.seek(offset + 40)
+        value = f.read(4)
+        f.seek(offset + 40)
+        f.write(bytes(b ^ 0xFF for b in value))
+
+
+def nan_parameter(path):
+    with h5py.File(path, "r+") as f:
+        params = f["params"][...]
+        params[7] = np.nan
+        del f["params"]
+        f.create_dataset("params", data=params, fletcher32=True)  # a well-formed file holding a NaN
+
+
+@pytest.mark.parametrize("damage, problem", [(truncate, "not a readable mpitrain checkpoint"),
+                                             (flip_bytes_in_params, "not a readable mpitrain checkpoint"),
+                                             (nan_parameter, "holds NaN or Inf")])
+def test_a_damaged_newest_checkpoint_is_set_aside_and_resume_uses_the_one_before(data, tmp_path, damage, problem):
+    config, checkpoints = trained_with_three_checkpoints(data, tmp_path)
+    newest = checkpoints[-1]
+    damage(newest)
+    damaged = open(newest, "rb").read()
+    result = mpiexec(2, MPITRAIN, "train", config, "--set", "train.epochs=4", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert re.search(rf"{re.escape(newest)}: .*{problem}.*; kept aside as {re.escape(newest)}.damaged, resuming from "
+                     rf"the checkpoint before it", result.stderr), result.stderr
+    assert f"resuming from {checkpoints[-2]} at epoch 3 step 0" in result.stderr
+    assert open(newest + ".damaged", "rb").read() == damaged  # never deleted, not even by the pruning
+    assert [os.path.basename(p) for p in list_checkpoints(str(tmp_path / "run"))][-1] == "ckpt-0004-000000.h5"
+    assert load_checkpoint(list_checkpoints(str(tmp_path / "run"))[-1]).epoch == 4
+
+
+def test_all_checkpoints_damaged_is_one_error(data, tmp_path):
+    config, checkpoints = trained_with_three_checkpoints(data, tmp_path)
+    for path in checkpoints:
+        truncate(path)
+    result = mpiexec(2, MPITRAIN, "train", config, "--set", "train.epochs=4", timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and "none of its 3 checkpoints can be resumed" in errors[0], result.stderr
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == sorted(os.path.basename(p) + ".damaged"
+                                                                          for p in checkpoints)
+    assert command(MPITRAIN, "eval", tmp_path / "run").returncode == 2  # nothing left to evaluate, said plainly

@@ -1,0 +1,215 @@
+"""The Spark ETL job (real Spark, local[2]) and its IDX reader."""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpitrain.testing import launch
+
+from mpitrain.testing.datasets import ROWS, make_idx_folder, read_split, siblings, write_idx
+from mpitrain.testing.launch import FASHION, require_fashion_mnist
+from mpitrain.errors import ConfigError, DataError
+from mpitrain.etl.cli import main
+from mpitrain.etl.idx import IMAGES_MAGIC, LABELS_MAGIC, find_splits, read_header, read_records
+from mpitrain.etl.job import run_etl
+from mpitrain.etl.sources import open_source
+from mpitrain.data.shards import check_shard, read_manifest
+
+REPO = Path(launch.REPO)
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+
+
+
+
+
+
+
+
+@pytest.fixture(scope="module")
+def idx_data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("idx") / "raw"
+    return folder, make_idx_folder(folder)
+
+
+@pytest.fixture(scope="module")
+def dataset(spark, idx_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("etl") / "ds"
+    manifest = run_etl(spark, f"idx:{idx_data[0]}", str(out), shards=4, seed=0)
+    return out, manifest
+
+
+# --- IDX reader ---
+
+def test_idx_header_and_record_ranges(idx_data):
+    folder, data = idx_data
+    splits = find_splits(str(folder))
+    assert set(splits) == {"train", "test"}
+    for split, (images, labels) in splits.items():
+        assert (images.count, images.row_shape, images.offset) == (ROWS[split], (28, 28), 16)
+        assert (labels.count, labels.row_shape, labels.offset) == (ROWS[split], (), 8)
+        np.testing.assert_array_equal(read_records(images, 5, 17), data[split][0][5:17])
+        np.testing.assert_array_equal(read_records(labels, 0, ROWS[split]), data[split][1])
+
+
+def test_bad_magic_names_the_file(tmp_path):
+    path = tmp_path / "train-images-idx3-ubyte"
+    write_idx(path, np.zeros((3, 28, 28), np.uint8), LABELS_MAGIC)  # a labels magic on an images file
+    with pytest.raises(DataError, match=f"{path}: magic number 0x00000801, expected 0x00000803"):
+        read_header(str(path), IMAGES_MAGIC)
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_truncated_file_names_the_file(tmp_path, suffix):
+    path = tmp_path / f"t10k-images-idx3-ubyte{suffix}"
+    write_idx(path, np.zeros((3, 28, 28), np.uint8), IMAGES_MAGIC)
+    path.write_bytes(path.read_bytes()[:-40])
+    with pytest.raises(DataError, match=str(path)):
+        read_header(str(path), IMAGES_MAGIC)
+
+
+def test_image_and_label_counts_must_agree(tmp_path):
+    make_idx_folder(tmp_path / "raw")
+    labels = tmp_path / "raw" / "t10k-labels-idx1-ubyte"
+    write_idx(labels, np.zeros(36, np.uint8), LABELS_MAGIC)
+    with pytest.raises(DataError, match=f"{labels}: 36 labels, expected 37"):
+        find_splits(str(tmp_path / "raw"))
+
+
+def test_missing_split_and_unknown_source(tmp_path):
+    make_idx_folder(tmp_path / "raw")
+    (tmp_path / "raw" / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(DataError, match="no t10k-labels-idx1-ubyte or t10k-labels-idx1-ubyte.gz"):
+        open_source(f"idx:{tmp_path / 'raw'}")
+    with pytest.raises(ConfigError, match="expected one of: idx:/folder.*digits:"):
+        open_source("tfrecord:/data")
+
+
+def test_fashion_mnist_headers_parse():
+    require_fashion_mnist()
+    splits = find_splits(FASHION)
+    assert {s: (i.count, i.row_shape, labels.count) for s, (i, labels) in splits.items()} == {
+        "train": (60000, (28, 28), 60000), "test": (10000, (28, 28), 10000)}
+
+
+# --- the Spark job ---
+
+def test_shards_are_complete_balanced_and_verified(dataset, idx_data):
+    out, manifest = dataset
+    data = idx_data[1]
+    assert siblings(out) == ["ds"]  # no temporary folder left
+    assert read_manifest(str(out)) == manifest
+    assert (manifest.feature_shape, manifest.feature_dtype, manifest.num_classes) == ((1, 28, 28), "uint8", 10)
+    assert (manifest.seed, manifest.transforms, manifest.source) == (0, [], f"idx:{idx_data[0]}")
+    for split, n in ROWS.items():
+        shards = manifest.shards(split)
+        assert len(shards) == 4
+        assert [s.rows for s in shards] == [(i + 1) * n // 4 - i * n // 4 for i in range(4)]
+        assert manifest.rows(split) == n
+        for shard in shards:
+            assert hashlib.sha256((out / shard.path).read_bytes()).hexdigest() == shard.sha256
+            check_shard(str(out), manifest, shard, verify_checksum=True)
+        images, labels = data[split]
+        assert manifest.label_counts[split] == np.bincount(labels, minlength=10).tolist()
+        x, y = read_split(out, split)
+        assert x.shape == (n, 1, 28, 28)
+        assert sorted(zip(map(bytes, x), y.tolist())) == sorted(zip(map(bytes, images), labels.tolist()))
+        assert not np.array_equal(y, labels)  # shuffled
+    scaled = data["train"][0].astype(np.float64) / 255
+    assert manifest.mean == pytest.approx(scaled.mean(), rel=1e-12)
+    assert manifest.std == pytest.approx(scaled.std(), rel=1e-12)
+
+
+def test_seed_fixes_the_order(spark, dataset, idx_data, tmp_path):
+    out, _ = dataset
+    run_etl(spark, f"idx:{idx_data[0]}", str(tmp_path / "same"), shards=3, seed=0)
+    run_etl(spark, f"idx:{idx_data[0]}", str(tmp_path / "other"), shards=4, seed=1)
+    for split in ROWS:
+        x, y = read_split(out, split)
+        same_x, same_y = read_split(tmp_path / "same", split)  # other shard count, same order
+        np.testing.assert_array_equal(x, same_x)
+        np.testing.assert_array_equal(y, same_y)
+        assert not np.array_equal(x, read_split(tmp_path / "other", split)[0])
+
+
+def test_bad_label_leaves_nothing_behind(spark, tmp_path):
+    make_idx_folder(tmp_path / "raw", labels_override={"test": (20, 12)})
+    out = tmp_path / "ds"
+    with pytest.raises(DataError, match="t10k-labels-idx1-ubyte: label 12 at record 20, expected 0..9"):
+        run_etl(spark, f"idx:{tmp_path / 'raw'}", str(out), shards=2)
+    assert siblings(out) == []
+
+
+def test_overwrite_only_when_asked(spark, tmp_path):
+    make_idx_folder(tmp_path / "raw")
+    make_idx_folder(tmp_path / "bad", labels_override={"train": (50, 12)})
+    out = tmp_path / "ds"
+    run_etl(spark, f"idx:{tmp_path / 'raw'}", str(out), shards=2, seed=0)
+    before = (out / "manifest.json").read_text()
+    with pytest.raises(DataError, match="exists; pass --overwrite"):
+        run_etl(spark, f"idx:{tmp_path / 'raw'}", str(out), shards=3)
+    with pytest.raises(DataError, match="label 12"):
+        run_etl(spark, f"idx:{tmp_path / 'bad'}", str(out), shards=3, overwrite=True)
+    assert (out / "manifest.json").read_text() == before
+    assert siblings(out) == ["ds"]
+    run_etl(spark, f"idx:{tmp_path / 'raw'}", str(out), shards=3, seed=0, overwrite=True)
+    assert [len(read_manifest(str(out)).shards(s)) for s in ROWS] == [3, 3]
+    assert sorted(p.name for p in (out / "train").iterdir()) == [f"shard-0000{i}.h5" for i in range(3)]
+    assert siblings(out) == ["ds"]
+
+
+def test_overwrite_refuses_a_folder_that_is_not_a_dataset(idx_data, tmp_path):
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "notes.txt").write_text("keep me")
+    with pytest.raises(DataError, match="not a dataset folder"):
+        run_etl(None, f"idx:{idx_data[0]}", str(tmp_path / "home"), shards=2, overwrite=True)
+
+
+@pytest.mark.parametrize("shards", [0, 38])
+def test_shards_must_fit_the_smallest_split(idx_data, tmp_path, shards):
+    with pytest.raises(ConfigError, match=rf"--shards {shards}: expected 1\.\.37 \(the test split"):
+        run_etl(None, f"idx:{idx_data[0]}", str(tmp_path / "ds"), shards=shards)
+    assert siblings(tmp_path / "ds") == []
+
+
+def test_digits_source(spark, tmp_path):
+    out = tmp_path / "digits"
+    manifest = run_etl(spark, "digits:", str(out), shards=3, seed=5, test_fraction=0.25)
+    assert (manifest.rows("train"), manifest.rows("test")) == (1797 - 449, 449)
+    assert manifest.feature_shape == (1, 8, 8) and manifest.scale == 1 / 16
+    x, y = read_split(out, "train")
+    assert x.shape == (1348, 1, 8, 8) and x.max() == 16
+    assert sum(manifest.label_counts["train"]) + sum(manifest.label_counts["test"]) == 1797
+    assert manifest.mean == pytest.approx(x.mean() / 16)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, 0.0001])
+def test_digits_test_fraction_must_leave_both_splits(fraction):
+    with pytest.raises(ConfigError, match=f"--test-fraction {fraction}: gives 0 of 1797"):
+        open_source("digits:", test_fraction=fraction)
+
+
+def test_spark_submit_prepare(idx_data, tmp_path):
+    out = tmp_path / "ds"
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    command = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
+               "--conf", "spark.ui.enabled=false", str(REPO / "etl" / "prepare.py"),
+               "--source", f"idx:{idx_data[0]}", "--out", str(out), "--shards", "2"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"wrote {out}: train 103 rows, test 37 rows; 2 shards per split (Spark master local[2])" in done.stdout
+    assert read_manifest(str(out)).rows("train") == 103
+
+
+def test_cli_refuses_existing_out_before_starting_spark(dataset, idx_data, capsys):
+    out = dataset[0]
+    assert main(["--source", f"idx:{idx_data[0]}", "--out", str(out), "--shards", "2"]) == 1
+    assert capsys.readouterr().err == f"error: {out}: exists; pass --overwrite to replace it\n"

@@ -1,0 +1,224 @@
+"""Spark batch scoring (etl/score.py, `mpitrain score`): its predictions are `mpitrain predict`'s (real Spark, local[2])."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from mpitrain.testing import launch
+
+from mpitrain.testing.launch import FASHION, MPITRAIN, command, mpiexec, require_fashion_mnist
+from mpitrain.testing.datasets import make_digits_dataset, write_config
+from mpitrain.errors import ConfigError, DataError
+from mpitrain.etl.cli import main_score
+from mpitrain.etl.idx import IMAGES_MAGIC, LABELS_MAGIC, find_splits, read_records
+from mpitrain.etl.scoring import plan_scoring, score
+from mpitrain.etl.sources import SourceOptions
+from mpitrain.data.shards import Manifest, shard_path, write_manifest, write_shard
+from mpitrain.testing.datasets import siblings, write_idx
+
+REPO = Path(launch.REPO)
+SUBSET = {"train": 1200, "test": 300}  # real Fashion-MNIST rows
+PREFIX = {"train": "train", "test": "t10k"}
+
+
+def predictions(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    with h5py.File(run_dir / "predictions-test.h5") as f:
+        return f["probabilities"][...], f["predicted"][...]
+
+
+def read_output(out: Path, key: str) -> dict[str, np.ndarray]:
+    """The output's columns sorted by `key`."""
+    table = pq.read_table(str(out))  # skips _metrics.json and _SUCCESS, as Spark does
+    order = np.argsort(table.column(key).to_numpy())
+    columns = {name: table.column(name).to_numpy(zero_copy_only=False)[order] for name in table.column_names}
+    columns["probabilities"] = np.stack(columns["probabilities"]).astype(np.float32)
+    return columns
+
+
+def train_and_predict(dataset: Path, tmp_path: Path, layers: list, ranks: int) -> Path:
+    config = write_config(tmp_path / "config.yaml", dataset, model={"layers": layers},
+                          train={"epochs": 1, "batch_size": 32})
+    result = mpiexec(ranks, MPITRAIN, "train", config, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    result = command(MPITRAIN, "predict", tmp_path / "run", "--split", "test")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return tmp_path / "run"
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    """An MLP trained on digits; the dataset's test rows are records order[:n_test] of scikit-learn's digits."""
+    folder = tmp_path_factory.mktemp("digits")
+    make_digits_dataset(folder / "data")
+    run_dir = train_and_predict(folder / "data", folder, [{"type": "dense", "units": 32, "activation": "relu"},
+                                                          {"type": "dense", "units": 10}], ranks=1)
+    order = np.random.default_rng(0).permutation(1797)[:359]
+    return run_dir, order
+
+
+def digits_rows():
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    return digits.images.reshape(-1, 64).astype(np.uint8), digits.target
+
+
+def test_run_dir_on_the_digits_source_gives_predict_probabilities_and_replaces_only_when_asked(spark, digits_run,
+                                                                                             tmp_path):
+    run_dir, order = digits_run
+    out = tmp_path / "p.parquet"
+    metrics = score(spark, plan_scoring(str(run_dir), "digits:", str(out)))
+    got = read_output(out, "row")
+    assert list(got) == ["row", "predicted", "probabilities", "label"] and len(got["row"]) == 1797
+    assert got["predicted"].dtype == np.int32 and (got["row"] == np.arange(1797)).all()
+    expected, predicted = predictions(run_dir)
+    np.testing.assert_allclose(got["probabilities"][order], expected, rtol=0, atol=1e-5)
+    assert (got["predicted"] == got["probabilities"].argmax(axis=1)).all()
+    assert (got["label"] == digits_rows()[1]).all()
+    written = json.loads((out / "_metrics.json").read_text())
+    assert written == json.loads(json.dumps(metrics))
+    assert (written["records"], written["bad_records"], written["rows"], written["split"]) == (1797, 0, 1797, "train")
+    assert written["accuracy"] == pytest.approx((got["predicted"] == got["label"]).mean())
+    assert np.array(written["confusion"]).sum() == 1797 and written["checkpoint"].startswith(str(run_dir))
+
+    # an existing output is refused before Spark starts, replaced with --overwrite, and never a foreign folder
+    args = ["--model", str(run_dir), "--source", "digits:", "--out", str(out), "--master", "local[1]"]
+    assert main_score(args) == 1
+    with pytest.raises(DataError, match=f"{out}: exists; pass --overwrite to replace it"):
+        plan_scoring(str(run_dir), "digits:", str(out))
+    before = sorted(os.listdir(out))
+    score(spark, plan_scoring(str(run_dir), "digits:", str(out), overwrite=True))
+    assert sorted(os.listdir(out)) != before and siblings(out) == ["p.parquet"]
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("mine")
+    with pytest.raises(DataError, match="is not a predictions folder \\(no _metrics.json\\); refusing to replace it"):
+        plan_scoring(str(run_dir), "digits:", str(tmp_path / "notes"), overwrite=True)
+
+
+def write_csv(path: Path, lines: list[str]) -> None:
+    path.write_text("label," + ",".join(f"p{i}" for i in range(64)) + "\n" + "\n".join(lines) + "\n")
+
+
+def test_csv_bad_records_are_counted_then_fail_or_are_dropped_as_in_the_etl(spark, digits_run, tmp_path, caplog):
+    run_dir, order = digits_run
+    x, y = digits_rows()
+    good = [",".join(map(str, [y[i], *x[i]])) for i in order[:40]]
+    bad = ["3,1,2",  # too few fields
+           ",".join(["12", *map(str, x[0])]),  # not a class of the model
+           ",".join(["4", "3.5", *map(str, x[0][1:])])]  # not a stored uint8 value
+    lines = good[:10] + bad[:1] + good[10:20] + bad[1:] + good[20:]
+    write_csv(tmp_path / "rows.csv", lines)
+    out = tmp_path / "p.parquet"
+    with pytest.raises(DataError) as failed:
+        score(spark, plan_scoring(str(run_dir), f"csv:{tmp_path / 'rows.csv'}", str(out)))
+    assert str(failed.value).startswith(f"csv:{tmp_path / 'rows.csv'}: 3 of 43 records are bad, more than "
+                                        "--max-bad-fraction 0 allows; the first: ")
+    assert "malformed line '3,1,2', expected 65 numbers" in str(failed.value)
+    assert siblings(out) == []  # nothing written, no temporary folder left
+
+    with caplog.at_level(logging.WARNING, logger="mpitrain.etl.job"):
+        metrics = score(spark, plan_scoring(str(run_dir), f"csv:{tmp_path / 'rows.csv'}", str(out),
+                                            max_bad_fraction=0.1))
+    assert (metrics["records"], metrics["bad_records"], metrics["rows"]) == (43, 3, 40)
+    assert "label 12.0 at record '12,0,0,5,13,...', expected 0..9" in caplog.text
+    got = read_output(out, "row")
+    # one partition: `row` numbers the file's lines (the header is line 0), bad ones left out
+    assert list(got["row"]) == [*range(1, 11), *range(12, 22), *range(24, 44)]
+    expected, _ = predictions(run_dir)
+    np.testing.assert_allclose(got["probabilities"], expected[:40], rtol=0, atol=1e-5)
+
+
+def test_unlabeled_parquet_with_key_columns(spark, digits_run, tmp_path):
+    run_dir, order = digits_run
+    x, _ = digits_rows()
+    ids = [f"img-{i:04d}" for i in order[:30]]
+    pixels = [list(map(int, x[i])) for i in order[:30]]
+    pixels[7] = pixels[7][:50]  # an array of the wrong length: a bad record
+    pq.write_table(pa.table({"id": ids, "pixels": pixels}), str(tmp_path / "rows.parquet"))
+    out = tmp_path / "p.parquet"
+    options = SourceOptions(labeled=False, keys=("id",))
+    metrics = score(spark, plan_scoring(str(run_dir), f"parquet:{tmp_path / 'rows.parquet'}", str(out),
+                                        max_bad_fraction=0.05, options=options))
+    assert (metrics["rows"], metrics["bad_records"]) == (29, 1) and "accuracy" not in metrics
+    got = read_output(out, "id")
+    assert list(got) == ["id", "predicted", "probabilities"]
+    keep = [i for i in range(30) if i != 7]
+    assert list(got["id"]) == sorted(ids[i] for i in keep)
+    by_id = dict(zip(got["id"], got["probabilities"]))
+    expected, _ = predictions(run_dir)
+    np.testing.assert_allclose([by_id[ids[i]] for i in keep], expected[keep], rtol=0, atol=1e-5)
+
+
+def test_requests_the_model_cannot_serve_fail_before_spark(digits_run, tmp_path):
+    run_dir, _ = digits_run
+    with pytest.raises(ConfigError, match=r"idx:.*: rows of shape \[1, 28, 28\], but the model takes \[1, 8, 8\]"):
+        fashion = tmp_path / "idx"
+        fashion_subset(fashion, {"train": 10, "test": 10})
+        plan_scoring(str(run_dir), f"idx:{fashion}", str(tmp_path / "p"))
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    with pytest.raises(DataError, match="--model .*junk.onnx: not a valid ONNX model"):
+        plan_scoring(str(tmp_path / "junk.onnx"), "digits:", str(tmp_path / "p"))
+    result = command(MPITRAIN, "score", "--model", tmp_path / "junk.onnx", "--source", "digits:", "--out",
+                     tmp_path / "p")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith(f"mpitrain score: error: --model {tmp_path / 'junk.onnx'}: not a valid ONNX")
+    with pytest.raises(ConfigError, match="--no-label: only csv, parquet and images sources may lack labels"):
+        plan_scoring(str(run_dir), "digits:", str(tmp_path / "p"), options=SourceOptions(labeled=False))
+    assert not (tmp_path / "p").exists()
+
+
+def fashion_subset(folder: Path, rows: dict[str, int]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The first rows of each real Fashion-MNIST split, as IDX files of their own; returns them."""
+    require_fashion_mnist()
+    folder.mkdir()
+    data = {}
+    for split, (images, labels) in find_splits(FASHION).items():
+        x, y = read_records(images, 0, rows[split]), read_records(labels, 0, rows[split])
+        write_idx(folder / f"{PREFIX[split]}-images-idx3-ubyte.gz", x, IMAGES_MAGIC)
+        write_idx(folder / f"{PREFIX[split]}-labels-idx1-ubyte", y, LABELS_MAGIC)
+        data[split] = (x, y)
+    return data
+
+
+def test_spark_submit_scores_real_fashion_mnist_like_mpitrain_predict(tmp_path):
+    """A conv net trained on 2 ranks, exported; `spark-submit etl/score.py` on the IDX test records, which the
+    dataset holds in record order, so record i is predict's row i."""
+    data = fashion_subset(tmp_path / "idx", SUBSET)
+    dataset = tmp_path / "data"
+    splits = {split: [write_shard(str(dataset), shard_path(split, 0), x.reshape(-1, 1, 28, 28), y.astype(np.int32))]
+              for split, (x, y) in data.items()}
+    write_manifest(str(dataset), Manifest(
+        feature_shape=(1, 28, 28), feature_dtype="uint8", scale=1 / 255, offset=0.0,
+        mean=float(data["train"][0].mean() / 255), std=float(data["train"][0].std() / 255), num_classes=10,
+        label_counts={s: np.bincount(y, minlength=10).tolist() for s, (_, y) in data.items()}, splits=splits,
+        source=f"idx:{tmp_path / 'idx'}"))
+    run_dir = train_and_predict(dataset, tmp_path, [
+        {"type": "conv2d", "filters": 6, "kernel": 5, "stride": 2, "padding": "same", "activation": "relu"},
+        {"type": "maxpool2d", "pool": 2}, {"type": "flatten"}, {"type": "dense", "units": 10}], ranks=2)
+    assert command(MPITRAIN, "export", run_dir, "--out", tmp_path / "model.onnx").returncode == 0
+
+    out = tmp_path / "predictions.parquet"
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    done = subprocess.run([str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
+                           "--conf", "spark.ui.enabled=false", str(REPO / "etl" / "score.py"),
+                           "--model", str(tmp_path / "model.onnx"), "--source", f"idx:{tmp_path / 'idx'}",
+                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"wrote {out}: 300 rows of idx:{tmp_path / 'idx'} split 'test' scored" in done.stdout
+    got = read_output(out, "row")
+    expected, predicted = predictions(run_dir)
+    assert (got["row"] == np.arange(300)).all() and (got["label"] == data["test"][1]).all()
+    np.testing.assert_allclose(got["probabilities"], expected, rtol=0, atol=1e-5)
+    metrics = json.loads((out / "_metrics.json").read_text())
+    assert metrics["accuracy"] == pytest.approx((predicted == data["test"][1]).mean(), abs=2 / 300)
+    assert metrics["accuracy"] > 0.5  # chance is 0.1
+    assert f"accuracy {metrics['accuracy']:.4f}" in done.stdout and "confusion matrix" in done.stdout

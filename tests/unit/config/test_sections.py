@@ -1,0 +1,128 @@
+"""Config loading: defaults, overrides, and one clear error per bad key or value."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mpitrain.testing import launch
+
+from mpitrain.config.sections import ignored_options, load_config
+from mpitrain.errors import ConfigError
+
+REPO = launch.REPO
+
+
+def write(tmp_path, text):
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_shipped_config_loads_with_overrides():
+    config = load_config(os.path.join(REPO, "configs/fashion_mlp.yaml"),
+                         ["sync.mode=averaging", "sync.frequency=5", "optimizer.lr=1e-3", "train.epochs=2"])
+    assert config.sync.mode == "averaging" and config.sync.frequency == 5
+    assert config.optimizer.lr == pytest.approx(1e-3) and config.train.epochs == 2
+    assert config.run_dir == os.path.abspath("runs/fashion_mlp")
+    assert os.path.isabs(config.data.path)
+
+
+def test_frequency_epoch_and_run_dir(tmp_path):
+    config = load_config(write(tmp_path, "data: {path: d}\nmodel: {layers: [{type: dense, units: 2}]}\n"
+                                         "sync: {mode: averaging, frequency: epoch}\nrun_dir: out/r1\n"))
+    assert config.sync.frequency == "epoch" and config.run_dir == os.path.abspath("out/r1")
+
+
+@pytest.mark.parametrize("text, override, message", [
+    ("sync: {modee: allreduce}", [], r"unknown key 'sync.modee'; did you mean 'sync.mode'\?"),
+    ("train: {watchdog_s: 0}", [], r"train.watchdog_s is 0.0"),
+    ("bogus: 1", [], r"unknown key 'bogus'"),
+    ("sync: {mode: ring}", [], r"sync.mode is 'ring', expected one of"),
+    ("sync: {frequency: 0}", [], r"sync.frequency is 0"),
+    ("sync: {bucket_mb: -1}", [], r"sync.bucket_mb is -1.0, expected a number of MB >= 0"),
+    ("sync: {overlap: sometimes}", [], r"sync.overlap is 'sometimes', expected bool"),
+    ("train: {epochs: two}", [], r"train.epochs is 'two', expected int"),
+    ("train: {batch_size: 0}", [], r"train.batch_size is 0"),
+    ("optimizer: {lr: -1}", [], r"optimizer.lr is -1.0"),
+    ("optimizer: {type: lbfgs}", [], r"optimizer.type is 'lbfgs'"),
+    ("", ["train.epochs"], r"expected section.key=value"),
+    ("", ["checkpoint.unit=hour"], r"checkpoint.unit is 'hour'"),
+    ("", ["resume=sometimes"], r"resume is 'sometimes'"),
+    ("sync: {mode: sharing, adaptive: {decay: 2}}", [], r"sync.adaptive.decay is 2.0"),
+    ("sync: {mode: sharing, adaptive: {speed: 2}}", [], r"unknown key sync.adaptive.speed"),
+    ("sync: {mode: sharing, residual_clip: {every: 0}}", [], r"sync.residual_clip.every is 0"),
+    ("sync: {mode: sharing, encoding: zip}", [], r"sync.encoding is 'zip'"),
+    ("sync: {mode: sharing, exchange: ring}", [], r"sync.exchange is 'ring', expected one of \('auto', 'allgather', "
+                                                  r"'split'\)"),
+    ("sync: {mode: sharing, link_gbps: 0}", [], r"sync.link_gbps is 0.0, expected a positive number of Gb/s"),
+    ("", ["sync.latency_us=-1"], r"sync.latency_us is -1.0, expected a number of microseconds >= 0"),
+    ("", ["data.augment={shift: -1}"], r"data.augment.shift is -1"),
+    ("", ["data.augment={rotate: 10}"], r"unknown key data.augment.rotate"),
+    ("backend: tpu", [], r"backend is 'tpu', expected one of \('auto', 'numpy', 'cupy'\)"),
+    ("comm: {cuda_aware: maybe}", [], r"comm.cuda_aware is 'maybe', expected one of \('auto', True, False\)"),
+    ("comm: {cuda_aware: 1}", [], r"comm.cuda_aware is 1, expected bool or str"),
+    ("[1, 2]", [], r"expected a mapping"),
+])
+def test_bad_configs_name_the_key(tmp_path, text, override, message):
+    base = "data: {path: d}\nmodel: {layers: [{type: dense, units: 2}]}\n"
+    text = text if text.startswith("[") else base + text
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=message) as error:
+        load_config(path, override)
+    assert "exp.yaml" in str(error.value) or override
+
+
+def test_sharing_options(tmp_path):
+    base = "data: {path: d}\nmodel: {layers: [{type: dense, units: 2}]}\n"
+    config = load_config(write(tmp_path, base + "sync: {mode: sharing, adaptive: {max_sparsity: 0.05}}\n"))
+    assert config.sync.adaptive == {"min_sparsity": 1e-4, "max_sparsity": 0.05, "decay": 0.965936}
+    assert config.sync.residual_clip == {"factor": 5.0, "every": 5}
+    config = load_config(write(tmp_path, base + "sync: {mode: sharing, adaptive: false, residual_clip: false}\n"))
+    assert config.sync.adaptive is False and config.sync.residual_clip is False
+    assert (config.sync.exchange, config.sync.latency_us, config.sync.link_gbps) == ("auto", 1.0, 100.0)
+    assert ignored_options(config) == []
+
+
+def test_the_exchange_and_its_network_are_sharing_options(tmp_path):
+    base = "data: {path: d}\nmodel: {layers: [{type: dense, units: 2}]}\n"
+    config = load_config(write(tmp_path, base + "sync: {mode: allreduce, exchange: split, link_gbps: 10}\n"),
+                         ["pretrain.sync.latency_us=2"])
+    assert ignored_options(config) == ["sync.exchange (read by sharing only; sync.mode is allreduce)",
+                              "sync.link_gbps (read by sharing only; sync.mode is allreduce)",
+                              "pretrain.sync.latency_us (read by sharing only; pretrain.sync.mode is averaging)"]
+    config = load_config(write(tmp_path, base + "sync: {mode: sharing, exchange: split, link_gbps: 10}\n"))
+    assert ignored_options(config) == [] and config.sync.exchange == "split" and config.sync.link_gbps == 10.0
+
+
+def test_augment_options(tmp_path):
+    path = write(tmp_path, "data: {path: d}\nmodel: {layers: [{type: dense, units: 2}]}\n")
+    assert load_config(path).data.augment is False
+    assert load_config(path, ["data.augment=true"]).data.augment == {"flip": True, "shift": 2}
+    assert load_config(path, ["data.augment={shift: 1}"]).data.augment == {"flip": True, "shift": 1}
+
+
+def test_backend_and_cuda_aware_choices(tmp_path):
+    base = "data: {path: d}\nmodel: {layers: [{type: dense, units: 2}]}\n"
+    config = load_config(write(tmp_path, base))
+    assert config.backend == "numpy" and config.comm.cuda_aware == "auto"
+    config = load_config(write(tmp_path, base + "backend: auto\ncomm: {cuda_aware: false}\n"))
+    assert config.backend == "auto" and config.comm.cuda_aware is False
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(str(tmp_path / "nope.yaml"))
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "data: [unclosed"))
+
+
+def test_logging_keeps_other_libraries_info_out():
+    code = ("import logging; from mpitrain.cli import _setup_logging; _setup_logging(0); "
+            "logging.getLogger('numba.cuda.cudadrv.driver').info('add pending dealloc'); "
+            "logging.getLogger('numba.cuda.cudadrv.driver').warning('a library warning'); "
+            "logging.getLogger('mpitrain').info('epoch 1/2 done'); logging.getLogger('mpitrain.data.reader').info('rows')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == ["[numba.cuda.cudadrv.driver] a library warning", "[mpitrain] epoch 1/2 done",
+                                          "[mpitrain.data.reader] rows"]
