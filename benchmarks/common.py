@@ -11,8 +11,8 @@ import sys
 import tempfile
 import time
 
+from mpitrain.parallel.threads import users_environment
 from mpitrain.rundir.report import read_metrics
-from mpitrain.parallel.threads import SIZED_MARK
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORES = len(os.sched_getaffinity(0))
@@ -20,11 +20,12 @@ BIN = os.path.dirname(sys.executable)
 # mpitrain runs in the benchmark's own environment, as a user's shell starts it (it sizes its thread
 # pools itself: mpitrain/parallel/threads.py). PyTorch's peer gets what its launcher gives: torchrun sets
 # OMP_NUM_THREADS=1 in each process it starts when the user has not.
-TORCHRUN_ENV = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+# (The environment as the user set it: this process imported mpitrain, which sized its own pools.)
+USER_ENV = users_environment(os.environ)
+TORCHRUN_ENV = {**USER_ENV, "OMP_NUM_THREADS": USER_ENV.get("OMP_NUM_THREADS", "1")}
 # What a user who pins every pool by hand sets: the "pinned" rows beside the default ones.
-PINNED_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+PINNED_ENV = {**USER_ENV, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "NUMBA_NUM_THREADS": "1"}
-PINNED_ENV.pop(SIZED_MARK, None)  # these are the user's values, not the ones importing mpitrain set here
 
 
 def benchmark_parser(doc: str, epochs: int) -> argparse.ArgumentParser:
@@ -49,7 +50,7 @@ def run_mpitrain(args, ranks: int, mode: str, extra: dict, epochs: int, env: dic
                      "sync.mode": mode, "train.log_every": 1000, "report": False, **extra}
         command = [os.path.join(BIN, "mpiexec"), "-n", str(ranks), os.path.join(BIN, "mpitrain"), "train",
                    args.config, *[f"--set={k}={v}" for k, v in overrides.items()]]
-        subprocess.run(command, check=True, env=env, capture_output=True, text=True)
+        subprocess.run(command, check=True, env=env or USER_ENV, capture_output=True, text=True)
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
         summary["windows"] = read_metrics(os.path.join(run_dir, "metrics.jsonl"))[0]

@@ -154,6 +154,14 @@ def check_ranks_on_node(plan: ThreadPlan, local_size: int) -> None:
     numba.set_num_threads(min(share, numba.config.NUMBA_NUM_THREADS))
 
 
+def users_environment(environ) -> dict:
+    """`environ` as the user set it: without the pool variables mpitrain's import set in it (SIZED_MARK) and the
+    mark. For a process that imported mpitrain and starts another program (a benchmark's PyTorch peer), which
+    would take them for the user's."""
+    sized = _sized_by_mpitrain(environ)
+    return {k: v for k, v in environ.items() if k != SIZED_MARK and not (k in sized and sized[k] == v)}
+
+
 def _sized_by_mpitrain(environ) -> dict:
     """The pool variables an ancestor process's mpitrain set (SIZED_MARK), with their values."""
     return dict(item.split("=", 1) for item in environ.get(SIZED_MARK, "").split(",") if "=" in item)
