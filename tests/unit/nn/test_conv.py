@@ -10,7 +10,7 @@ from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
 from mpitrain.nn.model import Sequential, build_model
-from tests.test_nn import check_model_gradients
+from mpitrain.testing.gradients import check_model_gradients
 
 def test_same_padding_keeps_the_size_at_stride_one_and_divides_it_at_stride_two():
     assert (geometry((1, 28, 28), 5, 1, "same").out_height, geometry((1, 28, 28), 5, 1, "same").pad_top) == (28, 2)
