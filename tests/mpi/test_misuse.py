@@ -15,7 +15,7 @@ import yaml
 
 from mpitrain.testing.launch import MPIEXEC, MPITRAIN, command, mpiexec
 from mpitrain.testing.datasets import make_dataset, write_config
-from mpitrain.rundir.directory import LOCK_NAME
+from mpitrain.rundir.directory import RunDir
 from mpitrain.data.shards import Manifest, shard_path, write_manifest, write_shard
 
 SMALL = {"train": {"epochs": 1, "batch_size": 16, "seed": 1, "log_every": 10}}
@@ -35,7 +35,7 @@ def trained(tmp_path_factory):
 def checksums(folder: Path) -> dict:
     """sha256 of every file under `folder`, but the run directory's lock (it names its newest holder)."""
     return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != LOCK_NAME}
+            if p.is_file() and str(p) != RunDir(str(p.parent)).lock}
 
 
 def copy_run(trained: Path, case: Path) -> Path:
@@ -246,7 +246,7 @@ def test_a_second_job_on_a_run_directory_is_refused_naming_the_first(trained, tm
                              stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         deadline = time.monotonic() + 60
-        lock = tmp_path / "run" / LOCK_NAME
+        lock = Path(RunDir(str(tmp_path / "run")).lock)
         while not (lock.exists() and lock.read_text().startswith("host")) and time.monotonic() < deadline:
             time.sleep(0.1)
         result, elapsed = run_case(["train", config])
