@@ -25,6 +25,11 @@ from dataclasses import dataclass
 CHECKPOINT_NAME = re.compile(r"ckpt-(\d{4})-(\d{6})\.h5$")  # resume at step SSSSSS of epoch EEEE (0-based)
 
 
+def _in_run_dir(name: str) -> property:
+    """A RunDir property: the path of `name` in the run directory."""
+    return property(lambda self: os.path.join(self.path, name), doc=f"RUN_DIR/{name}")
+
+
 @dataclass(frozen=True)
 class RunDir:
     """Every path under the run directory `path`; no other module spells a name in it.
@@ -37,13 +42,13 @@ class RunDir:
 
     path: str
 
-    @property
-    def config(self) -> str:
-        return os.path.join(self.path, "config.yaml")
-
-    @property
-    def checkpoints(self) -> str:
-        return os.path.join(self.path, "checkpoints")
+    config = _in_run_dir("config.yaml")
+    checkpoints = _in_run_dir("checkpoints")
+    metrics = _in_run_dir("metrics.jsonl")
+    summary = _in_run_dir("summary.json")
+    lock = _in_run_dir(".lock")
+    report_png = _in_run_dir("report.png")
+    report_html = _in_run_dir("report.html")
 
     def checkpoint(self, epoch: int, step: int) -> str:
         """The checkpoint that resumes at step `step` of epoch `epoch` (0-based)."""
@@ -51,18 +56,6 @@ class RunDir:
 
     def pretrained_layer(self, index: int) -> str:
         return os.path.join(self.path, "pretrain", f"layer-{index:02d}.h5")
-
-    @property
-    def metrics(self) -> str:
-        return os.path.join(self.path, "metrics.jsonl")
-
-    @property
-    def summary(self) -> str:
-        return os.path.join(self.path, "summary.json")
-
-    @property
-    def lock(self) -> str:
-        return os.path.join(self.path, ".lock")
 
     def eval_json(self, split: str) -> str:
         return os.path.join(self.path, f"eval-{split}.json")
@@ -72,14 +65,6 @@ class RunDir:
 
     def predictions(self, split: str) -> str:
         return os.path.join(self.path, f"predictions-{split}.h5")
-
-    @property
-    def report_png(self) -> str:
-        return os.path.join(self.path, "report.png")
-
-    @property
-    def report_html(self) -> str:
-        return os.path.join(self.path, "report.html")
 
     def holds_a_run(self) -> bool:
         """Whether the folder holds a run's files (checkpoints, metrics or a summary)."""

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from mpitrain.parallel.threads import (POOL_VARIABLES, SIZED_MARK, ThreadPlan, check_ranks_on_node, plan_threads,
-                              ranks_on_node, size_thread_pools)
+                              ranks_on_node, size_thread_pools, users_environment)
 
 CORES = len(os.sched_getaffinity(0))
 
@@ -85,3 +85,14 @@ def test_a_launcher_mpitrain_does_not_know_is_caught_against_mpi_and_the_pools_l
 # -- real launchers, no thread variables --
 
 
+
+
+def test_the_users_environment_is_what_remains_without_mpitrains_own_values():
+    """A benchmark that imported mpitrain starts PyTorch's peer from the environment its user set."""
+    environ = {"PATH": "/bin", "OMP_NUM_THREADS": "3"}
+    size_thread_pools(environ)
+    assert environ["NUMBA_NUM_THREADS"] == "3" and SIZED_MARK in environ
+    assert users_environment(environ) == {"PATH": "/bin", "OMP_NUM_THREADS": "3"}
+    bare = {"PATH": "/bin"}
+    size_thread_pools(bare)
+    assert users_environment(bare) == {"PATH": "/bin"}
