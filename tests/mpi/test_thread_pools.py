@@ -51,3 +51,18 @@ def test_numba_imported_before_mpitrain_gets_a_warning_naming_the_fix_and_blas_i
     assert f"NUMBA_NUM_THREADS={max(1, CORES // 2)}" in result.stderr
     assert all(n == max(1, CORES // 2) for line in result.stdout.split() for n in json.loads(line)), result.stdout
 
+
+
+def test_numpy_imported_before_mpitrain_still_gets_every_pool_sized_without_a_warning():
+    """numpy's OpenBLAS started its pool before mpitrain: it is lowered (threadpoolctl); numba, imported after
+    mpitrain, starts its pool at the right size."""
+    script = ("import numpy\nimport mpitrain\nimport json\nfrom mpitrain.testing.thread_pools import pools\n"
+              "print(json.dumps(pools()))")
+    result = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120, env=bare_env())
+    assert result.returncode == 0, result.stderr
+    assert "Warning" not in result.stderr, result.stderr
+    ranks = pools_of(result.stdout)
+    assert len(ranks) == 2
+    for pool in ranks:
+        assert_every_pool(pool, max(1, CORES // 2))
