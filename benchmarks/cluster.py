@@ -119,8 +119,13 @@ def variant_settings(variant: str) -> tuple[str, dict]:
 
 
 def measure_network(cluster) -> tuple[Network, dict]:
-    """Run the probe on every node; the network fitted to its Allreduces, and the probe's figures."""
-    probe = cluster.mpiexec(cluster.size, sys.executable, os.path.join(HERE, "network_probe.py"), timeout=600)
+    """Run the probe on every node; the network fitted to its Allreduces, and the probe's figures.
+
+    The probe's nodes are not pinned to a core each: it measures the links, and two probe ranks on one core,
+    each busy-waiting in MPI in turn, would measure the core's sharing instead (docs/cluster.md). Training runs
+    pinned, as nodes with cores of their own."""
+    probe = cluster.mpiexec(cluster.size, sys.executable, os.path.join(HERE, "network_probe.py"), timeout=600,
+                            env=cluster.environment(pinned=False))
     if probe.returncode:
         sys.exit(f"network_probe.py failed: {probe.stderr[-2000:]}")
     figures = json.loads(probe.stdout.strip().splitlines()[-1])

@@ -1,9 +1,9 @@
 #!/bin/bash
 # Hydra's -launcher-exec for tests/harness/cluster.py: mpiexec runs it as it would run ssh,
 #   cluster-launcher.sh [-x] HOST COMMAND...
-# HOST is a simulated node's address; SIMULATED_NODES ("ADDRESS=NODE@CORE ...", set by the cluster)
-# names its network namespace and its core. COMMAND (Hydra's proxy) runs in that namespace, on
-# that core (taskset), and in a UTS namespace of its own, whose host name is the node's name.
+# HOST is a simulated node's address; SIMULATED_NODES ("ADDRESS=NODE@CORES ...", set by the cluster)
+# names its network namespace and its cores. COMMAND (Hydra's proxy) runs in that namespace, on
+# those cores (taskset), and in a UTS namespace of its own, whose host name is the node's name.
 set -euo pipefail
 while [[ $1 == -* ]]; do shift; done
 host=$1

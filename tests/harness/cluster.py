@@ -174,7 +174,13 @@ class SimulatedCluster:
     @property
     def env(self) -> dict:
         """mpiexec's environment: UCX over the nodes' links only; no thread variables (each node has its cores)."""
-        nodes = " ".join(f"{host}={node}@{self.cores(node)}" for host, node in zip(self.hosts, self.nodes))
+        return self.environment(pinned=True)
+
+    def environment(self, pinned: bool) -> dict:
+        """mpiexec's environment, its nodes on a core each (`pinned`), or on all of the machine's."""
+        every = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+        nodes = " ".join(f"{host}={node}@{self.cores(node) if pinned else every}"
+                         for host, node in zip(self.hosts, self.nodes))
         return {**os.environ, "PYTHONUNBUFFERED": "1", "UCX_TLS": "tcp", "UCX_NET_DEVICES": NODE_IF,
                 "SIMULATED_NODES": nodes}
 
