@@ -14,7 +14,6 @@ THREADS = size_thread_pools()  # before anything imports numpy or numba
 __version__ = "0.1.0"
 
 
-
 def __getattr__(name: str):
     """The Python API's names (`mpitrain.api.__all__`, the one list of them), loaded on first use."""
     if not name.startswith("_"):

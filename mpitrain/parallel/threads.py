@@ -89,7 +89,8 @@ def plan_threads(environ, cores: int) -> ThreadPlan:
     SLURM_CPUS_PER_TASK under srun (the cores Slurm gave each task), else cores // ranks on the node.
     """
     ranks, launcher = ranks_on_node(environ)
-    chosen = tuple(v for v in POOL_VARIABLES if environ.get(v) and environ[v] != _sized_by_mpitrain(environ).get(v))
+    sized = _sized_by_mpitrain(environ)
+    chosen = tuple(v for v in POOL_VARIABLES if environ.get(v) and environ[v] != sized.get(v))
     if "OMP_NUM_THREADS" in chosen and _positive_int(environ["OMP_NUM_THREADS"]):
         share = int(environ["OMP_NUM_THREADS"])
     elif launcher == "Slurm srun" and _positive_int(environ.get("SLURM_CPUS_PER_TASK")):
