@@ -63,14 +63,26 @@ class Section:
 
 @dataclass(frozen=True)
 class DataConfig(Section):
-    path: str = option("", "The dataset folder written by `mpitrain etl` (it holds manifest.json); relative to the "
-                           "current folder.")
+    path: str = option("", "The dataset written by `mpitrain etl` (it holds manifest.json): a folder, relative to "
+                           "the current folder, or a URL read through fsspec (s3://bucket/prefix, https://...; "
+                           "`pip install 'mpitrain[remote]'`).")
+    storage_options: dict = option({}, "Options of the fsspec filesystem of a URL data.path, as they are (s3: "
+                                       "{endpoint_url, key, secret, ...}); empty: the standard AWS variables "
+                                       "(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).")
+    buffer_mb: float = option(256.0, "The memory, in MB (2**20 bytes), that training rows may take on one rank: "
+                                     "two shuffle windows (the one in use, the next being read) when one rank "
+                                     "trains, a 1/N share of them on each of N ranks. It sets the shuffle window, "
+                                     "so it is part of the epoch order (docs/architecture.md, Data order).")
     train_split: str = option("train", "The split trained on.")
     test_split: str = option("test", "The split evaluated after every epoch.")
     normalize: bool = option(True, "Standardize inputs with the manifest's mean and std (after its scale and offset); "
                                    "false keeps scale * stored + offset.")
-    verify_checksums: bool = option(True, "Check each shard's sha256 against the manifest before reading it.")
-    shuffle: bool = option(True, "Shuffle each rank's training rows every epoch, seeded by (seed, epoch, rank).")
+    verify_checksums: bool = option(True, "Verify the rows read: shards with per-chunk Fletcher-32 checksums are "
+                                          "checked chunk by chunk as they arrive (always, by HDF5); older shards "
+                                          "by their whole file's sha256 when first opened (this switch).")
+    shuffle: bool = option(True, "Shuffle the training rows every epoch across all shards: blocks in a random "
+                                 "order, then a stratified shuffle inside each window, seeded by (seed, epoch); "
+                                 "false: a fixed order.")
     max_rows: int = option(0, "Use only the first max_rows rows of each split (0: all rows).")
     prefetch: bool = option(True, "Prepare the next batch in a thread while this one trains.")
     augment: typing.Union[bool, dict] = option(
@@ -81,6 +93,9 @@ class DataConfig(Section):
     def validate(self, where):
         _check(self.path != "", where, "data.path", self.path, "the dataset folder written by `mpitrain etl`")
         _check(self.max_rows >= 0, where, "data.max_rows", self.max_rows, "0 (all rows) or a positive count")
+        _check(self.buffer_mb > 0, where, "data.buffer_mb", self.buffer_mb, "a positive number of MB")
+        _check(isinstance(self.storage_options, dict), where, "data.storage_options", self.storage_options,
+               "a mapping of fsspec options")
         augment = _options(self.augment, AUGMENT_DEFAULTS, where, "data.augment")
         if augment:
             _check(augment["shift"] >= 0, where, "data.augment.shift", augment["shift"], "a number of pixels >= 0")
@@ -137,7 +152,11 @@ class OptimizerConfig(Section):
 @dataclass(frozen=True)
 class TrainConfig(Section):
     epochs: int = option(1, "Epochs to train (a resumed run continues up to this many).")
-    batch_size: int = option(64, "Rows per step on each rank: N ranks train on N x batch_size rows per step.")
+    batch_size: int = option(64, "Rows per step on each rank: N ranks train on N x batch_size rows per step (when "
+                                 "global_batch_size is 0).")
+    global_batch_size: int = option(0, "Rows per step over all ranks; N ranks (N must divide it) train on "
+                                       "global_batch_size / N rows each, and step k's rows are the same on any "
+                                       "number of ranks. 0: batch_size x the number of ranks.")
     seed: int = option(0, "Seeds initial weights, shuffling, dropout and augmentation.")
     log_every: int = option(50, "Steps per metrics window (a record in metrics.jsonl, a log line on rank 0).")
     watchdog_s: float = option(1800.0, "Abort the job when a rank makes no progress for this many seconds, printing "
@@ -151,9 +170,15 @@ class TrainConfig(Section):
                                             "but for a few Python objects: a step writes into preallocated "
                                             "workspaces). Slows training: for diagnosis.")
 
+    def global_batch(self, ranks: int) -> int:
+        """The rows of one step over `ranks` ranks."""
+        return self.global_batch_size or self.batch_size * ranks
+
     def validate(self, where):
         for key in ("epochs", "batch_size", "log_every"):
             _check(getattr(self, key) >= 1, where, f"train.{key}", getattr(self, key), "an integer >= 1")
+        _check(self.global_batch_size >= 0, where, "train.global_batch_size", self.global_batch_size,
+               "0 (batch_size x ranks) or a positive integer")
         _check(self.watchdog_s > 0, where, "train.watchdog_s", self.watchdog_s, "a positive number of seconds")
         self.check_choices(where, "train.")
         return self

@@ -1,36 +1,37 @@
-"""Each rank's rows of a split: which rows, reading them from the shards, and batches.
+"""A dataset as one rank reads it: the manifest, this rank's streamed training rows, its evaluation rows, and batches.
 
-    reader = DatasetReader("data/fashion", comm)        # the manifest; this rank's rows on demand
-    rows = reader.rows("train", training=True)
+    reader = DatasetReader("data/fashion", comm)                  # or "s3://bucket/fashion" (`mpitrain.data.storage`)
+    rows = reader.train_rows("train", global_batch=128, buffer_mb=256, seed=0, shuffle=True)
+    batches = Batches(rows, reader.manifest, backend, "float32", seed=0, rank=comm.rank)
+    test = reader.eval_rows("test")                                # this rank's contiguous share of every row
 
-The global row space of a split is its shards in manifest order. For training it is cut
-into `world_size` equal contiguous ranges (the remainder is dropped and logged), so every
-rank runs the same number of steps and no collective waits for a rank that has finished.
-For evaluation every row counts, so the ranges may differ in length by one.
+Training rows stream from storage in bounded memory, in the epoch order of
+`mpitrain.data.order` (a function of the seed, the epoch, the split's blocks, the window and
+the global batch size, never of the rank count); `mpitrain.data.stream` reads each rank's
+share of each window. Evaluation covers every row: rank r scores rows [r N/R, (r+1) N/R) in
+order, block by block.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
-import os
+import math
 import threading
-from dataclasses import dataclass
 
-import h5py
 import numpy as np
 
 from mpitrain.data.augment import augment_images
-from mpitrain.errors import DataError, describe
-from mpitrain.kernels.rows import gather_scaled, scaled, sort_in_place
+from mpitrain.data.chunks import ShardFiles
+from mpitrain.data.order import Blocks, EpochPlan
+from mpitrain.data.shards import CHUNK_ROWS, MANIFEST_NAME, Manifest, read_manifest
+from mpitrain.data.storage import Storage
+from mpitrain.data.stream import EvalRows, TrainRows
+from mpitrain.errors import ConfigError, DataError
+from mpitrain.kernels.rows import gather_scaled, scaled
 from mpitrain.nn.workspace import Workspace, WorkspacePart
-from mpitrain.data.shards import MANIFEST_NAME, Manifest, check_shard, read_manifest, sha256_file
 
 log = logging.getLogger(__name__)
-
-
-def rows_for_rank(n_rows: int, rank: int, size: int) -> range:
-    """Equal contiguous training rows of `rank`; the last n_rows % size rows go to nobody."""
-    per_rank = n_rows // size
-    return range(rank * per_rank, (rank + 1) * per_rank)
+MB = 1 << 20
 
 
 def eval_rows_for_rank(n_rows: int, rank: int, size: int) -> range:
@@ -38,80 +39,81 @@ def eval_rows_for_rank(n_rows: int, rank: int, size: int) -> range:
     return range(rank * n_rows // size, (rank + 1) * n_rows // size)
 
 
-@dataclass
-class RankRows:
-    """One rank's rows of a split, in host memory: stored features and int32 labels."""
-
-    x: np.ndarray
-    y: np.ndarray
-    rows: range
+def window_rows(buffer_mb: float, row_bytes: int, global_batch: int, chunk_rows: int, where: str = "data.buffer_mb") \
+        -> int:
+    """The rows of a shuffle window: two windows (the one in use, the next being read) of `row_bytes`-byte rows fit
+    in `buffer_mb` (one rank alone holds whole windows), rounded down to a multiple of the global batch. A buffer
+    that cannot hold two global batches and a chunk is a ConfigError saying how much it needs."""
+    per_row = row_bytes + 4 + 4  # the stored row, its label, its place in a stratum's permutation
+    rows = int(buffer_mb * MB) // (2 * per_row) // global_batch * global_batch
+    needed = max(2 * global_batch, chunk_rows) * per_row
+    if rows < global_batch or int(buffer_mb * MB) < needed:
+        raise ConfigError(f"{where} is {buffer_mb:g}: it holds {int(buffer_mb * MB) // per_row} rows of "
+                          f"{per_row} bytes, fewer than two global batches of {global_batch} rows and one chunk of "
+                          f"{chunk_rows} rows; expected at least {math.ceil(2 * needed / MB)}")
+    return rows
 
 
 class DatasetReader:
-    """A dataset folder as one rank reads it: its manifest, the manifest's sha256 (the dataset's
-    identity, recorded in checkpoints), and this rank's rows of a split.
+    """A dataset (a folder or an object store URL) as one rank reads it: its manifest, the manifest's sha256 (the
+    dataset's identity, recorded in checkpoints), this rank's training and evaluation rows.
 
-    Not a collective: each rank reads its own rows (build it in `comm.agreed_errors()` where
-    every rank must fail alike). `comm` gives the rank and the number of ranks.
+    Not a collective: each rank reads its own rows (build it in `comm.agreed_errors()` where every rank must fail
+    alike). `comm` gives the rank and the number of ranks.
     """
 
-    def __init__(self, path: str, comm, *, verify_checksums: bool = True, max_rows: int = 0):
-        self.path = os.path.abspath(path)
+    def __init__(self, path: str, comm, *, verify_checksums: bool = True, max_rows: int = 0,
+                 storage_options: dict | None = None):
+        self.storage = Storage(path, storage_options)
+        self.path = self.storage.root
         self.rank, self.size = comm.rank, comm.size
         self.verify_checksums, self.max_rows = verify_checksums, max_rows
-        self.manifest = read_manifest(self.path)
-        self.manifest_sha256 = sha256_file(os.path.join(self.path, MANIFEST_NAME))
+        self.manifest = read_manifest(path, self.storage)
+        self.manifest_sha256 = hashlib.sha256(self.storage.read_bytes(MANIFEST_NAME)).hexdigest()
 
-    def rows(self, split: str, training: bool) -> RankRows:
-        """This rank's rows of `split`: equal ranges for training, all rows for evaluation."""
-        return load_rank_rows(self.path, self.manifest, split, self.rank, self.size, training=training,
-                              max_rows=self.max_rows, verify_checksums=self.verify_checksums)
+    @property
+    def chunk_rows(self) -> int:
+        return getattr(self.manifest, "chunk_rows", CHUNK_ROWS)
 
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.manifest.feature_shape)) * np.dtype(self.manifest.feature_dtype).itemsize
 
-def load_rank_rows(dataset_dir: str, manifest: Manifest, split: str, rank: int, size: int, *,
-                   training: bool, max_rows: int = 0, verify_checksums: bool = True) -> RankRows:
-    """Read this rank's rows of `split` (all rows, or the first `max_rows`)."""
-    n = manifest.rows(split)
-    n = min(n, max_rows) if max_rows else n
-    if n == 0:
-        raise DataError(f"{dataset_dir}: split {split!r} has no rows")
-    if n < size:
-        raise DataError(f"{dataset_dir}: split {split!r} has {n} rows, fewer than the {size} ranks")
-    rows = (rows_for_rank if training else eval_rows_for_rank)(n, rank, size)
-    if training and n % size and rank == 0:
-        log.info("split %r: %d rows over %d ranks; the last %d rows are not used", split, n, size, n % size)
-    return read_rows(dataset_dir, manifest, split, rows, verify_checksums)
+    def blocks(self, split: str) -> Blocks:
+        """The blocks (chunks) of `split`, its first `max_rows` rows only when max_rows is set; a DataError for an
+        empty split or one with fewer rows than ranks."""
+        blocks = Blocks.from_shards([s.rows for s in self.manifest.shards(split)], self.chunk_rows, self.max_rows)
+        if blocks.total_rows == 0:
+            raise DataError(f"{self.path}: split {split!r} has no rows")
+        if blocks.total_rows < self.size:
+            raise DataError(f"{self.path}: split {split!r} has {blocks.total_rows} rows, fewer than the {self.size} "
+                            "ranks")
+        return blocks
 
+    def shard_files(self, split: str) -> ShardFiles:
+        return ShardFiles(self.storage, self.manifest, split, self.verify_checksums)
 
-def read_rows(dataset_dir: str, manifest: Manifest, split: str, rows: range, verify_checksums: bool) -> RankRows:
-    """Read rows [rows.start, rows.stop) of `split` from the shards they lie in, validating each shard."""
-    x = np.empty((len(rows), *manifest.feature_shape), dtype=manifest.feature_dtype)
-    y = np.empty(len(rows), dtype=np.int32)
-    start = 0
-    for shard in manifest.shards(split):
-        stop = start + shard.rows
-        lo, hi = max(start, rows.start), min(stop, rows.stop)
-        if lo < hi:
-            path = check_shard(dataset_dir, manifest, shard, verify_checksums)
-            try:
-                with h5py.File(path, "r") as f:
-                    f["x"].read_direct(x, np.s_[lo - start:hi - start], np.s_[lo - rows.start:hi - rows.start])
-                    f["y"].read_direct(y, np.s_[lo - start:hi - start], np.s_[lo - rows.start:hi - rows.start])
-            except OSError as e:
-                raise DataError(f"{path}: {describe(e)} while reading rows {lo - start}..{hi - start - 1}; expected "
-                                "a readable shard") from None
-            _check_values(path, x[lo - rows.start:hi - rows.start], y[lo - rows.start:hi - rows.start],
-                          manifest.num_classes)
-        start = stop
-    return RankRows(x, y, rows)
+    def train_rows(self, split: str, global_batch: int, buffer_mb: float, seed: int, shuffle: bool,
+                   window: int = 0) -> TrainRows:
+        """This rank's training rows of `split` in the epoch order for `global_batch` (ranks divide it) and the window
+        `buffer_mb` allows (or `window` rows, a resumed epoch's). A ConfigError when they do not fit."""
+        blocks = self.blocks(split)
+        if global_batch % self.size:
+            raise ConfigError(f"the global batch size {global_batch} is not divisible by the {self.size} ranks; "
+                              "expected train.global_batch_size a multiple of the number of ranks")
+        if blocks.total_rows < global_batch:
+            raise ConfigError(f"the global batch size is {global_batch}, but split {split!r} has only "
+                              f"{blocks.total_rows} rows")
+        window = window or window_rows(buffer_mb, self.row_bytes, global_batch, self.chunk_rows)
+        plan = EpochPlan(blocks, global_batch, window, seed, shuffle)
+        return TrainRows(self.shard_files(split), plan, self.rank, self.size, self.manifest.feature_shape,
+                         self.manifest.feature_dtype)
 
-
-def _check_values(path: str, x: np.ndarray, y: np.ndarray, num_classes: int) -> None:
-    bad = (y < 0) | (y >= num_classes)
-    if bad.any():
-        raise DataError(f"{path}: label {int(y[bad][0])} out of range; expected 0..{num_classes - 1}")
-    if x.dtype.kind == "f" and not np.isfinite(x).all():
-        raise DataError(f"{path}: features contain NaN or Inf; expected finite values")
+    def eval_rows(self, split: str) -> EvalRows:
+        """This rank's contiguous share of every row of `split` (the first max_rows when set), read in order."""
+        blocks = self.blocks(split)
+        return EvalRows(self.shard_files(split), blocks, eval_rows_for_rank(blocks.total_rows, self.rank, self.size),
+                        self.manifest.feature_shape, self.manifest.feature_dtype)
 
 
 def input_scaling(manifest: Manifest, normalize: bool) -> tuple[float, float]:
@@ -122,62 +124,15 @@ def input_scaling(manifest: Manifest, normalize: bool) -> tuple[float, float]:
     return manifest.scale / std, (manifest.offset - mean) / std
 
 
-class Batches:
-    """Per-epoch shuffled batches of one rank's rows, normalized to float on the backend.
+class ModelInput:
+    """Stored features (uint8 or float32) as normalized floats on the backend: `to_input(stored, out)`."""
 
-    The shuffle is seeded by (seed, epoch, rank), so a run is reproducible and a resumed
-    run sees the same batches. The last incomplete batch is dropped, so all ranks run
-    `steps_per_epoch` steps. The next batch is prepared in a thread while this one trains.
-    `augment` ({flip, shift}, or False) flips and shifts image rows (`mpitrain.data.augment`).
-
-    No step allocates: a batch is gathered, scaled and shifted in one pass
-    (`mpitrain.kernels.rows`) into one of two fixed host buffers of the workspace part `ws`
-    (the model's, `Run.batches`), alternating by step, and on a GPU copied into one of two
-    device buffers. So a batch `epoch` yields stays valid while the next one is prepared and
-    is overwritten two steps later: copy what must be kept longer. (Augmentation, off in the
-    shipped configs, makes new arrays per batch.)
-    """
-
-    def __init__(self, data: RankRows, manifest: Manifest, batch_size: int, backend, dtype,
-                 seed: int, rank: int, shuffle: bool = True, normalize: bool = True, prefetch: bool = True,
-                 augment: dict | bool = False, ws: WorkspacePart | None = None):
-        self.data, self.batch_size, self.backend, self.dtype = data, batch_size, backend, np.dtype(dtype)
-        self.seed, self.rank, self.shuffle, self.prefetch = seed, rank, shuffle, prefetch
-        self.augment = augment
+    def __init__(self, manifest: Manifest, backend, dtype, normalize: bool, ws: WorkspacePart):
+        self.backend, self.dtype, self.ws = backend, np.dtype(dtype), ws
         self.scale, self.shift = input_scaling(manifest, normalize)
-        self.steps_per_epoch = len(data.y) // batch_size
-        self.ws = ws or Workspace(backend.xp).part("batches")
 
-    def epoch(self, epoch: int, start_step: int = 0):
-        """Yield (x, y) for steps start_step.. of `epoch` (workspace buffers: see the class docstring)."""
-        order = np.arange(len(self.data.y))
-        if self.shuffle:
-            np.random.default_rng([self.seed, epoch, self.rank]).shuffle(order)
-        steps = range(start_step, self.steps_per_epoch)
-        if self.prefetch:
-            yield from _prefetched(lambda step: self._batch(order, epoch, step), steps)
-        else:
-            yield from (self._batch(order, epoch, step) for step in steps)
-
-    def _batch(self, order: np.ndarray, epoch: int, step: int):
-        """Step `step`'s rows (ascending within the batch) into buffer pair `step % 2`."""
-        slot, shape = step % 2, (self.batch_size, *self.data.x.shape[1:])
-        index = self.ws(f"index{slot}", (self.batch_size,), np.int64, host=True)
-        index[...] = order[step * self.batch_size:(step + 1) * self.batch_size]
-        sort_in_place(index)
-        x, y = self.ws(f"x{slot}", shape, self.dtype, host=True), self.ws(f"y{slot}", shape[:1], np.int32, host=True)
-        if self.augment:
-            stored = augment_images(self.data.x[index], (self.seed, epoch, self.rank, step),
-                                    **self.augment)
-            scaled(stored, self.scale, self.shift, x)
-            y[...] = self.data.y[index]
-        else:
-            gather_scaled(self.data.x, self.data.y, index, self.scale, self.shift, x, y)
-        return self._on_device(x, f"x{slot}"), self._on_device(y, f"y{slot}")
-
-    def to_model_input(self, stored: np.ndarray, out=None):
-        """Stored features (uint8 or float32) as normalized floats on the backend: in `out` (a backend array of
-        the right shape) when given, else a new array."""
+    def __call__(self, stored: np.ndarray, out=None):
+        """`stored` as model input: in `out` (a backend array of the right shape) when given, else a new array."""
         if out is None:
             out = self.backend.xp.empty(stored.shape, dtype=self.dtype)
         if not self.backend.on_gpu:
@@ -188,6 +143,65 @@ class Batches:
         scaled(stored, self.scale, self.shift, host)
         self.backend.copy_to_device(host, out)
         return out
+
+
+class Batches:
+    """Per-epoch batches of one rank's training rows (`TrainRows`), normalized to float on the backend.
+
+    Step k's rows are the ones the epoch order gives this rank (`mpitrain.data.order`), so a
+    run is reproducible, a resumed run sees the same batches, and every rank runs
+    `steps_per_epoch` steps. The next batch is prepared in a thread while this one trains; that
+    thread also reads the rows of the next window (`mpitrain.data.stream`). `augment` ({flip,
+    shift}, or False) flips and shifts image rows (`mpitrain.data.augment`). `record(epoch,
+    step, row_ids)`, when given, sees each batch's row numbers (the debug hook `MPITRAIN_DEBUG_ROWS`).
+
+    No step allocates: a batch is gathered, scaled and shifted in one pass
+    (`mpitrain.kernels.rows`) into one of two fixed host buffers of the workspace part `ws`
+    (the model's, `Run.batches`), alternating by step, and on a GPU copied into one of two
+    device buffers. So a batch `epoch` yields stays valid while the next one is prepared and
+    is overwritten two steps later: copy what must be kept longer. (Augmentation, off in the
+    shipped configs, makes new arrays per batch.)
+    """
+
+    def __init__(self, rows: TrainRows, manifest, backend, dtype, seed: int, rank: int, normalize: bool = True,
+                 prefetch: bool = True, augment: dict | bool = False, ws: WorkspacePart | None = None, record=None):
+        self.rows, self.batch_size, self.backend, self.dtype = rows, rows.rank_batch, backend, np.dtype(dtype)
+        self.seed, self.rank, self.prefetch, self.augment, self.record = seed, rank, prefetch, augment, record
+        self.ws = ws or Workspace(backend.xp).part("batches")
+        self.to_model_input = ModelInput(manifest, backend, dtype, normalize, self.ws)
+        self.scale, self.shift = self.to_model_input.scale, self.to_model_input.shift
+        self.steps_per_epoch = rows.plan.steps
+
+    def epoch(self, epoch: int, start_step: int = 0):
+        """Yield (x, y) for steps start_step.. of `epoch` (workspace buffers: see the class docstring)."""
+        view = self.rows.epoch(epoch)
+        steps = range(start_step, self.steps_per_epoch)
+        if self.prefetch:
+            yield from _prefetched(lambda step: self._batch(view, epoch, step), steps)
+        else:
+            yield from (self._batch(view, epoch, step) for step in steps)
+
+    def zeros(self):
+        """A batch of zeros in buffer pair 0: what a rank whose read failed trains on until every rank knows."""
+        shape = (self.batch_size, *self.rows.row_shape)
+        x, y = self.ws("x0", shape, self.dtype, host=True), self.ws("y0", shape[:1], np.int32, host=True)
+        x[...], y[...] = 0, 0
+        return self._on_device(x, "x0"), self._on_device(y, "y0")
+
+    def _batch(self, view, epoch: int, step: int):
+        """Step `step`'s rows (ascending within the batch) into buffer pair `step % 2`."""
+        slot, shape = step % 2, (self.batch_size, *self.rows.row_shape)
+        stored_x, stored_y, index = view.step(step)
+        if self.record is not None:
+            self.record(epoch, step, view.row_ids(step))
+        x, y = self.ws(f"x{slot}", shape, self.dtype, host=True), self.ws(f"y{slot}", shape[:1], np.int32, host=True)
+        if self.augment:
+            stored = augment_images(stored_x[index], (self.seed, epoch, self.rank, step), **self.augment)
+            scaled(stored, self.scale, self.shift, x)
+            y[...] = stored_y[index]
+        else:
+            gather_scaled(stored_x, stored_y, index, self.scale, self.shift, x, y)
+        return self._on_device(x, f"x{slot}"), self._on_device(y, f"y{slot}")
 
     def _on_device(self, host: np.ndarray, name: str):
         """`host` itself on the CPU; on a GPU, the device buffer `name` it is copied into."""

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 import h5py
 import numpy as np
 
+from mpitrain.data.storage import Storage
 from mpitrain.errors import DataError, describe
 
 SCHEMA_VERSION = 1
@@ -116,14 +117,15 @@ def write_manifest(dataset_dir: str, manifest: Manifest) -> None:
     os.replace(tmp, path)
 
 
-def read_manifest(dataset_dir: str) -> Manifest:
-    """Read and validate `DATASET_DIR/manifest.json`; every problem names the file and key."""
-    path = os.path.join(dataset_dir, MANIFEST_NAME)
-    if os.path.exists(dataset_dir) and not os.path.isdir(dataset_dir):
+def read_manifest(dataset_dir: str, storage: Storage | None = None) -> Manifest:
+    """Read and validate `DATASET_DIR/manifest.json` (from `storage` when given: a folder or an object store); every
+    problem names the file and key."""
+    storage = storage or Storage(dataset_dir)
+    path = storage.path(MANIFEST_NAME)
+    if not storage.is_folder_or_absent():
         raise DataError(f"{dataset_dir}: is a file; expected a dataset folder written by `mpitrain etl`")
     try:
-        with open(path) as f:
-            data = json.load(f)
+        data = json.loads(storage.read_bytes(MANIFEST_NAME))
     except FileNotFoundError:
         raise DataError(f"{path}: no such file; expected a dataset folder written by `mpitrain etl`") from None
     except OSError as e:
@@ -189,13 +191,20 @@ def check_shard(dataset_dir: str, manifest: Manifest, shard: ShardInfo, verify_c
                             "the shard is corrupt or was replaced")
     try:
         with h5py.File(path, "r") as f:
-            x, y = f["x"], f["y"]
-            expected_x = (shard.rows, *manifest.feature_shape)
-            if x.shape != expected_x or x.dtype.name != manifest.feature_dtype:
-                raise DataError(f"{path}: dataset 'x' is {x.dtype}{list(x.shape)}, "
-                                f"expected {manifest.feature_dtype}{list(expected_x)}")
-            if y.shape != (shard.rows,) or y.dtype != np.int32:
-                raise DataError(f"{path}: dataset 'y' is {y.dtype}{list(y.shape)}, expected int32[{shard.rows}]")
-    except (OSError, KeyError) as e:
+            check_structure(f, path, manifest, shard)
+    except OSError as e:
         raise DataError(f"{path}: not a readable shard with datasets 'x' and 'y' ({e})") from None
     return path
+
+
+def check_structure(f: h5py.File, path: str, manifest: Manifest, shard: ShardInfo) -> None:
+    """The open shard `f` holds datasets x and y of the shapes and dtypes the manifest says, else a DataError."""
+    if "x" not in f or "y" not in f:
+        raise DataError(f"{path}: not a shard with datasets 'x' and 'y' (it has {sorted(f)})")
+    x, y = f["x"], f["y"]
+    expected_x = (shard.rows, *manifest.feature_shape)
+    if x.shape != expected_x or x.dtype.name != manifest.feature_dtype:
+        raise DataError(f"{path}: dataset 'x' is {x.dtype}{list(x.shape)}, "
+                        f"expected {manifest.feature_dtype}{list(expected_x)}")
+    if y.shape != (shard.rows,) or y.dtype != np.int32:
+        raise DataError(f"{path}: dataset 'y' is {y.dtype}{list(y.shape)}, expected int32[{shard.rows}]")

@@ -3,7 +3,8 @@
 `checkpoints/ckpt-EEEE-SSSSSS.h5` holds, each dataset with HDF5's Fletcher-32 checksum, the flat parameters and running statistics (and
 each layer's arrays under `layers/`, for `h5ls` and other tools), the flat updater state, the
 synchronizer's state (e.g. sharing's tau) and arrays under `sync/` (sharing's pending
-residual), where to resume (epoch EEEE, step SSSSSS within it), the resolved config and the
+residual), where to resume (epoch EEEE, step SSSSSS within it, and the global batch and window of
+that epoch's order: `mpitrain.data.order`), the resolved config and the
 sha256 of the dataset's manifest. Replicas are identical when a checkpoint is taken, so
 rank 0 alone writes it and any number of ranks can resume it. All other randomness derives
 from (seed, epoch, step, rank), so no RNG state is stored. `mpitrain.rundir.checkpointer` decides
@@ -43,6 +44,7 @@ class Checkpoint:
     stats_layout: list = field(default_factory=list)
     sync_arrays: dict = field(default_factory=dict)  # a sync mode's saved arrays (sharing: the mean residual)
     meaning: dict = field(default_factory=dict)  # what the arrays mean: layer types, loss, optimizer, its state slots
+    order: tuple = (0, 0)  # the epoch order's (global batch, window rows) at `step`; (0, 0): written before there was one
 
     @property
     def full_layout(self) -> list:
@@ -86,7 +88,8 @@ def _write(f: h5py.File, ckpt: Checkpoint) -> None:
                    layout=json.dumps([[name, list(shape)] for name, shape in ckpt.layout]),
                    stats_layout=json.dumps([[name, list(shape)] for name, shape in ckpt.stats_layout]),
                    sync_state=json.dumps(ckpt.sync_numbers), meaning=json.dumps(ckpt.meaning),
-                   manifest_sha256=ckpt.manifest_sha256, config=ckpt.config_yaml)
+                   manifest_sha256=ckpt.manifest_sha256, config=ckpt.config_yaml, global_batch=ckpt.order[0],
+                   window_rows=ckpt.order[1])
 
 
 def _dataset(group, name: str, array: np.ndarray) -> None:
@@ -109,7 +112,8 @@ def load_checkpoint(path: str) -> Checkpoint:
                               int(a["iteration"]), _layout(a["layout"]), json.loads(a["sync_state"]),
                               str(a["manifest_sha256"]), str(a["config"]), path, f["stats"][...],
                               _layout(a["stats_layout"]), {k: v[...] for k, v in f.get("sync", {}).items()},
-                              json.loads(a.get("meaning", "{}")))
+                              json.loads(a.get("meaning", "{}")),
+                              (int(a.get("global_batch", 0)), int(a.get("window_rows", 0))))
     except (OSError, KeyError, ValueError) as e:
         raise DataError(f"{path}: not a readable mpitrain checkpoint ({e})") from None
 

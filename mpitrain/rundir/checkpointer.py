@@ -42,6 +42,7 @@ class Position:
     iteration: int = 0
     sync_numbers: dict = field(default_factory=dict)
     sync_arrays: dict = field(default_factory=dict)
+    order: tuple = (0, 0)  # the epoch order's (global batch, window rows) the checkpoint stopped in
 
 
 def _unused(path: str) -> str:
@@ -94,13 +95,15 @@ class Checkpointer:
                            self.data_path, meaning(model, updater))
                 self._restore(ckpt, model)
                 updater.state[...] = self.backend.to_device(ckpt.updater_state)
-                position = Position(ckpt.epoch, ckpt.step, ckpt.iteration, ckpt.sync_numbers, ckpt.sync_arrays)
+                position = Position(ckpt.epoch, ckpt.step, ckpt.iteration, ckpt.sync_numbers, ckpt.sync_arrays,
+                                    ckpt.order)
                 self.files.drop_records_after(ckpt.epoch, ckpt.step)
                 log.info("resuming from %s at epoch %d step %d", ckpt.path, ckpt.epoch + 1, ckpt.step)
             elif self.comm.is_root and os.path.exists(self.files.metrics) and not pretraining:
                 os.remove(self.files.metrics)
-        numbers = self.comm.bcast_obj((position.epoch, position.step, position.iteration, position.sync_numbers))
-        return Position(*numbers, sync_arrays=position.sync_arrays)
+        numbers = self.comm.bcast_obj((position.epoch, position.step, position.iteration, position.sync_numbers,
+                                       position.order))
+        return Position(*numbers[:4], sync_arrays=position.sync_arrays, order=tuple(numbers[4]))
 
     def write_config(self, config) -> None:
         """Rank 0 writes RUN_DIR/config.yaml, the config as the run uses it, which every checkpoint then carries
@@ -110,15 +113,22 @@ class Checkpointer:
             if self.comm.is_root:
                 write_file(self.files.config, lambda f: f.write(self.config_yaml))
 
-    def save(self, epoch: int, step: int, model, updater, sync) -> str:
-        """Checkpoint "resume at step `step` of epoch `epoch`"; never one with NaN or Inf parameters. Returns its path.
+    def save(self, epoch: int, step: int, model, updater, sync, order: tuple = (0, 0), read_failure: str | None = None) \
+            -> str:
+        """Checkpoint "resume at step `step` of epoch `epoch`" (of the epoch order `order`: global batch, window rows);
+        never one with NaN or Inf parameters, nor after a rank failed to read its rows (`read_failure`, its message:
+        it trained on a stand-in batch since). Returns its path.
 
         A collective: the synchronizer's `flush` puts pending rank-local work into the
-        parameters, every rank reports whether its parameters are finite, then rank 0 writes.
+        parameters, every rank reports whether its parameters are finite and its reads whole, then rank 0 writes.
         """
         to_host = self.backend.to_host
         sync.flush(model, updater)
-        finite = self.comm.allgather_obj(bool(to_host(model.xp.isfinite(model.params).all())))
+        reports = self.comm.allgather_obj((bool(to_host(model.xp.isfinite(model.params).all())), read_failure))
+        failures = [(rank, failure) for rank, (_, failure) in enumerate(reports) if failure]
+        if failures:
+            raise DataError(f"{failures[0][1]} (seen on rank {failures[0][0]}; no checkpoint is written after it)")
+        finite = [ok for ok, _ in reports]
         if not all(finite):
             raise MpitrainError(f"parameters hold NaN or Inf on rank {finite.index(False)} before the checkpoint "
                                 f"of epoch {epoch} step {step}; it is not written, the last good one is kept; "
@@ -130,7 +140,7 @@ class Checkpointer:
                     sync.numbers(), self.manifest_sha256, self.config_yaml, stats=to_host(model.stats),
                     stats_layout=model.stats_layout,
                     sync_arrays={name: to_host(array) for name, array in sync.arrays().items()},
-                    meaning=meaning(model, updater)), self.keep)
+                    meaning=meaning(model, updater), order=tuple(order)), self.keep)
         return self.files.checkpoint(epoch, step)
 
     def _newest_good(self, paths: list[str]) -> Checkpoint:

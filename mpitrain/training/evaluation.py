@@ -42,14 +42,13 @@ class Evaluation:
 
 
 def batched_logits(model, rows, to_input, batch_size: int):
-    """Yield (logits, row range) over this rank's rows in order, the last batch possibly short. The inputs go
-    into the model's workspace (`to_input(stored, out)`) and the logits are the model's: used before the next."""
+    """Yield (logits, labels) over this rank's rows (`mpitrain.data.stream.EvalRows`) in order, the last batch possibly
+    short. The inputs go into the model's workspace (`to_input(stored, out)`) and the logits are the model's: used
+    before the next; labels are a host array, likewise reused."""
     ws = model.workspace.part("evaluation")
-    for start in range(0, len(rows.y), batch_size):
-        batch = slice(start, start + batch_size)
-        stored = rows.x[batch]
+    for stored, labels in rows.batches(batch_size):
         x = to_input(stored, ws("input", (len(stored), *model.input_shape), model.params.dtype))
-        yield model.forward(x, training=False), batch
+        yield model.forward(x, training=False), labels
 
 
 def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, backend) -> Evaluation:
@@ -57,20 +56,23 @@ def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, bac
 
     Each batch's loss and (label, prediction) counts are added up on the device by one fused
     kernel (`mpitrain.kernels.loss.score`, counts in float64: exact below 2**53 rows); one copy
-    brings them to the host and one Allreduce sums them over the ranks.
+    brings them to the host and one Allreduce sums them over the ranks. A rank whose rows cannot
+    be read (a shard gone or damaged) is an error on every rank, before the Allreduce.
     """
-    labels = backend.to_device(rows.y)
     totals = backend.xp.zeros(num_classes * num_classes + 1, dtype=np.float64)  # the counts, then the loss sum
-    for logits, batch in batched_logits(model, rows, to_input, batch_size):
-        score(logits, labels[batch], totals[:-1], totals[-1:])
-    totals = backend.to_host(totals)
+    with comm.agreed_errors():
+        for logits, labels in batched_logits(model, rows, to_input, batch_size):
+            score(logits, backend.to_device(labels), totals[:-1], totals[-1:])
+        totals = backend.to_host(totals)
     comm.allreduce_(totals)
     return Evaluation(totals[:-1].astype(np.int64).reshape(num_classes, num_classes), float(totals[-1]))
 
 
-def predict(model, rows, to_input, batch_size: int, backend) -> tuple[np.ndarray, np.ndarray]:
-    """Predicted classes and class probabilities for this rank's rows (host arrays)."""
-    batches = batched_logits(model, rows, to_input, batch_size)
-    probabilities = backend.to_host(backend.xp.concatenate([softmax(logits).astype(np.float32)
-                                                            for logits, _ in batches]))
-    return probabilities.argmax(axis=1).astype(np.int32), probabilities
+def predict(model, rows, to_input, batch_size: int, backend) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Predicted classes, class probabilities and labels of this rank's rows (host arrays)."""
+    probabilities, labels = [], []
+    for logits, batch_labels in batched_logits(model, rows, to_input, batch_size):
+        probabilities.append(backend.to_host(softmax(logits).astype(np.float32)))
+        labels.append(batch_labels.copy())
+    probabilities = np.concatenate(probabilities) if probabilities else np.empty((0, model.output_shape[0]), np.float32)
+    return probabilities.argmax(axis=1).astype(np.int32), probabilities, np.concatenate(labels or [np.empty(0, np.int32)])

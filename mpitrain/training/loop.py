@@ -16,11 +16,14 @@ import os
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from mpitrain.training.allocations import AllocationTrace
 from mpitrain.config.sections import Config, ignored_options
 from mpitrain.files import os_errors, write_file
-from mpitrain.data.reader import Batches, RankRows
-from mpitrain.errors import ConfigError
+from mpitrain.data.reader import Batches
+from mpitrain.data.stream import EvalRows
+from mpitrain.errors import ConfigError, DataError
 from mpitrain.rundir.directory import RunDir
 from mpitrain.training.evaluation import EVAL_BATCH_SIZE, Evaluation, evaluate
 from mpitrain.training.metrics import MetricsLog, Totals, Traffic, Window, input_wait_ms, per_step
@@ -42,8 +45,12 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
     """
     started = time.perf_counter()
     run = setup_run(config, comm, reader=reader, model=model, sync=sync)
+    with run.comm.agreed_errors():  # before the run directory is touched: a setting that does not fit writes nothing
+        _check_setup(run, sync)
+        batches = run.train_batches()
+        test_rows = run.reader.eval_rows(run.config.data.test_split)
     with run.owned():  # no other job writes this run directory meanwhile
-        loop = _set_up_training(run, sync)
+        loop = _set_up_training(run, batches, test_rows, sync)
         if loop is None:
             return _summary_of_finished_run(run)
         done = _train_epochs(run, loop)
@@ -52,18 +59,19 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
 
 @dataclass
 class _Loop:
-    """What the epochs need beyond the run's parts: rows, batches, updater, synchronizer, metrics, start, and the
-    allocation trace (`train.trace_allocations`)."""
+    """What the epochs need beyond the run's parts: batches, test rows, updater, synchronizer, metrics, start, the
+    allocation trace (`train.trace_allocations`), and this rank's read failure (training goes on with stand-in
+    batches until every rank knows it)."""
 
-    train_rows: RankRows
-    test_rows: RankRows
     batches: Batches
+    test_rows: EvalRows
     updater: Updater
     sync: Synchronizer
     metrics: MetricsLog
     epoch: int
     step: int
     allocations: AllocationTrace
+    read_failure: str | None = None
 
 
 @dataclass
@@ -80,23 +88,21 @@ class _Done:
     hashes: list = field(default_factory=list)
 
 
-def _set_up_training(run: Run, sync: Synchronizer | None) -> _Loop:
-    """Rows, batches, updater and synchronizer; resume or start (pretraining first when asked); config.yaml."""
+def _check_setup(run: Run, sync: Synchronizer | None) -> None:
+    """What the config asks that the dataset or the caller's parts cannot give: a ConfigError."""
+    if run.config.data.augment and len(run.reader.manifest.feature_shape) != 3:
+        raise ConfigError(f"data.augment flips and shifts images, but {run.reader.path} holds rows of "
+                          f"shape {tuple(run.reader.manifest.feature_shape)}; expected images (channels, height, "
+                          "width)")
+    if sync is not None and sync.comm is not run.comm:
+        raise ConfigError("the synchronizer was built on another communicator than the run's; build it on "
+                          "the one mpitrain.init() returned")
+
+
+def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Synchronizer | None) -> _Loop:
+    """Updater and synchronizer; resume (in the epoch order the checkpoint stopped in) or start (pretraining first
+    when asked); config.yaml."""
     config, comm, model = run.config, run.comm, run.model
-    with comm.agreed_errors():
-        train_rows = run.reader.rows(config.data.train_split, training=True)
-        test_rows = run.reader.rows(config.data.test_split, training=False)
-        if config.data.augment and len(run.reader.manifest.feature_shape) != 3:
-            raise ConfigError(f"data.augment flips and shifts images, but {run.reader.path} holds rows of "
-                              f"shape {tuple(run.reader.manifest.feature_shape)}; expected images (channels, height, "
-                              "width)")
-        if len(train_rows.y) < config.train.batch_size:
-            raise ConfigError(f"train.batch_size is {config.train.batch_size} (per rank), but each of the "
-                              f"{comm.size} ranks has only {len(train_rows.y)} training rows")
-        if sync is not None and sync.comm is not comm:
-            raise ConfigError("the synchronizer was built on another communicator than the run's; build it on "
-                              "the one mpitrain.init() returned")
-    batches = run.batches(train_rows, config.train.batch_size, training=True)
     updater = create_updater(config.optimizer, model.params, model.decay_mask)
     sync = sync or create_synchronizer(config.sync, comm)
 
@@ -108,22 +114,50 @@ def _set_up_training(run: Run, sync: Synchronizer | None) -> _Loop:
                      "larger train.epochs continues it)", config.run_dir, start.epoch, config.train.epochs)
         return None
     updater.iteration = start.iteration
+    batches = _continue_order(run, batches, start)
     run.checkpointer.write_config(config)
     if comm.is_root:
         for option in ignored_options(config):
             log.warning("ignored: %s", option)
     if config.pretrain.layers and (start.epoch, start.step) == (0, 0):  # fine-tuning has not begun
-        pretrain(config, comm, model, batches, train_rows, run.checkpointer)
+        pretrain(config, comm, model, batches, run.reader.eval_rows(config.data.train_split), run.checkpointer)
     sync.start(model, updater)  # every rank starts from rank 0's parameters and updater state
     sync.load_numbers(start.sync_numbers)
     sync.load_arrays(start.sync_arrays)  # e.g. sharing's residual, saved by rank 0
     if comm.is_root:
-        log.info("%d ranks, %d training rows per rank, %d steps per epoch, %d parameters, sync %s, backend %s%s",
-                 comm.size, len(train_rows.y), batches.steps_per_epoch, model.n_params, config.sync.mode,
-                 run.backend.name, ", collectives staged through host memory" if comm.staged else "")
+        plan = batches.rows.plan
+        log.info("%d ranks, global batch %d (%d per rank), %d steps per epoch (%d rows not used per epoch), shuffle "
+                 "window %d rows, %d parameters, sync %s, backend %s%s", comm.size, plan.global_batch,
+                 batches.batch_size, plan.steps, plan.dropped_rows, plan.window_rows, model.n_params,
+                 config.sync.mode, run.backend.name, ", collectives staged through host memory" if comm.staged else "")
     metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs)
-    return _Loop(train_rows, test_rows, batches, updater, sync, metrics, start.epoch, start.step,
+    return _Loop(batches, test_rows, updater, sync, metrics, start.epoch, start.step,
                  AllocationTrace(config.train.trace_allocations))
+
+
+def _continue_order(run: Run, batches: Batches, start) -> Batches:
+    """The batches a resumed run continues with: a checkpoint taken mid-epoch continues that epoch's order, so it
+    needs the same global batch (on any number of ranks) and keeps its window; at an epoch's end the config's
+    apply. The same on every rank (the Position is broadcast)."""
+    saved_batch, saved_window = start.order
+    plan = batches.rows.plan
+    if not start.step or (saved_batch, saved_window) == (plan.global_batch, plan.window_rows):
+        return batches
+    if not saved_batch:
+        if run.comm.is_root:
+            log.warning("the checkpoint was written before epoch orders were recorded: epoch %d continues at step %d "
+                        "of today's order, so some of its rows may be seen twice and others not at all",
+                        start.epoch + 1, start.step)
+        return batches
+    if saved_batch != plan.global_batch:
+        raise ConfigError(f"the checkpoint stopped at step {start.step} of epoch {start.epoch + 1} with a global batch "
+                          f"of {saved_batch} rows, but this run's is {plan.global_batch}; resume mid-epoch with "
+                          f"train.global_batch_size: {saved_batch} (on any number of ranks dividing it), or from a "
+                          "checkpoint at an epoch's end")
+    if run.comm.is_root:
+        log.info("the rest of epoch %d keeps its checkpoint's shuffle window of %d rows (data.buffer_mb now gives %d)",
+                 start.epoch + 1, saved_window, plan.window_rows)
+    return run.train_batches(window=saved_window)
 
 
 def _train_epochs(run: Run, loop: _Loop) -> _Done:
@@ -146,23 +180,47 @@ def _train_epoch(run: Run, loop: _Loop, epoch: int, start_step: int, watchdog: W
     loop.updater.start_epoch(epoch)
     window, totals = Window(), Totals()
     tick = time.perf_counter()
-    for step, (x, y) in enumerate(loop.batches.epoch(epoch, start_step), start=start_step):
-        waited = time.perf_counter() - tick  # for this batch: the prefetch was behind
-        watchdog.beat(f"epoch {epoch + 1} step {step + 1}")
-        before = Traffic.of(comm)
-        loss, correct = _step(run, loop, epoch, step, x, y, grads_ready)
-        window.add(step, loss, correct, len(y), time.perf_counter() - tick, Traffic.of(comm) - before, waited)
-        last = step + 1 == loop.batches.steps_per_epoch
-        stop_signal = stop.agreed()  # the same answer on every rank, in the same step
-        if (step + 1) % run.config.train.log_every == 0 or last or stop_signal:
-            totals += _record_window(run, loop, epoch, step, window)
-            window = Window()
-        if stop_signal:
-            _stop_with_checkpoint(run, loop, epoch, step, stop_signal, watchdog)
-        if _step_checkpoint_due(run.config, step) and not last:
-            run.checkpointer.save(epoch, step + 1, run.model, loop.updater, loop.sync)
-        tick = time.perf_counter()
+    batches = loop.batches.epoch(epoch, start_step)
+    try:
+        for step in range(start_step, loop.batches.steps_per_epoch):
+            x, y = _next_batch(loop, batches, stop)
+            waited = time.perf_counter() - tick  # for this batch: the prefetch was behind
+            watchdog.beat(f"epoch {epoch + 1} step {step + 1}")
+            before = Traffic.of(comm)
+            loss, correct = _step(run, loop, epoch, step, x, y, grads_ready)
+            window.add(step, loss, correct, len(y), time.perf_counter() - tick, Traffic.of(comm) - before, waited)
+            last = step + 1 == loop.batches.steps_per_epoch
+            stop_signal = stop.agreed()  # the same answer on every rank, in the same step (a read failure raises)
+            if (step + 1) % run.config.train.log_every == 0 or last or stop_signal:
+                totals += _record_window(run, loop, epoch, step, window)
+                window = Window()
+            if stop_signal:
+                _stop_with_checkpoint(run, loop, epoch, step, stop_signal, watchdog)
+            if _step_checkpoint_due(run.config, step) and not last:
+                _save(run, loop, epoch, step + 1)
+            tick = time.perf_counter()
+    finally:
+        batches.close()  # ends the prefetch thread
     return totals
+
+
+def _next_batch(loop: _Loop, batches, stop: StopSignals):
+    """The next batch; after this rank failed to read its rows, a stand-in batch of zeros: the failure goes into
+    the stop agreement, and the ranks keep stepping together until all of them raise it (`StopSignals.agreed`)."""
+    if loop.read_failure is None:
+        try:
+            return next(batches)
+        except DataError as e:
+            loop.read_failure = str(e)
+            stop.fail(loop.read_failure)
+    return loop.batches.zeros()
+
+
+def _save(run: Run, loop: _Loop, epoch: int, step: int) -> str:
+    """Checkpoint "resume at step `step` of epoch `epoch`" in the run's epoch order (a collective)."""
+    plan = loop.batches.rows.plan
+    return run.checkpointer.save(epoch, step, run.model, loop.updater, loop.sync, (plan.global_batch, plan.window_rows),
+                                 loop.read_failure)
 
 
 def _step(run: Run, loop: _Loop, epoch: int, step: int, x, y, grads_ready):
@@ -188,7 +246,7 @@ def _stop_with_checkpoint(run: Run, loop: _Loop, epoch: int, step: int, signal_n
     """The ranks agreed to stop after `step` (SIGUSR1 or SIGTERM on any rank): checkpoint it, requeue the job after
     SIGUSR1 (rank 0), and raise Stopped (exit status 3)."""
     watchdog.beat(f"the checkpoint of {signal_name} at epoch {epoch + 1} step {step + 1}")
-    path = run.checkpointer.save(epoch, step + 1, run.model, loop.updater, loop.sync)
+    path = _save(run, loop, epoch, step + 1)
     then = requeue(run.config.train.requeue, signal_name) if run.comm.is_root else "resume with the same command"
     raise Stopped(f"stopped by {signal_name} at epoch {epoch + 1} step {step + 1}: wrote {path}; {then}")
 
@@ -225,7 +283,7 @@ def _end_epoch(run: Run, loop: _Loop, epoch: int, totals: Totals, done: _Done, w
                             "test_accuracy": done.evaluation.accuracy, "test_loss": done.evaluation.loss,
                             "replica_hashes": done.hashes})
     if _epoch_checkpoint_due(config, epoch):
-        run.checkpointer.save(epoch + 1, 0, model, loop.updater, sync)  # the end of training is always kept
+        _save(run, loop, epoch + 1, 0)  # the end of training is always kept
 
 
 def _evaluate(run: Run, loop: _Loop) -> Evaluation:
@@ -243,6 +301,7 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
         "samples_per_s": sum(comm.allgather_obj(done.samples)) / slowest if slowest else 0.0,
         **per_step(comm.allgather_obj(done.traffic), done.steps),  # the ranks' mean
         "input_wait_ms_per_step": input_wait_ms(comm.allgather_obj(done.input_seconds), done.steps),
+        **_reading(comm, loop.batches, done.steps),
         "comm_ms_per_step": loop.metrics.comm_ms_per_step,
         "epochs": config.train.epochs, "ranks": comm.size, "nodes": comm.nodes,
         "ranks_per_node": comm.local_size, "sync_mode": config.sync.mode,
@@ -266,6 +325,16 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
                 with os_errors(config.run_dir, "drawing the report"):
                     log.info("wrote %s and %s", *write_report([config.run_dir], config.run_dir))
     return summary
+
+
+def _reading(comm, batches: Batches, steps: int) -> dict:
+    """What training read from storage, all ranks together (a collective): stored bytes, and the rows of the chunks
+    read per epoch trained in this job over the split's rows (1.0: each row read once per epoch)."""
+    shards, plan = batches.rows.shards, batches.rows.plan
+    rows, stored = np.sum(comm.allgather_obj((shards.rows_read, shards.bytes_read)), axis=0)
+    epochs = steps / plan.steps if plan.steps else 0.0
+    return {"data_bytes_read": int(stored),
+            "data_read_per_epoch": float(rows / (plan.blocks.total_rows * epochs)) if epochs else 0.0}
 
 
 def _summary_of_finished_run(run: Run) -> dict:

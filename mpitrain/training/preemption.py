@@ -30,10 +30,11 @@ import subprocess
 
 import numpy as np
 
-from mpitrain.errors import MpitrainError
+from mpitrain.errors import DataError, MpitrainError
 
 log = logging.getLogger("mpitrain")
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+READ_FAILED = 1 << 16  # above every signal number: a rank could not read its rows
 
 
 class Stopped(MpitrainError):
@@ -51,6 +52,7 @@ class StopSignals:
         self.agreed_signal = np.zeros(1, dtype=np.int32)
         self.pending = None  # the Allreduce posted at the last step
         self.previous = {}
+        self.read_failure: str | None = None  # this rank's read error, in the agreement until every rank knows
 
     def __enter__(self):
         for number in SIGNALS:
@@ -70,12 +72,23 @@ class StopSignals:
             log.warning("got %s: training stops with a checkpoint at the next step boundary",
                         signal.Signals(number).name)
 
+    def fail(self, message: str) -> None:
+        """This rank could not read its rows (`message`): the agreement carries that to every rank, which then
+        raise it together (`agreed`). Meanwhile this rank trains on a stand-in batch, so no collective waits."""
+        if self.read_failure is None:
+            self.read_failure = message
+            self.received[0] = READ_FAILED
+
     def agreed(self) -> str | None:
-        """The name of the signal some rank got, once every rank knows it, else None. A collective: every
+        """The name of the signal some rank got, once every rank knows it, else None; a rank's read failure, once
+        every rank knows it, is a DataError raised on every rank with that rank's message. A collective: every
         rank calls it once per step, and all of them see the same answer in the same step."""
         if self.pending is not None:
             self.pending.Wait()
             self.pending = None
+            if self.agreed_signal[0] == READ_FAILED:
+                failures = [(rank, m) for rank, m in enumerate(self.comm.allgather_obj(self.read_failure)) if m]
+                raise DataError(f"{failures[0][1]} (seen on rank {failures[0][0]})")
             if self.agreed_signal[0]:
                 return signal.Signals(int(self.agreed_signal[0])).name
         self.pending = self.comm.iallreduce_max(self.received, self.agreed_signal)

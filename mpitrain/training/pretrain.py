@@ -45,7 +45,8 @@ def dbn_layers(sizes: list[int], num_classes: int) -> list[dict]:
 def pretrain(config, comm, model, batches, rows, checkpointer) -> None:
     """Pretrain the RBMs of `config.pretrain.layers` greedily (resuming finished ones, which `checkpointer`
     keeps) and copy them into `model`'s hidden layers. A collective: every rank calls it with its own
-    rows and batches."""
+    training batches and its share of the training split in order (`rows`, an EvalRows: the monitor rows are
+    its first `pretrain.monitor_rows`)."""
     p = config.pretrain
     hidden = _hidden_layers(model, p.layers)
     sizes = [hidden[0].params["W"].shape[0], *p.layers]
@@ -54,11 +55,12 @@ def pretrain(config, comm, model, batches, rows, checkpointer) -> None:
                  sparsity_cost=p.sparsity_cost if p.sparsity_target else 0.0, dtype=model.params.dtype)
              for index, (n_visible, n_hidden) in enumerate(zip(sizes, sizes[1:]))]
     with comm.agreed_errors():
-        _check_input_range(config, rows, batches)
+        stored, _ = rows.first(p.monitor_rows or len(rows))
+        _check_input_range(config, stored, batches)
         finished = checkpointer.finished_layers([_layout(rbm, index) for index, rbm in enumerate(stack)]) \
             if comm.is_root else []
     finished = comm.bcast_obj(finished)  # after the agreed errors: every rank gets here, or none
-    monitor = batches.to_model_input(rows.x[:p.monitor_rows or len(rows.y)])
+    monitor = batches.to_model_input(stored)
     monitor = monitor.reshape(len(monitor), -1)
     for index, rbm in enumerate(stack):
         if index < len(finished):
@@ -96,12 +98,13 @@ def _hidden_layers(model, sizes: list[int]) -> list[Dense]:
     return [model.layers[i] for i in with_params[:len(sizes)]]
 
 
-def _check_input_range(config, rows, batches) -> None:
-    """Bernoulli visible units read inputs as probabilities: they must lie in [0, 1]."""
-    if config.pretrain.visible != "bernoulli" or not len(rows.y):
+def _check_input_range(config, stored, batches) -> None:
+    """Bernoulli visible units read inputs as probabilities: they must lie in [0, 1] (checked on the monitor rows,
+    `stored`, the rows each rank holds at once)."""
+    if config.pretrain.visible != "bernoulli" or not len(stored):
         return
-    low = float(rows.x.min()) * batches.scale + batches.shift
-    high = float(rows.x.max()) * batches.scale + batches.shift
+    low = float(stored.min()) * batches.scale + batches.shift
+    high = float(stored.max()) * batches.scale + batches.shift
     if low < -1e-6 or high > 1 + 1e-6:
         raise MpitrainError(f"{config.data.path}: inputs range over [{low:.4g}, {high:.4g}], but "
                             "pretrain.visible: bernoulli needs inputs in [0, 1] (the manifest's scale/offset "

@@ -9,6 +9,7 @@ goes on to train; `mpitrain eval` and `predict` restore a checkpoint into the sa
 """
 from __future__ import annotations
 
+import json
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ from mpitrain.parallel.backend import Backend, create_backend
 from mpitrain.rundir.checkpointer import Checkpointer
 from mpitrain.config.resolved import resolve
 from mpitrain.config.sections import Config
-from mpitrain.data.reader import Batches, DatasetReader, RankRows
+from mpitrain.data.reader import Batches, DatasetReader, ModelInput
+from mpitrain.data.storage import is_url
 from mpitrain.errors import ConfigError, describe
 from mpitrain.nn.model import Sequential, build_model
 from mpitrain.training.pretrain import dbn_layers
@@ -61,14 +63,35 @@ class Run:
         finally:
             lock.release()
 
-    def batches(self, rows: RankRows, batch_size: int, training: bool) -> Batches:
-        """Batches of this rank's `rows` as the config's data section says (shuffled and augmented
-        only in `training`)."""
+    def train_batches(self, window: int = 0) -> Batches:
+        """Batches of this rank's training rows as the config's data and train sections say, in the window
+        `data.buffer_mb` allows (or `window` rows: a resumed epoch's). A ConfigError when they do not fit."""
         data, train = self.config.data, self.config.train
-        return Batches(rows, self.reader.manifest, batch_size, self.backend, self.config.model.dtype, train.seed,
-                       self.comm.rank, shuffle=training and data.shuffle, normalize=data.normalize,
-                       prefetch=training and data.prefetch, augment=training and data.augment,
-                       ws=self.model.workspace.part("batches"))
+        rows = self.reader.train_rows(data.train_split, train.global_batch(self.comm.size), data.buffer_mb,
+                                      train.seed, data.shuffle, window)
+        return Batches(rows, self.reader.manifest, self.backend, self.config.model.dtype, train.seed, self.comm.rank,
+                       normalize=data.normalize, prefetch=data.prefetch, augment=data.augment,
+                       ws=self.model.workspace.part("batches"), record=debug_rows_hook(self.comm.rank))
+
+    def model_input(self) -> ModelInput:
+        """Stored rows to model input, as training normalizes them (evaluation and prediction)."""
+        return ModelInput(self.reader.manifest, self.backend, self.config.model.dtype, self.config.data.normalize,
+                          self.model.workspace.part("batches"))
+
+
+def debug_rows_hook(rank: int):
+    """With MPITRAIN_DEBUG_ROWS=FOLDER, a recorder appending each batch's row numbers to FOLDER/rows-RANK.jsonl as
+    {"epoch", "step", "rows"} (a debugging aid: which rows each rank trained on); else None."""
+    folder = os.environ.get("MPITRAIN_DEBUG_ROWS")
+    if not folder:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"rows-{rank}.jsonl")
+
+    def record(epoch: int, step: int, rows) -> None:
+        with open(path, "a") as f:
+            f.write(json.dumps({"epoch": epoch, "step": step, "rows": [int(r) for r in rows]}) + "\n")
+    return record
 
 
 def on_backend(comm, config: Config):
@@ -102,12 +125,13 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
     if not config.run_dir:
         raise ConfigError("the config: run_dir is empty; expected the run directory, e.g. Config(run_dir='runs/x')")
     comm = on_backend(comm, config)
-    decided = {"run_dir": os.path.abspath(config.run_dir), "data.path": os.path.abspath(config.data.path),
+    data_path = config.data.path if is_url(config.data.path) else os.path.abspath(config.data.path)
+    decided = {"run_dir": os.path.abspath(config.run_dir), "data.path": data_path,
                "backend": comm.backend.name}
     with comm.agreed_errors():
         if reader is None:
             reader = DatasetReader(decided["data.path"], comm, verify_checksums=config.data.verify_checksums,
-                                   max_rows=config.data.max_rows)
+                                   max_rows=config.data.max_rows, storage_options=config.data.storage_options)
         manifest = reader.manifest
         decided["model.layers"] = model_layers(config, manifest)
         config = resolve(config, decided, "the config")

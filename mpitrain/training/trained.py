@@ -41,10 +41,10 @@ class Trained:
         with self.run.comm.agreed_errors():
             self.checkpoint = self.run.checkpointer.restore(self.run.model, checkpoint,
                                                             other_dataset=allow_other_dataset)
-            self.rows = self.run.reader.rows(split, training=False)
+            self.rows = self.run.reader.eval_rows(split)
         self.split, self.batch_size = split, batch_size
         self.manifest = self.run.reader.manifest
-        self.to_input = self.run.batches(self.rows, 1, training=False).to_model_input
+        self.to_input = self.run.model_input()
 
     def provenance(self) -> dict:
         """What the scores were computed from: the checkpoint, the split, the dataset, and whether the
@@ -83,9 +83,10 @@ def predict_run(run_dir: str, comm, split: str = "test", out: str | None = None,
         if os.path.isdir(path):
             raise MpitrainError(f"--out {path}: is a folder; expected an HDF5 file path")
     trained = Trained(run_dir, comm, split, checkpoint, batch_size, allow_other_dataset)
-    classes, probabilities = predict(trained.run.model, trained.rows, trained.to_input, trained.batch_size,
-                                     trained.run.backend)
-    parts = comm.gather_obj((classes, probabilities, trained.rows.y))
+    with comm.agreed_errors():
+        classes, probabilities, labels = predict(trained.run.model, trained.rows, trained.to_input, trained.batch_size,
+                                                 trained.run.backend)
+    parts = comm.gather_obj((classes, probabilities, labels))
     with comm.agreed_errors():
         if comm.is_root:
             write_predictions(path, *(np.concatenate([p[i] for p in parts]) for i in range(3)), trained.provenance())

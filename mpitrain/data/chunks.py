@@ -1,0 +1,135 @@
+"""Reading a split's blocks (whole HDF5 chunks of its shards) from a folder or an object store, checked as they arrive.
+
+    shards = ShardFiles(storage, manifest, "train", verify_checksums=True)
+    shards.read(blocks, piece, x_out, y_out)     # rows piece.lo..piece.hi of one block
+    shards.rows_read, shards.bytes_read          # what came from storage: whole chunks
+
+A shard is opened when a block of it is first needed and kept open (at most `OPEN_SHARDS`
+of them, least recently used closed first), with HDF5's chunk cache off: a block is decoded
+straight into the caller's array, and nothing is cached twice. Each read fetches and decodes
+whole chunks (a piece of a block still costs its chunk): `rows_read` counts their rows and
+`bytes_read` their stored (compressed) bytes, `x` and `y` together.
+
+Checks, as rows arrive: shards written with per-chunk Fletcher-32 checksums (the manifest
+says `checksums: fletcher32`) are verified by HDF5 on every chunk read; for older shards
+the whole file's sha256 is checked against the manifest when the shard is first opened
+(`data.verify_checksums`). Shapes and dtypes are checked at open, labels and finite
+features after each read. A shard that is missing, fails its checksum or cannot be read is
+one `DataError` naming the file and the rows.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import h5py
+import numpy as np
+
+from mpitrain.data.order import Blocks, Piece
+from mpitrain.data.shards import MANIFEST_NAME, Manifest, check_structure
+from mpitrain.data.storage import Storage
+from mpitrain.errors import DataError, describe
+
+OPEN_SHARDS = 16
+
+
+class ShardFiles:
+    """The shards of one split of a dataset, opened on demand, read by block. Not a collective; one thread at a
+    time (the batch thread while training)."""
+
+    def __init__(self, storage: Storage, manifest: Manifest, split: str, verify_checksums: bool = True):
+        self.storage, self.manifest, self.split = storage, manifest, split
+        self.shards = manifest.shards(split)
+        self.verify_whole_file = verify_checksums and getattr(manifest, "checksums", "") != "fletcher32"
+        self.open_files: OrderedDict[int, tuple] = OrderedDict()  # shard index -> (h5py.File, raw file or None)
+        self.checked: set[int] = set()
+        self.rows_read, self.bytes_read = 0, 0
+
+    def read(self, blocks: Blocks, piece: Piece, x_out: np.ndarray, y_out: np.ndarray) -> None:
+        """Rows [piece.lo, piece.hi) of block `piece.block` into x_out and y_out (arrays of piece.hi - piece.lo rows)."""
+        index = int(blocks.shard[piece.block])
+        start = int(blocks.start[piece.block])
+        f = self._file(index)
+        path = self.storage.path(self.shards[index].path)
+        lo, hi = start + piece.lo, start + piece.hi
+        try:
+            f["x"].read_direct(x_out, np.s_[lo:hi])
+            f["y"].read_direct(y_out, np.s_[lo:hi])
+            self.bytes_read += sum(_chunk_bytes(f[name], start) for name in ("x", "y"))
+        except (OSError, ValueError) as e:
+            raise DataError(f"{path}: rows {lo}..{hi - 1} could not be read ({describe(e) if isinstance(e, OSError) else e}); "
+                            "the chunk fails its checksum or the shard is damaged or gone") from None
+        self.rows_read += int(blocks.rows[piece.block])
+        check_values(path, x_out, y_out, self.manifest.num_classes)
+
+    def close(self) -> None:
+        while self.open_files:
+            self._close(next(iter(self.open_files)))
+
+    def _file(self, index: int) -> h5py.File:
+        if index in self.open_files:
+            self.open_files.move_to_end(index)
+            return self.open_files[index][0]
+        shard = self.shards[index]
+        path = self.storage.path(shard.path)
+        if self.verify_whole_file and index not in self.checked:
+            self._check_sha256(index)
+        local = self.storage.local_path(shard.path)
+        raw = None
+        try:
+            if local is not None:
+                f = h5py.File(local, "r", rdcc_nbytes=0)
+            else:
+                raw = self.storage.open(shard.path)
+                f = h5py.File(raw, "r", rdcc_nbytes=0)
+        except FileNotFoundError:
+            raise DataError(f"{path}: shard listed in {MANIFEST_NAME} is missing") from None
+        except OSError as e:
+            if raw is not None:
+                raw.close()
+            raise DataError(f"{path}: {describe(e)}; expected a readable shard") from None
+        try:
+            check_structure(f, path, self.manifest, shard)
+        except DataError:
+            f.close()
+            raise
+        self.open_files[index] = (f, raw)
+        if len(self.open_files) > OPEN_SHARDS:
+            self._close(next(iter(self.open_files)))
+        return f
+
+    def _check_sha256(self, index: int) -> None:
+        shard = self.shards[index]
+        path = self.storage.path(shard.path)
+        try:
+            actual = self.storage.sha256(shard.path)
+        except FileNotFoundError:
+            raise DataError(f"{path}: shard listed in {MANIFEST_NAME} is missing") from None
+        except OSError as e:
+            raise DataError(f"{path}: {describe(e)}; expected a readable shard") from None
+        if actual != shard.sha256:
+            raise DataError(f"{path}: sha256 {actual} does not match {MANIFEST_NAME} ({shard.sha256}); "
+                            "the shard is corrupt or was replaced")
+        self.checked.add(index)
+
+    def _close(self, index: int) -> None:
+        f, raw = self.open_files.pop(index)
+        f.close()
+        if raw is not None:
+            raw.close()
+
+
+def _chunk_bytes(dataset, first_row: int) -> int:
+    """The stored bytes of the chunk of `dataset` that starts at row `first_row` (the whole dataset if unchunked)."""
+    if dataset.chunks is None:
+        return dataset.id.get_storage_size()
+    info = dataset.id.get_chunk_info_by_coord((first_row,) + (0,) * (dataset.ndim - 1))
+    return int(info.size)
+
+
+def check_values(path: str, x: np.ndarray, y: np.ndarray, num_classes: int) -> None:
+    """Labels in 0..num_classes-1 and finite float features, or one DataError naming the shard."""
+    bad = (y < 0) | (y >= num_classes)
+    if bad.any():
+        raise DataError(f"{path}: label {int(y[bad][0])} out of range; expected 0..{num_classes - 1}")
+    if x.dtype.kind == "f" and not np.isfinite(x).all():
+        raise DataError(f"{path}: features contain NaN or Inf; expected finite values")

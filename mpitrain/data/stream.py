@@ -1,0 +1,136 @@
+"""A rank's rows streamed from storage in bounded memory: window by window for training, in order for evaluation.
+
+    rows = TrainRows(shards, plan, rank, ranks)          # training: the epoch order of `mpitrain.data.order`
+    x, y, index = rows.epoch(3).step(k)                  # step k's rows: x[index], y[index]
+    for x, y in EvalRows(shards, blocks, span).batches(256): ...   # evaluation: this rank's rows in order
+
+Training holds two windows of this rank's rows at most: the one its steps use, and the next,
+read a little at every step (its pieces spread evenly over the steps of the window in use),
+so reading overlaps training and memory stays at two windows, whatever the split's size.
+The two buffers are allocated once and alternate by window. An epoch's first window (or the
+window a resumed run starts in) is read whole before its first step: that wait shows up as
+input wait in the step metrics. Evaluation reads one block at a time into one batch buffer.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mpitrain.data.chunks import ShardFiles
+from mpitrain.data.order import Blocks, EpochOrder, EpochPlan, Piece
+
+
+class TrainRows:
+    """This rank's training rows of a split, as `plan` orders them, read through `shards`. Not a collective: every rank
+    reads its own rows (a rank's share of each window is a contiguous range no other rank reads, edges aside)."""
+
+    def __init__(self, shards: ShardFiles, plan: EpochPlan, rank: int, ranks: int, row_shape, dtype):
+        self.shards, self.plan, self.rank, self.ranks = shards, plan, rank, ranks
+        self.row_shape = tuple(row_shape)
+        capacity = min(plan.window_rows, plan.used_rows) // ranks  # np.empty: pages are taken as rows come in
+        self.buffers = [(np.empty((capacity, *row_shape), dtype=dtype), np.empty(capacity, dtype=np.int32))
+                        for _ in range(2)]
+
+    @property
+    def rank_batch(self) -> int:
+        return self.plan.global_batch // self.ranks
+
+    def epoch(self, epoch: int) -> "EpochRows":
+        return EpochRows(self, self.plan.epoch(epoch))
+
+
+class _Window:
+    """This rank's rows of one window being read into one of the two buffers: its pieces and how many are in."""
+
+    def __init__(self, number: int, order: EpochOrder, rows: TrainRows):
+        self.number = number
+        self.span = order.span(number, rows.rank, rows.ranks)
+        self.pieces = order.pieces(self.span.start, self.span.stop)
+        self.x, self.y = (buffer[:len(self.span)] for buffer in rows.buffers[number % 2])
+        self.read, self.filled = 0, 0  # pieces read, rows filled
+
+    def read_until(self, pieces: int, shards: ShardFiles, blocks: Blocks) -> None:
+        """Read pieces up to `pieces` (of len(self.pieces)) into the buffer."""
+        while self.read < min(pieces, len(self.pieces)):
+            piece = self.pieces[self.read]
+            n = piece.hi - piece.lo
+            shards.read(blocks, piece, self.x[self.filled:self.filled + n], self.y[self.filled:self.filled + n])
+            self.read, self.filled = self.read + 1, self.filled + n
+
+    @property
+    def complete(self) -> bool:
+        return self.read == len(self.pieces)
+
+
+class EpochRows:
+    """One epoch of a rank's training rows; `step(k)` for k ascending from any start (a resumed run's)."""
+
+    def __init__(self, rows: TrainRows, order: EpochOrder):
+        self.rows, self.order = rows, order
+        self.current: _Window | None = None
+        self.next: _Window | None = None
+
+    def step(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(x, y, index): step `step`'s rows of this rank are x[index], y[index] (stored values, host arrays valid
+        until the window after next is read). Reads the step's window if need be, and the next window's share."""
+        rows, plan = self.rows, self.rows.plan
+        number, j = plan.window_of(step)
+        if self.current is None or self.current.number != number:
+            if self.next is not None and self.next.number == number:
+                self.current, self.next = self.next, None
+            else:
+                self.current = _Window(number, self.order, rows)
+            self.current.read_until(len(self.current.pieces), rows.shards, plan.blocks)
+        if number + 1 < plan.windows:
+            if self.next is None:
+                self.next = _Window(number + 1, self.order, rows)
+            steps = plan.window_size(number) // plan.global_batch
+            self.next.read_until(-(-len(self.next.pieces) * (j + 1) // steps), rows.shards, plan.blocks)
+        return self.current.x, self.current.y, self.order.batch_index(step, rows.rank, rows.ranks)
+
+    def row_ids(self, step: int) -> np.ndarray:
+        """The split's row numbers of this rank's batch at `step` (for the debug hook)."""
+        return self.order.row_ids(step, self.rows.rank, self.rows.ranks)
+
+
+class EvalRows:
+    """A contiguous range `span` of a split's rows (manifest order), read block by block. Not a collective."""
+
+    def __init__(self, shards: ShardFiles, blocks: Blocks, span: range, row_shape, dtype):
+        self.shards, self.blocks, self.span = shards, blocks, span
+        self.row_shape, self.dtype = tuple(row_shape), dtype
+        starts = np.concatenate([[0], np.cumsum(blocks.rows)])
+        self.pieces = []
+        for block in range(len(blocks)):
+            lo, hi = max(span.start, int(starts[block])), min(span.stop, int(starts[block + 1]))
+            if lo < hi:
+                self.pieces.append((block, lo - int(starts[block]), hi - int(starts[block])))
+
+    def __len__(self) -> int:
+        return len(self.span)
+
+    def batches(self, batch_size: int):
+        """Yield (x, y) of up to `batch_size` rows in order (reused buffers: use each before the next). Each block is
+        read once, whole, into a block buffer, and cut into batches from there."""
+        block_rows = int(self.blocks.rows.max()) if len(self.blocks) else 0
+        block_x, block_y = np.empty((block_rows, *self.row_shape), self.dtype), np.empty(block_rows, np.int32)
+        x, y = np.empty((batch_size, *self.row_shape), self.dtype), np.empty(batch_size, np.int32)
+        filled = 0
+        for block, lo, hi in self.pieces:
+            n = hi - lo
+            self.shards.read(self.blocks, Piece(block, lo, hi), block_x[:n], block_y[:n])
+            taken = 0
+            while taken < n:
+                k = min(n - taken, batch_size - filled)
+                x[filled:filled + k], y[filled:filled + k] = block_x[taken:taken + k], block_y[taken:taken + k]
+                taken, filled = taken + k, filled + k
+                if filled == batch_size:
+                    yield x, y
+                    filled = 0
+        if filled:
+            yield x[:filled], y[:filled]
+
+    def first(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first `n` rows of the range (new arrays)."""
+        for x, y in self.batches(max(1, min(n, len(self)))):
+            return x.copy(), y.copy()
+        return np.empty((0, *self.row_shape), self.dtype), np.empty(0, np.int32)
