@@ -49,8 +49,8 @@ def window_rows(buffer_mb: float, row_bytes: int, global_batch: int, chunk_rows:
     needed = max(2 * global_batch, chunk_rows) * per_row
     if rows < global_batch or int(buffer_mb * MB) < needed:
         raise ConfigError(f"{where} is {buffer_mb:g}: it holds {int(buffer_mb * MB) // per_row} rows of "
-                          f"{per_row} bytes, fewer than two global batches of {global_batch} rows and one chunk of "
-                          f"{chunk_rows} rows; expected at least {math.ceil(2 * needed / MB)}")
+                          f"{per_row} bytes, fewer than two global batches of {global_batch} rows or one chunk of "
+                          f"{chunk_rows} rows; expected at least {math.ceil(needed / MB * 1000) / 1000:g} (MB)")
     return rows
 
 
@@ -104,7 +104,7 @@ class DatasetReader:
         if blocks.total_rows < global_batch:
             raise ConfigError(f"the global batch size is {global_batch}, but split {split!r} has only "
                               f"{blocks.total_rows} rows")
-        window = window or window_rows(buffer_mb, self.row_bytes, global_batch, self.chunk_rows)
+        window = window or window_rows(buffer_mb, self.row_bytes, global_batch, int(blocks.rows.max()))
         plan = EpochPlan(blocks, global_batch, window, seed, shuffle)
         return TrainRows(self.shard_files(split), plan, self.rank, self.size, self.manifest.feature_shape,
                          self.manifest.feature_dtype)

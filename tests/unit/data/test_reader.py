@@ -1,6 +1,7 @@
-"""Rows per rank, reading across shards, shuffling, and clear errors for bad shards."""
+"""Reading rows across shards, batches in the epoch order on any rank count, and clear errors for bad shards."""
 import json
 import os
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -9,55 +10,91 @@ import pytest
 from mpitrain.testing.datasets import make_dataset
 from mpitrain.data.augment import augment_images
 from mpitrain.parallel.backend import create_backend
-from mpitrain.data.reader import Batches, eval_rows_for_rank, load_rank_rows, read_rows, rows_for_rank
-from mpitrain.errors import DataError
+from mpitrain.data.reader import Batches, DatasetReader, ModelInput, eval_rows_for_rank, window_rows
+from mpitrain.errors import ConfigError, DataError
 from mpitrain.data.shards import read_manifest
+from mpitrain.nn.workspace import Workspace
+
+
+def ranks(size: int, rank: int = 0):
+    """What DatasetReader needs of a communicator: the rank and the number of ranks."""
+    return SimpleNamespace(rank=rank, size=size)
+
+
+def read_all(path, split="train", size=1, rank=0, **options):
+    """Rank `rank`'s evaluation rows of `split`, read whole: (x, y)."""
+    rows = DatasetReader(str(path), ranks(size, rank), **options).eval_rows(split)
+    parts = [(x.copy(), y.copy()) for x, y in rows.batches(7)]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
 @pytest.mark.parametrize("n, size", [(10, 1), (10, 3), (7, 7), (1000, 4), (5, 2)])
-def test_rank_ranges(n, size):
-    train = [rows_for_rank(n, r, size) for r in range(size)]
-    assert len({len(r) for r in train}) == 1 and len(train[0]) == n // size
-    assert [r.start for r in train[1:]] == [r.stop for r in train[:-1]]
+def test_evaluation_ranges_cover_every_row(n, size):
     evaluation = [eval_rows_for_rank(n, r, size) for r in range(size)]
     assert sum(len(r) for r in evaluation) == n and evaluation[-1].stop == n
+    assert [r.start for r in evaluation[1:]] == [r.stop for r in evaluation[:-1]]
     assert max(map(len, evaluation)) - min(map(len, evaluation)) <= 1
 
 
-def test_rows_read_across_shard_boundaries(tmp_path):
+def test_evaluation_rows_read_across_shard_boundaries_in_order(tmp_path):
     make_dataset(tmp_path, n_train=100, n_test=10, shards=7)
-    manifest = read_manifest(str(tmp_path))
-    everything = read_rows(str(tmp_path), manifest, "train", range(0, 100), True)
-    part = read_rows(str(tmp_path), manifest, "train", range(13, 58), True)
-    np.testing.assert_array_equal(part.x, everything.x[13:58])
-    np.testing.assert_array_equal(part.y, everything.y[13:58])
+    x, y = read_all(tmp_path)
+    with h5py.File(tmp_path / "train" / "shard-00000.h5") as f:
+        np.testing.assert_array_equal(x[:len(f["x"])], f["x"][...])
+    parts = [read_all(tmp_path, size=3, rank=r) for r in range(3)]
+    np.testing.assert_array_equal(np.concatenate([p[0] for p in parts]), x)
+    np.testing.assert_array_equal(np.concatenate([p[1] for p in parts]), y)
+    x20, _ = read_all(tmp_path, max_rows=20)
+    np.testing.assert_array_equal(x20, x[:20])
 
 
-def test_batches_are_seeded_per_epoch_and_cover_rows(tmp_path):
+def train_batches(path, global_batch, buffer_mb=1.0, seed=3, size=1, rank=0, prefetch=True, **options):
+    reader = DatasetReader(str(path), ranks(size, rank))
+    rows = reader.train_rows("train", global_batch, buffer_mb, seed, shuffle=True)
+    return Batches(rows, reader.manifest, create_backend("numpy"), "float32", seed, rank, prefetch=prefetch, **options)
+
+
+def test_batches_are_seeded_per_epoch_cover_rows_and_resume_at_a_step(tmp_path):
     make_dataset(tmp_path, n_train=64, n_test=8, shards=2)
-    manifest = read_manifest(str(tmp_path))
-    rows = load_rank_rows(str(tmp_path), manifest, "train", 0, 1, training=True)
-    rows.y = np.arange(64, dtype=np.int32)  # label = row index, to see which rows each batch holds
-    backend = create_backend("numpy")
-    batches = Batches(rows, manifest, 10, backend, "float32", seed=3, rank=0)
-    epoch0 = [y.copy() for _, y in batches.epoch(0)]  # copies: a batch's buffers are reused
+    seen_rows = []
+    batches = train_batches(tmp_path, 10, record=lambda epoch, step, rows: seen_rows.append(rows))
+    epoch0 = copies(batches.epoch(0))
     assert batches.steps_per_epoch == 6 and len(epoch0) == 6
-    seen = np.concatenate(epoch0)
-    assert len(set(seen)) == 60  # no row twice; the 4 left over are dropped
-    again = [y.copy() for _, y in Batches(rows, manifest, 10, backend, "float32", seed=3, rank=0, prefetch=False).epoch(0)]
-    assert all((a == b).all() for a, b in zip(epoch0, again))
-    epoch1 = [y.copy() for _, y in batches.epoch(1)]
-    assert not all((a == b).all() for a, b in zip(epoch0, epoch1))
-    resumed = [y.copy() for _, y in batches.epoch(1, start_step=4)]
-    assert all((a == b).all() for a, b in zip(epoch1[4:], resumed))
+    seen = np.concatenate(seen_rows)
+    assert len(set(seen)) == 60 and seen.max() < 64  # no row twice; 4 rows are dropped
+    again = copies(train_batches(tmp_path, 10, prefetch=False).epoch(0))
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(epoch0, again))
+    epoch1 = copies(batches.epoch(1))
+    assert not all(np.array_equal(a[0], b[0]) for a, b in zip(epoch0, epoch1))
+    resumed = copies(batches.epoch(1, start_step=4))
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(epoch1[4:], resumed))
+
+
+def test_a_rank_count_changes_who_trains_on_a_row_not_which_rows_form_a_step(tmp_path):
+    make_dataset(tmp_path, n_train=300, n_test=8, shards=3)
+    one = copies(train_batches(tmp_path, 12, buffer_mb=0.05).epoch(2))
+    for size in (2, 3, 4):
+        parts = [copies(train_batches(tmp_path, 12, buffer_mb=0.05, size=size, rank=r).epoch(2)) for r in range(size)]
+        for step, (x, _) in enumerate(one):
+            together = np.concatenate([part[step][0] for part in parts])
+            assert sorted(map(bytes, together)) == sorted(map(bytes, x))
 
 
 def test_normalization_uses_manifest_mean_and_std(tmp_path):
     manifest = make_dataset(tmp_path, n_train=200, n_test=10)
-    rows = load_rank_rows(str(tmp_path), manifest, "train", 0, 1, training=True)
-    batches = Batches(rows, manifest, 200, create_backend("numpy"), "float32", 0, 0)
-    x = batches.to_model_input(rows.x)
-    np.testing.assert_allclose(x, (rows.x / 255.0 - manifest.mean) / manifest.std, rtol=1e-5, atol=1e-5)
+    x, _ = read_all(tmp_path)
+    to_input = ModelInput(manifest, create_backend("numpy"), "float32", True, Workspace(np).part("t"))
+    np.testing.assert_allclose(to_input(x), (x / 255.0 - manifest.mean) / manifest.std, rtol=1e-5, atol=1e-5)
+
+
+def test_a_buffer_that_cannot_hold_two_batches_and_a_chunk_is_refused_naming_what_it_needs(tmp_path):
+    make_dataset(tmp_path, n_train=300, n_test=8, shards=1)
+    with pytest.raises(ConfigError, match=r"data.buffer_mb is 0.001: it holds 43 rows of 24 bytes, fewer than "
+                       r"two global batches of 64 rows or one chunk of 300 rows; expected at least 0.007 \(MB\)"):
+        train_batches(tmp_path, 64, buffer_mb=0.001)
+    with pytest.raises(ConfigError, match="global batch size 10 is not divisible by the 3 ranks"):
+        train_batches(tmp_path, 10, size=3)
+    assert window_rows(1.0, 100, 64, 1024) == 1 * 2**20 // (2 * 108) // 64 * 64
 
 
 def corrupt(tmp_path, how):
@@ -85,17 +122,18 @@ def test_bad_shards_give_clear_errors(tmp_path, how, message):
     shard = corrupt(tmp_path, how)
     manifest = read_manifest(str(tmp_path))
     verify = how != "label" and how != "shape"
+    assert manifest.rows("train") == 40
     with pytest.raises(DataError, match=message) as error:
-        load_rank_rows(str(tmp_path), manifest, "train", 0, 1, training=True, verify_checksums=verify)
+        read_all(tmp_path, verify_checksums=verify)
     assert shard in str(error.value)
 
 
 def test_more_ranks_than_rows_and_missing_split(tmp_path):
-    manifest = make_dataset(tmp_path, n_train=5, n_test=3, shards=1)
+    make_dataset(tmp_path, n_train=5, n_test=3, shards=1)
     with pytest.raises(DataError, match="5 rows, fewer than the 8 ranks"):
-        load_rank_rows(str(tmp_path), manifest, "train", 0, 8, training=True)
+        read_all(tmp_path, size=8)
     with pytest.raises(DataError, match="no split 'valid'"):
-        load_rank_rows(str(tmp_path), manifest, "valid", 0, 1, training=True)
+        read_all(tmp_path, split="valid")
 
 
 def test_manifest_errors_name_file_and_key(tmp_path):
@@ -119,9 +157,8 @@ def test_truncated_shard_newer_schema_nan_features_and_empty_split(tmp_path):
     make_dataset(tmp_path / "a", n_train=40, n_test=10, shards=2)
     shard = tmp_path / "a" / "train" / "shard-00000.h5"
     shard.write_bytes(shard.read_bytes()[:1000])
-    manifest = read_manifest(str(tmp_path / "a"))
-    with pytest.raises(DataError, match=f"{shard}: not a readable shard"):
-        load_rank_rows(str(tmp_path / "a"), manifest, "train", 0, 1, training=True, verify_checksums=False)
+    with pytest.raises(DataError, match=f"{shard}: .*expected a readable shard"):
+        read_all(tmp_path / "a", verify_checksums=False)
 
     make_dataset(tmp_path / "b", n_train=40, n_test=10, shards=1)
     path = tmp_path / "b" / "manifest.json"
@@ -131,7 +168,7 @@ def test_truncated_shard_newer_schema_nan_features_and_empty_split(tmp_path):
         read_manifest(str(tmp_path / "b"))
     path.write_text(json.dumps({**data, "splits": {**data["splits"], "train": {"rows": 0, "shards": []}}}))
     with pytest.raises(DataError, match="split 'train' has no rows"):
-        load_rank_rows(str(tmp_path / "b"), read_manifest(str(tmp_path / "b")), "train", 0, 1, training=True)
+        read_all(tmp_path / "b")
 
 
 def test_nan_features_in_a_float_dataset(tmp_path):
@@ -142,7 +179,7 @@ def test_nan_features_in_a_float_dataset(tmp_path):
     write_manifest(str(tmp_path), Manifest((1, 2, 2), "float32", 1.0, 0.0, 0.0, 1.0, 2, {"train": [6, 0]},
                                            {"train": shards}))
     with pytest.raises(DataError, match="shard-00000.h5: features contain NaN or Inf"):
-        load_rank_rows(str(tmp_path), read_manifest(str(tmp_path)), "train", 0, 1, training=True)
+        read_all(tmp_path)
 
 
 def shifted(image: np.ndarray, down: int, right: int) -> np.ndarray:
@@ -180,11 +217,9 @@ def copies(batches) -> list:
 
 
 def test_augmented_batches_are_keyed_by_epoch_and_step(tmp_path):
-    manifest = make_dataset(tmp_path, n_train=64, n_test=8, shape=(1, 6, 6))
-    rows = load_rank_rows(str(tmp_path), manifest, "train", 0, 1, training=True)
-    backend = create_backend("numpy")
-    plain = copies(Batches(rows, manifest, 16, backend, "float32", seed=3, rank=0).epoch(1))
-    augmented = Batches(rows, manifest, 16, backend, "float32", seed=3, rank=0, augment={"flip": True, "shift": 1})
+    make_dataset(tmp_path, n_train=64, n_test=8, shape=(1, 6, 6))
+    plain = copies(train_batches(tmp_path, 16).epoch(1))
+    augmented = train_batches(tmp_path, 16, augment={"flip": True, "shift": 1})
     epoch1 = copies(augmented.epoch(1))
     assert all(np.array_equal(y, y_plain) for (_, y), (_, y_plain) in zip(epoch1, plain))
     assert not any(np.array_equal(x, x_plain) for (x, _), (x_plain, _) in zip(epoch1, plain))
