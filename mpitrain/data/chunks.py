@@ -8,7 +8,8 @@ A shard is opened when a block of it is first needed and kept open (at most `OPE
 of them, least recently used closed first), with HDF5's chunk cache off: a block is decoded
 straight into the caller's array, and nothing is cached twice. Each read fetches and decodes
 whole chunks (a piece of a block still costs its chunk): `rows_read` counts their rows and
-`bytes_read` their stored (compressed) bytes, `x` and `y` together.
+`bytes_read` their stored (compressed) bytes, `x` and `y` together; from a remote store
+`bytes_fetched` counts every byte the responses carried (HDF5's metadata reads included).
 
 Checks, as rows arrive: shards written with per-chunk Fletcher-32 checksums (the manifest
 says `checksums: fletcher32`) are verified by HDF5 on every chunk read; for older shards
@@ -40,21 +41,22 @@ class ShardFiles:
         self.storage, self.manifest, self.split = storage, manifest, split
         self.shards = manifest.shards(split)
         self.verify_whole_file = verify_checksums and getattr(manifest, "checksums", "") != "fletcher32"
-        self.open_files: OrderedDict[int, tuple] = OrderedDict()  # shard index -> (h5py.File, raw file or None)
+        self.open_files: OrderedDict[int, tuple] = OrderedDict()  # shard index -> (x, y, h5py.File, raw file or None)
         self.checked: set[int] = set()
         self.rows_read, self.bytes_read = 0, 0
+        self.bytes_fetched = 0  # a remote store: every byte its responses carried, HDF5's metadata included
 
     def read(self, blocks: Blocks, piece: Piece, x_out: np.ndarray, y_out: np.ndarray) -> None:
         """Rows [piece.lo, piece.hi) of block `piece.block` into x_out and y_out (arrays of piece.hi - piece.lo rows)."""
         index = int(blocks.shard[piece.block])
         start = int(blocks.start[piece.block])
-        f = self._file(index)
+        x, y = self._datasets(index)
         path = self.storage.path(self.shards[index].path)
         lo, hi = start + piece.lo, start + piece.hi
         try:
-            f["x"].read_direct(x_out, np.s_[lo:hi])
-            f["y"].read_direct(y_out, np.s_[lo:hi])
-            self.bytes_read += sum(_chunk_bytes(f[name], start) for name in ("x", "y"))
+            x.read_direct(x_out, np.s_[lo:hi])
+            y.read_direct(y_out, np.s_[lo:hi])
+            self.bytes_read += _chunk_bytes(x, start) + _chunk_bytes(y, start)
         except (OSError, ValueError) as e:
             raise DataError(f"{path}: rows {lo}..{hi - 1} could not be read ({describe(e) if isinstance(e, OSError) else e}); "
                             "the chunk fails its checksum or the shard is damaged or gone") from None
@@ -65,10 +67,12 @@ class ShardFiles:
         while self.open_files:
             self._close(next(iter(self.open_files)))
 
-    def _file(self, index: int) -> h5py.File:
+    def _datasets(self, index: int) -> tuple[h5py.Dataset, h5py.Dataset]:
+        """Shard `index`'s datasets x and y, opened and checked on first use (h5py objects kept: reading them
+        again creates nothing)."""
         if index in self.open_files:
             self.open_files.move_to_end(index)
-            return self.open_files[index][0]
+            return self.open_files[index][:2]
         shard = self.shards[index]
         path = self.storage.path(shard.path)
         if self.verify_whole_file and index not in self.checked:
@@ -79,7 +83,7 @@ class ShardFiles:
             if local is not None:
                 f = h5py.File(local, "r", rdcc_nbytes=0)
             else:
-                raw = self.storage.open(shard.path)
+                raw = _Counted(self.storage.open(shard.path), self)
                 f = h5py.File(raw, "r", rdcc_nbytes=0)
         except FileNotFoundError:
             raise DataError(f"{path}: shard listed in {MANIFEST_NAME} is missing") from None
@@ -92,10 +96,10 @@ class ShardFiles:
         except DataError:
             f.close()
             raise
-        self.open_files[index] = (f, raw)
+        self.open_files[index] = (f["x"], f["y"], f, raw)
         if len(self.open_files) > OPEN_SHARDS:
             self._close(next(iter(self.open_files)))
-        return f
+        return self.open_files[index][:2]
 
     def _check_sha256(self, index: int) -> None:
         shard = self.shards[index]
@@ -112,10 +116,36 @@ class ShardFiles:
         self.checked.add(index)
 
     def _close(self, index: int) -> None:
-        f, raw = self.open_files.pop(index)
+        _, _, f, raw = self.open_files.pop(index)
         f.close()
         if raw is not None:
             raw.close()
+
+
+class _Counted:
+    """A remote file object for h5py that adds the bytes read through it to `owner.bytes_fetched`."""
+
+    def __init__(self, raw, owner: ShardFiles):
+        self.raw, self.owner = raw, owner
+
+    def readinto(self, buffer) -> int:
+        n = self.raw.readinto(buffer)
+        self.owner.bytes_fetched += n
+        return n
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.owner.bytes_fetched += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def close(self) -> None:
+        self.raw.close()
 
 
 def _chunk_bytes(dataset, first_row: int) -> int:

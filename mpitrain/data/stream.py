@@ -98,6 +98,7 @@ class EvalRows:
     def __init__(self, shards: ShardFiles, blocks: Blocks, span: range, row_shape, dtype):
         self.shards, self.blocks, self.span = shards, blocks, span
         self.row_shape, self.dtype = tuple(row_shape), dtype
+        self.buffers: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         starts = np.concatenate([[0], np.cumsum(blocks.rows)])
         self.pieces = []
         for block in range(len(blocks)):
@@ -111,9 +112,8 @@ class EvalRows:
     def batches(self, batch_size: int):
         """Yield (x, y) of up to `batch_size` rows in order (reused buffers: use each before the next). Each block is
         read once, whole, into a block buffer, and cut into batches from there."""
-        block_rows = int(self.blocks.rows.max()) if len(self.blocks) else 0
-        block_x, block_y = np.empty((block_rows, *self.row_shape), self.dtype), np.empty(block_rows, np.int32)
-        x, y = np.empty((batch_size, *self.row_shape), self.dtype), np.empty(batch_size, np.int32)
+        block_x, block_y = self._buffers("block", int(self.blocks.rows.max()))
+        x, y = self._buffers("batch", batch_size)
         filled = 0
         for block, lo, hi in self.pieces:
             n = hi - lo
@@ -128,6 +128,12 @@ class EvalRows:
                     filled = 0
         if filled:
             yield x[:filled], y[:filled]
+
+    def _buffers(self, name: str, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """(x, y) buffers of `rows` rows, made on the first call and kept: an evaluation allocates nothing."""
+        if self.buffers.get(name, (np.empty(0),))[0].shape[:1] != (rows,):
+            self.buffers[name] = (np.empty((rows, *self.row_shape), self.dtype), np.empty(rows, np.int32))
+        return self.buffers[name]
 
     def first(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The first `n` rows of the range (new arrays)."""

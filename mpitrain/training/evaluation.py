@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpitrain.errors import DataError
 from mpitrain.kernels.loss import score
 from mpitrain.nn.losses import softmax
 
@@ -56,16 +57,25 @@ def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, bac
 
     Each batch's loss and (label, prediction) counts are added up on the device by one fused
     kernel (`mpitrain.kernels.loss.score`, counts in float64: exact below 2**53 rows); one copy
-    brings them to the host and one Allreduce sums them over the ranks. A rank whose rows cannot
-    be read (a shard gone or damaged) is an error on every rank, before the Allreduce.
+    brings them to the host and one Allreduce sums them over the ranks, with a count of ranks
+    whose rows could not be read (a shard gone or damaged): then every rank raises that rank's
+    error, instead of the others waiting for it.
     """
-    totals = backend.xp.zeros(num_classes * num_classes + 1, dtype=np.float64)  # the counts, then the loss sum
-    with comm.agreed_errors():
+    size = num_classes * num_classes
+    totals = backend.xp.zeros(size + 2, dtype=np.float64)  # the counts, the loss sum, the ranks that failed to read
+    failure = None
+    try:
         for logits, labels in batched_logits(model, rows, to_input, batch_size):
-            score(logits, backend.to_device(labels), totals[:-1], totals[-1:])
-        totals = backend.to_host(totals)
+            score(logits, backend.to_device(labels), totals[:size], totals[size:size + 1])
+    except DataError as e:
+        failure = str(e)
+    totals = backend.to_host(totals)
+    totals[-1] = failure is not None
     comm.allreduce_(totals)
-    return Evaluation(totals[:-1].astype(np.int64).reshape(num_classes, num_classes), float(totals[-1]))
+    if totals[-1]:
+        rank, message = next((r, m) for r, m in enumerate(comm.allgather_obj(failure)) if m)
+        raise DataError(f"{message} (seen on rank {rank})")
+    return Evaluation(totals[:size].astype(np.int64).reshape(num_classes, num_classes), float(totals[size]))
 
 
 def predict(model, rows, to_input, batch_size: int, backend) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

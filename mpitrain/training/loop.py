@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import os
+import resource
 import time
 from dataclasses import dataclass, field
 
@@ -302,6 +303,7 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
         **per_step(comm.allgather_obj(done.traffic), done.steps),  # the ranks' mean
         "input_wait_ms_per_step": input_wait_ms(comm.allgather_obj(done.input_seconds), done.steps),
         **_reading(comm, loop.batches, done.steps),
+        "peak_rss_mb": comm.max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),  # VmHWM, the largest rank
         "comm_ms_per_step": loop.metrics.comm_ms_per_step,
         "epochs": config.train.epochs, "ranks": comm.size, "nodes": comm.nodes,
         "ranks_per_node": comm.local_size, "sync_mode": config.sync.mode,
@@ -328,12 +330,14 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
 
 
 def _reading(comm, batches: Batches, steps: int) -> dict:
-    """What training read from storage, all ranks together (a collective): stored bytes, and the rows of the chunks
-    read per epoch trained in this job over the split's rows (1.0: each row read once per epoch)."""
+    """What training read from storage, all ranks together (a collective): stored bytes of the chunks, bytes a remote
+    store sent (0 for a folder), and the rows of the chunks read per epoch trained in this job over the split's rows
+    (1.0: each row read once per epoch)."""
     shards, plan = batches.rows.shards, batches.rows.plan
-    rows, stored = np.sum(comm.allgather_obj((shards.rows_read, shards.bytes_read)), axis=0)
+    rows, stored, fetched = np.sum(comm.allgather_obj((shards.rows_read, shards.bytes_read, shards.bytes_fetched)),
+                                   axis=0)
     epochs = steps / plan.steps if plan.steps else 0.0
-    return {"data_bytes_read": int(stored),
+    return {"data_bytes_read": int(stored), "data_bytes_fetched": int(fetched),
             "data_read_per_epoch": float(rows / (plan.blocks.total_rows * epochs)) if epochs else 0.0}
 
 

@@ -6,11 +6,11 @@ import gzip
 import os
 import struct
 from pathlib import Path
+from types import SimpleNamespace
 
-import h5py
 import numpy as np
 
-from mpitrain.data.shards import Manifest, read_manifest, shard_path, write_manifest, write_shard
+from mpitrain.data.shards import Manifest, shard_path, write_manifest, write_shard
 from mpitrain.etl.idx import IMAGES_MAGIC, LABELS_MAGIC
 
 def make_dataset(path, n_train=600, n_test=200, shards=3, num_classes=3, shape=(1, 4, 4), seed=0) -> Manifest:
@@ -105,16 +105,14 @@ def make_idx_folder(folder: Path, seed: int = 0, labels_override: dict | None = 
     return data
 
 
-def read_split(out: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
-    manifest = read_manifest(str(out))
-    xs, ys = [], []
-    for shard in manifest.shards(split):
-        with h5py.File(out / shard.path, "r") as f:
-            xs.append(f["x"][:])
-            ys.append(f["y"][:])
-    return np.concatenate(xs), np.concatenate(ys)
-
-
 def siblings(out: Path) -> list[str]:
     return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(out.name))
 
+
+
+def read_split(dataset_dir, split: str = "train", rank: int = 0, ranks: int = 1, **options):
+    """Rank `rank` of `ranks`'s evaluation share of `split` (all of it on one rank), read whole: (x, y)."""
+    from mpitrain.data.reader import DatasetReader
+    rows = DatasetReader(str(dataset_dir), SimpleNamespace(rank=rank, size=ranks), **options).eval_rows(split)
+    parts = [(x.copy(), y.copy()) for x, y in rows.batches(1000)]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])

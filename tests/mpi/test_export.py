@@ -8,8 +8,8 @@ import onnxruntime as ort
 import pytest
 
 from mpitrain.testing.launch import MPITRAIN, command, mpiexec
-from mpitrain.testing.datasets import make_dataset, make_digits_dataset, write_config
-from mpitrain.data.reader import input_scaling, read_rows
+from mpitrain.testing.datasets import make_dataset, make_digits_dataset, read_split, write_config
+from mpitrain.data.reader import input_scaling
 from mpitrain.errors import DataError, MpitrainError
 from mpitrain.rundir.export import export_onnx, onnx_model
 from mpitrain.nn.batchnorm import BatchNorm
@@ -17,7 +17,7 @@ from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.layers import Dense, Dropout, Flatten, Layer, ReLU
 from mpitrain.nn.losses import softmax
 from mpitrain.nn.model import Sequential
-from mpitrain.data.shards import Manifest, read_manifest, sha256_file
+from mpitrain.data.shards import Manifest, sha256_file
 
 LENET = [{"type": "conv2d", "filters": 6, "kernel": 3, "padding": "same", "activation": "relu"},
          {"type": "maxpool2d", "pool": 2},
@@ -81,10 +81,9 @@ def test_onnxruntime_gives_mpitrain_predict_probabilities(tmp_path, name):
     assert props["run_dir"] == str(run_dir) and props["checkpoint"] == checkpoint
     assert props["manifest_sha256"] == sha256_file(str(dataset / "manifest.json"))
 
-    manifest = read_manifest(str(dataset))
-    rows = read_rows(str(dataset), manifest, "test", range(manifest.rows("test")), verify_checksums=True)
+    x, _ = read_split(dataset, "test")
     session = ort.InferenceSession(out.read_bytes(), providers=["CPUExecutionProvider"])
-    probabilities = session.run(None, {"x": rows.x})[0]
+    probabilities = session.run(None, {"x": x})[0]
     assert probabilities.dtype == np.float32 and probabilities.shape == expected.shape
     np.testing.assert_allclose(probabilities, expected, rtol=0, atol=1e-5)
     top2 = np.sort(expected, axis=1)[:, -2:]

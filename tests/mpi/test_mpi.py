@@ -132,11 +132,39 @@ def test_split_and_allgather_exchanges_agree_and_auto_chooses_alike_everywhere(n
         assert f"OK {check} {n}" in result.stdout, result.stdout
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_ranks_read_disjoint_rows_covering_the_split(tmp_path, n):
-    make_dataset(tmp_path, n_train=103, n_test=10, shards=5)
-    result = mpiexec(n, sys.executable, os.path.join(RANK_SCRIPTS, "rank_rows.py"), tmp_path)
-    assert result.returncode == 0 and f"OK {n}" in result.stdout, result.stdout + result.stderr
+def recorded_rows(folder) -> dict:
+    """{(epoch, step): {rank: rows}} from the debug hook's files (MPITRAIN_DEBUG_ROWS)."""
+    steps = {}
+    for path in sorted(folder.glob("rows-*.jsonl")):
+        rank = int(path.stem.split("-")[1])
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            steps.setdefault((record["epoch"], record["step"]), {})[rank] = record["rows"]
+    return steps
+
+
+def test_every_row_once_per_epoch_and_the_same_global_batches_on_1_2_3_4_ranks(tmp_path):
+    """1103 rows in 5 shards, chunks of 64 rows (max_rows cuts a shard), a window of a few global batches of 12."""
+    make_dataset(tmp_path / "data", n_train=1200, n_test=10, shards=5)
+    batches = {}
+    for n in (1, 2, 3, 4):
+        rows = tmp_path / f"rows-{n}"
+        config = write_config(tmp_path / f"exp{n}.yaml", tmp_path / "data", run_dir=str(tmp_path / f"run{n}"),
+                              train={"global_batch_size": 12, "epochs": 2}, data={"max_rows": 1103, "buffer_mb": 0.05})
+        result = mpiexec(n, MPITRAIN, "train", config, timeout=120,
+                         env={**os.environ, "MPITRAIN_DEBUG_ROWS": str(rows)})
+        assert result.returncode == 0, result.stderr
+        steps = recorded_rows(rows)
+        assert set(steps) == {(e, k) for e in (0, 1) for k in range(1103 // 12)}
+        assert all(sorted(ranks) == list(range(n)) and all(len(r) == 12 // n for r in ranks.values())
+                   for ranks in steps.values())
+        for epoch in (0, 1):
+            seen = [row for (e, _), ranks in steps.items() if e == epoch for r in ranks.values() for row in r]
+            assert len(seen) == len(set(seen)) == 1103 // 12 * 12 and max(seen) < 1103
+        batches[n] = {key: sorted(row for r in ranks.values() for row in r) for key, ranks in steps.items()}
+        assert summary(tmp_path / f"run{n}")["data_read_per_epoch"] < 1 + 0.5 * n
+    assert batches[1] == batches[2] == batches[3] == batches[4]
+    assert batches[1][(0, 0)] != batches[1][(1, 0)]
 
 
 def test_an_exception_on_one_rank_aborts_the_job():
@@ -169,11 +197,16 @@ def test_config_error_exits_nonzero_on_every_rank(tmp_path):
     assert result.stderr.count("sync.mode is 'ring'") == 1
 
 
-def test_batch_larger_than_rank_rows_is_an_error(tmp_path):
+def test_data_settings_that_do_not_fit_are_one_line_before_anything_is_written(tmp_path):
     make_dataset(tmp_path / "data", n_train=40)
-    result, _ = train(tmp_path, 4, timeout=60, train={"batch_size": 16})
-    assert result.returncode == 2
-    assert "train.batch_size is 16 (per rank), but each of the 4 ranks has only 10 training rows" in result.stderr
+    for sections, message in (({"train": {"batch_size": 16}}, "the global batch size is 64, but split 'train' has "
+                                                               "only 40 rows"),
+                              ({"train": {"global_batch_size": 10}}, "the global batch size 10 is not divisible by "
+                                                                     "the 4 ranks"),
+                              ({"data": {"buffer_mb": 0.0001}}, "data.buffer_mb is 0.0001: it holds")):
+        result, run_dir = train(tmp_path, 4, timeout=60, **sections)
+        assert result.returncode == 2 and result.stderr.count(message) == 1, result.stderr
+        assert not run_dir.exists()
 
 
 def test_augmenting_rows_that_are_not_images_is_an_error(tmp_path):

@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
-from mpitrain.testing.datasets import make_dataset
+from mpitrain.testing.datasets import make_dataset, read_split
 from mpitrain.data.augment import augment_images
 from mpitrain.parallel.backend import create_backend
 from mpitrain.data.reader import Batches, DatasetReader, ModelInput, eval_rows_for_rank, window_rows
@@ -22,10 +22,7 @@ def ranks(size: int, rank: int = 0):
 
 
 def read_all(path, split="train", size=1, rank=0, **options):
-    """Rank `rank`'s evaluation rows of `split`, read whole: (x, y)."""
-    rows = DatasetReader(str(path), ranks(size, rank), **options).eval_rows(split)
-    parts = [(x.copy(), y.copy()) for x, y in rows.batches(7)]
-    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    return read_split(path, split, rank, size, **options)
 
 
 @pytest.mark.parametrize("n, size", [(10, 1), (10, 3), (7, 7), (1000, 4), (5, 2)])

@@ -1,0 +1,278 @@
+"""The streaming data path (mpitrain/data/): speed, a cold read, shuffle quality, bytes read, memory.
+
+Every run starts mpitrain as the README does (`mpiexec -n N mpitrain train CONFIG --set ...`), in the
+user's environment; the rows of a part run in one invocation, taking turns (`--repeat` rounds, median).
+
+- speed: Fashion-MNIST MLP (2 epochs) and LeNet (1 epoch), 2 ranks. "in memory": the default
+  data.buffer_mb (256) holds the whole split in one window, read at each epoch's start; "streaming":
+  data.buffer_mb 8, windows of about 5,000 rows, the next one read during the steps of the one in use.
+  Target: streaming >= 0.95x in memory, shards in the page cache.
+- cold: the streaming MLP row with every shard dropped from the page cache before the run
+  (posix_fadvise DONTNEED on each file: as cold as a machine without root over /proc/sys/vm allows).
+- shuffle: Fashion-MNIST written sorted by label (`mpitrain etl --order label`), MLP 3 epochs, 2 ranks,
+  beside the ETL's shuffled dataset, with the default buffer and with 8 MB. Target: the default buffer's
+  test accuracy within 0.5 points of the shuffled dataset's.
+- reading: the MLP for 1 epoch from SeaweedFS's S3 server on 127.0.0.1 (every read a ranged request the
+  server answers: no page cache is shared), 1 and 4 ranks: the bytes the server sent, all ranks, over the
+  dataset's size. Target: <= 1.5x on 4 ranks.
+- memory: a generated table of 1 KB rows (Parquet, made into shards by the ETL) at 1x, 4x and 16x
+  (150 MB to 2.4 GB), 2 ranks in one memory cgroup of 640 MB (cgroup v1, root), data.buffer_mb 64, 1 epoch:
+  the largest rank's peak RSS (VmHWM). Targets: 16x within 64 MB of 1x; 16x (>= 4x the cgroup) completes.
+
+    python benchmarks/streaming.py --data data/fashion --out benchmarks/results [--parts speed,cold,...]
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+
+import numpy as np
+from common import BIN, USER_ENV, markdown_table, write_results
+
+PARTS = ("speed", "cold", "shuffle", "reading", "memory")
+STREAMING_MB = 8
+FASHION = "/usr/share/datasets/fashion-mnist"
+MEMORY_LIMIT_MB = 640
+MEMORY_SIZES = {"1x": 150_000, "4x": 600_000, "16x": 2_400_000}  # rows of 1 KB
+TABLE_MODEL = {"model": {"layers": [{"type": "dense", "units": 32, "activation": "relu"}, {"type": "dense", "units": 10}]},
+               "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9},
+               "train": {"epochs": 1, "batch_size": 64, "log_every": 1000}, "report": False}
+
+
+def train(ranks: int, config: str, overrides: dict, env: dict | None = None, prefix: list[str] = ()) -> dict:
+    """`mpiexec -n RANKS mpitrain train CONFIG --set ...` in a fresh run directory; its summary.json."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        settings = {"run_dir": run_dir, "report": False, "train.log_every": 1000, **overrides}
+        command = [*prefix, os.path.join(BIN, "mpiexec"), "-n", str(ranks), os.path.join(BIN, "mpitrain"), "train",
+                   config, *[f"--set={k}={json.dumps(v) if isinstance(v, (dict, list)) else v}"
+                             for k, v in settings.items()]]
+        done = subprocess.run(command, env=env or USER_ENV, capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            return json.load(f)
+
+
+def etl(source: str, out: str, *options: str) -> None:
+    subprocess.run([os.path.join(BIN, "mpitrain"), "etl", "--source", source, "--out", out, "--overwrite", *options],
+                   check=True, env=USER_ENV, capture_output=True, text=True)
+
+
+def dataset_bytes(path: str) -> int:
+    return sum(os.path.getsize(p) for p in glob.glob(os.path.join(path, "*", "shard-*.h5")))
+
+
+def drop_from_page_cache(path: str) -> None:
+    for shard in glob.glob(os.path.join(path, "*", "shard-*.h5")):
+        fd = os.open(shard, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def speed(args) -> list[dict]:
+    """In memory vs streaming, MLP and LeNet, 2 ranks, taking turns; then the cold streaming MLP row."""
+    rows = []
+    for model, config, epochs in (("MLP", "configs/fashion_mlp.yaml", 2), ("LeNet", "configs/fashion_lenet.yaml", 1)):
+        runs = {"in memory": [], "streaming": []}
+        for _ in range(args.repeat):
+            for name, buffer in (("in memory", 256), ("streaming", STREAMING_MB)):
+                runs[name].append(train(2, config, {"data.path": args.data, "train.epochs": epochs,
+                                                    "train.batch_size": 64, "data.buffer_mb": buffer}))
+        base = statistics.median(r["samples_per_s"] for r in runs["in memory"])
+        for name, summaries in runs.items():
+            median = sorted(summaries, key=lambda r: r["samples_per_s"])[len(summaries) // 2]
+            rows.append({"part": "speed", "model": model, "path": name, "buffer_mb": 256 if name == "in memory"
+                         else STREAMING_MB, "samples_per_s": median["samples_per_s"],
+                         "vs_in_memory": median["samples_per_s"] / base,
+                         "input_wait_ms_per_step": median["input_wait_ms_per_step"],
+                         "peak_rss_mb": median["peak_rss_mb"], "test_accuracy": median["test_accuracy"]})
+    return rows
+
+
+def cold(args, warm: float | None) -> list[dict]:
+    drop_from_page_cache(args.data)
+    summary = train(2, "configs/fashion_mlp.yaml", {"data.path": args.data, "train.epochs": 1,
+                                                     "train.batch_size": 64, "data.buffer_mb": STREAMING_MB})
+    return [{"part": "cold", "model": "MLP", "path": "streaming, cold", "buffer_mb": STREAMING_MB,
+             "samples_per_s": summary["samples_per_s"],
+             "vs_in_memory": summary["samples_per_s"] / warm if warm else None,
+             "input_wait_ms_per_step": summary["input_wait_ms_per_step"], "peak_rss_mb": summary["peak_rss_mb"],
+             "test_accuracy": summary["test_accuracy"]}]
+
+
+def shuffle(args, work: str) -> list[dict]:
+    """Test accuracy after 3 epochs: the shuffled dataset, and Fashion-MNIST written sorted by label."""
+    ordered = os.path.join(work, "fashion-by-label")
+    etl(f"idx:{args.fashion}", ordered, "--shards", "8", "--order", "label")
+    rows = []
+    for name, path, buffer in (("shuffled by the ETL", args.data, 256), ("sorted by label", ordered, 256),
+                               ("sorted by label", ordered, STREAMING_MB)):
+        accuracies = [train(2, "configs/fashion_mlp.yaml", {"data.path": path, "train.epochs": 3,
+                                                            "data.buffer_mb": buffer})["test_accuracy"]
+                      for _ in range(args.repeat)]
+        rows.append({"part": "shuffle", "model": "MLP", "path": name, "buffer_mb": buffer,
+                     "test_accuracy": statistics.median(accuracies)})
+    base = rows[0]["test_accuracy"]
+    for row in rows:
+        row["accuracy_points_vs_shuffled"] = 100 * (row["test_accuracy"] - base)
+    return rows
+
+
+def reading(args, work: str) -> list[dict]:
+    """Bytes the S3 server sent per epoch over the dataset's size, 1 and 4 ranks."""
+    from mpitrain.testing.objectstore import ObjectStore
+    import fsspec
+    with ObjectStore(os.path.join(work, "weed")) as store:
+        env = {**USER_ENV, **store.environment()}
+        store.make_bucket("bench")
+        fs = fsspec.filesystem("s3", endpoint_url=store.endpoint, key=store.key, secret=store.secret)
+        fs.put(args.data.rstrip("/") + "/", "bench/fashion/", recursive=True)
+        size = dataset_bytes(args.data)
+        rows = []
+        for ranks in (1, 4):
+            summary = train(ranks, "configs/fashion_mlp.yaml", {"data.path": "s3://bench/fashion", "train.epochs": 1,
+                                                                "train.global_batch_size": 256,
+                                                                "data.buffer_mb": STREAMING_MB}, env=env)
+            train_bytes = size * summary["data_read_per_epoch"]  # the chunks' share of the dataset's bytes
+            rows.append({"part": "reading", "model": "MLP", "path": "s3://, SeaweedFS", "ranks": ranks,
+                         "buffer_mb": STREAMING_MB, "bytes_fetched": summary["data_bytes_fetched"],
+                         "dataset_bytes": size, "fetched_over_dataset": summary["data_bytes_fetched"] / size,
+                         "data_read_per_epoch": summary["data_read_per_epoch"], "train_bytes": train_bytes,
+                         "samples_per_s": summary["samples_per_s"]})
+    return rows
+
+
+def write_table(path: str, rows: int, seed: int) -> None:
+    """`rows` rows of 1024 random bytes and a label in 0..9 (the argmax of 10 feature groups' sums), as Parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rng = np.random.default_rng(seed)
+    with pq.ParquetWriter(path, pa.schema([("features", pa.list_(pa.uint8(), 1024)), ("label", pa.int32())])) as out:
+        for start in range(0, rows, 100_000):
+            x = rng.integers(0, 256, (min(100_000, rows - start), 1024), dtype=np.uint8)
+            y = x[:, :1000].reshape(len(x), 10, 100).sum(axis=2, dtype=np.int64).argmax(axis=1).astype(np.int32)
+            features = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel(), pa.uint8()), 1024)
+            out.write_table(pa.table({"features": features, "label": pa.array(y)}))
+
+
+def in_memory_cgroup(limit_mb: int) -> tuple[str, list[str]]:
+    """A cgroup v1 memory group of `limit_mb` MB and the command prefix that starts a process in it."""
+    group = f"/sys/fs/cgroup/memory/mpitrain-streaming-{os.getpid()}"
+    try:
+        os.makedirs(group)
+        with open(os.path.join(group, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(limit_mb << 20))
+    except OSError as e:
+        raise SystemExit(f"{group}: {e}; the memory part needs root and cgroup v1's memory controller") from None
+    return group, ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$0" "$@"']
+
+
+def memory(args, work: str) -> list[dict]:
+    """Peak RSS per rank at 1x, 4x and 16x, 2 ranks in one memory cgroup."""
+    config = os.path.join(work, "table.yaml")
+    with open(config, "w") as f:
+        json.dump(TABLE_MODEL, f)
+    group, prefix = in_memory_cgroup(MEMORY_LIMIT_MB)
+    rows = []
+    try:
+        for name, n in MEMORY_SIZES.items():
+            table, out = os.path.join(work, f"table-{name}.parquet"), os.path.join(work, f"table-{name}")
+            write_table(table, n, seed=len(rows))
+            etl(f"parquet:{table}", out, "--shards", str(max(2, n // 100_000)), "--label", "label",
+                "--features", "features", "--feature-shape", "1024", "--feature-dtype", "uint8",
+                "--test-fraction", "0.01", "--num-classes", "10")
+            os.remove(table)
+            summary = train(2, config, {"data.path": out, "data.buffer_mb": 64}, prefix=prefix)
+            with open(os.path.join(group, "memory.max_usage_in_bytes")) as f:
+                group_peak = int(f.read()) / 2**20
+            rows.append({"part": "memory", "size": name, "rows": n, "dataset_mb": dataset_bytes(out) / 2**20,
+                         "limit_mb": MEMORY_LIMIT_MB, "peak_rss_mb": summary["peak_rss_mb"],
+                         "cgroup_peak_mb": group_peak, "samples_per_s": summary["samples_per_s"],
+                         "epochs_done": summary["epochs"], "data_read_per_epoch": summary["data_read_per_epoch"]})
+            shutil.rmtree(out)
+    finally:
+        os.rmdir(group)
+    for row in rows:
+        row["rss_over_1x_mb"] = row["peak_rss_mb"] - rows[0]["peak_rss_mb"]
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    def number(value, spec):
+        return "" if value is None else format(value, spec)
+    parts = []
+    speed_rows = [r for r in rows if r["part"] in ("speed", "cold")]
+    if speed_rows:
+        parts.append(markdown_table(
+            ["model", "rows", "data.buffer_mb", "samples/s", "vs in memory", "input wait ms/step", "peak RSS MB"],
+            [[r["model"], r["path"], str(r["buffer_mb"]), f"{r['samples_per_s']:,.0f}", number(r["vs_in_memory"], ".2f"),
+              f"{r['input_wait_ms_per_step']:.2f}", f"{r['peak_rss_mb']:.0f}"] for r in speed_rows], "lllrrrr"))
+    shuffle_rows = [r for r in rows if r["part"] == "shuffle"]
+    if shuffle_rows:
+        parts.append(markdown_table(["dataset", "data.buffer_mb", "test accuracy", "points vs shuffled"],
+                                    [[r["path"], str(r["buffer_mb"]), f"{r['test_accuracy']:.4f}",
+                                      f"{r['accuracy_points_vs_shuffled']:+.2f}"] for r in shuffle_rows], "lrrr"))
+    reading_rows = [r for r in rows if r["part"] == "reading"]
+    if reading_rows:
+        parts.append(markdown_table(["store", "ranks", "bytes sent by the server", "over the dataset's bytes",
+                                     "chunk rows read per epoch / rows"],
+                                    [[r["path"], str(r["ranks"]), f"{r['bytes_fetched']:,}",
+                                      f"{r['fetched_over_dataset']:.2f}x", f"{r['data_read_per_epoch']:.3f}"]
+                                     for r in reading_rows], "lrrrr"))
+    memory_rows = [r for r in rows if r["part"] == "memory"]
+    if memory_rows:
+        parts.append(markdown_table(["size", "rows", "shards MB", "cgroup limit MB", "peak RSS per rank MB",
+                                     "over 1x MB", "epochs done"],
+                                    [[r["size"], f"{r['rows']:,}", f"{r['dataset_mb']:,.0f}", str(r["limit_mb"]),
+                                      f"{r['peak_rss_mb']:.0f}", f"{r['rss_over_1x_mb']:+.0f}", str(r["epochs_done"])]
+                                     for r in memory_rows], "lrrrrrr"))
+    return "\n\n".join(parts) + "\n"
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", default="data/fashion", help="Fashion-MNIST shards (make demo writes them)")
+    parser.add_argument("--fashion", default=FASHION, help="the IDX folder (shuffle part)")
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"some of {','.join(PARTS)}")
+    args = parser.parse_args(argv)
+    parts = args.parts.split(",")
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        parser.error(f"--parts: {sorted(unknown)}; expected some of {PARTS}")
+    rows = []
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(args.data))) as work:
+        if "speed" in parts:
+            rows += speed(args)
+        if "cold" in parts:
+            warm = next((r["samples_per_s"] for r in rows if r["model"] == "MLP" and r["path"] == "in memory"), None)
+            rows += cold(args, warm)
+        if "shuffle" in parts:
+            rows += shuffle(args, work)
+        if "reading" in parts:
+            rows += reading(args, work)
+        if "memory" in parts:
+            rows += memory(args, work)
+    previous = os.path.join(args.out, "streaming.json")
+    if os.path.exists(previous):  # the parts not run now keep their last rows
+        with open(previous) as f:
+            rows = [r for r in json.load(f)["rows"] if r["part"] not in parts and not (
+                r["part"] == "cold" and "speed" in parts)] + rows
+    rows.sort(key=lambda r: PARTS.index(r["part"]))
+    result = {"rows": rows, "parts": sorted({r["part"] for r in rows}, key=PARTS.index)}
+    write_results(args.out, "streaming", result, markdown(rows))
+    return result
+
+
+if __name__ == "__main__":
+    main()
