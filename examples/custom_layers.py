@@ -41,9 +41,9 @@ def main() -> None:
 
     run = mpitrain.setup_run(mpitrain.load_config(f"{args.run_dir}/config.yaml"), comm)  # as `mpitrain eval` does
     checkpoint = run.checkpointer.restore(run.model).path
-    rows = run.reader.rows("test", training=False)
-    result = mpitrain.evaluate(run.model, rows, run.batches(rows, 256, training=False).to_model_input, 256, run.comm,
-                               run.reader.manifest.num_classes, run.backend)
+    rows = run.reader.eval_rows("test")  # this rank's share of the test split, read block by block
+    result = mpitrain.evaluate(run.model, rows, run.model_input(), 256, run.comm, run.reader.manifest.num_classes,
+                               run.backend)
     if comm.is_root:
         print(f"{len(model.layers)} layers, {model.n_params} parameters; test accuracy {result.accuracy:.4f} "
               f"from {checkpoint}")

@@ -26,7 +26,7 @@ import h5py
 import numpy as np
 
 from mpitrain.data.order import Blocks, Piece
-from mpitrain.data.shards import MANIFEST_NAME, Manifest, check_structure
+from mpitrain.data.shards import MANIFEST_NAME, Manifest, check_structure, verify_sha256
 from mpitrain.data.storage import Storage
 from mpitrain.errors import DataError, describe
 
@@ -40,7 +40,7 @@ class ShardFiles:
     def __init__(self, storage: Storage, manifest: Manifest, split: str, verify_checksums: bool = True):
         self.storage, self.manifest, self.split = storage, manifest, split
         self.shards = manifest.shards(split)
-        self.verify_whole_file = verify_checksums and getattr(manifest, "checksums", "") != "fletcher32"
+        self.verify_whole_file = verify_checksums and manifest.checksums != "fletcher32"
         self.open_files: OrderedDict[int, tuple] = OrderedDict()  # shard index -> (x, y, h5py.File, raw file or None)
         self.checked: set[int] = set()
         self.rows_read, self.bytes_read = 0, 0
@@ -76,7 +76,8 @@ class ShardFiles:
         shard = self.shards[index]
         path = self.storage.path(shard.path)
         if self.verify_whole_file and index not in self.checked:
-            self._check_sha256(index)
+            verify_sha256(self.storage, shard)
+            self.checked.add(index)
         local = self.storage.local_path(shard.path)
         raw = None
         try:
@@ -90,7 +91,7 @@ class ShardFiles:
         except OSError as e:
             if raw is not None:
                 raw.close()
-            raise DataError(f"{path}: {describe(e)}; expected a readable shard") from None
+            raise DataError(f"{path}: not a readable shard ({describe(e)})") from None
         try:
             check_structure(f, path, self.manifest, shard)
         except DataError:
@@ -100,20 +101,6 @@ class ShardFiles:
         if len(self.open_files) > OPEN_SHARDS:
             self._close(next(iter(self.open_files)))
         return self.open_files[index][:2]
-
-    def _check_sha256(self, index: int) -> None:
-        shard = self.shards[index]
-        path = self.storage.path(shard.path)
-        try:
-            actual = self.storage.sha256(shard.path)
-        except FileNotFoundError:
-            raise DataError(f"{path}: shard listed in {MANIFEST_NAME} is missing") from None
-        except OSError as e:
-            raise DataError(f"{path}: {describe(e)}; expected a readable shard") from None
-        if actual != shard.sha256:
-            raise DataError(f"{path}: sha256 {actual} does not match {MANIFEST_NAME} ({shard.sha256}); "
-                            "the shard is corrupt or was replaced")
-        self.checked.add(index)
 
     def _close(self, index: int) -> None:
         _, _, f, raw = self.open_files.pop(index)

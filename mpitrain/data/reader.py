@@ -23,7 +23,7 @@ import numpy as np
 from mpitrain.data.augment import augment_images
 from mpitrain.data.chunks import ShardFiles
 from mpitrain.data.order import Blocks, EpochPlan
-from mpitrain.data.shards import CHUNK_ROWS, MANIFEST_NAME, Manifest, read_manifest
+from mpitrain.data.shards import MANIFEST_NAME, Manifest, read_manifest
 from mpitrain.data.storage import Storage
 from mpitrain.data.stream import EvalRows, TrainRows
 from mpitrain.errors import ConfigError, DataError
@@ -72,17 +72,13 @@ class DatasetReader:
         self.manifest_sha256 = hashlib.sha256(self.storage.read_bytes(MANIFEST_NAME)).hexdigest()
 
     @property
-    def chunk_rows(self) -> int:
-        return getattr(self.manifest, "chunk_rows", CHUNK_ROWS)
-
-    @property
     def row_bytes(self) -> int:
         return int(np.prod(self.manifest.feature_shape)) * np.dtype(self.manifest.feature_dtype).itemsize
 
     def blocks(self, split: str) -> Blocks:
         """The blocks (chunks) of `split`, its first `max_rows` rows only when max_rows is set; a DataError for an
         empty split or one with fewer rows than ranks."""
-        blocks = Blocks.from_shards([s.rows for s in self.manifest.shards(split)], self.chunk_rows, self.max_rows)
+        blocks = Blocks.from_shards([s.rows for s in self.manifest.shards(split)], self.manifest.chunk_rows, self.max_rows)
         if blocks.total_rows == 0:
             raise DataError(f"{self.path}: split {split!r} has no rows")
         if blocks.total_rows < self.size:

@@ -215,25 +215,36 @@ def read_manifest(dataset_dir: str, storage: Storage | None = None) -> Manifest:
         compression=compression, chunk_rows=chunk_rows, checksums=checksums, **numbers)
 
 
-def check_shard(dataset_dir: str, manifest: Manifest, shard: ShardInfo, verify_checksum: bool) -> str:
-    """Validate a shard against the manifest (existence, checksum, shapes, dtypes); return its path."""
-    path = os.path.join(dataset_dir, shard.path)
-    if not os.path.isfile(path):
+def check_shard(dataset: str | Storage, manifest: Manifest, shard: ShardInfo, verify_checksum: bool) -> str:
+    """Validate a shard of the dataset (a folder, a URL or its Storage) against the manifest: it exists, its sha256
+    (with `verify_checksum`), its shapes and dtypes. Returns its path."""
+    storage = dataset if isinstance(dataset, Storage) else Storage(dataset)
+    path = storage.path(shard.path)
+    if not storage.exists(shard.path):
         raise DataError(f"{path}: shard listed in {MANIFEST_NAME} is missing")
     if verify_checksum:
-        try:
-            actual = sha256_file(path)
-        except OSError as e:
-            raise DataError(f"{path}: {describe(e)}; expected a readable shard") from None
-        if actual != shard.sha256:
-            raise DataError(f"{path}: sha256 {actual} does not match {MANIFEST_NAME} ({shard.sha256}); "
-                            "the shard is corrupt or was replaced")
+        verify_sha256(storage, shard)
     try:
-        with h5py.File(path, "r") as f:
+        local = storage.local_path(shard.path)
+        with (h5py.File(local, "r") if local else h5py.File(storage.open(shard.path), "r")) as f:
             check_structure(f, path, manifest, shard)
     except OSError as e:
         raise DataError(f"{path}: not a readable shard with datasets 'x' and 'y' ({e})") from None
     return path
+
+
+def verify_sha256(storage: Storage, shard: ShardInfo) -> None:
+    """The whole shard file's sha256 is the manifest's, else one DataError naming the file."""
+    path = storage.path(shard.path)
+    try:
+        actual = storage.sha256(shard.path)
+    except FileNotFoundError:
+        raise DataError(f"{path}: shard listed in {MANIFEST_NAME} is missing") from None
+    except OSError as e:
+        raise DataError(f"{path}: {describe(e)}; expected a readable shard") from None
+    if actual != shard.sha256:
+        raise DataError(f"{path}: sha256 {actual} does not match {MANIFEST_NAME} ({shard.sha256}); "
+                        "the shard is corrupt or was replaced")
 
 
 def check_structure(f: h5py.File, path: str, manifest: Manifest, shard: ShardInfo) -> None:

@@ -13,8 +13,11 @@ import numpy as np
 from mpitrain.data.shards import Manifest, shard_path, write_manifest, write_shard
 from mpitrain.etl.idx import IMAGES_MAGIC, LABELS_MAGIC
 
-def make_dataset(path, n_train=600, n_test=200, shards=3, num_classes=3, shape=(1, 4, 4), seed=0) -> Manifest:
-    """Write a learnable dataset: uint8 features around a class-specific mean pattern."""
+def make_dataset(path, n_train=600, n_test=200, shards=3, num_classes=3, shape=(1, 4, 4), seed=0,
+                 checksums="fletcher32") -> Manifest:
+    """Write a learnable dataset: uint8 features around a class-specific mean pattern. Its shards carry Fletcher-32
+    checksums per chunk, as the ETL writes them; `checksums=""` makes the manifest say they do not (an older
+    dataset's: readers then check the whole file's sha256)."""
     rng = np.random.default_rng(seed)
     centers = rng.uniform(40, 215, size=(num_classes, *shape))
     splits, counts = {}, {}
@@ -28,9 +31,22 @@ def make_dataset(path, n_train=600, n_test=200, shards=3, num_classes=3, shape=(
     scaled = x / 255.0
     manifest = Manifest(feature_shape=tuple(shape), feature_dtype="uint8", scale=1 / 255, offset=0.0,
                         mean=float(scaled.mean()), std=float(scaled.std()), num_classes=num_classes,
-                        label_counts=counts, splits=splits, source="synthetic", seed=seed)
+                        label_counts=counts, splits=splits, source="synthetic", seed=seed, checksums=checksums)
     write_manifest(str(path), manifest)
     return manifest
+
+
+def flip_a_byte_in_a_chunk(shard, dataset: str = "x", chunk: int = 0) -> None:
+    """Damage one byte of a chunk of `dataset` in the shard file, as a disk or a network might: HDF5's Fletcher-32
+    check fails when that chunk is read."""
+    import h5py
+    with h5py.File(shard, "r") as f:
+        info = f[dataset].id.get_chunk_info(chunk)
+    with open(shard, "rb+") as f:
+        f.seek(info.byte_offset + info.size // 2)
+        value = f.read(1)
+        f.seek(info.byte_offset + info.size // 2)
+        f.write(bytes([value[0] ^ 0xFF]))
 
 
 def make_digits_dataset(path, shards=2, seed=0, test_fraction=0.2) -> Manifest:

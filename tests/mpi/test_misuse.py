@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from mpitrain.testing.launch import MPIEXEC, MPITRAIN, command, mpiexec
-from mpitrain.testing.datasets import make_dataset, write_config
+from mpitrain.testing.datasets import flip_a_byte_in_a_chunk, make_dataset, write_config
 from mpitrain.rundir.directory import RunDir
 from mpitrain.data.shards import Manifest, shard_path, write_manifest, write_shard
 
@@ -103,10 +103,14 @@ def data_path_is_a_file(trained, case):
 
 
 def corrupt_shard(verify: bool):
+    """verify: a byte flipped inside a chunk (its Fletcher-32 checksum fails); else the shard cut short."""
     def setup(trained, case):
         shutil.copytree(trained / "data", case / "data")
         shard = case / "data" / "train" / "shard-00001.h5"
-        shard.write_bytes(shard.read_bytes()[:100])
+        if verify:
+            flip_a_byte_in_a_chunk(shard)
+        else:
+            shard.write_bytes(shard.read_bytes()[:100])
         return ["train", write_config(case / "exp.yaml", case / "data", run_dir=str(case / "run"),
                                       data={"path": str(case / "data"), "verify_checksums": verify}, **SMALL)]
     return setup
@@ -160,7 +164,7 @@ CASES = [
                                               "train: {epochs: 1}\ntrain: {epochs: 5}\n"),
      "'train' appears twice"),
     ("data-path-is-a-file", data_path_is_a_file, "is a file; expected a dataset folder"),
-    ("corrupt-shard", corrupt_shard(True), "sha256 .* does not match"),
+    ("corrupt-shard", corrupt_shard(True), "could not be read .*; the chunk fails its checksum"),
     ("unreadable-shard", corrupt_shard(False), "not a readable shard"),
     ("run-dir-is-a-file", run_dir_is_a_file, "expected a folder this job can write"),
     ("eval-negative-batch", eval_with("eval", "--batch-size", "-5"), "--batch-size is -5, expected an integer >= 1"),

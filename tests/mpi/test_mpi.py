@@ -8,7 +8,7 @@ import h5py
 import pytest
 
 from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, mpiexec
-from mpitrain.testing.datasets import make_dataset, write_config
+from mpitrain.testing.datasets import flip_a_byte_in_a_chunk, make_dataset, write_config
 
 MODES = {
     "allreduce": {"mode": "allreduce"},
@@ -144,7 +144,7 @@ def recorded_rows(folder) -> dict:
 
 
 def test_every_row_once_per_epoch_and_the_same_global_batches_on_1_2_3_4_ranks(tmp_path):
-    """1103 rows in 5 shards, chunks of 64 rows (max_rows cuts a shard), a window of a few global batches of 12."""
+    """1103 rows in 5 shards (max_rows cuts one), a window of a few global batches of 12."""
     make_dataset(tmp_path / "data", n_train=1200, n_test=10, shards=5)
     batches = {}
     for n in (1, 2, 3, 4):
@@ -178,13 +178,12 @@ def test_an_exception_on_one_rank_aborts_the_job():
 
 def test_a_corrupt_shard_of_one_rank_fails_every_rank_cleanly(tmp_path):
     make_dataset(tmp_path / "data", n_train=400, shards=4)
-    shard = tmp_path / "data" / "train" / "shard-00003.h5"  # only the last rank reads it
-    with h5py.File(shard, "r+") as f:
-        f["x"][0] = 1
+    shard = tmp_path / "data" / "train" / "shard-00003.h5"
+    flip_a_byte_in_a_chunk(shard)  # read by one rank, mid-epoch
     started = time.monotonic()
     result, run_dir = train(tmp_path, 2, timeout=60)
-    assert result.returncode != 0
-    assert result.stderr.count("sha256") == 1 and str(shard) in result.stderr
+    assert result.returncode == 2
+    assert result.stderr.count("the chunk fails its checksum") == 1 and str(shard) in result.stderr
     assert "Traceback" not in result.stderr
     assert time.monotonic() - started < 30
     assert not (run_dir / "summary.json").exists()
@@ -203,7 +202,8 @@ def test_data_settings_that_do_not_fit_are_one_line_before_anything_is_written(t
                                                                "only 40 rows"),
                               ({"train": {"global_batch_size": 10}}, "the global batch size 10 is not divisible by "
                                                                      "the 4 ranks"),
-                              ({"data": {"buffer_mb": 0.0001}}, "data.buffer_mb is 0.0001: it holds")):
+                              ({"data": {"buffer_mb": 0.0001}, "train": {"global_batch_size": 8}},
+                               "data.buffer_mb is 0.0001: it holds")):
         result, run_dir = train(tmp_path, 4, timeout=60, **sections)
         assert result.returncode == 2 and result.stderr.count(message) == 1, result.stderr
         assert not run_dir.exists()

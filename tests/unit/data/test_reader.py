@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
-from mpitrain.testing.datasets import make_dataset, read_split
+from mpitrain.testing.datasets import flip_a_byte_in_a_chunk, make_dataset, read_split
 from mpitrain.data.augment import augment_images
 from mpitrain.parallel.backend import create_backend
 from mpitrain.data.reader import Batches, DatasetReader, ModelInput, eval_rows_for_rank, window_rows
@@ -95,11 +95,13 @@ def test_a_buffer_that_cannot_hold_two_batches_and_a_chunk_is_refused_naming_wha
 
 
 def corrupt(tmp_path, how):
-    make_dataset(tmp_path, n_train=40, n_test=10, shards=2)
+    make_dataset(tmp_path, n_train=40, n_test=10, shards=2, checksums="" if how == "sha256" else "fletcher32")
     shard = tmp_path / "train" / "shard-00001.h5"
     if how == "missing":
         shard.unlink()
     elif how == "checksum":
+        flip_a_byte_in_a_chunk(shard)
+    elif how == "sha256":
         with h5py.File(shard, "r+") as f:
             f["x"][0] = 0
     elif how == "label":
@@ -113,12 +115,13 @@ def corrupt(tmp_path, how):
 
 
 @pytest.mark.parametrize("how, message", [
-    ("missing", "is missing"), ("checksum", "sha256 .* does not match"),
+    ("missing", "is missing"), ("sha256", "sha256 .* does not match"),
+    ("checksum", r"rows 0..19 could not be read \(.*\); the chunk fails its checksum"),
     ("label", r"label 9 out of range; expected 0..2"), ("shape", r"dataset 'x' is uint8\[20, 1, 4, 5\]")])
 def test_bad_shards_give_clear_errors(tmp_path, how, message):
     shard = corrupt(tmp_path, how)
     manifest = read_manifest(str(tmp_path))
-    verify = how != "label" and how != "shape"
+    verify = how in ("missing", "sha256", "checksum")
     assert manifest.rows("train") == 40
     with pytest.raises(DataError, match=message) as error:
         read_all(tmp_path, verify_checksums=verify)
@@ -154,7 +157,7 @@ def test_truncated_shard_newer_schema_nan_features_and_empty_split(tmp_path):
     make_dataset(tmp_path / "a", n_train=40, n_test=10, shards=2)
     shard = tmp_path / "a" / "train" / "shard-00000.h5"
     shard.write_bytes(shard.read_bytes()[:1000])
-    with pytest.raises(DataError, match=f"{shard}: .*expected a readable shard"):
+    with pytest.raises(DataError, match=f"{shard}: not a readable shard"):
         read_all(tmp_path / "a", verify_checksums=False)
 
     make_dataset(tmp_path / "b", n_train=40, n_test=10, shards=1)
