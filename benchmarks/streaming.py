@@ -127,15 +127,13 @@ def shuffle(args, work: str) -> list[dict]:
     return rows
 
 
-def reading(args, work: str) -> list[dict]:
+def reading(args) -> list[dict]:
     """Bytes the S3 server sent per epoch over the dataset's size, 1 and 4 ranks."""
     from mpitrain.testing.objectstore import ObjectStore
-    import fsspec
-    with ObjectStore(os.path.join(work, "weed")) as store:
-        env = {**USER_ENV, **store.environment()}
+    with ObjectStore() as store:
+        env = {**USER_ENV, **store.env}
         store.make_bucket("bench")
-        fs = fsspec.filesystem("s3", endpoint_url=store.endpoint, key=store.key, secret=store.secret)
-        fs.put(args.data.rstrip("/") + "/", "bench/fashion/", recursive=True)
+        store.filesystem().put(args.data.rstrip("/") + "/", "bench/fashion/", recursive=True)
         size = dataset_bytes(args.data)
         rows = []
         for ranks in (1, 4):
@@ -260,7 +258,7 @@ def main(argv=None) -> dict:
         if "shuffle" in parts:
             rows += shuffle(args, work)
         if "reading" in parts:
-            rows += reading(args, work)
+            rows += reading(args)
         if "memory" in parts:
             rows += memory(args, work)
     previous = os.path.join(args.out, "streaming.json")

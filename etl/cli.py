@@ -10,6 +10,7 @@ import sys
 from mpitrain.data.shards import COMPRESSIONS
 from mpitrain.errors import MpitrainError
 from mpitrain.etl.job import plan_etl, write_dataset
+from mpitrain.etl.shuffle import ORDERS
 from mpitrain.etl.sources import KNOWN_SOURCES, SourceOptions
 from mpitrain.etl.transforms import BINARIZE_MODES, TransformOptions
 
@@ -71,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_io_arguments(parser, "dataset folder, or an object store's URL (s3://bucket/prefix; endpoint and "
                               "credentials from the AWS_* variables), to write; it appears only when complete")
     parser.add_argument("--shards", type=int, required=True, help="shards per split (sizes differ by at most 1)")
+    parser.add_argument("--order", default="shuffled", choices=ORDERS,
+                        help="the rows' order in the shards: shuffled by a seeded hash of each row (the default), "
+                             "or by label (a dataset stored by class, to test a trainer's shuffle)")
     parser.add_argument("--compression", default="none", choices=COMPRESSIONS,
                         help="the shards' HDF5 codec: gzip (any HDF5 reader), lz4 or zstd (need hdf5plugin) "
                              "(default none)")
@@ -121,7 +125,7 @@ def plan_from_args(args: argparse.Namespace):
                                   threshold=args.threshold, one_hot=args.one_hot)
     return plan_etl(args.source, args.out, args.shards, args.seed, args.overwrite, test_fraction=args.test_fraction,
                     validation_fraction=args.validation_fraction, max_bad_fraction=args.max_bad_fraction,
-                    compression=args.compression, transforms=transforms, source_options=source)
+                    compression=args.compression, order=args.order, transforms=transforms, source_options=source)
 
 
 @contextlib.contextmanager

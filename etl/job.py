@@ -28,7 +28,7 @@ from mpitrain.errors import ConfigError, DataError
 from mpitrain.etl.output import atomic_folder, check_out
 from mpitrain.etl.records import BadRecords, ReadBatch
 from mpitrain.etl.remote import RemoteDataset, check_remote_out, write_shard_to
-from mpitrain.etl.shuffle import Placement, key_partition, plan_placement, row_keys, shard_of
+from mpitrain.etl.shuffle import ORDERS, Placement, key_partition, label_keys, plan_placement, row_keys, shard_of
 from mpitrain.etl.sources import Source, SourceOptions, carved_rows, open_source
 from mpitrain.etl.transforms import FeatureStats, TransformOptions, Transforms
 from mpitrain.data.shards import CHUNK_ROWS, COMPRESSIONS, MANIFEST_NAME, Manifest, shard_path, write_manifest
@@ -46,6 +46,7 @@ class EtlOptions:
     validation_fraction: float = 0.0  # of the train rows, carved into a `validation` split, stratified
     max_bad_fraction: float = 0.0  # the job fails when more of the records are bad
     compression: str = "none"  # the shards' codec, one of mpitrain.data.shards.COMPRESSIONS
+    order: str = "shuffled"  # the rows' order in the shards, one of ORDERS
     transforms: TransformOptions = TransformOptions()
     source_options: SourceOptions = SourceOptions()
 
@@ -54,6 +55,8 @@ class EtlOptions:
             raise ConfigError(f"--validation-fraction {self.validation_fraction}: expected 0 (none) up to below 1")
         if not 0 <= self.max_bad_fraction <= 1:
             raise ConfigError(f"--max-bad-fraction {self.max_bad_fraction}: expected a fraction 0..1")
+        if self.order not in ORDERS:
+            raise ConfigError(f"--order {self.order}: expected one of {', '.join(ORDERS)}")
         if self.compression not in COMPRESSIONS:
             raise ConfigError(f"--compression {self.compression}: expected one of {', '.join(COMPRESSIONS)}")
 
@@ -152,9 +155,10 @@ class KeyedRows:
     bad: BadRecords = field(default_factory=BadRecords)
 
 
-def _scatter(batch: ReadBatch, seed: int, parts: int):
+def _scatter(batch: ReadBatch, seed: int, parts: int, order: str):
     """Cut a read batch into (key partition, KeyedRows); the first piece carries the record counts."""
-    keys = row_keys(batch.x, batch.y, seed)
+    keys = row_keys(batch.x, batch.y, seed) if order == "shuffled" else label_keys(row_keys(batch.x, batch.y, seed),
+                                                                                   batch.y)
     target = key_partition(keys, parts)
     order = np.argsort(target, kind="stable")
     bounds = np.searchsorted(target[order], np.arange(parts + 1))
@@ -177,11 +181,11 @@ def _sorted_part(pieces, feature_shape: tuple[int, ...], dtype: str) -> KeyedRow
     return KeyedRows(keys[order], x[order], y[order], sum(p.seen for p in pieces), bad)
 
 
-def _sorted_parts(spark, source: Source, split: str, seed: int):
+def _sorted_parts(spark, source: Source, split: str, seed: int, order: str):
     """RDD of (partition index, KeyedRows sorted by key) for one source split; the read runs once (shuffle files)."""
     batches = source.read(spark, split)
     parts = max(spark.sparkContext.defaultParallelism, batches.getNumPartitions())
-    keyed = batches.flatMap(lambda batch: _scatter(batch, seed, parts)).partitionBy(parts, lambda part: part)
+    keyed = batches.flatMap(lambda batch: _scatter(batch, seed, parts, order)).partitionBy(parts, lambda part: part)
     shape, dtype = source.feature_shape, source.feature_dtype
     return keyed.mapPartitionsWithIndex(lambda index, pieces: [(index, _sorted_part(pieces, shape, dtype))])
 
@@ -244,7 +248,7 @@ def _train_stats(parts, placement: Placement, source: Source) -> FeatureStats:
 def _write_splits(spark, plan: EtlPlan, tmp: str) -> Manifest:
     source, options = plan.source, plan.options
     source.connect(spark)
-    parts = {split: _sorted_parts(spark, source, split, plan.seed) for split in source.splits}
+    parts = {split: _sorted_parts(spark, source, split, plan.seed, plan.options.order) for split in source.splits}
     summaries = {split: rdd.values().map(_summary).collect() for split, rdd in parts.items()}
     all_bad = BadRecords()
     for results in summaries.values():

@@ -30,6 +30,17 @@ def row_keys(x: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray:
         return splitmix64(total + y.astype(np.uint64) * multipliers[-1])
 
 
+ORDERS = ("shuffled", "label")  # --order: rows by their keys' hash, or by label first
+
+
+def label_keys(keys: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Keys that sort rows by label first (the label in the top byte; labels < 256), then by `keys` (the hash):
+    `--order label` writes a dataset stored by class, the worst case for a trainer's shuffle."""
+    if len(y) and (y.min() < 0 or y.max() > 255):
+        raise ValueError(f"--order label keeps labels 0..255 in a key's top byte, got {int(y.max())}")
+    return (y.astype(np.uint64) << np.uint64(56)) | (keys >> np.uint64(8))
+
+
 def key_partition(keys: np.ndarray, parts: int) -> np.ndarray:
     """Partition of each key when [0, 2**64) is cut into `parts` equal ranges (keys are uniform, so balanced)."""
     return ((keys >> np.uint64(32)) * np.uint64(parts)) >> np.uint64(32)

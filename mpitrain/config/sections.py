@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from mpitrain.data.augment import AUGMENT_DEFAULTS
+from mpitrain.data.storage import is_url
 from mpitrain.parallel.backend import BACKENDS
 from mpitrain.errors import ConfigError
 from mpitrain.kernels.threshold.message import ENCODINGS as MESSAGE_ENCODINGS
@@ -382,7 +383,8 @@ def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
     config = _build(Config, raw, path, "").validate(path)
     run_dir = config.run_dir or os.path.join("runs", os.path.splitext(os.path.basename(path))[0])
     return dataclasses.replace(config, run_dir=os.path.abspath(run_dir),
-                               data=dataclasses.replace(config.data, path=os.path.abspath(config.data.path)))
+                               data=dataclasses.replace(config.data, path=config.data.path if is_url(config.data.path)
+                                                        else os.path.abspath(config.data.path)))
 
 
 class _DuplicateKey(yaml.YAMLError):

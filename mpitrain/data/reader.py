@@ -70,6 +70,12 @@ class DatasetReader:
         self.verify_checksums, self.max_rows = verify_checksums, max_rows
         self.manifest = read_manifest(path, self.storage)
         self.manifest_sha256 = hashlib.sha256(self.storage.read_bytes(MANIFEST_NAME)).hexdigest()
+        self.opened: list[ShardFiles] = []
+
+    def close(self) -> None:
+        """Close every shard this reader opened (a remote file's connection among them); reading again reopens."""
+        for shards in self.opened:
+            shards.close()
 
     @property
     def row_bytes(self) -> int:
@@ -87,7 +93,8 @@ class DatasetReader:
         return blocks
 
     def shard_files(self, split: str) -> ShardFiles:
-        return ShardFiles(self.storage, self.manifest, split, self.verify_checksums)
+        self.opened.append(ShardFiles(self.storage, self.manifest, split, self.verify_checksums))
+        return self.opened[-1]
 
     def train_rows(self, split: str, global_batch: int, buffer_mb: float, seed: int, shuffle: bool,
                    window: int = 0) -> TrainRows:

@@ -46,16 +46,19 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
     """
     started = time.perf_counter()
     run = setup_run(config, comm, reader=reader, model=model, sync=sync)
-    with run.comm.agreed_errors():  # before the run directory is touched: a setting that does not fit writes nothing
-        _check_setup(run, sync)
-        batches = run.train_batches()
-        test_rows = run.reader.eval_rows(run.config.data.test_split)
-    with run.owned():  # no other job writes this run directory meanwhile
-        loop = _set_up_training(run, batches, test_rows, sync)
-        if loop is None:
-            return _summary_of_finished_run(run)
-        done = _train_epochs(run, loop)
-        return _finish(run, loop, done, started)
+    try:
+        with run.comm.agreed_errors():  # before the run directory is touched: a setting that does not fit writes nothing
+            _check_setup(run, sync)
+            batches = run.train_batches()
+            test_rows = run.reader.eval_rows(run.config.data.test_split)
+        with run.owned():  # no other job writes this run directory meanwhile
+            loop = _set_up_training(run, batches, test_rows, sync)
+            if loop is None:
+                return _summary_of_finished_run(run)
+            done = _train_epochs(run, loop)
+            return _finish(run, loop, done, started)
+    finally:
+        run.reader.close()  # the shards' files (and a remote store's connections) before the interpreter ends
 
 
 @dataclass

@@ -63,8 +63,11 @@ def evaluate_run(run_dir: str, comm, split: str = "test", checkpoint: str | None
     provenance, the two paths ("json", "picture") and the class names."""
     trained = Trained(run_dir, comm, split, checkpoint, batch_size, allow_other_dataset)
     run = trained.run
-    result = evaluate(run.model, trained.rows, trained.to_input, trained.batch_size, run.comm,
-                      trained.manifest.num_classes, run.backend).to_dict()
+    try:
+        result = evaluate(run.model, trained.rows, trained.to_input, trained.batch_size, run.comm,
+                          trained.manifest.num_classes, run.backend).to_dict()
+    finally:
+        run.reader.close()  # the shards' files (a remote store's connections) before the interpreter ends
     files = RunDir(run_dir)
     paths = {"json": files.eval_json(split), "picture": files.confusion_png(split)}
     with comm.agreed_errors():
@@ -83,9 +86,12 @@ def predict_run(run_dir: str, comm, split: str = "test", out: str | None = None,
         if os.path.isdir(path):
             raise MpitrainError(f"--out {path}: is a folder; expected an HDF5 file path")
     trained = Trained(run_dir, comm, split, checkpoint, batch_size, allow_other_dataset)
-    with comm.agreed_errors():
-        classes, probabilities, labels = predict(trained.run.model, trained.rows, trained.to_input, trained.batch_size,
-                                                 trained.run.backend)
+    try:
+        with comm.agreed_errors():
+            classes, probabilities, labels = predict(trained.run.model, trained.rows, trained.to_input,
+                                                     trained.batch_size, trained.run.backend)
+    finally:
+        trained.run.reader.close()
     parts = comm.gather_obj((classes, probabilities, labels))
     with comm.agreed_errors():
         if comm.is_root:

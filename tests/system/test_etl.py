@@ -140,6 +140,16 @@ def test_seed_fixes_the_order(spark, dataset, idx_data, tmp_path):
         assert not np.array_equal(x, read_split(tmp_path / "other", split)[0])
 
 
+def test_order_label_writes_the_rows_sorted_by_label(spark, dataset, idx_data, tmp_path):
+    out, _ = dataset
+    run_etl(spark, f"idx:{idx_data[0]}", str(tmp_path / "by-label"), shards=3, seed=0, order="label")
+    for split in ROWS:
+        x, y = read_split(tmp_path / "by-label", split)
+        assert (np.diff(y) >= 0).all() and len(set(y.tolist())) > 1
+        shuffled_x, shuffled_y = read_split(out, split)
+        assert sorted(zip(map(bytes, x), y.tolist())) == sorted(zip(map(bytes, shuffled_x), shuffled_y.tolist()))
+
+
 def test_bad_label_leaves_nothing_behind(spark, tmp_path):
     make_idx_folder(tmp_path / "raw", labels_override={"test": (20, 12)})
     out = tmp_path / "ds"
