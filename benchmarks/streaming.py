@@ -9,6 +9,9 @@ user's environment; the rows of a part run in one invocation, taking turns (`--r
   Target: streaming >= 0.95x in memory, shards in the page cache.
 - cold: the streaming MLP row with every shard dropped from the page cache before the run
   (posix_fadvise DONTNEED on each file: as cold as a machine without root over /proc/sys/vm allows).
+- compression: the streaming MLP row on the same shards re-written with each codec (--compression: gzip,
+  lz4, zstd, none), 2 ranks: does decoding in the batch thread (h5py holds its lock and, while HDF5's
+  filters run, the GIL) stall the training thread? Samples/s and input wait against uncompressed shards.
 - shuffle: Fashion-MNIST written sorted by label (`mpitrain etl --order label`), MLP 3 epochs, 2 ranks,
   beside the ETL's shuffled dataset, with the default buffer and with 8 MB. Target: the default buffer's
   test accuracy within 0.5 points of the shuffled dataset's.
@@ -35,7 +38,7 @@ import tempfile
 import numpy as np
 from common import BIN, USER_ENV, markdown_table, write_results
 
-PARTS = ("speed", "cold", "shuffle", "reading", "memory")
+PARTS = ("speed", "cold", "compression", "shuffle", "reading", "memory")
 STREAMING_MB = 8
 FASHION = "/usr/share/datasets/fashion-mnist"
 MEMORY_LIMIT_MB = 640
@@ -107,6 +110,39 @@ def cold(args, warm: float | None) -> list[dict]:
              "vs_in_memory": summary["samples_per_s"] / warm if warm else None,
              "input_wait_ms_per_step": summary["input_wait_ms_per_step"], "peak_rss_mb": summary["peak_rss_mb"],
              "test_accuracy": summary["test_accuracy"]}]
+
+
+def recompressed(path: str, out: str, compression: str) -> str:
+    """The dataset at `path` with every shard re-written with `compression` (rows, order and chunks kept)."""
+    import dataclasses
+    import h5py
+    from mpitrain.data.shards import read_manifest, write_manifest, write_shard
+    manifest = read_manifest(path)
+    splits = {}
+    for split, shards in manifest.splits.items():
+        splits[split] = []
+        for shard in shards:
+            with h5py.File(os.path.join(path, shard.path)) as f:
+                splits[split].append(write_shard(out, shard.path, f["x"][...], f["y"][...], compression=compression))
+    write_manifest(out, dataclasses.replace(manifest, splits=splits, compression=compression, checksums="fletcher32"))
+    return out
+
+
+def compression(args, work: str) -> list[dict]:
+    """The streaming MLP on shards of each codec, taking turns; samples/s against uncompressed shards."""
+    codecs = ("none", "gzip", "lz4", "zstd")
+    paths = {codec: recompressed(args.data, os.path.join(work, f"fashion-{codec}"), codec) for codec in codecs}
+    runs = {codec: [] for codec in codecs}
+    for _ in range(args.repeat):
+        for codec in codecs:
+            runs[codec].append(train(2, "configs/fashion_mlp.yaml", {"data.path": paths[codec], "train.epochs": 2,
+                                                                      "data.buffer_mb": STREAMING_MB}))
+    medians = {codec: sorted(r, key=lambda s: s["samples_per_s"])[len(r) // 2] for codec, r in runs.items()}
+    return [{"part": "compression", "model": "MLP", "path": f"streaming, {codec}", "buffer_mb": STREAMING_MB,
+             "samples_per_s": m["samples_per_s"], "vs_in_memory": m["samples_per_s"] / medians["none"]["samples_per_s"],
+             "input_wait_ms_per_step": m["input_wait_ms_per_step"], "peak_rss_mb": m["peak_rss_mb"],
+             "dataset_mb": dataset_bytes(paths[codec]) / 2**20, "test_accuracy": m["test_accuracy"]}
+            for codec, m in medians.items()]
 
 
 def shuffle(args, work: str) -> list[dict]:
@@ -214,6 +250,12 @@ def markdown(rows: list[dict]) -> str:
             ["model", "rows", "data.buffer_mb", "samples/s", "vs in memory", "input wait ms/step", "peak RSS MB"],
             [[r["model"], r["path"], str(r["buffer_mb"]), f"{r['samples_per_s']:,.0f}", number(r["vs_in_memory"], ".2f"),
               f"{r['input_wait_ms_per_step']:.2f}", f"{r['peak_rss_mb']:.0f}"] for r in speed_rows], "lllrrrr"))
+    codec_rows = [r for r in rows if r["part"] == "compression"]
+    if codec_rows:
+        parts.append(markdown_table(
+            ["model", "shards", "shards MB", "samples/s", "vs uncompressed", "input wait ms/step"],
+            [[r["model"], r["path"], f"{r['dataset_mb']:.0f}", f"{r['samples_per_s']:,.0f}", f"{r['vs_in_memory']:.2f}",
+              f"{r['input_wait_ms_per_step']:.2f}"] for r in codec_rows], "llrrrr"))
     shuffle_rows = [r for r in rows if r["part"] == "shuffle"]
     if shuffle_rows:
         parts.append(markdown_table(["dataset", "data.buffer_mb", "test accuracy", "points vs shuffled"],
@@ -255,6 +297,8 @@ def main(argv=None) -> dict:
         if "cold" in parts:
             warm = next((r["samples_per_s"] for r in rows if r["model"] == "MLP" and r["path"] == "in memory"), None)
             rows += cold(args, warm)
+        if "compression" in parts:
+            rows += compression(args, work)
         if "shuffle" in parts:
             rows += shuffle(args, work)
         if "reading" in parts:
