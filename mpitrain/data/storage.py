@@ -21,6 +21,7 @@ import posixpath
 from mpitrain.errors import ConfigError, DataError, describe
 
 REMOTE_EXTRA = "pip install 'mpitrain[remote]'"
+REMOTE_EXTRA_PROTOCOLS = ("s3", "s3a", "http", "https")  # what the `remote` extra's packages (s3fs, aiohttp) serve
 
 
 def is_url(location: str) -> bool:
@@ -41,8 +42,10 @@ class Storage:
         try:
             self.fs = fsspec.filesystem(protocol, **(options or {}))
         except ImportError as e:
-            raise ConfigError(f"{location}: reading {protocol}:// needs a package that is not installed ({e}); "
-                              f"install it with {REMOTE_EXTRA}") from None
+            advice = f"install it with {REMOTE_EXTRA}" if protocol in REMOTE_EXTRA_PROTOCOLS else \
+                "install the package fsspec names"
+            raise ConfigError(f"{location}: {protocol}:// needs a package that is not installed ({e}); "
+                              f"{advice}") from None
         except (ValueError, TypeError) as e:
             raise ConfigError(f"{location}: {protocol}:// cannot be opened with data.storage_options {options} "
                               f"({e}); expected options of fsspec's {protocol} filesystem") from None

@@ -203,7 +203,9 @@ def test_data_settings_that_do_not_fit_are_one_line_before_anything_is_written(t
                               ({"train": {"global_batch_size": 10}}, "the global batch size 10 is not divisible by "
                                                                      "the 4 ranks"),
                               ({"data": {"buffer_mb": 0.0001}, "train": {"global_batch_size": 8}},
-                               "data.buffer_mb is 0.0001: it holds")):
+                               "data.buffer_mb is 0.0001: it holds"),
+                              ({"data": {"path": "gs://bucket/fashion"}}, "gs://bucket/fashion: gs:// needs a package "
+                                                                          "that is not installed")):
         result, run_dir = train(tmp_path, 4, timeout=60, **sections)
         assert result.returncode == 2 and result.stderr.count(message) == 1, result.stderr
         assert not run_dir.exists()
