@@ -7,12 +7,14 @@
     checkpointer.save(epoch, step, model, updater, sync)  # a collective; rank 0 writes
 
 The file format is `mpitrain.rundir.checkpoint`'s. Here is the policy: `resume: never` refuses a run
-directory that holds checkpoints; a checkpoint of another model, optimizer or dataset is
-refused, saying what differs; records of metrics.jsonl written after the checkpoint (by a
-job that ended before its next one) are dropped, a fresh start begins a fresh file; a
-checkpoint is never written with NaN or Inf parameters; only the newest `keep` are kept.
-Pretraining's finished layers (RUN_DIR/pretrain/layer-LL.h5) are checkpoints of this
-kind too, one per RBM, so a resumed run skips them.
+directory that holds checkpoints; a checkpoint of another model, optimizer or dataset is refused,
+saying what differs; a save changes no rank's training state, and a resume on as many ranks as wrote
+the checkpoint gives each rank its own (bit for bit the run that stopped), on another number the
+merged one; records of metrics.jsonl written after the checkpoint (by a job that ended before its
+next one) are dropped, a fresh start begins a fresh file; a checkpoint is never written with NaN or
+Inf parameters; only the newest `keep` are kept. Pretraining's finished layers
+(RUN_DIR/pretrain/layer-LL.h5) are checkpoints of this kind too, one per RBM, so a resumed run skips
+them.
 """
 from __future__ import annotations
 
