@@ -4,14 +4,14 @@
     comm = comm.for_backend(backend, cuda_aware)    # the variant for the backend's arrays, picked once
 
 Array calls (`allreduce_`, `average_`, `bcast_`, `allgather_counts`, `allgatherv`,
-`alltoallv`, and the non-blocking `iallreduce_` with `progress` and `complete`) move flat
-buffers without pickling; object calls (`bcast_obj`, `gather_obj`, `allgather_obj`, `max`)
-pickle small Python values. Every array call counts the bytes this rank contributes, so each
-sync mode reports bytes sent per rank per step on the same scale, and the time it took:
-`mpi_seconds`, the time spent inside MPI (what communication cost this rank), and
-`comm_seconds`, the time from a collective's start to its end (the same for blocking calls;
-for posted ones, from the first post to the completion, partly hidden behind what the rank
-computed meanwhile).
+`alltoallv`, the host-only `gather_host` and `scatter_host`, and the non-blocking
+`iallreduce_` with `progress` and `complete`) move flat buffers without pickling; object
+calls (`bcast_obj`, `gather_obj`, `allgather_obj`, `max`) pickle small Python values. Every
+array call counts the bytes this rank contributes, so each sync mode reports bytes sent per
+rank per step on the same scale, and the time it took: `mpi_seconds`, the time spent inside
+MPI (what communication cost this rank), and `comm_seconds`, the time from a collective's
+start to its end (the same for blocking calls; for posted ones, from the first post to the
+completion, partly hidden behind what the rank computed meanwhile).
 
 Every method here is a collective unless it says otherwise: every rank of the
 communicator must call it, in the same order, with buffers of the same size and dtype
@@ -154,6 +154,26 @@ class Communicator:
             self.bytes_sent += buf.nbytes * (self.size - 1)
         with self._blocking():
             self._bcast(buf, root)
+
+    def gather_host(self, array: np.ndarray, root: int = 0) -> np.ndarray | None:
+        """Every rank's 1-D host array (the same size and dtype on every rank), stacked in rank order on `root` as
+        (ranks, size); None elsewhere. A collective (checkpoints: each rank's own state)."""
+        array = np.ascontiguousarray(array).reshape(-1)
+        stacked = np.empty((self.size, array.size), array.dtype) if self.rank == root else None
+        if self.rank != root:
+            self.bytes_sent += array.nbytes
+        with self._blocking():
+            self.mpi.Gather(_spec(array), [stacked, _mpi_type(array)] if stacked is not None else None, root=root)
+        return stacked
+
+    def scatter_host(self, stacked: np.ndarray | None, out: np.ndarray, root: int = 0) -> None:
+        """Row r of `root`'s host array `stacked` (ranks, size) into rank r's 1-D host array `out` (size elements,
+        the same dtype); `stacked` is read on `root` only. A collective (resuming each rank's own state)."""
+        if self.rank == root:
+            self.bytes_sent += out.nbytes * (self.size - 1)
+            stacked = np.ascontiguousarray(stacked, dtype=out.dtype)
+        with self._blocking():
+            self.mpi.Scatter([stacked, _mpi_type(out)] if self.rank == root else None, _spec(out), root=root)
 
     def allgather_counts(self, count: int) -> np.ndarray:
         """Every rank's `count` (an int), in rank order, as a host int64 array: an Allgather. A collective."""

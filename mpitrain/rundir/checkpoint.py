@@ -1,14 +1,19 @@
-"""The checkpoint file format: HDF5, written atomically, independent of the number of ranks.
+"""The checkpoint file format: HDF5, written atomically, resumable on any number of ranks.
 
-`checkpoints/ckpt-EEEE-SSSSSS.h5` holds, each dataset with HDF5's Fletcher-32 checksum, the flat parameters and running statistics (and
-each layer's arrays under `layers/`, for `h5ls` and other tools), the flat updater state, the
-synchronizer's state (e.g. sharing's tau) and arrays under `sync/` (sharing's pending
-residual), where to resume (epoch EEEE, step SSSSSS within it, and the global batch and window of
-that epoch's order: `mpitrain.data.order`), the resolved config and the
-sha256 of the dataset's manifest. Replicas are identical when a checkpoint is taken, so
-rank 0 alone writes it and any number of ranks can resume it. All other randomness derives
-from (seed, epoch, step, rank), so no RNG state is stored. `mpitrain.rundir.checkpointer` decides
-when to write them and which one a run resumes from.
+`checkpoints/ckpt-EEEE-SSSSSS.h5` holds, each dataset with HDF5's Fletcher-32 checksum, the run's one
+model: the flat parameters and running statistics (and each layer's arrays under `layers/`, for
+`h5ls` and other tools), the flat updater state, the synchronizer's numbers (e.g. sharing's tau)
+and arrays under `sync/` (sharing's pending residual); where to resume (epoch EEEE, step SSSSSS
+within it, and the global batch and window of that epoch's order: `mpitrain.data.order`), the
+resolved config and the sha256 of the dataset's manifest. Where the ranks' arrays differed when it
+was written (`averaging` between averagings, `sharing`'s residuals and updater states, running
+statistics mid-epoch, `none`), those datasets hold their merged value (the ranks' mean; `none`:
+rank 0's), which is what `mpitrain eval`, `predict` and `export` read and what a resume on another
+number of ranks starts every rank from; beside them `ranks/R/NAME` holds each rank R's own (NAME:
+`params`, `stats`, `updater_state` or `sync/NAME`), and the attribute `ranks` the number of ranks
+that wrote it, so a resume on as many ranks continues bit for bit. Rank 0 alone writes it. All
+other randomness derives from (seed, epoch, step, rank), so no RNG state is stored.
+`mpitrain.rundir.checkpointer` decides when to write them and which one a run resumes from.
 """
 from __future__ import annotations
 
@@ -45,6 +50,13 @@ class Checkpoint:
     sync_arrays: dict = field(default_factory=dict)  # a sync mode's saved arrays (sharing: the mean residual)
     meaning: dict = field(default_factory=dict)  # what the arrays mean: layer types, loss, optimizer, its state slots
     order: tuple = (0, 0)  # the epoch order's (global batch, window rows) at `step`; (0, 0): written before there was one
+    ranks: int = 0  # the number of ranks that wrote it (0: written before it was recorded, or not by a training run)
+    rank_arrays: dict = field(default_factory=dict)  # {name: (ranks, size)}: each rank's own of the arrays that differed
+
+    def merged_array(self, name: str) -> np.ndarray:
+        """The one array of `name` (params, stats, updater_state or sync/NAME): what `rank_arrays[name]` merges."""
+        merged = {"params": self.params, "stats": self.stats, "updater_state": self.updater_state}
+        return merged[name] if name in merged else self.sync_arrays[name.removeprefix("sync/")]
 
     @property
     def full_layout(self) -> list:
@@ -84,7 +96,10 @@ def _write(f: h5py.File, ckpt: Checkpoint) -> None:
     for flat, layout in ((ckpt.params, ckpt.layout), (ckpt.stats, ckpt.stats_layout)):
         for (name, _), view in zip(layout, flat_views(flat, layout)):
             _dataset(layers, name, view)
-    f.attrs.update(epoch=ckpt.epoch, step=ckpt.step, iteration=ckpt.iteration,
+    for rank in range(ckpt.ranks if ckpt.rank_arrays else 0):
+        for name, stacked in ckpt.rank_arrays.items():
+            _dataset(f, f"ranks/{rank}/{name}", stacked[rank])
+    f.attrs.update(ranks=ckpt.ranks, epoch=ckpt.epoch, step=ckpt.step, iteration=ckpt.iteration,
                    layout=json.dumps([[name, list(shape)] for name, shape in ckpt.layout]),
                    stats_layout=json.dumps([[name, list(shape)] for name, shape in ckpt.stats_layout]),
                    sync_state=json.dumps(ckpt.sync_numbers), meaning=json.dumps(ckpt.meaning),
@@ -104,18 +119,40 @@ def list_checkpoints(run_dir: str) -> list[str]:
     return sorted(paths, key=lambda p: tuple(int(g) for g in CHECKPOINT_NAME.search(p).groups()))
 
 
-def load_checkpoint(path: str) -> Checkpoint:
+def load_checkpoint(path: str, rank_arrays: bool = True) -> Checkpoint:
+    """The checkpoint at `path`; without `rank_arrays`, each rank's own arrays are left unread (evaluation, export:
+    they use the merged model). A damaged or malformed file is a DataError."""
     try:
         with h5py.File(path, "r") as f:
             a = f.attrs
-            return Checkpoint(f["params"][...], f["updater_state"][...], int(a["epoch"]), int(a["step"]),
+            ckpt = Checkpoint(f["params"][...], f["updater_state"][...], int(a["epoch"]), int(a["step"]),
                               int(a["iteration"]), _layout(a["layout"]), json.loads(a["sync_state"]),
                               str(a["manifest_sha256"]), str(a["config"]), path, f["stats"][...],
                               _layout(a["stats_layout"]), {k: v[...] for k, v in f.get("sync", {}).items()},
                               json.loads(a.get("meaning", "{}")),
-                              (int(a.get("global_batch", 0)), int(a.get("window_rows", 0))))
+                              (int(a.get("global_batch", 0)), int(a.get("window_rows", 0))),
+                              int(a.get("ranks", 0)))
+            ckpt.rank_arrays = _rank_arrays(f, ckpt) if rank_arrays else {}
+            return ckpt
     except (OSError, KeyError, ValueError) as e:
         raise DataError(f"{path}: not a readable mpitrain checkpoint ({e})") from None
+
+
+def _rank_arrays(f: h5py.File, ckpt: Checkpoint) -> dict:
+    """`ranks/R/NAME` of every rank R < `ckpt.ranks`, stacked in rank order: {NAME: (ranks, size)}. A rank's missing
+    array, or one of another size than the merged NAME, is a KeyError or ValueError (a damaged file)."""
+    if "ranks" not in f:
+        return {}
+    names, stacked, ranks = [], {}, ckpt.ranks
+    f["ranks/0"].visititems(lambda name, item: names.append(name) if isinstance(item, h5py.Dataset) else None)
+    for name in names:
+        rows = [f[f"ranks/{rank}/{name}"][...] for rank in range(ranks)]
+        size = ckpt.merged_array(name).size
+        if not rows or any(row.size != size for row in rows):
+            raise ValueError(f"ranks/R/{name} holds {[row.size for row in rows]} values for its {ranks} ranks, {name} "
+                             f"{size}")
+        stacked[name] = np.stack(rows)
+    return stacked
 
 
 def _layout(text: str) -> list:

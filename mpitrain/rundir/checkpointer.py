@@ -7,12 +7,14 @@
     checkpointer.save(epoch, step, model, updater, sync)  # a collective; rank 0 writes
 
 The file format is `mpitrain.rundir.checkpoint`'s. Here is the policy: `resume: never` refuses a run
-directory that holds checkpoints; a checkpoint of another model, optimizer or dataset is
-refused, saying what differs; records of metrics.jsonl written after the checkpoint (by a
-job that ended before its next one) are dropped, a fresh start begins a fresh file; a
-checkpoint is never written with NaN or Inf parameters; only the newest `keep` are kept.
-Pretraining's finished layers (RUN_DIR/pretrain/layer-LL.h5) are checkpoints of this
-kind too, one per RBM, so a resumed run skips them.
+directory that holds checkpoints; a checkpoint of another model, optimizer or dataset is refused,
+saying what differs; a save changes no rank's training state, and a resume on as many ranks as wrote
+the checkpoint gives each rank its own (bit for bit the run that stopped), on another number the
+merged one; records of metrics.jsonl written after the checkpoint (by a job that ended before its
+next one) are dropped, a fresh start begins a fresh file; a checkpoint is never written with NaN or
+Inf parameters; only the newest `keep` are kept. Pretraining's finished layers
+(RUN_DIR/pretrain/layer-LL.h5) are checkpoints of this kind too, one per RBM, so a resumed run skips
+them.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import numpy as np
 from mpitrain.rundir.checkpoint import Checkpoint, check_fits, list_checkpoints, load_checkpoint, save_checkpoint, \
     write_checkpoint
 from mpitrain.config.sections import config_yaml
+from mpitrain.parallel.sync.base import parameter_hash
 from mpitrain.errors import ConfigError, DataError, MpitrainError
 from mpitrain.files import write_file
 from mpitrain.rundir.directory import RunDir
@@ -35,7 +38,8 @@ log = logging.getLogger("mpitrain")
 @dataclass
 class Position:
     """Where a run continues: at step `step` of epoch `epoch` (0-based), the updater at `iteration`,
-    with a sync mode's saved numbers and arrays (the arrays on rank 0 only)."""
+    with a sync mode's saved numbers and arrays (the arrays on rank 0 only), and, from a checkpoint written by as many
+    ranks as this run has, each rank's own arrays (`Synchronizer.load_rank_arrays`; on rank 0 only)."""
 
     epoch: int = 0
     step: int = 0
@@ -43,6 +47,8 @@ class Position:
     sync_numbers: dict = field(default_factory=dict)
     sync_arrays: dict = field(default_factory=dict)
     order: tuple = (0, 0)  # the epoch order's (global batch, window rows) the checkpoint stopped in
+    ranks: int = 0  # the number of ranks that wrote the checkpoint (0: unknown, or no checkpoint)
+    rank_arrays: dict = field(default_factory=dict)  # {name: (ranks, size)}, when `ranks` is this run's; rank 0 only
 
 
 def _unused(path: str) -> str:
@@ -81,9 +87,11 @@ class Checkpointer:
     def resume(self, model, updater, pretraining: bool = False) -> Position:
         """Load the newest checkpoint on rank 0 into `model` and `updater` and say where to continue.
 
-        A collective: every rank calls it and gets the same Position (the sync arrays on rank 0
-        only; `Synchronizer.load_arrays` hands them on). With `pretraining`, a fresh start keeps
-        metrics.jsonl for `finished_layers` to sort out.
+        A collective: every rank calls it and gets the same Position (the sync arrays and each rank's own arrays on
+        rank 0 only; `Synchronizer.load_arrays` and `load_rank_arrays` hand them on). The model and updater get the
+        checkpoint's merged state; a checkpoint written by as many ranks as this run has also gives each rank's own
+        arrays (an exact resume), one of another number of ranks does not, and that is logged. With `pretraining`,
+        a fresh start keeps metrics.jsonl for `finished_layers` to sort out.
         """
         position = Position()
         with self.comm.agreed_errors():
@@ -95,15 +103,21 @@ class Checkpointer:
                            self.data_path, meaning(model, updater))
                 self._restore(ckpt, model)
                 updater.state[...] = self.backend.to_device(ckpt.updater_state)
+                same_ranks = ckpt.ranks == self.comm.size
                 position = Position(ckpt.epoch, ckpt.step, ckpt.iteration, ckpt.sync_numbers, ckpt.sync_arrays,
-                                    ckpt.order)
+                                    ckpt.order, ckpt.ranks, ckpt.rank_arrays if same_ranks else {})
                 self.files.drop_records_after(ckpt.epoch, ckpt.step)
                 log.info("resuming from %s at epoch %d step %d", ckpt.path, ckpt.epoch + 1, ckpt.step)
+                if ckpt.rank_arrays and not same_ranks:
+                    log.info("the checkpoint holds each of its %d ranks' own %s; this run has %d ranks, so every rank "
+                             "starts from their merged state (not bit for bit the run it stopped)", ckpt.ranks,
+                             ", ".join(sorted(ckpt.rank_arrays)), self.comm.size)
             elif self.comm.is_root and os.path.exists(self.files.metrics) and not pretraining:
                 os.remove(self.files.metrics)
         numbers = self.comm.bcast_obj((position.epoch, position.step, position.iteration, position.sync_numbers,
-                                       position.order))
-        return Position(*numbers[:4], sync_arrays=position.sync_arrays, order=tuple(numbers[4]))
+                                       position.order, position.ranks))
+        return Position(*numbers[:4], sync_arrays=position.sync_arrays, order=tuple(numbers[4]), ranks=numbers[5],
+                        rank_arrays=position.rank_arrays)
 
     def write_config(self, config) -> None:
         """Rank 0 writes RUN_DIR/config.yaml, the config as the run uses it, which every checkpoint then carries
@@ -119,28 +133,39 @@ class Checkpointer:
         never one with NaN or Inf parameters, nor after a rank failed to read its rows (`read_failure`, its message:
         it trained on a stand-in batch since). Returns its path.
 
-        A collective: the synchronizer's `flush` puts pending rank-local work into the
-        parameters, every rank reports whether its parameters are finite and its reads whole, then rank 0 writes.
+        A collective that leaves the training state as it was (parameters, statistics, updater state, the sync
+        mode's arrays and numbers), so a run that checkpoints trains exactly as one that does not. Every rank
+        reports whether its parameters are finite, its reads whole, and a hash of each of its arrays that may
+        differ between ranks (`sync.rank_local`). Of those that do differ, `sync.merged` computes the one value
+        kept as the run's model (the ranks' mean, in a new buffer; `none`: rank 0's) and rank 0 gathers every
+        rank's own, for an exact resume on as many ranks. Then rank 0 writes.
         """
         to_host = self.backend.to_host
-        sync.flush(model, updater)
-        reports = self.comm.allgather_obj((bool(to_host(model.xp.isfinite(model.params).all())), read_failure))
-        failures = [(rank, failure) for rank, (_, failure) in enumerate(reports) if failure]
+        local = sync.local_arrays(model, updater)
+        candidates = [name for name in sync.rank_local if name in local and local[name].size]
+        reports = self.comm.allgather_obj((bool(to_host(model.xp.isfinite(model.params).all())), read_failure,
+                                           [parameter_hash(to_host(local[name])) for name in candidates]))
+        failures = [(rank, failure) for rank, (_, failure, _) in enumerate(reports) if failure]
         if failures:
             raise DataError(f"{failures[0][1]} (seen on rank {failures[0][0]}; no checkpoint is written after it)")
-        finite = [ok for ok, _ in reports]
+        finite = [ok for ok, _, _ in reports]
         if not all(finite):
             raise MpitrainError(f"parameters hold NaN or Inf on rank {finite.index(False)} before the checkpoint "
                                 f"of epoch {epoch} step {step}; it is not written, the last good one is kept; "
                                 "try a lower optimizer.lr")
+        differ = [name for index, name in enumerate(candidates) if len({hashes[index] for _, _, hashes in reports}) > 1]
+        merged = {**local, **{name: sync.merged(name, local[name]) for name in differ}}  # the same order everywhere
+        own = {name: self.comm.gather_host(to_host(local[name])) for name in differ}  # on rank 0
         with self.comm.agreed_errors():  # a full disk on rank 0 ends every rank, not just rank 0
             if self.comm.is_root:
                 save_checkpoint(self.run_dir, Checkpoint(
-                    to_host(model.params), to_host(updater.state), epoch, step, updater.iteration, model.layout,
-                    sync.numbers(), self.manifest_sha256, self.config_yaml, stats=to_host(model.stats),
-                    stats_layout=model.stats_layout,
-                    sync_arrays={name: to_host(array) for name, array in sync.arrays().items()},
-                    meaning=meaning(model, updater), order=tuple(order)), self.keep)
+                    to_host(merged["params"]), to_host(merged["updater_state"]), epoch, step, updater.iteration,
+                    model.layout, sync.numbers(), self.manifest_sha256, self.config_yaml,
+                    stats=to_host(merged["stats"]), stats_layout=model.stats_layout,
+                    sync_arrays={name.removeprefix("sync/"): to_host(array) for name, array in merged.items()
+                                 if name.startswith("sync/")},
+                    meaning=meaning(model, updater), order=tuple(order), ranks=self.comm.size, rank_arrays=own),
+                    self.keep)
         return self.files.checkpoint(epoch, step)
 
     def _newest_good(self, paths: list[str]) -> Checkpoint:
@@ -150,7 +175,8 @@ class Checkpointer:
         for path in reversed(paths):
             try:
                 ckpt = load_checkpoint(path)
-                if not all(np.isfinite(a).all() for a in (ckpt.params, ckpt.updater_state, ckpt.stats)):
+                if not all(np.isfinite(a).all() for a in (ckpt.params, ckpt.updater_state, ckpt.stats,
+                                                          *ckpt.rank_arrays.values())):
                     raise DataError(f"{path}: holds NaN or Inf values")
                 return ckpt
             except DataError as e:
@@ -174,7 +200,7 @@ class Checkpointer:
             if not checkpoints:
                 raise DataError(f"{self.run_dir}/checkpoints: no checkpoint; train first or pass --checkpoint")
             path = checkpoints[-1]
-        ckpt = load_checkpoint(path)
+        ckpt = load_checkpoint(path, rank_arrays=False)
         check_fits(ckpt, model.layout + model.stats_layout, meaning=meaning(model))
         if ckpt.manifest_sha256 != self.manifest_sha256 and not other_dataset:
             raise DataError(f"{path}: trained on a dataset whose manifest.json had sha256 {ckpt.manifest_sha256[:16]}..., "

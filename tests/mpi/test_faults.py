@@ -7,6 +7,7 @@ import sys
 import time
 
 import h5py
+import numpy as np
 import pytest
 
 from mpitrain.testing.launch import MPIEXEC, MPITRAIN, RANK_SCRIPTS, mpiexec
@@ -20,6 +21,11 @@ def final_hash(run_dir):
     return json.loads((run_dir / "summary.json").read_text())["replica_hashes"][0]
 
 
+def all_hashes(run_dir):
+    """Each rank's hash of its final parameters and statistics (summary.json's `replica_hashes`)."""
+    return json.loads((run_dir / "summary.json").read_text())["replica_hashes"]
+
+
 def run(config, n=2, *overrides, timeout=120):
     return mpiexec(n, MPITRAIN, "train", config, *[f"--set={o}" for o in overrides], timeout=timeout)
 
@@ -31,13 +37,16 @@ CNN = {"layers": [{"type": "conv2d", "filters": 3, "kernel": 3, "padding": "same
 @pytest.mark.parametrize("sync,model", [({"mode": "allreduce"}, {}), ({"mode": "averaging", "frequency": 4}, {}),
                                         ({"mode": "sharing", "threshold": 2.0e-3}, {}),
                                         ({"mode": "sharing", "threshold": 2.0e-3, "exchange": "split"}, {}),
-                                        ({"mode": "averaging", "frequency": 4}, CNN)],
-                         ids=["allreduce", "averaging", "sharing", "sharing-split", "averaging-cnn-batchnorm-dropout"])
-def test_resume_matches_an_uninterrupted_run_bit_for_bit(tmp_path, sync, model):
+                                        ({"mode": "averaging", "frequency": 4}, CNN), ({"mode": "none"}, {})],
+                         ids=["allreduce", "averaging", "sharing", "sharing-split", "averaging-cnn-batchnorm-dropout",
+                              "none"])
+def test_step_checkpoints_leave_training_alone_and_resume_matches_an_uninterrupted_run_bit_for_bit(tmp_path, sync,
+                                                                                                   model):
     make_dataset(tmp_path / "data", n_train=600)
-    checkpoint = {"unit": "steps", "every": 7, "keep": 10}
     configs = {}
-    for name, epochs in (("straight", 3), ("pieces", 1)):
+    # straight: no checkpoint but at the end; pieces: one every 7 steps (mid-averaging at frequency 4), resumed
+    for name, epochs, checkpoint in (("straight", 3, {"unit": "epoch", "every": 100}),
+                                     ("pieces", 1, {"unit": "steps", "every": 7, "keep": 10})):
         os.makedirs(tmp_path / name)
         configs[name] = write_config(tmp_path / name / "exp.yaml", tmp_path / "data", sync=sync,
                                      checkpoint=checkpoint, train={"epochs": epochs}, model=model)
@@ -48,13 +57,42 @@ def test_resume_matches_an_uninterrupted_run_bit_for_bit(tmp_path, sync, model):
     ckpts = list_checkpoints(str(tmp_path / "pieces" / "run"))
     os.remove(ckpts[-1])
     assert ckpts[-2].endswith("ckpt-0000-000014.h5")
+    mid_epoch = load_checkpoint(ckpts[-2])
+    assert mid_epoch.ranks == 2
+    if sync["mode"] != "allreduce":  # each rank's own state is kept beside the merged one
+        assert mid_epoch.rank_arrays and all(stacked.shape[0] == 2 for stacked in mid_epoch.rank_arrays.values())
     result = run(pieces, 2, "train.epochs=3")
     assert result.returncode == 0 and "resuming from" in result.stderr, result.stderr
-    assert final_hash(tmp_path / "pieces" / "run") == final_hash(tmp_path / "straight" / "run")
+    assert "merged state" not in result.stderr
+    # every rank's final parameters as an uninterrupted run without step checkpoints ends
+    assert all_hashes(tmp_path / "pieces" / "run") == all_hashes(tmp_path / "straight" / "run")
     # the last checkpoint holds the model the run evaluated (sharing keeps its pending residual beside it)
     last = load_checkpoint(list_checkpoints(str(tmp_path / "pieces" / "run"))[-1])
     assert parameter_hash(last.params, last.stats) == final_hash(tmp_path / "pieces" / "run")
     assert (abs(last.sync_arrays["residual"]).max() > 0) if sync["mode"] == "sharing" else not last.sync_arrays
+
+
+@pytest.mark.parametrize("sync", [{"mode": "averaging", "frequency": 3}, {"mode": "sharing", "threshold": 2.0e-3}],
+                         ids=["averaging", "sharing"])
+def test_a_mid_epoch_checkpoint_resumes_on_another_number_of_ranks_from_the_merged_state(tmp_path, sync):
+    make_dataset(tmp_path / "data", n_train=600)
+    config = write_config(tmp_path / "exp.yaml", tmp_path / "data", sync=sync,
+                          checkpoint={"unit": "steps", "every": 5, "keep": 10},
+                          train={"epochs": 1, "global_batch_size": 48})  # 2 ranks or 3 take 24 or 16 rows a step
+    assert run(config, 2).returncode == 0
+    ckpts = list_checkpoints(str(tmp_path / "run"))
+    os.remove(ckpts[-1])  # as if stopped after step 10 of epoch 1
+    with h5py.File(ckpts[-2]) as f:  # each rank's own state, checksummed, beside the merged one
+        assert f.attrs["ranks"] == 2 and f["ranks/1/updater_state"].fletcher32
+        assert ("ranks/1/params" in f) == (sync["mode"] == "averaging")
+        assert ("ranks/1/sync/residual" in f) == (sync["mode"] == "sharing")
+    result = run(config, 3, "train.epochs=2")
+    assert result.returncode == 0 and "resuming from" in result.stderr and "step 10" in result.stderr, result.stderr
+    assert "this run has 3 ranks, so every rank starts from their merged state" in result.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["ranks"] == 3 and summary["epochs"] == 2 and len(set(summary["replica_hashes"])) == 1
+    assert np.isfinite(summary["test_loss"]) and np.isfinite(load_checkpoint(
+        list_checkpoints(str(tmp_path / "run"))[-1]).params).all()
 
 
 def one_epoch_of_sharing(tmp_path):

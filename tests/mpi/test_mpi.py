@@ -110,8 +110,9 @@ def test_sharing_keeps_its_promises(n, exchange):
     for check in ("replicas identical after every step", "nothing lost with a fixed tau",
                   "adaptive tau falls when too sparse", "adaptive tau rises when too dense",
                   "adaptive tau stays inside the band", "mixed sparse and bitmap messages decode exactly",
-                  "flush keeps the parameters and the pending updates",
-                  "a resumed synchronizer starts every rank from the saved residual"):
+                  "the merged residual keeps the pending updates and every rank's state",
+                  "a resumed synchronizer starts every rank from the saved residual",
+                  "on as many ranks each rank gets its own residual back"):
         assert f"OK {check} {n}" in result.stdout, result.stdout
 
 

@@ -20,15 +20,21 @@ class Synchronizer:
 
     Every method that takes a model is a collective: every rank calls it, in the same order
     (`start` once; `grads_ready` during backward; `step` after each backward; `end_epoch` after an epoch's last step;
-    `flush` before each checkpoint; `load_arrays` once when resuming). The model is any
+    `load_arrays` then `load_rank_arrays` once when resuming), and so is `merged`. The model is any
     `mpitrain.nn.flat.FlatModel` (a `Sequential`, an RBM): a mode sees its flat `params`,
     `grads` and `stats`, and the updater's flat `state`.
 
     `step` is called once per training step after backward (the model's flat `grads` are
     filled) and must update the flat `params`. `replicas_identical` says whether the mode
     promises bit-identical replicas; such modes also average the model's running statistics
-    (`stats`, batch norm's) at each epoch end and before each checkpoint, so all replicas
-    evaluate alike.
+    (`stats`, batch norm's) at each epoch end, so all replicas evaluate alike.
+
+    A checkpoint reads the training state and leaves it alone (`mpitrain.rundir.checkpointer`): `local_arrays`
+    names this rank's live arrays, `rank_local` those of them that may differ between ranks (between averagings,
+    between epoch ends), and `merged` gives, for one that does, the one value the checkpoint keeps as the run's
+    model, in a buffer of its own. A resume on as many ranks gives each rank its own arrays back
+    (`load_rank_arrays`), so it continues bit for bit; on another number of ranks every rank starts from the merged
+    state.
 
     Three names, three meanings: `metrics()` are the numbers a mode reports per metrics
     window (tau, sparsity); `numbers()` and `arrays()` are what a checkpoint keeps of the
@@ -36,6 +42,9 @@ class Synchronizer:
     the model's running statistics `stats`.
     """
 
+    #: the names of `local_arrays` whose values may differ between ranks; a checkpoint keeps each rank's own of
+    #: those that do. Every mode: the running statistics, averaged at epoch ends only.
+    rank_local: tuple[str, ...] = ("stats",)
     replicas_identical = True
 
     def __init__(self, comm: Communicator, config):
@@ -64,16 +73,8 @@ class Synchronizer:
         self._end_epoch(model, updater)
         self.average_stats(model)
 
-    def flush(self, model, updater) -> None:
-        """Put pending, rank-local changes into the parameters before a checkpoint. A collective."""
-        self._flush(model, updater)
-        self.average_stats(model)
-
     def _end_epoch(self, model, updater) -> None:
         """Nothing by default: modes that sync every step are already in step."""
-
-    def _flush(self, model, updater) -> None:
-        """Nothing by default: no rank-local changes are pending."""
 
     def average_stats(self, model) -> None:
         """Average the running statistics across ranks (modes that keep one model). A collective."""
@@ -81,12 +82,28 @@ class Synchronizer:
             self.comm.average_(model.stats)
 
     def numbers(self) -> dict:
-        """Numbers a checkpoint must keep so a resumed run continues exactly (e.g. sharing's tau)."""
+        """Numbers a checkpoint must keep so a resumed run continues exactly (e.g. sharing's tau); the same on every
+        rank."""
         return {}
 
     def arrays(self) -> dict:
-        """Arrays a checkpoint must keep beside `numbers` (identical on every rank after `flush`)."""
+        """This mode's arrays a checkpoint must keep beside `numbers` (sharing's residual), the live buffers."""
         return {}
+
+    def local_arrays(self, model, updater) -> dict:
+        """This rank's training state by its name in a checkpoint: `params`, `stats`, `updater_state` and
+        `sync/NAME` for each of `arrays()`. The live buffers themselves, to read and leave alone. Not a collective."""
+        return {"params": model.params, "stats": model.stats, "updater_state": updater.state,
+                **{f"sync/{name}": array for name, array in self.arrays().items()}}
+
+    def merged(self, name: str, array):
+        """The one value a checkpoint keeps of `local_arrays()[name]` (`array`, one of `rank_local`) when the ranks'
+        differ: by default their mean, in a new buffer; the live `array` is left as it is. What `mpitrain eval`,
+        `predict` and `export` read, and what a resume on another number of ranks starts every rank from. A
+        collective: every rank calls it for the same names in the same order."""
+        mean = array.copy()
+        self.comm.average_(mean)
+        return mean
 
     def load_numbers(self, numbers: dict) -> None:
         """Take back what `numbers` returned (of this mode, or another mode's: then nothing applies)."""
@@ -102,6 +119,17 @@ class Synchronizer:
             if self.comm.is_root:
                 own[name][...] = array_module(own[name]).asarray(saved[name])
             self.comm.bcast_(own[name])
+
+    def load_rank_arrays(self, model, updater, saved: dict) -> None:
+        """Give each rank its own arrays of a checkpoint written by as many ranks, after `start`, `load_numbers`
+        and `load_arrays`: `saved` maps names of `local_arrays` to the ranks' arrays stacked in rank order (on rank
+        0; empty elsewhere). Only the names this mode lets differ (`rank_local`) are taken: another mode's
+        rank-local parameters would split this mode's one model. A collective."""
+        own = self.local_arrays(model, updater)
+        for name in self.comm.bcast_obj(sorted(set(saved) & set(self.rank_local) & set(own))):
+            mine = np.empty(own[name].size, own[name].dtype)
+            self.comm.scatter_host(saved.get(name), mine)
+            own[name][...] = array_module(own[name]).asarray(mine).reshape(own[name].shape)
 
     def metrics(self) -> dict:
         """Mode-specific numbers for metrics.jsonl (e.g. tau and sparsity). Not a collective."""

@@ -9,9 +9,14 @@ class NoSync(Synchronizer):
     """Each rank trains alone: single-process runs and independent baselines."""
 
     replicas_identical = False
+    rank_local = ("params", "stats", "updater_state")  # every rank its own model
 
     def step(self, model, updater) -> None:
         model.params += updater.delta(model.grads, model.params)
+
+    def merged(self, name: str, array):
+        """Rank 0's own: independent models have no mean worth keeping. A collective that sends nothing."""
+        return array
 
 
 class AllreduceSync(Synchronizer):
@@ -62,8 +67,12 @@ class AveragingSync(Synchronizer):
 
     With `average_updater`, the flat updater state is averaged too (DL4J's
     ParameterAveragingTrainingMaster); running statistics always are. An epoch always ends with an averaging, so the
-    replicas are identical at every epoch end, whatever the frequency.
+    replicas are identical at every epoch end, whatever the frequency. Between averagings each rank's parameters,
+    statistics and updater state are its own (`rank_local`); the updater state stays so after an averaging
+    without `average_updater`.
     """
+
+    rank_local = ("params", "stats", "updater_state")
 
     def __init__(self, comm, config):
         super().__init__(comm, config)
@@ -78,17 +87,6 @@ class AveragingSync(Synchronizer):
     def _end_epoch(self, model, updater) -> None:
         if self.steps_since_average:
             self._average(model, updater)
-
-    def _flush(self, model, updater) -> None:
-        """Average parameters and updater state before a checkpoint, so it holds every rank's work.
-
-        A resumed run then continues exactly as an uninterrupted one, which averaged at the
-        same point.
-        """
-        if self.steps_since_average:
-            self._average(model, updater)
-        if not self.config.average_updater and updater.state.size:
-            self.comm.average_(updater.state)
 
     def numbers(self) -> dict:
         return {"steps_since_average": self.steps_since_average}

@@ -23,12 +23,14 @@ of its longest length, and the messages are gathered into one that holds what `a
 the allgather carry (at most a dense Allreduce's bytes), grown once if a forced `allgather`
 needs more (the model's workspace, part `sharing`).
 
-Before a checkpoint every rank's residual is replaced by the ranks' mean, which keeps the
-pending update (the mean residual is what the messages would add) and lets rank 0 save it
-beside the parameters; a resumed run, with any number of ranks, starts every rank from it.
-The parameters are left as trained: adding the residual to them at once would apply
-updates that accumulated for many steps in one step (on the MLP it cost a point of test
-accuracy), and the saved model would not be the one just evaluated.
+The parameters are one model, bit-identical on every rank; each rank's residual and updater
+state (averaged at each epoch end) are its own. A checkpoint leaves them alone: it keeps the
+parameters as trained, the ranks' mean residual and updater state (`merged`: the mean residual
+is what the messages would add, so nothing pending is lost) for a resume on any number of
+ranks, and each rank's own residual and updater state for an exact resume on as many. The
+parameters are not given the residual: adding it at once would apply updates that accumulated
+for many steps in one step (on the MLP it cost a point of test accuracy), and the saved model
+would not be the one just evaluated.
 """
 from __future__ import annotations
 
@@ -46,6 +48,8 @@ from mpitrain.parallel.sync.exchange import EXCHANGES, INT32_BYTES, choose_excha
 
 class SharingSync(Synchronizer):
     """Residual + threshold messages, exchanged by Allgatherv or split by blocks; see the module docstring."""
+
+    rank_local = ("stats", "updater_state", "sync/residual")  # the parameters are one model, the rest each rank's
 
     def __init__(self, comm, config):
         super().__init__(comm, config)
@@ -103,12 +107,6 @@ class SharingSync(Synchronizer):
     def _end_epoch(self, model, updater) -> None:
         if updater.state.size:
             self.comm.average_(updater.state)
-
-    def _flush(self, model, updater) -> None:
-        """Before a checkpoint: every rank's residual becomes the ranks' mean (so nothing pending is lost
-        and rank 0 holds it all), and the updater state is averaged."""
-        self.comm.average_(self.residual)
-        self._end_epoch(model, updater)
 
     def numbers(self) -> dict:
         return {"tau": self.tau, "steps": self.steps}

@@ -7,8 +7,9 @@
   (the parameters move by the mean of what was sent, so sent = N * applied);
 - adaptive tau falls when too sparse and rises when too dense;
 - one rank sparse and another bitmap in the same step decode to the exact expected sum;
-- a flush (before a checkpoint) leaves the parameters alone and gives every rank the ranks'
-  mean residual, so the pending total is kept, and a resumed synchronizer starts from it.
+- a checkpoint's merged residual is the ranks' mean, so the pending total is kept, and taking it
+  leaves every rank's state alone; a resumed synchronizer starts every rank from it, or, on as
+  many ranks, from each rank's own residual.
 Prints one OK line per check on rank 0.
 """
 import functools
@@ -22,7 +23,7 @@ from mpitrain.config.sections import OptimizerConfig
 from mpitrain.nn.layers import Dense, Tanh
 from mpitrain.nn.model import Sequential
 from mpitrain.nn.updaters import create_updater
-from mpitrain.parallel.sync import check_replicas
+from mpitrain.parallel.sync import check_replicas, parameter_hash
 
 comm = Communicator()
 rng = np.random.default_rng(comm.rank)
@@ -62,20 +63,25 @@ report("nothing lost with a fixed tau",
        np.allclose(summed(updater.total), comm.size * applied + summed(sync.residual), rtol=0, atol=1e-12)
        and np.abs(sync.residual).max() > 0)  # some of it really was delayed
 
-# 2b: a flush keeps the parameters as trained and the pending total, as the ranks' mean residual
-before_params, pending = model.params.copy(), summed(sync.residual)
-sync.flush(model, updater)
-report("flush keeps the parameters and the pending updates",
-       np.array_equal(model.params, before_params) and len(set(check_replicas(comm, sync.residual))) == 1
-       and np.allclose(comm.size * sync.residual, pending, rtol=0, atol=1e-15)
-       and np.allclose(summed(updater.total), comm.size * applied + summed(sync.residual), rtol=0, atol=1e-12))
+# 2b: a checkpoint's merged residual keeps the pending total, as the ranks' mean, and changes no rank's state
+before = {name: array.copy() for name, array in sync.local_arrays(model, updater).items()}
+pending = summed(sync.residual)
+merged = sync.merged("sync/residual", sync.residual)
+report("the merged residual keeps the pending updates and every rank's state",
+       all(np.array_equal(array, before[name]) for name, array in sync.local_arrays(model, updater).items())
+       and merged is not sync.residual and len(set(check_replicas(comm, merged))) == 1
+       and np.allclose(comm.size * merged, pending, rtol=0, atol=1e-15)
+       and (comm.size == 1 or len(set(comm.allgather_obj(parameter_hash(sync.residual)))) > 1))  # own ones differ
 resumed = sharing(threshold=2.0 ** -8, adaptive=False, residual_clip=False)
 resumed.start(model, updater)
-saved = {"residual": sync.residual.copy()} if comm.is_root else {}  # as rank 0 reads a checkpoint
+saved = {"residual": merged.copy()} if comm.is_root else {}  # as rank 0 reads a checkpoint
 resumed.load_numbers(sync.numbers())
 resumed.load_arrays(saved)
 report("a resumed synchronizer starts every rank from the saved residual",
-       np.array_equal(resumed.residual, sync.residual) and np.abs(resumed.residual).max() > 0)
+       np.array_equal(resumed.residual, merged) and np.abs(resumed.residual).max() > 0)
+own = comm.gather_host(sync.residual)  # as a checkpoint keeps each rank's own (rank 0)
+resumed.load_rank_arrays(model, updater, {"sync/residual": own} if comm.is_root else {})
+report("on as many ranks each rank gets its own residual back", np.array_equal(resumed.residual, sync.residual))
 
 # 3: adaptive tau falls below the sparsity band, rises above it, stays inside it
 def one_step(delta, tau):

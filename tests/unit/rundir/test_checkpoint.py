@@ -45,3 +45,31 @@ def test_check_fits_says_what_differs(tmp_path):
         check_fits(ckpt, LAYOUT, 13)
     with pytest.raises(DataError, match=r"manifest.json has sha256 abababab.*but data/other has cdcdcd"):
         check_fits(ckpt, LAYOUT, 26, "cd" * 32, "data/other")
+
+
+def test_each_ranks_own_arrays_are_kept_checksummed_beside_the_merged_ones(tmp_path):
+    ckpt = checkpoint(1, 7)
+    ckpt.sync_arrays = {"residual": np.full(13, 0.5, np.float32)}
+    ckpt.ranks = 3
+    ckpt.rank_arrays = {"params": np.stack([np.arange(13, dtype=np.float32) + r for r in range(3)]),
+                        "sync/residual": np.stack([np.full(13, r, np.float32) for r in range(3)])}
+    path = save_checkpoint(str(tmp_path), ckpt, keep=1)
+    with h5py.File(path) as f:  # any HDF5 tool reads rank R's own arrays as ranks/R/NAME
+        assert f.attrs["ranks"] == 3 and f["ranks/2/params"].fletcher32 and f["ranks/1/sync/residual"].fletcher32
+        np.testing.assert_array_equal(f["ranks/2/sync/residual"][...], np.full(13, 2))
+        assert "ranks/0/updater_state" not in f  # the ranks did not differ there: the merged array is every rank's
+    loaded = load_checkpoint(path)
+    assert loaded.ranks == 3 and sorted(loaded.rank_arrays) == ["params", "sync/residual"]
+    np.testing.assert_array_equal(loaded.rank_arrays["params"], ckpt.rank_arrays["params"])
+    np.testing.assert_array_equal(loaded.merged_array("sync/residual"), np.full(13, 0.5))
+    with h5py.File(path, "r+") as f:  # a rank's array of another size than the merged one: a damaged file
+        del f["ranks/1/params"]
+        f.create_dataset("ranks/1/params", data=np.zeros(12, np.float32))
+    with pytest.raises(DataError, match=r"not a readable mpitrain checkpoint \(ranks/R/params holds \[13, 12, 13\] values for its 3 "
+                                        r"ranks, params 13\)"):
+        load_checkpoint(path)
+
+
+def test_a_checkpoint_without_rank_arrays_reads_as_before(tmp_path):
+    loaded = load_checkpoint(save_checkpoint(str(tmp_path), checkpoint(1, 0), keep=1))
+    assert (loaded.ranks, loaded.rank_arrays) == (0, {})
