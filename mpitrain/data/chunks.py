@@ -43,6 +43,7 @@ class ShardFiles:
         self.verify_whole_file = verify_checksums and manifest.checksums != "fletcher32"
         self.open_files: OrderedDict[int, tuple] = OrderedDict()  # shard index -> (x, y, h5py.File, raw file or None)
         self.checked: set[int] = set()
+        self.chunk_bytes = {}  # shard index -> stored bytes of the chunks of x and y that start at a row
         self.rows_read, self.bytes_read = 0, 0
         self.bytes_fetched = 0  # a remote store: every byte its responses carried, HDF5's metadata included
 
@@ -56,7 +57,7 @@ class ShardFiles:
         try:
             x.read_direct(x_out, np.s_[lo:hi])
             y.read_direct(y_out, np.s_[lo:hi])
-            self.bytes_read += _chunk_bytes(x, start) + _chunk_bytes(y, start)
+            self.bytes_read += self.chunk_bytes[index](start)
         except (OSError, ValueError) as e:
             raise DataError(f"{path}: rows {lo}..{hi - 1} could not be read ({describe(e) if isinstance(e, OSError) else e}); "
                             "the chunk fails its checksum or the shard is damaged or gone") from None
@@ -98,12 +99,14 @@ class ShardFiles:
             f.close()
             raise
         self.open_files[index] = (f["x"], f["y"], f, raw)
+        self.chunk_bytes[index] = _chunk_bytes(f["x"], f["y"])
         if len(self.open_files) > OPEN_SHARDS:
             self._close(next(iter(self.open_files)))
         return self.open_files[index][:2]
 
     def _close(self, index: int) -> None:
         _, _, f, raw = self.open_files.pop(index)
+        del self.chunk_bytes[index]
         f.close()
         if raw is not None:
             raw.close()
@@ -135,12 +138,20 @@ class _Counted:
         self.raw.close()
 
 
-def _chunk_bytes(dataset, first_row: int) -> int:
-    """The stored bytes of the chunk of `dataset` that starts at row `first_row` (the whole dataset if unchunked)."""
-    if dataset.chunks is None:
-        return dataset.id.get_storage_size()
-    info = dataset.id.get_chunk_info_by_coord((first_row,) + (0,) * (dataset.ndim - 1))
-    return int(info.size)
+def _chunk_bytes(*datasets):
+    """A function of a row giving the stored bytes of the datasets' chunks that start at it (of the whole datasets
+    when unchunked). What it asks of h5py is looked up once, here: each h5py property read makes objects."""
+    parts = []
+    for dataset in datasets:
+        if dataset.chunks is None:
+            parts.append((None, dataset.id.get_storage_size(), ()))
+        else:
+            parts.append((dataset.id, 0, (0,) * (dataset.ndim - 1)))
+
+    def stored(first_row: int) -> int:
+        return sum(size if dsid is None else int(dsid.get_chunk_info_by_coord((first_row, *tail)).size)
+                   for dsid, size, tail in parts)
+    return stored
 
 
 def check_values(path: str, x: np.ndarray, y: np.ndarray, num_classes: int) -> None:
