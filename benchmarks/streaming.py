@@ -81,18 +81,31 @@ def drop_from_page_cache(path: str) -> None:
             os.close(fd)
 
 
+def median_run(summaries: list[dict]) -> dict:
+    """The run with the median samples/s (the upper one of an even count)."""
+    return sorted(summaries, key=lambda r: r["samples_per_s"])[len(summaries) // 2]
+
+
+def in_turns(names: tuple, rounds: int):
+    """(round, name) for `rounds` rounds of every name, each round starting one name later, so no name always
+    runs first (after a Spark job or on a cold cache) or last."""
+    for turn in range(rounds):
+        for k in range(len(names)):
+            yield turn, names[(turn + k) % len(names)]
+
+
 def speed(args) -> list[dict]:
     """In memory vs streaming, MLP and LeNet, 2 ranks, taking turns; then the cold streaming MLP row."""
     rows = []
     for model, config, epochs in (("MLP", "configs/fashion_mlp.yaml", 2), ("LeNet", "configs/fashion_lenet.yaml", 1)):
-        runs = {"in memory": [], "streaming": []}
-        for _ in range(args.repeat):
-            for name, buffer in (("in memory", 256), ("streaming", STREAMING_MB)):
-                runs[name].append(train(2, config, {"data.path": args.data, "train.epochs": epochs,
-                                                    "train.batch_size": 64, "data.buffer_mb": buffer}))
-        base = statistics.median(r["samples_per_s"] for r in runs["in memory"])
+        buffers = {"in memory": 256, "streaming": STREAMING_MB}
+        runs = {name: [] for name in buffers}
+        for _, name in in_turns(tuple(buffers), args.repeat):
+            runs[name].append(train(2, config, {"data.path": args.data, "train.epochs": epochs,
+                                                "train.batch_size": 64, "data.buffer_mb": buffers[name]}))
+        base = median_run(runs["in memory"])["samples_per_s"]
         for name, summaries in runs.items():
-            median = sorted(summaries, key=lambda r: r["samples_per_s"])[len(summaries) // 2]
+            median = median_run(summaries)
             rows.append({"part": "speed", "model": model, "path": name, "buffer_mb": 256 if name == "in memory"
                          else STREAMING_MB, "samples_per_s": median["samples_per_s"],
                          "vs_in_memory": median["samples_per_s"] / base,
@@ -133,11 +146,10 @@ def compression(args, work: str) -> list[dict]:
     codecs = ("none", "gzip", "lz4", "zstd")
     paths = {codec: recompressed(args.data, os.path.join(work, f"fashion-{codec}"), codec) for codec in codecs}
     runs = {codec: [] for codec in codecs}
-    for _ in range(args.repeat):
-        for codec in codecs:
-            runs[codec].append(train(2, "configs/fashion_mlp.yaml", {"data.path": paths[codec], "train.epochs": 2,
-                                                                      "data.buffer_mb": STREAMING_MB}))
-    medians = {codec: sorted(r, key=lambda s: s["samples_per_s"])[len(r) // 2] for codec, r in runs.items()}
+    for _, codec in in_turns(codecs, args.repeat):
+        runs[codec].append(train(2, "configs/fashion_mlp.yaml", {"data.path": paths[codec], "train.epochs": 2,
+                                                                  "data.buffer_mb": STREAMING_MB}))
+    medians = {codec: median_run(r) for codec, r in runs.items()}
     return [{"part": "compression", "model": "MLP", "path": f"streaming, {codec}", "buffer_mb": STREAMING_MB,
              "samples_per_s": m["samples_per_s"], "vs_in_memory": m["samples_per_s"] / medians["none"]["samples_per_s"],
              "input_wait_ms_per_step": m["input_wait_ms_per_step"], "peak_rss_mb": m["peak_rss_mb"],
@@ -283,7 +295,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--data", default="data/fashion", help="Fashion-MNIST shards (make demo writes them)")
     parser.add_argument("--fashion", default=FASHION, help="the IDX folder (shuffle part)")
     parser.add_argument("--out", default="benchmarks/results")
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--parts", default=",".join(PARTS), help=f"some of {','.join(PARTS)}")
     args = parser.parse_args(argv)
     parts = args.parts.split(",")

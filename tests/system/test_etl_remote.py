@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import sys
 
@@ -14,6 +15,7 @@ from mpitrain.data.shards import MANIFEST_NAME, Manifest, read_manifest
 from mpitrain.errors import ConfigError, DataError
 from mpitrain.etl.job import plan_etl, run_etl
 from mpitrain.testing import launch
+from mpitrain.testing.datasets import write_config
 
 BUCKET = "etl-tests"
 
@@ -80,6 +82,24 @@ def test_shards_and_manifest_land_in_the_bucket(remote, tmp_path):
                 assert h5["x"].shape == (shard.rows, 1, 8, 8) and h5["x"].fletcher32
                 rows += len(h5["y"][:])
     assert rows == 1797
+
+
+def test_training_streams_the_lz4_shards_the_etl_wrote_to_the_bucket(remote, s3_env, tmp_path):
+    """The ETL writes to the store, 2 ranks train from it (lz4 chunks decoded as they arrive), `eval` scores it."""
+    config = write_config(tmp_path / "exp.yaml", f"s3://{BUCKET}/digits", run_dir=str(tmp_path / "run"),
+                          model={"layers": [{"type": "dense", "units": 32, "activation": "relu"},
+                                            {"type": "dense", "units": 10}]},
+                          train={"epochs": 3, "global_batch_size": 32})
+    env = {**os.environ, **s3_env}
+    result = launch.mpiexec(2, launch.MPITRAIN, "train", config, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["test_accuracy"] > 0.85 and 1.0 <= summary["data_read_per_epoch"] < 1.5
+    assert summary["data_bytes_fetched"] > summary["data_bytes_read"] > 0  # compressed chunks, and HDF5's metadata
+    scored = launch.mpiexec(2, launch.MPITRAIN, "eval", tmp_path / "run", env=env, timeout=60)
+    assert scored.returncode == 0, scored.stderr
+    evaluation = json.loads((tmp_path / "run" / "eval-test.json").read_text())
+    assert evaluation["accuracy"] == pytest.approx(summary["test_accuracy"])
 
 
 def test_overwrite_replaces_every_object_and_refuses_without_the_flag(spark, remote, tmp_path):
