@@ -197,4 +197,4 @@ def _main(argv, prog: str, description: str, add, job) -> int:
         return job(parser.parse_args(argv))
     except MpitrainError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2  # as every mpitrain command, and argparse's own usage errors

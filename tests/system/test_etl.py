@@ -219,7 +219,21 @@ def test_spark_submit_prepare(idx_data, tmp_path):
     assert read_manifest(str(out)).rows("train") == 103
 
 
+@pytest.mark.parametrize("script, arguments", [
+    ("prepare.py", ["--source", "idx:/nowhere", "--out", "OUT", "--shards", "2"]),
+    ("score.py", ["--model", "/nowhere/run", "--source", "digits:", "--out", "OUT"])])
+def test_spark_submit_entry_points_exit_2_on_a_user_error_with_one_line(script, arguments, tmp_path):
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    command = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[1]",
+               str(REPO / "etl" / script), *[str(tmp_path / "out") if a == "OUT" else a for a in arguments]]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    output = done.stdout + done.stderr  # spark-submit hands the Python process's stderr to its stdout
+    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert done.returncode == 2 and len(errors) == 1 and "/nowhere" in errors[0], output[-2000:]
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_refuses_existing_out_before_starting_spark(dataset, idx_data, capsys):
     out = dataset[0]
-    assert main(["--source", f"idx:{idx_data[0]}", "--out", str(out), "--shards", "2"]) == 1
+    assert main(["--source", f"idx:{idx_data[0]}", "--out", str(out), "--shards", "2"]) == 2
     assert capsys.readouterr().err == f"error: {out}: exists; pass --overwrite to replace it\n"

@@ -92,7 +92,7 @@ def test_run_dir_on_the_digits_source_gives_predict_probabilities_and_replaces_o
 
     # an existing output is refused before Spark starts, replaced with --overwrite, and never a foreign folder
     args = ["--model", str(run_dir), "--source", "digits:", "--out", str(out), "--master", "local[1]"]
-    assert main_score(args) == 1
+    assert main_score(args) == 2
     with pytest.raises(DataError, match=f"{out}: exists; pass --overwrite to replace it"):
         plan_scoring(str(run_dir), "digits:", str(out))
     before = sorted(os.listdir(out))
