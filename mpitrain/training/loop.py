@@ -45,20 +45,24 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
     the run's communicator) replace the parts the config would build (the Python API).
     """
     started = time.perf_counter()
-    run = setup_run(config, comm, reader=reader, model=model, sync=sync)
-    try:
-        with run.comm.agreed_errors():  # before the run directory is touched: a setting that does not fit writes nothing
-            _check_setup(run, sync)
-            batches = run.train_batches()
-            test_rows = run.reader.eval_rows(run.config.data.test_split)
-        with run.owned():  # no other job writes this run directory meanwhile
-            loop = _set_up_training(run, batches, test_rows, sync)
-            if loop is None:
-                return _summary_of_finished_run(run)
-            done = _train_epochs(run, loop)
-            return _finish(run, loop, done, started)
-    finally:
-        run.reader.close()  # the shards' files (and a remote store's connections) before the interpreter ends
+    with Watchdog(config.train.watchdog_s, comm.rank, comm.abort) as watchdog:  # all of it: a stuck rank anywhere
+        watchdog.beat("start-up (the dataset's manifest, the model, the run directory)")
+        run = setup_run(config, comm, reader=reader, model=model, sync=sync)
+        try:
+            with run.comm.agreed_errors():  # before the run directory is touched: a setting that does not fit
+                _check_setup(run, sync)     # writes nothing
+                batches = run.train_batches()
+                test_rows = run.reader.eval_rows(run.config.data.test_split)
+            with run.owned():  # no other job writes this run directory meanwhile
+                watchdog.beat("start-up (resuming, pretraining, the first broadcast)")
+                loop = _set_up_training(run, batches, test_rows, sync, watchdog)
+                if loop is None:
+                    return _summary_of_finished_run(run)
+                done = _train_epochs(run, loop, watchdog)
+                watchdog.beat("the summary (every rank's figures, summary.json, the report)")
+                return _finish(run, loop, done, started)
+        finally:
+            run.reader.close()  # the shards' files (and a remote store's connections) before the interpreter ends
 
 
 @dataclass
@@ -103,7 +107,8 @@ def _check_setup(run: Run, sync: Synchronizer | None) -> None:
                           "the one mpitrain.init() returned")
 
 
-def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Synchronizer | None) -> _Loop:
+def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Synchronizer | None,
+                     watchdog: Watchdog) -> _Loop:
     """Updater and synchronizer; resume (in the epoch order the checkpoint stopped in) or start (pretraining first
     when asked); config.yaml."""
     config, comm, model = run.config, run.comm, run.model
@@ -124,7 +129,8 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
         for option in ignored_options(config):
             log.warning("ignored: %s", option)
     if config.pretrain.layers and (start.epoch, start.step) == (0, 0):  # fine-tuning has not begun
-        pretrain(config, comm, model, batches, run.reader.eval_rows(config.data.train_split), run.checkpointer)
+        pretrain(config, comm, model, batches, run.reader.eval_rows(config.data.train_split), run.checkpointer,
+                 watchdog)
     sync.start(model, updater)  # every rank starts from rank 0's parameters and updater state
     sync.load_numbers(start.sync_numbers)
     sync.load_arrays(start.sync_arrays)  # e.g. sharing's mean residual, saved by rank 0
@@ -165,11 +171,11 @@ def _continue_order(run: Run, batches: Batches, start) -> Batches:
     return run.train_batches(window=saved_window)
 
 
-def _train_epochs(run: Run, loop: _Loop) -> _Done:
+def _train_epochs(run: Run, loop: _Loop, watchdog: Watchdog) -> _Done:
     """The epochs from where the run starts, each its steps (`_train_epoch`) then its end (`_end_epoch`)."""
     config, comm = run.config, run.comm
     done, start_step = _Done(), loop.step
-    with Watchdog(config.train.watchdog_s, comm.rank, comm.abort) as watchdog, StopSignals(comm) as stop:
+    with StopSignals(comm) as stop:
         for epoch in range(loop.epoch, config.train.epochs):
             totals = _train_epoch(run, loop, epoch, start_step, watchdog, stop)
             _end_epoch(run, loop, epoch, totals, done, watchdog)

@@ -31,7 +31,6 @@ from mpitrain.nn.layers import Dense, Sigmoid
 from mpitrain.nn.rbm import RBM, bernoulli
 from mpitrain.nn.updaters import create_updater
 from mpitrain.parallel.sync import check_replicas, create_synchronizer
-from mpitrain.training.watchdog import Watchdog
 
 log = logging.getLogger("mpitrain")
 
@@ -42,11 +41,11 @@ def dbn_layers(sizes: list[int], num_classes: int) -> list[dict]:
            [{"type": "dense", "units": num_classes}]
 
 
-def pretrain(config, comm, model, batches, rows, checkpointer) -> None:
+def pretrain(config, comm, model, batches, rows, checkpointer, watchdog) -> None:
     """Pretrain the RBMs of `config.pretrain.layers` greedily (resuming finished ones, which `checkpointer`
     keeps) and copy them into `model`'s hidden layers. A collective: every rank calls it with its own
     training batches and its share of the training split in order (`rows`, an EvalRows: the monitor rows are
-    its first `pretrain.monitor_rows`)."""
+    its first `pretrain.monitor_rows`); the run's `watchdog` hears of every step."""
     p = config.pretrain
     hidden = _hidden_layers(model, p.layers)
     sizes = [hidden[0].params["W"].shape[0], *p.layers]
@@ -67,7 +66,7 @@ def pretrain(config, comm, model, batches, rows, checkpointer) -> None:
             rbm.params[...] = model.xp.asarray(finished[index])
             log.info("pretrain layer %d/%d: loaded %s", index + 1, len(stack), checkpointer.files.pretrained_layer(index))
         else:
-            _train_layer(config, comm, stack, index, batches, monitor)
+            _train_layer(config, comm, stack, index, batches, monitor, watchdog)
             if comm.is_root:  # the replicas agree after the last epoch's sync
                 path = checkpointer.save_layer(index, _layout(rbm, index), batches.backend.to_host(rbm.params),
                                                config.pretrain.epochs)
@@ -115,7 +114,7 @@ def _layout(rbm: RBM, index: int) -> list:
     return [(f"{index:02d}_rbm/{name}", shape) for name, shape in rbm.layout]
 
 
-def _train_layer(config, comm, stack: list[RBM], index: int, batches, monitor) -> None:
+def _train_layer(config, comm, stack: list[RBM], index: int, batches, monitor, watchdog) -> None:
     """Train RBM `index` for pretrain.epochs epochs on the layers below's activations of this rank's batches."""
     p, rbm, below = config.pretrain, stack[index], stack[:index]
     updater = create_updater(OptimizerConfig(type="sgd", lr=p.lr, momentum=p.momentum, l2=p.weight_decay),
@@ -126,29 +125,28 @@ def _train_layer(config, comm, stack: list[RBM], index: int, batches, monitor) -
     rbm.init_params((config.train.seed, index), visible_mean)
     sync.start(rbm, updater)  # every rank starts from rank 0's RBM
     metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, p.epochs)
-    with Watchdog(config.train.watchdog_s, comm.rank, comm.abort) as watchdog:
-        for epoch in range(p.epochs):
-            rng = backend_rng(rbm.xp, config.train.seed, index, epoch, comm.rank)
-            error, samples, seconds, bytes_sent = 0.0, 0, 0.0, 0  # error: a device scalar, read once per epoch
-            for step, (x, _) in enumerate(batches.epoch(epoch)):
-                watchdog.beat(f"pretrain layer {index + 1} epoch {epoch + 1} step {step + 1}")
-                tick, bytes_before = time.perf_counter(), comm.bytes_sent
-                v = propagate(below, x.reshape(len(x), -1), rng if p.propagate == "sample" else None)
-                error += rbm.train_batch(v, rng)
-                sync.step(rbm, updater)
-                samples += len(x)
-                seconds += time.perf_counter() - tick
-                bytes_sent += comm.bytes_sent - bytes_before
-            watchdog.beat(f"the end of pretrain layer {index + 1} epoch {epoch + 1}")
-            bytes_before = comm.bytes_sent
-            sync.end_epoch(rbm, updater)
+    for epoch in range(p.epochs):
+        rng = backend_rng(rbm.xp, config.train.seed, index, epoch, comm.rank)
+        error, samples, seconds, bytes_sent = 0.0, 0, 0.0, 0  # error: a device scalar, read once per epoch
+        for step, (x, _) in enumerate(batches.epoch(epoch)):
+            watchdog.beat(f"pretrain layer {index + 1} epoch {epoch + 1} step {step + 1}")
+            tick, bytes_before = time.perf_counter(), comm.bytes_sent
+            v = propagate(below, x.reshape(len(x), -1), rng if p.propagate == "sample" else None)
+            error += rbm.train_batch(v, rng)
+            sync.step(rbm, updater)
+            samples += len(x)
+            seconds += time.perf_counter() - tick
             bytes_sent += comm.bytes_sent - bytes_before
-            to_host = batches.backend.to_host
-            hashes = check_replicas(comm, to_host(rbm.params)) if sync.replicas_identical and p.sync.check_replicas \
-                else []
-            record = _epoch_record(config, comm, rbm, index, epoch, monitor, float(to_host(error)), samples, seconds,
-                                   bytes_sent / max(batches.steps_per_epoch, 1))
-            _write_record(config, comm, metrics, {**record, "replica_hashes": hashes}, len(stack))
+        watchdog.beat(f"the end of pretrain layer {index + 1} epoch {epoch + 1}")
+        bytes_before = comm.bytes_sent
+        sync.end_epoch(rbm, updater)
+        bytes_sent += comm.bytes_sent - bytes_before
+        to_host = batches.backend.to_host
+        hashes = check_replicas(comm, to_host(rbm.params)) if sync.replicas_identical and p.sync.check_replicas \
+            else []
+        record = _epoch_record(config, comm, rbm, index, epoch, monitor, float(to_host(error)), samples, seconds,
+                               bytes_sent / max(batches.steps_per_epoch, 1))
+        _write_record(config, comm, metrics, {**record, "replica_hashes": hashes}, len(stack))
 
 
 def propagate(below: list[RBM], v, rng=None):

@@ -171,6 +171,25 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
     assert [os.path.basename(p) for p in list_checkpoints(str(tmp_path / "run"))] == ["ckpt-0001-000000.h5"]
 
 
+@pytest.mark.parametrize("where", ["start-up", "the summary"])
+def test_the_watchdog_also_covers_start_up_and_the_summary(tmp_path, where):
+    """A rank stuck before training (reading a manifest that never comes: a FIFO nobody writes) or after it (rank 0
+    writing summary.json into a FIFO nobody reads) ends the job with the watchdog's message, naming where."""
+    make_dataset(tmp_path / "data", n_train=200)
+    if where == "start-up":
+        os.remove(tmp_path / "data" / "manifest.json")
+        os.mkfifo(tmp_path / "data" / "manifest.json")
+    else:
+        (tmp_path / "run").mkdir()
+        os.mkfifo(tmp_path / "run" / "summary.json.tmp")
+    config = write_config(tmp_path / "exp.yaml", tmp_path / "data", train={"epochs": 1, "watchdog_s": 3})
+    started = time.monotonic()
+    result = mpiexec(2, MPITRAIN, "train", config, timeout=60)
+    assert result.returncode != 0
+    assert "watchdog: no progress for" in result.stderr and f"(train.watchdog_s = 3) at {where}" in result.stderr
+    assert time.monotonic() - started < 30
+
+
 def test_watchdog_aborts_a_stuck_job():
     started = time.monotonic()
     result = mpiexec(2, sys.executable, os.path.join(RANK_SCRIPTS, "stuck_rank.py"), timeout=60)
