@@ -244,10 +244,12 @@ def input_wait_ms(input_seconds: list[float], steps: int) -> float:
 
 
 def per_step(traffic: list[Traffic], steps: int) -> dict:
-    """The ranks' mean traffic per step: bytes sent, host/device copies (and bytes) made for staging, and
-    milliseconds spent inside MPI."""
+    """The ranks' mean traffic per step: bytes sent (and the least and most any rank sent: sharing's messages
+    differ by rank), host/device copies (and bytes) made for staging, and milliseconds spent inside MPI."""
     n = len(traffic) * max(steps, 1)
     return {"bytes_sent_per_step": sum(t.bytes_sent for t in traffic) / n,
+            "bytes_sent_per_step_min": min(t.bytes_sent for t in traffic) / max(steps, 1),
+            "bytes_sent_per_step_max": max(t.bytes_sent for t in traffic) / max(steps, 1),
             "staged_copies_per_step": sum(t.staged_copies for t in traffic) / n,
             "staged_bytes_per_step": sum(t.staged_bytes for t in traffic) / n,
             "mpi_ms_per_step": 1e3 * sum(t.mpi_seconds for t in traffic) / n}
