@@ -1,6 +1,7 @@
 """Softmax cross-entropy in one pass per row: the training loss with its gradient, and evaluation's scores.
 
     softmax_cross_entropy(logits, labels, grad, totals)  # totals = [mean loss, correct]; grad filled
+    weighted_softmax_cross_entropy(logits, labels, weights, grad, totals)  # the mean weighted by weights[label]
     score(logits, labels, confusion, loss_sum)           # adds each row's loss and (label, prediction) count
 
 A row's maximum, sum of exponentials, loss, prediction (the first largest logit, as
@@ -34,18 +35,41 @@ def _row(logits, r):
     return largest, at, total
 
 
+@register_jitable
+def _cross_entropy_row(logits, r, label, weight, divisor, grad):
+    """(row r's cross-entropy, 1 if its prediction is `label`); weight * (softmax - onehot) / divisor into grad[r].
+    A weight of 1.0 changes no bit: the unweighted loss is the weighted one with all weights 1."""
+    largest, at, total = _row(logits, r)
+    for j in range(logits.shape[1]):
+        grad[r, j] = (math.exp(logits[r, j] - largest) / total - (j == label)) * weight / divisor
+    return math.log(total) - (logits[r, label] - largest), at == label
+
+
 @njit(cache=True)
 def _softmax_cross_entropy_cpu(logits, labels, grad, totals):
-    n, c = logits.shape
+    n = logits.shape[0]
     loss, correct = 0.0, 0
     for r in range(n):
-        largest, at, total = _row(logits, r)
-        label = labels[r]
-        loss += math.log(total) - (logits[r, label] - largest)
-        correct += at == label
-        for j in range(c):
-            grad[r, j] = (math.exp(logits[r, j] - largest) / total - (j == label)) / n
+        row_loss, right = _cross_entropy_row(logits, r, labels[r], 1.0, n, grad)
+        loss += row_loss
+        correct += right
     totals[0] = loss / n
+    totals[1] = correct
+
+
+@njit(cache=True)
+def _weighted_softmax_cross_entropy_cpu(logits, labels, weights, grad, totals):
+    n = logits.shape[0]
+    total_weight = 0.0
+    for r in range(n):
+        total_weight += weights[labels[r]]
+    loss, correct = 0.0, 0
+    for r in range(n):
+        weight = weights[labels[r]]
+        row_loss, right = _cross_entropy_row(logits, r, labels[r], weight, total_weight, grad)
+        loss += weight * row_loss
+        correct += right
+    totals[0] = loss / total_weight
     totals[1] = correct
 
 
@@ -64,6 +88,13 @@ def softmax_cross_entropy(logits, labels, grad, totals) -> None:
     """Mean cross-entropy of softmax(logits) against integer labels into totals[0], correct predictions into
     totals[1] (`totals`: 2 float64), and its gradient (softmax - onehot) / batch into `grad`."""
     _softmax_cross_entropy_cpu(logits, labels, grad, totals)
+
+
+@numpy_or_reference("weighted_softmax_cross_entropy_reference")
+def weighted_softmax_cross_entropy(logits, labels, weights, grad, totals) -> None:
+    """As `softmax_cross_entropy`, each row weighted by weights[label] (float64, one per class): totals[0] = sum of
+    w * loss / sum of w, grad = w * (softmax - onehot) / sum of w (PyTorch's CrossEntropyLoss with `weight`)."""
+    _weighted_softmax_cross_entropy_cpu(logits, labels, weights, grad, totals)
 
 
 @numpy_or_reference("score_reference")
@@ -91,6 +122,18 @@ def softmax_cross_entropy_reference(logits, labels, grad, totals) -> None:
     probabilities[xp.arange(n), labels] -= 1
     grad[...] = probabilities / n
     totals[0] = losses.sum() / n
+    totals[1] = (logits.argmax(axis=1) == labels).sum()
+
+
+def weighted_softmax_cross_entropy_reference(logits, labels, weights, grad, totals) -> None:
+    from mpitrain.parallel.backend import array_module
+    xp, n = array_module(logits), len(logits)
+    losses, exp, sums = _row_losses_reference(logits, labels)
+    row_weights = weights[labels]
+    probabilities = exp / sums
+    probabilities[xp.arange(n), labels] -= 1
+    grad[...] = probabilities * row_weights[:, None] / row_weights.sum()
+    totals[0] = (row_weights * losses).sum() / row_weights.sum()
     totals[1] = (logits.argmax(axis=1) == labels).sum()
 
 

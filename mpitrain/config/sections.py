@@ -23,7 +23,7 @@ from mpitrain.parallel.backend import BACKENDS
 from mpitrain.errors import ConfigError
 from mpitrain.kernels.threshold.message import ENCODINGS as MESSAGE_ENCODINGS
 from mpitrain.nn.layers import INIT_SCHEMES
-from mpitrain.nn.losses import LOSSES
+from mpitrain.nn.losses import LOSS_OPTIONS, LOSS_TARGETS, LOSSES, check_loss_options
 from mpitrain.nn.model import LAYER_TYPES, check_layer_spec
 from mpitrain.nn.rbm import VISIBLE_UNITS
 from mpitrain.nn.updaters import UPDATERS
@@ -109,19 +109,27 @@ class ModelConfig(Section):
                               "conv2d layer's `activation` adds that activation layer after it. Layer types: "
                               + ", ".join(f"`{name}`" for name in LAYER_TYPES) + ". Left out with "
                               "`pretrain.layers`, the deep belief net's layers are built from those.")
-    loss: str = option("softmax_cross_entropy", "The loss on the last layer's outputs.", LOSSES)
+    loss: str = option("softmax_cross_entropy", "The loss on the last layer's outputs; it must fit the dataset's "
+                                                "target kind: " + ", ".join(f"{loss} ({kind})" for loss, kind
+                                                                             in LOSS_TARGETS.items()) + ".", LOSSES)
+    loss_options: dict = option({}, "The loss's options: " + "; ".join(
+        f"{loss}: {', '.join(names)}" for loss, names in LOSS_OPTIONS.items() if names) + ". pos_weight (> 0, "
+        "default 1) multiplies the positive term of the sigmoid cross-entropy; class_weights (a list of positive "
+        "numbers, one per class) weigh each row by its label's weight (the mean is sum w * loss / sum w); delta "
+        "(> 0, default 1) is where Huber's loss turns from quadratic to linear.")
     init: str = option("xavier", "Initial weights: Glorot uniform (xavier) or He normal (he); a layer's own "
                                  "`init` wins.", INIT_SCHEMES)
     dtype: str = option("float32", "The floating-point type of parameters and activations.", ("float32", "float64"))
 
     def validate(self, where):
         self.check_choices(where, "model.")
-        for i, spec in enumerate(self.layers):
-            try:
+        try:
+            for i, spec in enumerate(self.layers):
                 check_layer_spec(spec, f"model.layers[{i}]")
-            except ConfigError as e:
-                raise ConfigError(f"{where}: {e}") from None
-        return self
+            loss_options = check_loss_options(self.loss, self.loss_options, "model.loss_options")
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        return dataclasses.replace(self, loss_options=loss_options)
 
 
 @dataclass(frozen=True)

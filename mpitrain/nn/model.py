@@ -3,6 +3,7 @@ ONE parameter buffer and ONE gradient buffer, so averaging either across ranks i
 collective; batch norm's running statistics have a flat buffer of their own, `stats`.
 
     model = Sequential([Dense(256, activation="relu"), Dropout(0.2), Dense(10)], input_shape=(1, 28, 28))
+    model = Sequential(layers, (13,), loss="huber", loss_options={"delta": 0.5})          # a loss with options
     model = build_model(config.model, manifest.feature_shape, manifest.num_classes, xp)   # from a config
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.flat import FlatModel, flat_views
 from mpitrain.nn.layers import ACTIVATIONS, INIT_SCHEMES, Dense, Dropout, Flatten, FusesActivation, Layer
-from mpitrain.nn.losses import LOSSES
+from mpitrain.nn.losses import check_loss_options, loss_with_options
 
 LAYER_TYPES = {"dense": Dense, "flatten": Flatten, "conv2d": Conv2D, "maxpool2d": MaxPool2D,
                "avgpool2d": AvgPool2D, "dropout": Dropout, "batchnorm": BatchNorm, **ACTIVATIONS}
@@ -30,13 +31,15 @@ class Sequential(FlatModel):
     A dense or conv2d layer's `activation` becomes a layer of its own right after it; the
     dense or conv2d layer then runs it fused with its bias add (`FusesActivation.fuse_activation`).
     Every array a step writes is in `workspace` (`mpitrain.nn.workspace`), one part per layer
-    (named like the layout, `03_dense`) and one for the loss.
+    (named like the layout, `03_dense`) and one for the loss. `loss_options` are the loss's
+    (`mpitrain.nn.losses.LOSS_OPTIONS`: pos_weight, class_weights, delta).
     """
 
     def __init__(self, layers: list[Layer], input_shape: tuple[int, ...], loss: str = "softmax_cross_entropy",
-                 xp=np, dtype="float32"):
+                 xp=np, dtype="float32", loss_options: dict | None = None):
         self.layers, self.input_shape, self.loss = _with_activation_layers(layers), tuple(input_shape), loss
-        self.loss_fn = LOSSES[loss]
+        self.loss_options = check_loss_options(loss, loss_options or {})
+        self.loss_fn = loss_with_options(loss, self.loss_options, xp)
         shapes, stat_shapes, shape = [], [], self.input_shape
         for layer in self.layers:
             shapes.append(layer.param_shapes(shape))
@@ -162,10 +165,14 @@ def build_model(config, input_shape, num_classes: int, xp) -> Sequential:
             except ValueError as e:
                 raise ConfigError(f"model.layers[{i}] ({spec['type']}) on inputs of shape {list(shape)}: {e}") from None
             layers.append(layer)
-    model = Sequential(layers, input_shape, config.loss, xp, config.dtype)
+    model = Sequential(layers, input_shape, config.loss, xp, config.dtype, config.loss_options)
     if model.output_shape != (num_classes,):
         raise ConfigError(f"model.layers: the last layer gives outputs of shape {list(model.output_shape)}, "
                           f"expected [{num_classes}] for the dataset's {num_classes} classes")
+    weights = config.loss_options.get("class_weights", [])
+    if weights and len(weights) != num_classes:
+        raise ConfigError(f"model.loss_options.class_weights has {len(weights)} weights, expected {num_classes}: "
+                          "one per class of the dataset")
     return model
 
 

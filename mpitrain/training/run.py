@@ -118,6 +118,7 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
         decided["data.path"] = reader.path
     if model is not None:
         decided.update({"model.layers": model.layer_specs(), "model.loss": model.loss,
+                        "model.loss_options": model.loss_options,
                         "model.dtype": str(model.params.dtype)})
     if sync is not None:
         decided["sync"] = sync.config  # the run's config.yaml and summary say which mode ran

@@ -59,6 +59,10 @@ def test_frequency_epoch_and_run_dir(tmp_path):
     ("", ["sync.latency_us=-1"], r"sync.latency_us is -1.0, expected a number of microseconds >= 0"),
     ("", ["data.augment={shift: -1}"], r"data.augment.shift is -1"),
     ("", ["data.augment={rotate: 10}"], r"unknown key data.augment.rotate"),
+    ("", ["model.loss=regression"], r"model.loss is 'regression', expected one of \('softmax_cross_entropy', "),
+    ("", ["model.loss_options={pos_weight: 2}"], r"unknown key model.loss_options.pos_weight for loss "
+                                                 r"softmax_cross_entropy; expected one of \['class_weights'\]"),
+    ("", ["model.loss=huber", "model.loss_options.delta=0"], r"model.loss_options.delta is 0, expected a positive"),
     ("backend: tpu", [], r"backend is 'tpu', expected one of \('auto', 'numpy', 'cupy'\)"),
     ("comm: {cuda_aware: maybe}", [], r"comm.cuda_aware is 'maybe', expected one of \('auto', True, False\)"),
     ("comm: {cuda_aware: 1}", [], r"comm.cuda_aware is 1, expected bool or str"),

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mpitrain.training.allocations import AllocationTrace
-from mpitrain.kernels import activations, batchnorm, loss, rows
+from mpitrain.kernels import activations, batchnorm, elementwise_loss, loss, rows
 from mpitrain.nn.layers import Dropout, keyed_bits
 from mpitrain.nn.workspace import Workspace
 
@@ -93,6 +93,41 @@ def test_softmax_cross_entropy_and_score_equal_the_reference(shape, dtype, conti
         loss.score_reference(logits, labels, expected_confusion, expected_sum)
         np.testing.assert_array_equal(confusion, expected_confusion)
         np.testing.assert_allclose(loss_sum, expected_sum, rtol=1e-6 if dtype == np.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 10), (7, 3), (64, 10)])
+def test_weighted_softmax_cross_entropy_equals_the_reference(shape, dtype):
+    rng = np.random.default_rng(shape[0])
+    logits = operand(rng, shape, dtype, False) * 4
+    labels = rng.integers(0, shape[1], size=shape[0]).astype(np.int32)
+    weights = rng.uniform(0.1, 3, size=shape[1])
+    grad, totals, expected_grad, expected = np.empty(shape, dtype), np.empty(2), np.empty(shape, dtype), np.empty(2)
+    loss.weighted_softmax_cross_entropy(logits, labels, weights, grad, totals)
+    loss.weighted_softmax_cross_entropy_reference(logits, labels, weights, expected_grad, expected)
+    np.testing.assert_allclose(totals, expected, rtol=1e-6 if dtype == np.float32 else 1e-12)
+    np.testing.assert_allclose(grad, expected_grad, **close(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 1), (5, 3), (64, 10)])
+@pytest.mark.parametrize("kernel", ["sigmoid", "mse", "l1", "huber"])
+def test_elementwise_losses_equal_the_reference(kernel, shape, dtype):
+    rng = np.random.default_rng(sum(shape))
+    logits = operand(rng, shape, dtype, False) * 4
+    logits[0, 0] = 30  # sigmoid(-30) is far below the float64 epsilon of 1 - sigmoid(30)
+    if kernel == "sigmoid":
+        targets = rng.integers(0, 2, size=shape).astype(dtype)
+        run, arguments = elementwise_loss.sigmoid_cross_entropy, (2.5,)
+    else:
+        targets = operand(rng, shape, dtype, True)
+        targets[-1, -1] = logits[-1, -1]  # the subgradient at 0
+        run, arguments = elementwise_loss.regression, ({"mse": 0, "l1": 1, "huber": 2}[kernel], 0.7)
+    grad, totals, expected_grad, expected = np.empty(shape, dtype), np.empty(2), np.empty(shape, dtype), np.empty(2)
+    run(logits, targets, *arguments, grad, totals)
+    getattr(elementwise_loss, run.__name__ + "_reference")(logits, targets, *arguments, expected_grad, expected)
+    np.testing.assert_allclose(totals, expected, rtol=1e-12)
+    np.testing.assert_allclose(grad, expected_grad, **close(dtype))
 
 
 @pytest.mark.parametrize("training", [True, False])
