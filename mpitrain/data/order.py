@@ -104,6 +104,13 @@ class EpochPlan:
         self.dropped_rows = blocks.total_rows - self.used_rows
         self.windows = -(-self.used_rows // window_rows)
 
+    def chunk_reads(self, ranks: int) -> float:
+        """At most how often a chunk is read per epoch on `ranks` ranks, on average: once, plus one block for each
+        edge of a window or of a rank's range that cuts one (`ranks` edges per window)."""
+        if not len(self.blocks):
+            return 1.0
+        return 1.0 + self.windows * ranks * int(self.blocks.rows.max()) / self.blocks.total_rows
+
     def window_of(self, step: int) -> tuple[int, int]:
         """(window, batch within the window) of global step `step`."""
         per_window = self.window_rows // self.global_batch

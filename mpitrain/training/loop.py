@@ -138,9 +138,10 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
     if comm.is_root:
         plan = batches.rows.plan
         log.info("%d ranks, global batch %d (%d per rank), %d steps per epoch (%d rows not used per epoch), shuffle "
-                 "window %d rows, %d parameters, sync %s, backend %s%s", comm.size, plan.global_batch,
-                 batches.batch_size, plan.steps, plan.dropped_rows, plan.window_rows, model.n_params,
-                 config.sync.mode, run.backend.name, ", collectives staged through host memory" if comm.staged else "")
+                 "window %d rows (each chunk read at most %.2f times per epoch), %d parameters, sync %s, backend %s%s",
+                 comm.size, plan.global_batch, batches.batch_size, plan.steps, plan.dropped_rows, plan.window_rows,
+                 plan.chunk_reads(comm.size), model.n_params, config.sync.mode, run.backend.name,
+                 ", collectives staged through host memory" if comm.staged else "")
     metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs)
     return _Loop(batches, test_rows, updater, sync, metrics, start.epoch, start.step,
                  AllocationTrace(config.train.trace_allocations))

@@ -69,7 +69,7 @@ def test_each_rank_reads_one_range_per_window_so_chunks_are_read_about_once(rank
                                       for p in order.pieces(span.start, span.stop)])
             for step in range(window * 200, min((window + 1) * 200, plan.steps)):
                 assert np.isin(order.row_ids(step, r, ranks), in_span).all()
-    assert read / blocks.total_rows <= 1 + ranks * plan.windows / len(blocks) * 2  # edges only
+    assert read / blocks.total_rows <= plan.chunk_reads(ranks)  # once, and the blocks cut by edges
     if ranks == 1:
         assert read / blocks.total_rows < 1.1
 
