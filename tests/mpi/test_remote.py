@@ -10,7 +10,7 @@ import time
 import pytest
 
 from mpitrain.testing.datasets import flip_a_byte_in_a_chunk, make_dataset, write_config
-from mpitrain.testing.launch import MPIEXEC, MPITRAIN, mpiexec
+from mpitrain.testing.launch import MPIEXEC, MPITRAIN, command, mpiexec
 
 BUCKET = "training-tests"
 
@@ -43,6 +43,8 @@ def test_training_reads_its_rows_from_the_store_about_once(store, tmp_path):
     assert stored <= summary["data_bytes_fetched"] < 2 * 1.2 * stored  # 2 epochs, about once each, metadata beside
     evaluated = mpiexec(2, MPITRAIN, "eval", tmp_path / "run", env={**os.environ, **store.env}, timeout=60)
     assert evaluated.returncode == 0 and "accuracy" in evaluated.stdout + evaluated.stderr, evaluated.stderr
+    info = command(MPITRAIN, "info", url, env={**os.environ, **store.env}, timeout=60)
+    assert info.returncode == 0 and "all shards present and well-formed, checksums verified" in info.stdout, info.stderr
 
 
 def test_a_chunk_that_fails_its_checksum_ends_every_rank(store, tmp_path):
