@@ -287,7 +287,33 @@ def markdown(rows: list[dict]) -> str:
                                     [[r["size"], f"{r['rows']:,}", f"{r['dataset_mb']:,.0f}", str(r["limit_mb"]),
                                       f"{r['peak_rss_mb']:.0f}", f"{r['rss_over_1x_mb']:+.0f}", str(r["epochs_done"])]
                                      for r in memory_rows], "lrrrrrr"))
-    return "\n\n".join(parts) + "\n"
+    return "\n\n".join(parts + [targets(rows)]) + "\n"
+
+
+def targets(rows: list[dict]) -> str:
+    """The targets of the module docstring, each met or not, from the rows."""
+    def met(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+    lines = []
+    streaming = [r for r in rows if r["part"] == "speed" and r["path"] == "streaming"]
+    if streaming:
+        lines.append(f"streaming >= 0.95x in memory: {met(all(r['vs_in_memory'] >= 0.95 for r in streaming))} ("
+                     + ", ".join(f"{r['model']} {r['vs_in_memory']:.2f}x" for r in streaming) + ")")
+    shuffled = [r for r in rows if r["part"] == "shuffle" and r["path"] == "sorted by label" and r["buffer_mb"] == 256]
+    if shuffled:
+        points = shuffled[0]["accuracy_points_vs_shuffled"]
+        lines.append(f"sorted by label, default buffer, within 0.5 points: {met(abs(points) <= 0.5)} ({points:+.2f})")
+    four = [r for r in rows if r["part"] == "reading" and r["ranks"] == 4]
+    if four:
+        lines.append("bytes read <= 1.5x on 4 ranks: " + ", ".join(
+            f"{r['buffer_mb']} MB windows {met(r['fetched_over_dataset'] <= 1.5)} ({r['fetched_over_dataset']:.2f}x)"
+            for r in four))
+    memory = {r["size"]: r for r in rows if r["part"] == "memory"}
+    if "16x" in memory:
+        big = memory["16x"]
+        lines.append(f"16x within 64 MB of 1x: {met(big['rss_over_1x_mb'] <= 64)} ({big['rss_over_1x_mb']:+.0f} MB); "
+                     f"16x >= 4x the cgroup and an epoch done: {met(big['dataset_mb'] >= 4 * big['limit_mb'] and big['epochs_done'] >= 1)}")
+    return "Targets: " + "; ".join(lines) + "." if lines else ""
 
 
 def main(argv=None) -> dict:
