@@ -112,8 +112,14 @@ def _eval(args, comm) -> int:
     from mpitrain.training.trained import evaluate_run
     result = evaluate_run(args.run_dir, comm, args.split, args.checkpoint, args.batch_size, args.allow_other_dataset)
     if comm.is_root:
-        print(f"{args.split}: accuracy {result['accuracy']:.4f}  loss {result['loss']:.4f}  "
+        from mpitrain.training.metrics import figure
+        print(f"{args.split}: accuracy {figure(result['accuracy'])}  loss {result['loss']:.4f}  "
               f"rows {result['rows']}  ({result['checkpoint']})")
+        if "confusion" not in result:  # binary, multilabel, regression: the kind's single figures
+            print("  ".join(f"{key} {value:.4f}" for key, value in result.items()
+                            if isinstance(value, float) and key not in ("accuracy", "loss")))
+            print(f"wrote {result['json']}")
+            return 0
         print(f"{'class':>12}  precision  recall")
         for name, p, r in zip(result["class_names"], result["precision"], result["recall"]):
             print(f"{name:>12}  {p:9.4f}  {r:6.4f}")

@@ -62,7 +62,7 @@ class ShardFiles:
             raise DataError(f"{path}: rows {lo}..{hi - 1} could not be read ({describe(e) if isinstance(e, OSError) else e}); "
                             "the chunk fails its checksum or the shard is damaged or gone") from None
         self.rows_read += int(blocks.rows[piece.block])
-        check_values(path, x_out, y_out, self.manifest.num_classes)
+        check_values(path, x_out, y_out, self.manifest)
 
     def close(self) -> None:
         while self.open_files:
@@ -154,10 +154,19 @@ def _chunk_bytes(*datasets):
     return stored
 
 
-def check_values(path: str, x: np.ndarray, y: np.ndarray, num_classes: int) -> None:
-    """Labels in 0..num_classes-1 and finite float features, or one DataError naming the shard."""
-    bad = (y < 0) | (y >= num_classes)
+def check_values(path: str, x: np.ndarray, y: np.ndarray, manifest: Manifest) -> None:
+    """Labels that fit the target (class: 0..num_classes-1; binary and multilabel: 0 or 1; regression: finite) and
+    finite float features, or one DataError naming the shard."""
+    if manifest.target == "class":
+        bad = (y < 0) | (y >= manifest.num_classes)
+        expected = f"0..{manifest.num_classes - 1}"
+    elif manifest.target in ("binary", "multilabel"):
+        bad = (y != 0) & (y != 1)
+        expected = "0 or 1"
+    else:
+        bad = ~np.isfinite(y)
+        expected = "a finite number"
     if bad.any():
-        raise DataError(f"{path}: label {int(y[bad][0])} out of range; expected 0..{num_classes - 1}")
+        raise DataError(f"{path}: label {y[bad][0]:g} out of range for a {manifest.target} target; expected {expected}")
     if x.dtype.kind == "f" and not np.isfinite(x).all():
         raise DataError(f"{path}: features contain NaN or Inf; expected finite values")

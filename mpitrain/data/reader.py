@@ -109,14 +109,12 @@ class DatasetReader:
                               f"{blocks.total_rows} rows")
         window = window or window_rows(buffer_mb, self.row_bytes, global_batch, int(blocks.rows.max()))
         plan = EpochPlan(blocks, global_batch, window, seed, shuffle)
-        return TrainRows(self.shard_files(split), plan, self.rank, self.size, self.manifest.feature_shape,
-                         self.manifest.feature_dtype)
+        return TrainRows(self.shard_files(split), plan, self.rank, self.size)
 
     def eval_rows(self, split: str) -> EvalRows:
         """This rank's contiguous share of every row of `split` (the first max_rows when set), read in order."""
         blocks = self.blocks(split)
-        return EvalRows(self.shard_files(split), blocks, eval_rows_for_rank(blocks.total_rows, self.rank, self.size),
-                        self.manifest.feature_shape, self.manifest.feature_dtype)
+        return EvalRows(self.shard_files(split), blocks, eval_rows_for_rank(blocks.total_rows, self.rank, self.size))
 
 
 def input_scaling(manifest: Manifest, normalize: bool) -> tuple[float, float]:
@@ -186,18 +184,17 @@ class Batches:
 
     def zeros(self):
         """A batch of zeros in buffer pair 0: what a rank whose read failed trains on until every rank knows."""
-        shape = (self.batch_size, *self.rows.row_shape)
-        x, y = self.ws("x0", shape, self.dtype, host=True), self.ws("y0", shape[:1], np.int32, host=True)
+        x, y = self._buffers(0)
         x[...], y[...] = 0, 0
         return self._on_device(x, "x0"), self._on_device(y, "y0")
 
     def _batch(self, view, epoch: int, step: int):
         """Step `step`'s rows (ascending within the batch) into buffer pair `step % 2`."""
-        slot, shape = step % 2, (self.batch_size, *self.rows.row_shape)
+        slot = step % 2
         stored_x, stored_y, index = view.step(step)
         if self.record is not None:
             self.record(epoch, step, view.row_ids(step))
-        x, y = self.ws(f"x{slot}", shape, self.dtype, host=True), self.ws(f"y{slot}", shape[:1], np.int32, host=True)
+        x, y = self._buffers(slot)
         if self.augment:
             stored = augment_images(stored_x[index], (self.seed, epoch, self.rank, step), **self.augment)
             scaled(stored, self.scale, self.shift, x)
@@ -205,6 +202,12 @@ class Batches:
         else:
             gather_scaled(stored_x, stored_y, index, self.scale, self.shift, x, y)
         return self._on_device(x, f"x{slot}"), self._on_device(y, f"y{slot}")
+
+    def _buffers(self, slot: int):
+        """Host buffer pair `slot`: a batch's model input and its labels or targets."""
+        manifest = self.rows.shards.manifest
+        return (self.ws(f"x{slot}", (self.batch_size, *self.rows.row_shape), self.dtype, host=True),
+                self.ws(f"y{slot}", (self.batch_size, *manifest.target_shape), manifest.target_dtype, host=True))
 
     def _on_device(self, host: np.ndarray, name: str):
         """`host` itself on the CPU; on a GPU, the device buffer `name` it is copied into."""

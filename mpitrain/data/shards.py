@@ -30,7 +30,10 @@ MANIFEST_NAME = "manifest.json"
 FEATURE_DTYPES = ("uint8", "float32")
 CHUNK_ROWS = 1024
 COMPRESSIONS = ("none", "gzip", "lz4", "zstd")
-CHECKSUMS = ("", "fletcher32")  # "": only the whole-file sha256 (manifests written before per-chunk checksums)
+CHECKSUMS = ("", "fletcher32")
+# What `y` holds: class labels 0..num_classes-1 (int32, (rows,)); one 0/1 outcome (binary, float32 (rows, 1)); several
+# 0/1 labels (multilabel, float32 (rows, k)); numbers (regression, float32 (rows, k)). k: len(target_names).
+TARGETS = ("class", "binary", "multilabel", "regression")  # "": only the whole-file sha256 (manifests written before per-chunk checksums)
 GZIP_LEVEL = 4
 
 
@@ -65,6 +68,22 @@ class Manifest:
     compression: str = "none"  # the shards' HDF5 codec, one of COMPRESSIONS
     chunk_rows: int = CHUNK_ROWS  # rows per HDF5 chunk
     checksums: str = ""  # "fletcher32": every chunk carries one; "": only the whole-file sha256
+    target: str = "class"  # what `y` holds, one of TARGETS
+    target_names: list[str] = field(default_factory=list)  # binary, multilabel, regression: y's columns, named
+
+    @property
+    def target_shape(self) -> tuple[int, ...]:
+        """One row's `y` shape: () for class labels, (k,) for the other targets."""
+        return () if self.target == "class" else (max(1, len(self.target_names)),)
+
+    @property
+    def target_dtype(self):
+        return np.dtype(np.int32 if self.target == "class" else np.float32)
+
+    @property
+    def outputs(self) -> int:
+        """The model's output units: one per class, else one per target column."""
+        return self.num_classes if self.target == "class" else self.target_shape[0]
 
     def rows(self, split: str) -> int:
         return sum(shard.rows for shard in self.shards(split))
@@ -121,7 +140,8 @@ def write_shard(dataset_dir: str, relative_path: str, x: np.ndarray, y: np.ndarr
     rows = len(x)
     filters = _filters(compression)
     with h5py.File(path, "w") as f:
-        for name, data in {"x": x, "y": y.astype(np.int32), **(extras or {})}.items():
+        labels = y.astype(np.int32) if y.ndim == 1 else y.astype(np.float32)  # class labels, else target columns
+        for name, data in {"x": x, "y": labels, **(extras or {})}.items():
             if rows:  # an empty dataset cannot be chunked, so it has no filters
                 f.create_dataset(name, data=data, chunks=(min(rows, CHUNK_ROWS), *data.shape[1:]), **filters)
             else:
@@ -182,8 +202,15 @@ def read_manifest(dataset_dir: str, storage: Storage | None = None) -> Manifest:
     dtype = need("feature_dtype", str)
     if dtype not in FEATURE_DTYPES:
         raise DataError(f"{path}: feature_dtype {dtype!r}, expected one of {FEATURE_DTYPES}")
+    target = data.get("target", "class")
+    if target not in TARGETS:
+        raise DataError(f"{path}: target {target!r}, expected one of {TARGETS}")
+    target_names = data.get("target_names", [])
+    if not isinstance(target_names, list) or (target in ("multilabel", "regression") and not target_names):
+        raise DataError(f"{path}: target_names {target_names!r}, expected the names of y's columns for a "
+                        f"{target} target")
     num_classes = need("num_classes", int)
-    if num_classes < 2:
+    if target == "class" and num_classes < 2:
         raise DataError(f"{path}: num_classes {num_classes}, expected at least 2")
     numbers = {key: float(need(key, (int, float))) for key in ("scale", "offset", "mean", "std")}
     if not all(math.isfinite(v) for v in numbers.values()) or numbers["std"] <= 0:
@@ -212,7 +239,8 @@ def read_manifest(dataset_dir: str, storage: Storage | None = None) -> Manifest:
         splits=splits, schema_version=version, source=str(data.get("source", "")),
         seed=int(data.get("seed", 0)), transforms=list(data.get("transforms", [])),
         class_names=[str(name) for name in class_names], bad_records=int(data.get("bad_records", 0)),
-        compression=compression, chunk_rows=chunk_rows, checksums=checksums, **numbers)
+        compression=compression, chunk_rows=chunk_rows, checksums=checksums, target=target,
+        target_names=[str(name) for name in target_names], **numbers)
 
 
 def check_shard(dataset: str | Storage, manifest: Manifest, shard: ShardInfo, verify_checksum: bool) -> str:
@@ -256,5 +284,7 @@ def check_structure(f: h5py.File, path: str, manifest: Manifest, shard: ShardInf
     if x.shape != expected_x or x.dtype.name != manifest.feature_dtype:
         raise DataError(f"{path}: dataset 'x' is {x.dtype}{list(x.shape)}, "
                         f"expected {manifest.feature_dtype}{list(expected_x)}")
-    if y.shape != (shard.rows,) or y.dtype != np.int32:
-        raise DataError(f"{path}: dataset 'y' is {y.dtype}{list(y.shape)}, expected int32[{shard.rows}]")
+    expected_y = (shard.rows, *manifest.target_shape)
+    if y.shape != expected_y or y.dtype != manifest.target_dtype:
+        raise DataError(f"{path}: dataset 'y' is {y.dtype}{list(y.shape)}, expected "
+                        f"{manifest.target_dtype}{list(expected_y)} (a {manifest.target} target)")

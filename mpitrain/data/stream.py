@@ -23,12 +23,12 @@ class TrainRows:
     """This rank's training rows of a split, as `plan` orders them, read through `shards`. Not a collective: every rank
     reads its own rows (a rank's share of each window is a contiguous range no other rank reads, edges aside)."""
 
-    def __init__(self, shards: ShardFiles, plan: EpochPlan, rank: int, ranks: int, row_shape, dtype):
+    def __init__(self, shards: ShardFiles, plan: EpochPlan, rank: int, ranks: int):
         self.shards, self.plan, self.rank, self.ranks = shards, plan, rank, ranks
-        self.row_shape = tuple(row_shape)
+        manifest = shards.manifest
+        self.row_shape, self.target_shape = tuple(manifest.feature_shape), manifest.target_shape
         capacity = min(plan.window_rows, plan.used_rows) // ranks  # np.empty: pages are taken as rows come in
-        self.buffers = [(np.empty((capacity, *row_shape), dtype=dtype), np.empty(capacity, dtype=np.int32))
-                        for _ in range(2)]
+        self.buffers = [row_buffers(manifest, capacity) for _ in range(2)]
 
     @property
     def rank_batch(self) -> int:
@@ -95,9 +95,8 @@ class EpochRows:
 class EvalRows:
     """A contiguous range `span` of a split's rows (manifest order), read block by block. Not a collective."""
 
-    def __init__(self, shards: ShardFiles, blocks: Blocks, span: range, row_shape, dtype):
+    def __init__(self, shards: ShardFiles, blocks: Blocks, span: range):
         self.shards, self.blocks, self.span = shards, blocks, span
-        self.row_shape, self.dtype = tuple(row_shape), dtype
         self.buffers: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         starts = np.concatenate([[0], np.cumsum(blocks.rows)])
         self.pieces = []
@@ -132,11 +131,17 @@ class EvalRows:
     def _buffers(self, name: str, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """(x, y) buffers of `rows` rows, made on the first call and kept: an evaluation allocates nothing."""
         if self.buffers.get(name, (np.empty(0),))[0].shape[:1] != (rows,):
-            self.buffers[name] = (np.empty((rows, *self.row_shape), self.dtype), np.empty(rows, np.int32))
+            self.buffers[name] = row_buffers(self.shards.manifest, rows)
         return self.buffers[name]
 
     def first(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The first `n` rows of the range (new arrays)."""
         for x, y in self.batches(max(1, min(n, len(self)))):
             return x.copy(), y.copy()
-        return np.empty((0, *self.row_shape), self.dtype), np.empty(0, np.int32)
+        return row_buffers(self.shards.manifest, 0)
+
+
+def row_buffers(manifest, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Empty (x, y) arrays for `rows` stored rows of the dataset of `manifest`."""
+    return (np.empty((rows, *manifest.feature_shape), manifest.feature_dtype),
+            np.empty((rows, *manifest.target_shape), manifest.target_dtype))

@@ -149,12 +149,13 @@ def _plain(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def build_model(config, input_shape, num_classes: int, xp) -> Sequential:
+def build_model(config, input_shape, num_classes: int, xp, outputs: str = "classes") -> Sequential:
     """Build the model of `config.model` (a ModelConfig) for inputs of `input_shape`.
 
     Each layer is `{type: NAME, ...keyword arguments}`; a dense or conv2d layer's
     `activation` adds that activation layer after it. The last layer must give
-    `num_classes` outputs. A layer that does not fit its input shape is named.
+    `num_classes` outputs (one per class, or per target column: `outputs` names them for the
+    error). A layer that does not fit its input shape is named.
     """
     layers, shape = [], tuple(input_shape)
     for i, spec in enumerate(config.layers):
@@ -168,7 +169,7 @@ def build_model(config, input_shape, num_classes: int, xp) -> Sequential:
     model = Sequential(layers, input_shape, config.loss, xp, config.dtype, config.loss_options)
     if model.output_shape != (num_classes,):
         raise ConfigError(f"model.layers: the last layer gives outputs of shape {list(model.output_shape)}, "
-                          f"expected [{num_classes}] for the dataset's {num_classes} classes")
+                          f"expected [{num_classes}] for the dataset's {num_classes} {outputs}")
     weights = config.loss_options.get("class_weights", [])
     if weights and len(weights) != num_classes:
         raise ConfigError(f"model.loss_options.class_weights has {len(weights)} weights, expected {num_classes}: "

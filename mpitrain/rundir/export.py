@@ -118,9 +118,14 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
 
     `normalize` is the run's `data.normalize`; `metadata` ({key: text}) goes into
     `metadata_props` beside the manifest's feature description. A layer ONNX cannot express
-    (one of the user's own Layer classes) is refused by name.
+    (one of the user's own Layer classes) is refused by name, and so is a target other than class labels (the
+    graph ends in a softmax).
     """
     from mpitrain.data.reader import input_scaling
+
+    if manifest.target != "class":
+        raise MpitrainError(f"the dataset's target is {manifest.target}; `mpitrain export` writes class models "
+                            "(softmax outputs) only in this version")
 
     onnx = require_onnx()
     helper = onnx.helper

@@ -13,9 +13,11 @@ from mpitrain.rundir.report import class_names, write_confusion_png
 
 
 def write_evaluation(json_path: str, picture: str, result: dict, provenance: dict, manifest, title: str) -> None:
-    """`result` (Evaluation.to_dict()) and its `provenance` as JSON at `json_path`; the confusion matrix, its classes
-    named as the manifest names them, as a picture at `picture` titled `title`."""
+    """`result` (Evaluation.to_dict()) and its `provenance` as JSON at `json_path`; for class targets the confusion
+    matrix, its classes named as the manifest names them, as a picture at `picture` titled `title`."""
     write_file(json_path, lambda f: json.dump({**provenance, **result}, f, indent=2))
+    if "confusion" not in result:  # binary, multilabel, regression: their figures are in the JSON
+        return
     with os_errors(picture, "drawing the confusion matrix"):
         write_confusion_png(np.array(result["confusion"]), names_of(manifest), picture, title)
 

@@ -120,7 +120,8 @@ def _report_figure(runs: list[Run]):
         epoch = [r["epoch"] + 1 for r in run.epochs]
         axes[0].plot(epoch, [r["train_loss"] for r in run.epochs], "o-", color=color, label=run.label)
         axes[0].plot(epoch, [r["test_loss"] for r in run.epochs], "s--", color=color)
-        axes[1].plot(epoch, [r["test_accuracy"] for r in run.epochs], "o-", color=color, label=run.label)
+        accuracy = [np.nan if r["test_accuracy"] is None else r["test_accuracy"] for r in run.epochs]  # regression
+        axes[1].plot(epoch, accuracy, "o-", color=color, label=run.label)
         step = [r["global_step"] for r in run.windows]
         for ax, key in ((axes[2], "samples_per_s"), (axes[3], "bytes_sent_per_step"),
                         (axes[4], "tau"), (axes[5], "sparsity")):

@@ -1,37 +1,53 @@
-"""Distributed evaluation and inference: each rank scores its own rows, the sums are Allreduced."""
+"""Distributed evaluation and inference: each rank scores its own rows, the sums are Allreduced.
+
+Class targets are scored by a fused kernel into a confusion matrix. Binary, multilabel and
+regression targets (`Manifest.target`) are scored by the model's own loss, their accuracy
+from the loss's correct count (regression has none), and the outputs the loss reads as
+probabilities or values (`outputs_of`) are kept for the metrics of their kind.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from mpitrain.errors import DataError
 from mpitrain.kernels.loss import score
 from mpitrain.nn.losses import softmax
+from mpitrain.parallel.backend import array_module
+from mpitrain.training.scores import distributed_metrics
 
 EVAL_BATCH_SIZE = 256  # rows per batch when scoring: no gradients are kept, so larger than a training batch
 
 
 @dataclass
 class Evaluation:
-    """A confusion matrix (rows: true class, columns: predicted) and the summed loss, over all ranks."""
+    """Over all ranks: a confusion matrix (class targets; rows: true class, columns: predicted) or the rows and
+    correct predictions counted (other targets), the summed loss, and a target kind's further metrics."""
 
-    confusion: np.ndarray
+    confusion: np.ndarray | None
     loss_sum: float
+    counted: int = 0  # rows, for targets without a confusion matrix
+    correct: float | None = None  # binary and multilabel targets; regression has no accuracy
+    metrics: dict = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
-        return int(self.confusion.sum())
+        return int(self.confusion.sum()) if self.confusion is not None else self.counted
 
     @property
-    def accuracy(self) -> float:
-        return float(np.trace(self.confusion)) / self.rows
+    def accuracy(self) -> float | None:
+        if self.confusion is not None:
+            return float(np.trace(self.confusion)) / self.rows
+        return None if self.correct is None else self.correct / self.rows
 
     @property
     def loss(self) -> float:
         return self.loss_sum / self.rows
 
     def to_dict(self) -> dict:
+        if self.confusion is None:
+            return {"accuracy": self.accuracy, "loss": self.loss, "rows": self.rows, **self.metrics}
         true_counts, predicted_counts = self.confusion.sum(axis=1), self.confusion.sum(axis=0)
         hits = np.diag(self.confusion)
         return {
@@ -40,6 +56,15 @@ class Evaluation:
             "recall": [float(h / t) if t else 0.0 for h, t in zip(hits, true_counts)],
             "confusion": self.confusion.tolist(),
         }
+
+
+def outputs_of(logits, target: str):
+    """What the model's outputs mean for a target kind: probabilities (sigmoid) of binary and multilabel labels,
+    the values themselves for regression."""
+    if target == "regression":
+        return logits
+    xp = array_module(logits)
+    return 1.0 / (1.0 + xp.exp(-logits))
 
 
 def batched_logits(model, rows, to_input, batch_size: int):
@@ -52,8 +77,10 @@ def batched_logits(model, rows, to_input, batch_size: int):
         yield model.forward(x, training=False), labels
 
 
-def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, backend) -> Evaluation:
-    """Evaluate on every rank's rows; a collective, so every rank must call it.
+def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, backend, target: str = "class") \
+        -> Evaluation:
+    """Evaluate on every rank's rows; a collective, so every rank must call it. `target`: the dataset's kind
+    (`Manifest.target`); other kinds than class go to `evaluate_targets`.
 
     Each batch's loss and (label, prediction) counts are added up on the device by one fused
     kernel (`mpitrain.kernels.loss.score`, counts in float64: exact below 2**53 rows); one copy
@@ -61,6 +88,8 @@ def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, bac
     whose rows could not be read (a shard gone or damaged): then every rank raises that rank's
     error, instead of the others waiting for it.
     """
+    if target != "class":
+        return evaluate_targets(model, rows, to_input, batch_size, comm, backend, target)
     size = num_classes * num_classes
     totals = backend.xp.zeros(size + 2, dtype=np.float64)  # the counts, the loss sum, the ranks that failed to read
     failure = None
@@ -76,6 +105,32 @@ def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, bac
         rank, message = next((r, m) for r, m in enumerate(comm.allgather_obj(failure)) if m)
         raise DataError(f"{message} (seen on rank {rank})")
     return Evaluation(totals[:size].astype(np.int64).reshape(num_classes, num_classes), float(totals[size]))
+
+
+def evaluate_targets(model, rows, to_input, batch_size: int, comm, backend, target: str) -> Evaluation:
+    """Evaluate binary, multilabel or regression targets on every rank's rows (a collective): the model's loss and
+    correct count summed by one Allreduce (with the rows, and the ranks that failed to read theirs, as `evaluate`),
+    then the target kind's metrics over every rank's outputs (`mpitrain.training.scores`)."""
+    totals = np.zeros(4)  # loss sum, correct, rows, ranks that failed to read
+    outputs, labels, failure = [], [], None
+    try:
+        for logits, batch_labels in batched_logits(model, rows, to_input, batch_size):
+            loss, correct, _ = model.loss_fn(logits, backend.to_device(batch_labels), model.loss_ws)
+            totals[:3] += (float(loss) * len(batch_labels), float(correct), len(batch_labels))
+            outputs.append(backend.to_host(outputs_of(logits, target)).astype(np.float64))
+            labels.append(batch_labels.astype(np.float64))
+    except DataError as e:
+        failure = str(e)
+    totals[3] = failure is not None
+    comm.allreduce_(totals)
+    if totals[3]:
+        rank, message = next((r, m) for r, m in enumerate(comm.allgather_obj(failure)) if m)
+        raise DataError(f"{message} (seen on rank {rank})")
+    width = model.output_shape[0]
+    metrics = distributed_metrics(comm, target, np.concatenate(labels or [np.empty((0, width))]).reshape(-1, width),
+                                  np.concatenate(outputs or [np.empty((0, width))]).reshape(-1, width))
+    return Evaluation(None, float(totals[0]), int(totals[2]), None if target == "regression" else float(totals[1]),
+                      metrics)
 
 
 def predict(model, rows, to_input, batch_size: int, backend) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -27,7 +27,7 @@ from mpitrain.data.stream import EvalRows
 from mpitrain.errors import ConfigError, DataError
 from mpitrain.rundir.directory import RunDir
 from mpitrain.training.evaluation import EVAL_BATCH_SIZE, Evaluation, evaluate
-from mpitrain.training.metrics import MetricsLog, Totals, Traffic, Window, input_wait_ms, per_step
+from mpitrain.training.metrics import MetricsLog, Totals, Traffic, Window, figure, input_wait_ms, per_step
 from mpitrain.nn.updaters import Updater, create_updater
 from mpitrain.training.preemption import StopSignals, Stopped, requeue
 from mpitrain.training.pretrain import pretrain
@@ -299,8 +299,9 @@ def _end_epoch(run: Run, loop: _Loop, epoch: int, totals: Totals, done: _Done, w
 
 
 def _evaluate(run: Run, loop: _Loop) -> Evaluation:
+    manifest = run.reader.manifest
     return evaluate(run.model, loop.test_rows, loop.batches.to_model_input, EVAL_BATCH_SIZE, run.comm,
-                    run.reader.manifest.num_classes, run.backend)
+                    manifest.num_classes, run.backend, manifest.target)
 
 
 def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
@@ -331,8 +332,8 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
     with comm.agreed_errors():
         if comm.is_root:
             write_file(RunDir(config.run_dir).summary, lambda f: json.dump(summary, f, indent=2))
-            log.info("test accuracy %.4f, %.0f samples/s, %.0f bytes sent per step per rank",
-                     summary["test_accuracy"], summary["samples_per_s"], summary["bytes_sent_per_step"])
+            log.info("test accuracy %s, %.0f samples/s, %.0f bytes sent per step per rank",
+                     figure(summary["test_accuracy"]), summary["samples_per_s"], summary["bytes_sent_per_step"])
             if config.report:
                 from mpitrain.rundir.report import write_report
                 with os_errors(config.run_dir, "drawing the report"):

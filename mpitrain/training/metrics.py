@@ -181,8 +181,8 @@ class MetricsLog:
             self.bar = None
         self.write({"kind": "epoch", **record})
         if self.comm.is_root:
-            log.info("epoch %d/%d done: test accuracy %.4f, test loss %.4f", record["epoch"] + 1, self.epochs,
-                     record["test_accuracy"], record["test_loss"])
+            log.info("epoch %d/%d done: test accuracy %s, test loss %.4f", record["epoch"] + 1, self.epochs,
+                     figure(record["test_accuracy"]), record["test_loss"])
 
     def write(self, record: dict) -> None:
         """Rank 0 appends `record` to metrics.jsonl. A collective: a write that fails (a full disk) is an error
@@ -241,6 +241,11 @@ def _keeps(line: str, keep) -> bool:
 def input_wait_ms(input_seconds: list[float], steps: int) -> float:
     """The ranks' mean time per step spent waiting for the next batch (the prefetch was behind), in ms."""
     return 1e3 * sum(input_seconds) / (len(input_seconds) * max(steps, 1))
+
+
+def figure(value: float | None) -> str:
+    """A score for a log line: four decimals, or "n/a" where the target has none (regression's accuracy)."""
+    return "n/a" if value is None else f"{value:.4f}"
 
 
 def per_step(traffic: list[Traffic], steps: int) -> dict:

@@ -21,6 +21,7 @@ from mpitrain.config.sections import Config
 from mpitrain.data.reader import Batches, DatasetReader, ModelInput
 from mpitrain.data.storage import is_url
 from mpitrain.errors import ConfigError, describe
+from mpitrain.nn.losses import check_loss_fits
 from mpitrain.nn.model import Sequential, build_model
 from mpitrain.training.pretrain import dbn_layers
 from mpitrain.rundir.directory import FileLock, RunDir
@@ -136,8 +137,10 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
         manifest = reader.manifest
         decided["model.layers"] = model_layers(config, manifest)
         config = resolve(config, decided, "the config")
+        check_loss_fits(config.model.loss, manifest.target, reader.path)
         if model is None:
-            model = build_model(config.model, manifest.feature_shape, manifest.num_classes, comm.backend.xp)
+            model = build_model(config.model, manifest.feature_shape, manifest.outputs, comm.backend.xp,
+                                "classes" if manifest.target == "class" else f"{manifest.target} target columns")
         else:
             _check_fits(model, manifest, comm.backend)
     checkpointer = Checkpointer(config.run_dir, comm, comm.backend, reader.manifest_sha256, reader.path,
@@ -149,7 +152,7 @@ def model_layers(config: Config, manifest) -> list:
     """The layers of the model `config` describes for the dataset of `manifest`: `model.layers`, or a deep belief
     net's built from `pretrain.layers` when `model.layers` is empty."""
     if config.pretrain.layers and not config.model.layers:
-        return dbn_layers(config.pretrain.layers, manifest.num_classes)
+        return dbn_layers(config.pretrain.layers, manifest.outputs)
     return config.model.layers
 
 
@@ -158,7 +161,7 @@ def _check_fits(model: Sequential, manifest, backend) -> None:
     if model.xp is not backend.xp:
         raise ConfigError(f"the model's arrays are {model.xp.__name__} arrays, but the run's backend is "
                           f"{backend.name}; build it with xp=comm.backend.xp")
-    if model.input_shape != tuple(manifest.feature_shape) or model.output_shape != (manifest.num_classes,):
+    if model.input_shape != tuple(manifest.feature_shape) or model.output_shape != (manifest.outputs,):
         raise ConfigError(f"the model maps inputs of shape {list(model.input_shape)} to {list(model.output_shape)}, "
                           f"but the dataset has rows of shape {list(manifest.feature_shape)} and "
-                          f"{manifest.num_classes} classes")
+                          f"{manifest.outputs} outputs (a {manifest.target} target)")

@@ -19,6 +19,7 @@ from mpitrain.errors import MpitrainError
 from mpitrain.rundir.directory import RunDir
 from mpitrain.rundir.outputs import names_of, write_evaluation, write_predictions
 from mpitrain.training.evaluation import EVAL_BATCH_SIZE, evaluate, predict
+from mpitrain.training.metrics import figure
 from mpitrain.training.run import setup_run
 
 
@@ -65,7 +66,7 @@ def evaluate_run(run_dir: str, comm, split: str = "test", checkpoint: str | None
     run = trained.run
     try:
         result = evaluate(run.model, trained.rows, trained.to_input, trained.batch_size, run.comm,
-                          trained.manifest.num_classes, run.backend).to_dict()
+                          trained.manifest.num_classes, run.backend, trained.manifest.target).to_dict()
     finally:
         run.reader.close()  # the shards' files (a remote store's connections) before the interpreter ends
     files = RunDir(run_dir)
@@ -73,7 +74,7 @@ def evaluate_run(run_dir: str, comm, split: str = "test", checkpoint: str | None
     with comm.agreed_errors():
         if comm.is_root:
             write_evaluation(paths["json"], paths["picture"], result, trained.provenance(), trained.manifest,
-                             f"{os.path.basename(os.path.abspath(run_dir))}, {split}: accuracy {result['accuracy']:.4f}")
+                             f"{os.path.basename(os.path.abspath(run_dir))}, {split}: accuracy {figure(result['accuracy'])}")
     return {**trained.provenance(), **result, **paths, "class_names": names_of(trained.manifest)}
 
 
@@ -86,6 +87,10 @@ def predict_run(run_dir: str, comm, split: str = "test", out: str | None = None,
         if os.path.isdir(path):
             raise MpitrainError(f"--out {path}: is a folder; expected an HDF5 file path")
     trained = Trained(run_dir, comm, split, checkpoint, batch_size, allow_other_dataset)
+    if trained.manifest.target != "class":
+        trained.run.reader.close()
+        raise MpitrainError(f"{trained.run.reader.path}: a {trained.manifest.target} target; `mpitrain predict` "
+                            "writes class predictions only in this version (`mpitrain eval` scores every target kind)")
     try:
         with comm.agreed_errors():
             classes, probabilities, labels = predict(trained.run.model, trained.rows, trained.to_input,

@@ -117,7 +117,7 @@ def corrupt(tmp_path, how):
 @pytest.mark.parametrize("how, message", [
     ("missing", "is missing"), ("sha256", "sha256 .* does not match"),
     ("checksum", r"rows 0..19 could not be read \(.*\); the chunk fails its checksum"),
-    ("label", r"label 9 out of range; expected 0..2"), ("shape", r"dataset 'x' is uint8\[20, 1, 4, 5\]")])
+    ("label", r"label 9 out of range for a class target; expected 0..2"), ("shape", r"dataset 'x' is uint8\[20, 1, 4, 5\]")])
 def test_bad_shards_give_clear_errors(tmp_path, how, message):
     shard = corrupt(tmp_path, how)
     manifest = read_manifest(str(tmp_path))
@@ -226,3 +226,16 @@ def test_augmented_batches_are_keyed_by_epoch_and_step(tmp_path):
     resumed = copies(augmented.epoch(1, start_step=2))
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(epoch1[2:], resumed))
     assert not np.array_equal(epoch1[0][0], next(augmented.epoch(2))[0])
+
+
+@pytest.mark.parametrize("target, bad, message", [
+    ("binary", 2.0, "label 2 out of range for a binary target; expected 0 or 1"),
+    ("regression", np.inf, "label inf out of range for a regression target; expected a finite number")])
+def test_targets_beside_class_labels_read_as_float_columns_and_are_checked(tmp_path, target, bad, message):
+    manifest = make_dataset(tmp_path, n_train=40, n_test=10, shards=2, target=target)
+    x, y = read_all(tmp_path)
+    assert y.dtype == np.float32 and y.shape == (40, *manifest.target_shape) and manifest.outputs == y.shape[1]
+    with h5py.File(tmp_path / "train" / "shard-00001.h5", "r+") as f:
+        f["y"][3, 0] = bad
+    with pytest.raises(DataError, match=message):
+        read_all(tmp_path)
