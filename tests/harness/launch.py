@@ -3,9 +3,13 @@ each command with a timeout so a hang fails instead of stalling CI, and no threa
 (mpitrain sizes its pools itself)."""
 from __future__ import annotations
 
+import ctypes
+import glob
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -35,3 +39,40 @@ def require_fashion_mnist() -> None:
             pytest.fail(f"{FASHION} is missing; CI needs Debian's dataset-fashion-mnist (make fashion-mnist)")
         pytest.skip(f"{FASHION} not installed")
 
+
+def die_with_parent() -> None:
+    """In a child before it runs its program (`preexec_fn`): the kernel sends it SIGKILL when its parent dies
+    (Linux's PR_SET_PDEATHSIG, kept across exec, so also by the program that `ip netns exec`, `unshare` and
+    `sh -c exec` become). The tests' daemons (Slurm's, the S3 server) start so: a test run killed by SIGKILL,
+    which no `finally` survives, leaves none behind."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def child_processes(pid: int) -> dict[int, str]:
+    """{pid: command name} of the running processes whose parent is `pid` (from /proc)."""
+    found = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                text = f.read()
+        except OSError:
+            continue
+        name, fields = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found[int(stat.split("/")[2])] = name
+    return found
+
+
+def wait_until_gone(pids, seconds: float) -> list[int]:
+    """Wait up to `seconds` for the processes `pids` to end (a zombie has ended); the ones still running."""
+    def running(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+    deadline = time.monotonic() + seconds
+    while any(map(running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [pid for pid in pids if running(pid)]

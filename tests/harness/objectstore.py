@@ -18,6 +18,8 @@ import sys
 import tempfile
 import time
 
+from mpitrain.testing.launch import die_with_parent
+
 STARTUP_SECONDS = 60
 
 
@@ -65,7 +67,8 @@ class ObjectStore:
                    "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3_grpc}", "-s3.port.iceberg=0", "-s3.port.lance=0",
                    f"-s3.localSocket={self.folder}/s3.sock"]
         with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder)
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
+                                            preexec_fn=die_with_parent)  # a killed test run leaves no server
         self.endpoint = f"http://127.0.0.1:{s3}"
         self.env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "mpitrain",
                     "AWS_SECRET_ACCESS_KEY": "mpitrain-secret", "AWS_DEFAULT_REGION": "us-east-1"}

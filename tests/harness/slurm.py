@@ -18,13 +18,11 @@ a simulated cluster's close kills whatever is left in its nodes. Debian's packag
 """
 from __future__ import annotations
 
-import ctypes
 import glob
 import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -35,7 +33,7 @@ from contextlib import contextmanager
 import pytest
 import yaml
 
-from mpitrain.testing.launch import REPO
+from mpitrain.testing.launch import REPO, die_with_parent
 
 SLURM = os.path.join(REPO, "slurm")
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -159,14 +157,6 @@ def _start(root: str, name: str, command: list[str], env: dict) -> subprocess.Po
     (`die_with_parent`): a test run killed by SIGKILL, which no `finally` survives, leaves no daemon behind."""
     with open(os.path.join(root, "log", f"{name}.out"), "w") as out:
         return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-
-
-def die_with_parent() -> None:
-    """In a child before it runs its program: the kernel sends it SIGKILL when its parent dies (Linux's
-    PR_SET_PDEATHSIG, kept across exec, so also by the program that `ip netns exec`, `unshare` and `sh -c exec`
-    become)."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _free_port() -> int:

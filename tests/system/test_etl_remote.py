@@ -5,6 +5,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 
 import h5py
@@ -152,3 +153,25 @@ def test_cli_writes_compressed_shards_to_s3(object_store):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == \
         f"mpitrain etl: error: s3://{BUCKET}/cli: exists; pass --overwrite to replace it"
+
+
+HOLD_STORE = """
+import time
+from mpitrain.testing.objectstore import ObjectStore
+with ObjectStore():
+    print("up", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_test_run_killed_by_sigkill_leaves_no_s3_server_behind():
+    """A process holding the test's S3 server is killed by SIGKILL (no `finally` runs): `weed` dies with it."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_STORE], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "up"
+        servers = launch.child_processes(holder.pid)
+        assert list(servers.values()) == ["weed"], servers
+    finally:
+        holder.kill()
+        holder.wait()
+    assert launch.wait_until_gone(servers, 10) == [], servers

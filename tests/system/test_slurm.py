@@ -12,11 +12,11 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 
 from mpitrain.testing.datasets import make_dataset
+from mpitrain.testing.launch import child_processes, wait_until_gone
 from mpitrain.testing.thread_pools import MODULE as THREAD_POOLS, assert_every_pool, pools_of
 from mpitrain.testing.slurm import (ENDED, SLURM, failed_in_mpi_init, job_logs, require_slurm, start_slurm,
                                     summary_hashes, wait_for, write_mlp_config)
@@ -209,21 +209,6 @@ with start_slurm():
 """
 
 
-def children(pid: int) -> dict[int, str]:
-    """{pid: command name} of the processes whose parent is `pid`."""
-    found = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                text = f.read()
-        except OSError:
-            continue
-        name, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
-        if int(rest[1]) == pid:
-            found[int(stat.split("/")[2])] = name
-    return found
-
-
 def test_a_test_run_killed_by_sigkill_leaves_no_slurm_daemon_behind():
     """A process holding a test Slurm (as a pytest session does) is killed with SIGKILL, so no `finally` runs:
     its munged, slurmctld and slurmd die with it (tests/harness/slurm.py, die_with_parent)."""
@@ -231,20 +216,9 @@ def test_a_test_run_killed_by_sigkill_leaves_no_slurm_daemon_behind():
     holder = subprocess.Popen([sys.executable, "-c", HOLD_SLURM], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "up"
-        daemons = children(holder.pid)
+        daemons = child_processes(holder.pid)
         assert sorted(daemons.values()) == ["munged", "slurmctld", "slurmd"], daemons
     finally:
         holder.kill()
         holder.wait()
-    deadline = time.monotonic() + 10
-    while any(os.path.exists(f"/proc/{pid}") and not _zombie(pid) for pid in daemons) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [pid for pid in daemons if os.path.exists(f"/proc/{pid}") and not _zombie(pid)], daemons
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return False
+    assert wait_until_gone(daemons, 10) == [], daemons
