@@ -64,14 +64,17 @@ def child_processes(pid: int) -> dict[int, str]:
     return found
 
 
+def running(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def wait_until_gone(pids, seconds: float) -> list[int]:
     """Wait up to `seconds` for the processes `pids` to end (a zombie has ended); the ones still running."""
-    def running(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
     deadline = time.monotonic() + seconds
     while any(map(running, pids)) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -23,7 +23,7 @@ import pytest
 
 from mpitrain.testing.cluster import (PREFIX, SimulatedCluster, cluster_names, missing_capability, namespace_pids, netns_etc_entries,
                      owner_alive)
-from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, VENV_BIN, command
+from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, VENV_BIN, command, running
 from mpitrain.testing.datasets import make_dataset, write_config
 from mpitrain.data.shards import read_manifest, sha256_file
 from mpitrain.testing.slurm import REPO, SLURM, job_logs, start_slurm, write_mlp_config
@@ -351,14 +351,5 @@ def _assert_gone(name: str, pids: list[int], nodes=(r"n\d+",), links=(r"b", r"v\
     left = [ns for ns in namespaces if any(re.fullmatch(name + node, ns) for node in nodes)]
     left += [link for link in os.listdir("/sys/class/net") if any(re.fullmatch(name + end, link) for end in links)]
     assert not left, f"left behind: {left}"
-    running = [pid for pid in pids if _running(pid)]
-    assert not running, f"processes of the nodes still run: {running}"
-
-
-def _running(pid: int) -> bool:
-    """Whether process `pid` runs (a zombie, killed but not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    still = [pid for pid in pids if running(pid)]
+    assert not still, f"processes of the nodes still run: {still}"
