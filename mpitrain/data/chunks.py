@@ -38,12 +38,12 @@ class ShardFiles:
     time (the batch thread while training)."""
 
     def __init__(self, storage: Storage, manifest: Manifest, split: str, verify_checksums: bool = True):
-        self.storage, self.manifest, self.split = storage, manifest, split
+        self.storage, self.manifest = storage, manifest
         self.shards = manifest.shards(split)
         self.verify_whole_file = verify_checksums and manifest.checksums != "fletcher32"
-        self.open_files: OrderedDict[int, tuple] = OrderedDict()  # shard index -> (x, y, h5py.File, raw file or None)
+        # shard index -> (x, y, the stored bytes of their chunks starting at a row, h5py.File, raw file or None)
+        self.open_files: OrderedDict[int, tuple] = OrderedDict()
         self.checked: set[int] = set()
-        self.chunk_bytes = {}  # shard index -> stored bytes of the chunks of x and y that start at a row
         self.rows_read, self.bytes_read = 0, 0
         self.bytes_fetched = 0  # a remote store: every byte its responses carried, HDF5's metadata included
 
@@ -51,13 +51,13 @@ class ShardFiles:
         """Rows [piece.lo, piece.hi) of block `piece.block` into x_out and y_out (arrays of piece.hi - piece.lo rows)."""
         index = int(blocks.shard[piece.block])
         start = int(blocks.start[piece.block])
-        x, y = self._datasets(index)
+        x, y, chunk_bytes = self._datasets(index)
         path = self.storage.path(self.shards[index].path)
         lo, hi = start + piece.lo, start + piece.hi
         try:
             x.read_direct(x_out, np.s_[lo:hi])
             y.read_direct(y_out, np.s_[lo:hi])
-            self.bytes_read += self.chunk_bytes[index](start)
+            self.bytes_read += chunk_bytes(start)
         except (OSError, ValueError) as e:
             raise DataError(f"{path}: rows {lo}..{hi - 1} could not be read ({describe(e) if isinstance(e, OSError) else e}); "
                             "the chunk fails its checksum or the shard is damaged or gone") from None
@@ -68,12 +68,12 @@ class ShardFiles:
         while self.open_files:
             self._close(next(iter(self.open_files)))
 
-    def _datasets(self, index: int) -> tuple[h5py.Dataset, h5py.Dataset]:
-        """Shard `index`'s datasets x and y, opened and checked on first use (h5py objects kept: reading them
-        again creates nothing)."""
+    def _datasets(self, index: int) -> tuple:
+        """Shard `index`'s datasets x and y and the stored bytes of their chunks (`_chunk_bytes`), opened and checked
+        on first use (h5py objects kept: reading them again creates nothing)."""
         if index in self.open_files:
             self.open_files.move_to_end(index)
-            return self.open_files[index][:2]
+            return self.open_files[index][:3]
         shard = self.shards[index]
         path = self.storage.path(shard.path)
         if self.verify_whole_file and index not in self.checked:
@@ -98,15 +98,13 @@ class ShardFiles:
         except DataError:
             f.close()
             raise
-        self.open_files[index] = (f["x"], f["y"], f, raw)
-        self.chunk_bytes[index] = _chunk_bytes(f["x"], f["y"])
+        self.open_files[index] = (f["x"], f["y"], _chunk_bytes(f["x"], f["y"]), f, raw)
         if len(self.open_files) > OPEN_SHARDS:
             self._close(next(iter(self.open_files)))
-        return self.open_files[index][:2]
+        return self.open_files[index][:3]
 
     def _close(self, index: int) -> None:
-        _, _, f, raw = self.open_files.pop(index)
-        del self.chunk_bytes[index]
+        *_, f, raw = self.open_files.pop(index)
         f.close()
         if raw is not None:
             raw.close()

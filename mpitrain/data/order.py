@@ -43,7 +43,7 @@ every pi_s the identity: batch j takes row j of every stratum, a fixed order.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -77,6 +77,11 @@ class Blocks:
     @property
     def total_rows(self) -> int:
         return int(self.rows.sum())
+
+    @cached_property
+    def first_rows(self) -> np.ndarray:
+        """Each block's first row in the split (manifest order), then the split's rows: len(blocks) + 1 numbers."""
+        return np.concatenate([[0], np.cumsum(self.rows)])
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -166,7 +171,7 @@ class EpochOrder:
         """The split's row numbers (manifest order) of rank `rank`'s batch at `step`: what a debug hook records."""
         window, _ = self.plan.window_of(step)
         span = self.span(window, rank, ranks)
-        first_row = np.concatenate([[0], np.cumsum(self.plan.blocks.rows)])
+        first_row = self.plan.blocks.first_rows
         ids = np.concatenate([first_row[p.block] + np.arange(p.lo, p.hi) for p in self.pieces(span.start, span.stop)])
         return ids[self.batch_index(step, rank, ranks)]
 

@@ -13,7 +13,6 @@ order, block by block.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import threading
@@ -23,7 +22,7 @@ import numpy as np
 from mpitrain.data.augment import augment_images
 from mpitrain.data.chunks import ShardFiles
 from mpitrain.data.order import Blocks, EpochPlan
-from mpitrain.data.shards import MANIFEST_NAME, Manifest, read_manifest
+from mpitrain.data.shards import Manifest, read_manifest_and_sha256
 from mpitrain.data.storage import Storage
 from mpitrain.data.stream import EvalRows, TrainRows
 from mpitrain.errors import ConfigError, DataError
@@ -68,8 +67,7 @@ class DatasetReader:
         self.path = self.storage.root
         self.rank, self.size = comm.rank, comm.size
         self.verify_checksums, self.max_rows = verify_checksums, max_rows
-        self.manifest = read_manifest(path, self.storage)
-        self.manifest_sha256 = hashlib.sha256(self.storage.read_bytes(MANIFEST_NAME)).hexdigest()
+        self.manifest, self.manifest_sha256 = read_manifest_and_sha256(path, self.storage)  # one read of the file
         self.opened: list[ShardFiles] = []
 
     def close(self) -> None:

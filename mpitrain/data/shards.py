@@ -22,7 +22,7 @@ import h5py
 import hdf5plugin  # registers the lz4 and zstd filters with HDF5 before any shard is opened
 import numpy as np
 
-from mpitrain.data.storage import Storage
+from mpitrain.data.storage import Storage, sha256_of
 from mpitrain.errors import DataError, describe
 
 SCHEMA_VERSION = 1
@@ -107,11 +107,8 @@ def shard_path(split: str, index: int) -> str:
 
 
 def sha256_file(path: str) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return sha256_of(f)
 
 
 def _filters(compression: str) -> dict:
@@ -170,12 +167,18 @@ def write_manifest(dataset_dir: str, manifest: Manifest) -> None:
 def read_manifest(dataset_dir: str, storage: Storage | None = None) -> Manifest:
     """Read and validate `DATASET_DIR/manifest.json` (from `storage` when given: a folder or an object store); every
     problem names the file and key."""
+    return read_manifest_and_sha256(dataset_dir, storage)[0]
+
+
+def read_manifest_and_sha256(dataset_dir: str, storage: Storage | None = None) -> tuple[Manifest, str]:
+    """`read_manifest`, and the sha256 of the manifest's bytes (the dataset's identity), from one read."""
     storage = storage or Storage(dataset_dir)
     path = storage.path(MANIFEST_NAME)
     if not storage.is_folder_or_absent():
         raise DataError(f"{dataset_dir}: is a file; expected a dataset folder written by `mpitrain etl`")
     try:
-        data = json.loads(storage.read_bytes(MANIFEST_NAME))
+        raw = storage.read_bytes(MANIFEST_NAME)
+        data = json.loads(raw)
     except FileNotFoundError:
         raise DataError(f"{path}: no such file; expected a dataset folder written by `mpitrain etl`") from None
     except OSError as e:
@@ -240,7 +243,7 @@ def read_manifest(dataset_dir: str, storage: Storage | None = None) -> Manifest:
         seed=int(data.get("seed", 0)), transforms=list(data.get("transforms", [])),
         class_names=[str(name) for name in class_names], bad_records=int(data.get("bad_records", 0)),
         compression=compression, chunk_rows=chunk_rows, checksums=checksums, target=target,
-        target_names=[str(name) for name in target_names], **numbers)
+        target_names=[str(name) for name in target_names], **numbers), hashlib.sha256(raw).hexdigest()
 
 
 def check_shard(dataset: str | Storage, manifest: Manifest, shard: ShardInfo, verify_checksum: bool) -> str:

@@ -83,12 +83,9 @@ class Storage:
                             lambda: self.fs.open(self.path(relative), "rb", cache_type="none"))
 
     def sha256(self, relative: str) -> str:
-        """The sha256 of the whole file `relative` (read in 1 MiB pieces)."""
-        digest = hashlib.sha256()
+        """The sha256 of the whole file `relative`."""
         with self.open(relative) as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        return digest.hexdigest()
+            return sha256_of(f)
 
     def _remote(self, relative: str, doing: str, call):
         try:
@@ -100,6 +97,14 @@ class Storage:
                             "the dataset (are AWS_ENDPOINT_URL and the credentials right?)") from None
         except Exception as e:  # botocore's and aiohttp's own errors: no credentials, endpoint unreachable
             raise DataError(f"{self.path(relative)}: {type(e).__name__}: {e} while {doing}") from None
+
+
+def sha256_of(f) -> str:
+    """The sha256 of what is left to read in the binary file object `f`, read in 1 MiB pieces."""
+    digest = hashlib.sha256()
+    for block in iter(lambda: f.read(1 << 20), b""):
+        digest.update(block)
+    return digest.hexdigest()
 
 
 def open_storage(location: str, options: dict | None = None) -> Storage:

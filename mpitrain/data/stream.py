@@ -26,7 +26,7 @@ class TrainRows:
     def __init__(self, shards: ShardFiles, plan: EpochPlan, rank: int, ranks: int):
         self.shards, self.plan, self.rank, self.ranks = shards, plan, rank, ranks
         manifest = shards.manifest
-        self.row_shape, self.target_shape = tuple(manifest.feature_shape), manifest.target_shape
+        self.row_shape = tuple(manifest.feature_shape)
         capacity = min(plan.window_rows, plan.used_rows) // ranks  # np.empty: pages are taken as rows come in
         self.buffers = [row_buffers(manifest, capacity) for _ in range(2)]
 
@@ -55,10 +55,6 @@ class _Window:
             n = piece.hi - piece.lo
             shards.read(blocks, piece, self.x[self.filled:self.filled + n], self.y[self.filled:self.filled + n])
             self.read, self.filled = self.read + 1, self.filled + n
-
-    @property
-    def complete(self) -> bool:
-        return self.read == len(self.pieces)
 
 
 class EpochRows:
@@ -98,7 +94,7 @@ class EvalRows:
     def __init__(self, shards: ShardFiles, blocks: Blocks, span: range):
         self.shards, self.blocks, self.span = shards, blocks, span
         self.buffers: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        starts = np.concatenate([[0], np.cumsum(blocks.rows)])
+        starts = blocks.first_rows
         self.pieces = []
         for block in range(len(blocks)):
             lo, hi = max(span.start, int(starts[block])), min(span.stop, int(starts[block + 1]))

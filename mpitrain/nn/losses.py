@@ -101,6 +101,11 @@ def huber(logits, targets, ws=None, delta=1.0):
     return _regression(elementwise_loss.HUBER, logits, targets, ws, delta)
 
 
+def sigmoid(x):
+    xp = array_module(x)
+    return 1 / (1 + xp.exp(-x))
+
+
 def softmax(logits):
     xp = array_module(logits)
     exp = xp.exp(logits - logits.max(axis=1, keepdims=True))

@@ -22,13 +22,9 @@ import numpy as np
 
 from mpitrain.parallel.backend import array_module
 from mpitrain.nn.flat import FlatModel, flat_views
+from mpitrain.nn.losses import sigmoid
 
 VISIBLE_UNITS = ("bernoulli", "gaussian")
-
-
-def sigmoid(x):
-    xp = array_module(x)
-    return 1 / (1 + xp.exp(-x))
 
 
 def softplus(x):

@@ -265,6 +265,14 @@ class Communicator:
         """End every rank of the job now (MPI_Abort on COMM_WORLD). Not a collective: one rank may call it."""
         abort_job()
 
+    def raise_first_failure(self, failure: str | None, kind: type[MpitrainError] = MpitrainError) -> None:
+        """Every rank passes its failure's message, or None; when any rank failed, every rank raises `kind` with the
+        first failing rank's message, "(seen on rank R)". A collective (one allgather)."""
+        failures = [(rank, message) for rank, message in enumerate(self.allgather_obj(failure)) if message is not None]
+        if failures:
+            rank, message = failures[0]
+            raise kind(f"{message} (seen on rank {rank})")
+
     @contextmanager
     def agreed_errors(self):
         """Make a user error seen on some ranks (a bad shard of theirs) an error on every rank.

@@ -13,8 +13,7 @@ import numpy as np
 
 from mpitrain.errors import DataError
 from mpitrain.kernels.loss import score
-from mpitrain.nn.losses import softmax
-from mpitrain.parallel.backend import array_module
+from mpitrain.nn.losses import sigmoid, softmax
 from mpitrain.training.scores import distributed_metrics
 
 EVAL_BATCH_SIZE = 256  # rows per batch when scoring: no gradients are kept, so larger than a training batch
@@ -61,10 +60,7 @@ class Evaluation:
 def outputs_of(logits, target: str):
     """What the model's outputs mean for a target kind: probabilities (sigmoid) of binary and multilabel labels,
     the values themselves for regression."""
-    if target == "regression":
-        return logits
-    xp = array_module(logits)
-    return 1.0 / (1.0 + xp.exp(-logits))
+    return logits if target == "regression" else sigmoid(logits)
 
 
 def batched_logits(model, rows, to_input, batch_size: int):
@@ -101,9 +97,8 @@ def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, bac
     totals = backend.to_host(totals)
     totals[-1] = failure is not None
     comm.allreduce_(totals)
-    if totals[-1]:
-        rank, message = next((r, m) for r, m in enumerate(comm.allgather_obj(failure)) if m)
-        raise DataError(f"{message} (seen on rank {rank})")
+    if totals[-1]:  # the messages cross only when a rank failed
+        comm.raise_first_failure(failure, DataError)
     return Evaluation(totals[:size].astype(np.int64).reshape(num_classes, num_classes), float(totals[size]))
 
 
@@ -124,8 +119,7 @@ def evaluate_targets(model, rows, to_input, batch_size: int, comm, backend, targ
     totals[3] = failure is not None
     comm.allreduce_(totals)
     if totals[3]:
-        rank, message = next((r, m) for r, m in enumerate(comm.allgather_obj(failure)) if m)
-        raise DataError(f"{message} (seen on rank {rank})")
+        comm.raise_first_failure(failure, DataError)
     width = model.output_shape[0]
     metrics = distributed_metrics(comm, target, np.concatenate(labels or [np.empty((0, width))]).reshape(-1, width),
                                   np.concatenate(outputs or [np.empty((0, width))]).reshape(-1, width))

@@ -67,9 +67,8 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
 
 @dataclass
 class _Loop:
-    """What the epochs need beyond the run's parts: batches, test rows, updater, synchronizer, metrics, start, the
-    allocation trace (`train.trace_allocations`), and this rank's read failure (training goes on with stand-in
-    batches until every rank knows it)."""
+    """What the epochs need beyond the run's parts: batches, test rows, updater, synchronizer, metrics, start, and the
+    allocation trace (`train.trace_allocations`)."""
 
     batches: Batches
     test_rows: EvalRows
@@ -79,7 +78,6 @@ class _Loop:
     epoch: int
     step: int
     allocations: AllocationTrace
-    read_failure: str | None = None
 
 
 @dataclass
@@ -179,7 +177,7 @@ def _train_epochs(run: Run, loop: _Loop, watchdog: Watchdog) -> _Done:
     with StopSignals(comm) as stop:
         for epoch in range(loop.epoch, config.train.epochs):
             totals = _train_epoch(run, loop, epoch, start_step, watchdog, stop)
-            _end_epoch(run, loop, epoch, totals, done, watchdog)
+            _end_epoch(run, loop, epoch, totals, done, watchdog, stop)
             start_step = 0
     return done
 
@@ -207,9 +205,9 @@ def _train_epoch(run: Run, loop: _Loop, epoch: int, start_step: int, watchdog: W
                 totals += _record_window(run, loop, epoch, step, window)
                 window = Window()
             if stop_signal:
-                _stop_with_checkpoint(run, loop, epoch, step, stop_signal, watchdog)
+                _stop_with_checkpoint(run, loop, epoch, step, stop_signal, watchdog, stop)
             if _step_checkpoint_due(run.config, step) and not last:
-                _save(run, loop, epoch, step + 1)
+                _save(run, loop, epoch, step + 1, stop)
             tick = time.perf_counter()
     finally:
         batches.close()  # ends the prefetch thread
@@ -219,20 +217,20 @@ def _train_epoch(run: Run, loop: _Loop, epoch: int, start_step: int, watchdog: W
 def _next_batch(loop: _Loop, batches, stop: StopSignals):
     """The next batch; after this rank failed to read its rows, a stand-in batch of zeros: the failure goes into
     the stop agreement, and the ranks keep stepping together until all of them raise it (`StopSignals.agreed`)."""
-    if loop.read_failure is None:
+    if stop.read_failure is None:
         try:
             return next(batches)
         except DataError as e:
-            loop.read_failure = str(e)
-            stop.fail(loop.read_failure)
+            stop.fail(str(e))
     return loop.batches.zeros()
 
 
-def _save(run: Run, loop: _Loop, epoch: int, step: int) -> str:
-    """Checkpoint "resume at step `step` of epoch `epoch`" in the run's epoch order (a collective)."""
+def _save(run: Run, loop: _Loop, epoch: int, step: int, stop: StopSignals) -> str:
+    """Checkpoint "resume at step `step` of epoch `epoch`" in the run's epoch order (a collective); refused on every
+    rank once this or another rank failed to read its rows (`stop.read_failure`: it trained on stand-in batches)."""
     plan = loop.batches.rows.plan
     return run.checkpointer.save(epoch, step, run.model, loop.updater, loop.sync, (plan.global_batch, plan.window_rows),
-                                 loop.read_failure)
+                                 stop.read_failure)
 
 
 def _step(run: Run, loop: _Loop, epoch: int, step: int, x, y, grads_ready):
@@ -254,11 +252,12 @@ def _record_window(run: Run, loop: _Loop, epoch: int, step: int, window: Window)
     return totals
 
 
-def _stop_with_checkpoint(run: Run, loop: _Loop, epoch: int, step: int, signal_name: str, watchdog: Watchdog):
+def _stop_with_checkpoint(run: Run, loop: _Loop, epoch: int, step: int, signal_name: str, watchdog: Watchdog,
+                          stop: StopSignals):
     """The ranks agreed to stop after `step` (SIGUSR1 or SIGTERM on any rank): checkpoint it, requeue the job after
     SIGUSR1 (rank 0), and raise Stopped (exit status 3)."""
     watchdog.beat(f"the checkpoint of {signal_name} at epoch {epoch + 1} step {step + 1}")
-    path = _save(run, loop, epoch, step + 1)
+    path = _save(run, loop, epoch, step + 1, stop)
     then = requeue(run.config.train.requeue, signal_name) if run.comm.is_root else "resume with the same command"
     raise Stopped(f"stopped by {signal_name} at epoch {epoch + 1} step {step + 1}: wrote {path}; {then}")
 
@@ -274,7 +273,8 @@ def _epoch_checkpoint_due(config: Config, epoch: int) -> bool:
                                                 and (epoch + 1) % config.checkpoint.every == 0)
 
 
-def _end_epoch(run: Run, loop: _Loop, epoch: int, totals: Totals, done: _Done, watchdog: Watchdog) -> None:
+def _end_epoch(run: Run, loop: _Loop, epoch: int, totals: Totals, done: _Done, watchdog: Watchdog,
+               stop: StopSignals) -> None:
     """The end of `epoch` (collectives): the sync's epoch work, the replica check, an evaluation, the epoch record
     and, by the cadence, a checkpoint; what the epoch did is added to `done`."""
     config, comm, model, sync = run.config, run.comm, run.model, loop.sync
@@ -295,7 +295,7 @@ def _end_epoch(run: Run, loop: _Loop, epoch: int, totals: Totals, done: _Done, w
                             "test_accuracy": done.evaluation.accuracy, "test_loss": done.evaluation.loss,
                             "replica_hashes": done.hashes})
     if _epoch_checkpoint_due(config, epoch):
-        _save(run, loop, epoch + 1, 0)  # the end of training is always kept
+        _save(run, loop, epoch + 1, 0, stop)  # the end of training is always kept
 
 
 def _evaluate(run: Run, loop: _Loop) -> Evaluation:

@@ -87,8 +87,7 @@ class StopSignals:
             self.pending.Wait()
             self.pending = None
             if self.agreed_signal[0] == READ_FAILED:
-                failures = [(rank, m) for rank, m in enumerate(self.comm.allgather_obj(self.read_failure)) if m]
-                raise DataError(f"{failures[0][1]} (seen on rank {failures[0][0]})")
+                self.comm.raise_first_failure(self.read_failure, DataError)
             if self.agreed_signal[0]:
                 return signal.Signals(int(self.agreed_signal[0])).name
         self.pending = self.comm.iallreduce_max(self.received, self.agreed_signal)
