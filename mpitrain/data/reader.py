@@ -117,7 +117,11 @@ class DatasetReader:
 
 def input_scaling(manifest: Manifest, normalize: bool) -> tuple[float, float]:
     """(scale, shift) taking stored features to model input, `stored * scale + shift`: the manifest's
-    scale and offset, then standardized by its mean and std when `normalize` (`data.normalize`)."""
+    scale and offset, then standardized by its mean and std when `normalize` (`data.normalize`). A table's row
+    (a manifest with `columns`) goes in as stored: it holds ids, and its numeric columns are standardized per column
+    by the ETL (`--standardize`), not by one mean and std."""
+    if manifest.columns:
+        return 1.0, 0.0
     std = manifest.std if normalize else 1.0
     mean = manifest.mean if normalize else 0.0
     return manifest.scale / std, (manifest.offset - mean) / std

@@ -35,6 +35,9 @@ CHECKSUMS = ("", "fletcher32")
 # 0/1 labels (multilabel, float32 (rows, k)); numbers (regression, float32 (rows, k)). k: len(target_names).
 TARGETS = ("class", "binary", "multilabel", "regression")  # "": only the whole-file sha256 (manifests written before per-chunk checksums)
 GZIP_LEVEL = 4
+# A table's column groups, in the order their columns sit in a row of `x` (see `Manifest.columns`).
+COLUMN_GROUPS = ("numeric", "categorical")
+MAX_IDS = 1 << 24  # a categorical id is stored in float32 `x`, exact up to 2**24
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,13 @@ class Manifest:
     checksums: str = ""  # "fletcher32": every chunk carries one; "": only the whole-file sha256
     target: str = "class"  # what `y` holds, one of TARGETS
     target_names: list[str] = field(default_factory=list)  # binary, multilabel, regression: y's columns, named
+    # A table's columns by group ({} for images and plain numeric rows): {"numeric": [COLUMN, ...], "categorical":
+    # [COLUMN, ...]}. x is float32 (rows, numeric + categorical): the numeric columns first, then one id per
+    # categorical column, 0..ids-1 (float32 holds them exactly). A column is {"name", ...how the ETL encoded it}:
+    # categorical ones have "ids" (how many) and a "vocabulary" (id 0: missing, 1: out of vocabulary, 2+i: the
+    # i-th value) or "hash_buckets" (id 0: missing, 1 + hash mod buckets); numeric ones may have "mean"/"std"
+    # (standardized) and "impute" (the value a missing one got); an indicator column has "missing_of".
+    columns: dict[str, list[dict]] = field(default_factory=dict)
 
     @property
     def target_shape(self) -> tuple[int, ...]:
@@ -79,6 +89,21 @@ class Manifest:
     @property
     def target_dtype(self):
         return np.dtype(np.int32 if self.target == "class" else np.float32)
+
+    @property
+    def input_groups(self) -> dict[str, InputGroup]:
+        """The model's named inputs: slices of a row of `x` by column group. Without `columns`, the whole row is
+        the one input `numeric` (of `feature_shape`: an image stays an image)."""
+        if not self.columns:
+            return {"numeric": InputGroup(0, tuple(self.feature_shape))}
+        groups, start = {}, 0
+        for name in COLUMN_GROUPS:
+            columns = self.columns.get(name, [])
+            if columns:
+                groups[name] = InputGroup(start, (len(columns),), tuple(c["ids"] for c in columns)
+                                          if name == "categorical" else ())
+                start += len(columns)
+        return groups
 
     @property
     def outputs(self) -> int:
@@ -99,6 +124,20 @@ class Manifest:
         data["splits"] = {name: {"rows": self.rows(name), "shards": [asdict(s) for s in shards]}
                           for name, shards in self.splits.items()}
         return data
+
+
+@dataclass(frozen=True)
+class InputGroup:
+    """A named model input: `shape` values of a row of `x` from `start` on; `ids` (categorical) is how many ids
+    each of its columns has."""
+
+    start: int
+    shape: tuple[int, ...]
+    ids: tuple[int, ...] = ()
+
+    @property
+    def stop(self) -> int:
+        return self.start + math.prod(self.shape)
 
 
 def shard_path(split: str, index: int) -> str:
@@ -230,6 +269,7 @@ def read_manifest_and_sha256(dataset_dir: str, storage: Storage | None = None) -
     checksums = data.get("checksums", "")
     if checksums not in CHECKSUMS:
         raise DataError(f"{path}: checksums {checksums!r}, expected one of {CHECKSUMS}")
+    columns = _checked_columns(data.get("columns", {}), path, tuple(shape), dtype)
     splits = {}
     for name, split in need("splits", dict).items():
         try:
@@ -243,7 +283,28 @@ def read_manifest_and_sha256(dataset_dir: str, storage: Storage | None = None) -
         seed=int(data.get("seed", 0)), transforms=list(data.get("transforms", [])),
         class_names=[str(name) for name in class_names], bad_records=int(data.get("bad_records", 0)),
         compression=compression, chunk_rows=chunk_rows, checksums=checksums, target=target,
-        target_names=[str(name) for name in target_names], **numbers), hashlib.sha256(raw).hexdigest()
+        target_names=[str(name) for name in target_names], columns=columns, **numbers), \
+        hashlib.sha256(raw).hexdigest()
+
+
+def _checked_columns(columns, path: str, feature_shape: tuple[int, ...], feature_dtype: str) -> dict[str, list[dict]]:
+    """The manifest's `columns`, checked: known groups of named columns, categorical ones with 1..MAX_IDS ids, as
+    many as a row of float32 `x` has values."""
+    if not isinstance(columns, dict) or not set(columns) <= set(COLUMN_GROUPS) or not all(
+            isinstance(group, list) and all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in group)
+            for group in columns.values()):
+        raise DataError(f"{path}: columns {str(columns)[:200]}, expected {{GROUP: [{{name, ...}}, ...]}} with "
+                        f"GROUP one of {COLUMN_GROUPS}")
+    for column in columns.get("categorical", []):
+        ids = column.get("ids")
+        if not isinstance(ids, int) or isinstance(ids, bool) or not 1 <= ids <= MAX_IDS:
+            raise DataError(f"{path}: columns.categorical {column['name']!r} has ids {ids!r}, expected an integer "
+                            f"1..{MAX_IDS}")
+    width = sum(len(group) for group in columns.values())
+    if columns and (feature_shape != (width,) or feature_dtype != "float32"):
+        raise DataError(f"{path}: columns name {width} columns, expected feature_shape [{width}] and feature_dtype "
+                        f"float32 (it says {list(feature_shape)} {feature_dtype})")
+    return {name: group for name, group in columns.items() if group}
 
 
 def check_shard(dataset: str | Storage, manifest: Manifest, shard: ShardInfo, verify_checksum: bool) -> str:
