@@ -24,6 +24,7 @@ from mpitrain.errors import ConfigError
 from mpitrain.kernels.threshold.message import ENCODINGS as MESSAGE_ENCODINGS
 from mpitrain.nn.layers import INIT_SCHEMES
 from mpitrain.nn.losses import LOSS_OPTIONS, LOSS_TARGETS, LOSSES, check_loss_options
+from mpitrain.nn.graph import GRAPH_TYPES, check_node_spec
 from mpitrain.nn.model import LAYER_TYPES, check_layer_spec
 from mpitrain.nn.rbm import VISIBLE_UNITS
 from mpitrain.nn.updaters import UPDATERS
@@ -109,6 +110,12 @@ class ModelConfig(Section):
                               "conv2d layer's `activation` adds that activation layer after it. Layer types: "
                               + ", ".join(f"`{name}`" for name in LAYER_TYPES) + ". Left out with "
                               "`pretrain.layers`, the deep belief net's layers are built from those.")
+    graph: list = option([], "Instead of `layers`: named nodes, each {name: NAME, type: TYPE, input: NAME} (concat and "
+                             "add: `inputs: [NAME, ...]`) plus the type's arguments, reading the dataset's column "
+                             "groups (`numeric`, `categorical`) or nodes above; the last node is the output. Types: "
+                             "those of `layers` and " + ", ".join(f"`{name}`" for name in GRAPH_TYPES
+                                                                  if name not in LAYER_TYPES) + " (see "
+                             "docs/tables.md).")
     loss: str = option("softmax_cross_entropy", "The loss on the last layer's outputs; it must fit the dataset's "
                                                 "target kind: " + ", ".join(f"{loss} ({kind})" for loss, kind
                                                                              in LOSS_TARGETS.items()) + ".", LOSSES)
@@ -126,6 +133,8 @@ class ModelConfig(Section):
         try:
             for i, spec in enumerate(self.layers):
                 check_layer_spec(spec, f"model.layers[{i}]")
+            for i, spec in enumerate(self.graph):
+                check_node_spec(spec, f"model.graph[{i}]")
             loss_options = check_loss_options(self.loss, self.loss_options, "model.loss_options")
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
@@ -341,8 +350,13 @@ class Config(Section):
         config = dataclasses.replace(self, **{name: getattr(self, name).validate(where) for name in SECTIONS})
         config.check_choices(where, "")
         model, pretrain = config.model, config.pretrain
-        _check(len(model.layers) > 0 or len(pretrain.layers) > 0, where, "model.layers", model.layers,
-               "a non-empty list of layers (or pretrain.layers, from which a deep belief net's layers are built)")
+        _check(len(model.layers) > 0 or len(pretrain.layers) > 0 or len(model.graph) > 0, where, "model.layers",
+               model.layers, "a non-empty list of layers (or model.graph's nodes, or pretrain.layers, from which a "
+                             "deep belief net's layers are built)")
+        _check(not (model.layers and model.graph), where, "model.graph", f"{len(model.graph)} nodes",
+               "empty beside model.layers (a model is a list of layers or a graph of nodes, not both)")
+        _check(not (model.graph and pretrain.layers), where, "pretrain.layers", pretrain.layers,
+               "empty with model.graph (a deep belief net is pretrained for a list of dense layers)")
         if pretrain.layers and pretrain.visible == "bernoulli":
             _check(not config.data.normalize, where, "data.normalize", config.data.normalize,
                    "false with pretrain.visible: bernoulli (Bernoulli units take inputs in [0, 1]; "

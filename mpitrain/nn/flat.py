@@ -18,6 +18,9 @@ third flat buffer of their own.
 | `xp`           | the array module (numpy or cupy) the buffers live in                             |
 | `workspace`    | every other array a step writes (`mpitrain.nn.workspace`): the model's layers',  |
 |                | the loss's, the batch pipeline's, the synchronizer's                             |
+| `sparse_tables`| embedding tables in `grads[:dense_start]` whose rows a step writes only in part  |
+|                | (`mpitrain.nn.embedding.TableGrad`); empty for most models                       |
+| `dense_start`  | where the gradients every step writes in full begin (0 without tables)           |
 """
 from __future__ import annotations
 
@@ -30,6 +33,9 @@ from mpitrain.nn.workspace import Workspace
 
 class FlatModel:
     """Allocates the flat buffers of `layout` and `stats_layout` (zeroed) and the L2 mask; see the module docstring."""
+
+    sparse_tables: list = []
+    dense_start = 0
 
     def __init__(self, layout: list, stats_layout: list, xp, dtype="float32"):
         self.xp, self.layout, self.stats_layout = xp, list(layout), list(stats_layout)

@@ -25,7 +25,54 @@ LAYER_TYPES = {"dense": Dense, "flatten": Flatten, "conv2d": Conv2D, "maxpool2d"
                "avgpool2d": AvgPool2D, "dropout": Dropout, "batchnorm": BatchNorm, **ACTIVATIONS}
 
 
-class Sequential(FlatModel):
+class Network(FlatModel):
+    """What both model kinds share: layers bound to views of the flat buffers, a loss, a workspace part per layer.
+
+    `layers` are every layer in the order forward runs them, `names` their names (the layout's `NAME/array`, the
+    workspace part's), `shapes`/`stat_shapes` their parameter and statistic shapes; `param_order` the order of the
+    layers' parameters in the flat buffer (default: the layers'). Subclasses define `forward` and `backward`.
+    """
+
+    def __init__(self, layers: list[Layer], names: list[str], shapes: list[dict], stat_shapes: list[dict],
+                 loss: str, xp, dtype, loss_options: dict | None, param_order: list[int] | None = None):
+        self.layers, self.loss = layers, loss
+        self.loss_options = check_loss_options(loss, loss_options or {})
+        self.loss_fn = loss_with_options(loss, self.loss_options, xp)
+        order = list(range(len(layers))) if param_order is None else param_order
+        super().__init__(_layout([names[i] for i in order], [shapes[i] for i in order]),
+                         _layout(names, stat_shapes), xp, dtype)
+        sizes = [sum(math.prod(s) for s in shapes[i].values()) for i in order]
+        starts = np.cumsum([0, *sizes])
+        self.grads_start = [0] * len(layers)  # layer i's gradients begin here
+        for position, i in enumerate(order):
+            self.grads_start[i] = int(starts[position])
+        params = dict(zip(order, _per_layer(flat_views(self.params, self.layout), [shapes[i] for i in order])))
+        grads = dict(zip(order, _per_layer(flat_views(self.grads, self.layout), [shapes[i] for i in order])))
+        for i, (layer, layer_stats) in enumerate(zip(layers, _per_layer(flat_views(self.stats, self.stats_layout),
+                                                                         stat_shapes))):
+            layer.bind(params[i], grads[i])
+            layer.bind_stats(layer_stats)
+            layer.ws = self.workspace.part(names[i])
+        self.loss_ws = self.workspace.part("loss")
+
+    def init_params(self, seed: int, scheme: str) -> None:
+        """Draw initial parameters on the host from `seed`, so every backend starts alike."""
+        rng = np.random.default_rng(seed)
+        for layer in self.layers:
+            for name, value in layer.init_params(rng, scheme).items():
+                layer.params[name][...] = self.xp.asarray(value, dtype=self.params.dtype)
+            for name, value in layer.init_stats().items():
+                layer.stats[name][...] = self.xp.asarray(value, dtype=self.stats.dtype)
+
+    def train_batch(self, x, y, key: tuple = (0,), grads_ready=None):
+        """Forward and backward (`grads_ready` as `backward`'s) on one batch; fills `grads`; returns (mean loss,
+        correct predictions) as 0-d arrays on the model's device, so a step never waits for the host."""
+        loss, correct, dlogits = self.loss_fn(self.forward(x, training=True, key=key), y, self.loss_ws)
+        self.backward(dlogits, grads_ready)
+        return loss, correct
+
+
+class Sequential(Network):
     """Layers applied in order, a loss on the last layer's output, flat buffers for all parameters.
 
     A dense or conv2d layer's `activation` becomes a layer of its own right after it; the
@@ -37,38 +84,16 @@ class Sequential(FlatModel):
 
     def __init__(self, layers: list[Layer], input_shape: tuple[int, ...], loss: str = "softmax_cross_entropy",
                  xp=np, dtype="float32", loss_options: dict | None = None):
-        self.layers, self.input_shape, self.loss = _with_activation_layers(layers), tuple(input_shape), loss
-        self.loss_options = check_loss_options(loss, loss_options or {})
-        self.loss_fn = loss_with_options(loss, self.loss_options, xp)
+        layers, self.input_shape = _with_activation_layers(layers), tuple(input_shape)
         shapes, stat_shapes, shape = [], [], self.input_shape
-        for layer in self.layers:
+        for layer in layers:
             shapes.append(layer.param_shapes(shape))
             stat_shapes.append(layer.stat_shapes(shape))
             shape = layer.output_shape(shape)
         self.output_shape = shape
-        super().__init__(_layout(self.layers, shapes), _layout(self.layers, stat_shapes), xp, dtype)
-        sizes = [sum(math.prod(s) for s in layer_shapes.values()) for layer_shapes in shapes]
-        self.grads_start = [sum(sizes[:i]) for i in range(len(self.layers))]  # layer i's gradients begin here
-        params, grads = _per_layer(flat_views(self.params, self.layout), shapes), \
-            _per_layer(flat_views(self.grads, self.layout), shapes)
-        for layer, layer_params, layer_grads, layer_stats in zip(self.layers, params, grads,
-                                                                 _per_layer(flat_views(self.stats, self.stats_layout),
-                                                                            stat_shapes)):
-            layer.bind(layer_params, layer_grads)
-            layer.bind_stats(layer_stats)
-        for index, layer in enumerate(self.layers):
-            layer.ws = self.workspace.part(f"{index:02d}_{type(layer).__name__.lower()}")
-        self.loss_ws = self.workspace.part("loss")
+        names = [f"{index:02d}_{type(layer).__name__.lower()}" for index, layer in enumerate(layers)]
+        super().__init__(layers, names, shapes, stat_shapes, loss, xp, dtype, loss_options)
         _fuse_activations(self.layers)
-
-    def init_params(self, seed: int, scheme: str) -> None:
-        """Draw initial parameters on the host from `seed`, so every backend starts alike."""
-        rng = np.random.default_rng(seed)
-        for layer in self.layers:
-            for name, value in layer.init_params(rng, scheme).items():
-                layer.params[name][...] = self.xp.asarray(value, dtype=self.params.dtype)
-            for name, value in layer.init_stats().items():
-                layer.stats[name][...] = self.xp.asarray(value, dtype=self.stats.dtype)
 
     def forward(self, x, training: bool = False, key: tuple = (0,)):
         """The logits of `x`; `key` (seed, rank, epoch, step) seeds the step's random layers (dropout)."""
@@ -89,12 +114,9 @@ class Sequential(FlatModel):
             if grads_ready is not None:
                 grads_ready(self.grads_start[i])
 
-    def train_batch(self, x, y, key: tuple = (0,), grads_ready=None):
-        """Forward and backward (`grads_ready` as `backward`'s) on one batch; fills `grads`; returns (mean loss,
-        correct predictions) as 0-d arrays on the model's device, so a step never waits for the host."""
-        loss, correct, dlogits = self.loss_fn(self.forward(x, training=True, key=key), y, self.loss_ws)
-        self.backward(dlogits, grads_ready)
-        return loss, correct
+    def config_entries(self) -> dict:
+        """The config keys that build this model again."""
+        return {"model.layers": self.layer_specs(), "model.graph": []}
 
     def layer_specs(self) -> list[dict]:
         """`model.layers` of a config that builds this model again: `{type: NAME, **arguments}` per layer."""
@@ -130,10 +152,10 @@ def _fuse_activations(layers: list[Layer]) -> None:
             after.fused = True
 
 
-def _layout(layers, shapes) -> list:
-    """[(name, shape)] in buffer order, each name `LL_type/array` (e.g. `00_dense/W`)."""
-    return [(f"{index:02d}_{type(layer).__name__.lower()}/{name}", tuple(s))
-            for index, (layer, layer_shapes) in enumerate(zip(layers, shapes)) for name, s in layer_shapes.items()]
+def _layout(names: list[str], shapes: list[dict]) -> list:
+    """[(name, shape)] in buffer order, each name `LAYER/array` (e.g. `00_dense/W`)."""
+    return [(f"{layer}/{name}", tuple(s)) for layer, layer_shapes in zip(names, shapes)
+            for name, s in layer_shapes.items()]
 
 
 def _per_layer(views: list, shapes: list[dict]) -> list[dict]:

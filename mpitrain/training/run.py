@@ -22,7 +22,8 @@ from mpitrain.data.reader import Batches, DatasetReader, ModelInput
 from mpitrain.data.storage import is_url
 from mpitrain.errors import ConfigError, describe
 from mpitrain.nn.losses import check_loss_fits
-from mpitrain.nn.model import Sequential, build_model
+from mpitrain.nn.graph import build_network
+from mpitrain.nn.model import Network
 from mpitrain.training.pretrain import dbn_layers
 from mpitrain.rundir.directory import FileLock, RunDir
 
@@ -35,7 +36,7 @@ class Run:
     comm: object  # mpitrain.parallel.comm.Communicator, the variant for `backend`
     backend: Backend
     reader: DatasetReader
-    model: Sequential
+    model: Network
     checkpointer: Checkpointer
 
     @contextmanager
@@ -104,7 +105,7 @@ def on_backend(comm, config: Config):
     return comm
 
 
-def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, model: Sequential | None = None,
+def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, model: Network | None = None,
               sync=None) -> Run:
     """Build the parts of the run `config` describes on every rank of `comm` (a collective), and resolve the config.
 
@@ -118,7 +119,7 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
     if reader is not None:
         decided["data.path"] = reader.path
     if model is not None:
-        decided.update({"model.layers": model.layer_specs(), "model.loss": model.loss,
+        decided.update({**model.config_entries(), "model.loss": model.loss,
                         "model.loss_options": model.loss_options,
                         "model.dtype": str(model.params.dtype)})
     if sync is not None:
@@ -139,8 +140,7 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
         config = resolve(config, decided, "the config")
         check_loss_fits(config.model.loss, manifest.target, reader.path)
         if model is None:
-            model = build_model(config.model, manifest.feature_shape, manifest.outputs, comm.backend.xp,
-                                "classes" if manifest.target == "class" else f"{manifest.target} target columns")
+            model = build_network(config.model, manifest, comm.backend.xp)
         else:
             _check_fits(model, manifest, comm.backend)
     checkpointer = Checkpointer(config.run_dir, comm, comm.backend, reader.manifest_sha256, reader.path,
@@ -156,7 +156,7 @@ def model_layers(config: Config, manifest) -> list:
     return config.model.layers
 
 
-def _check_fits(model: Sequential, manifest, backend) -> None:
+def _check_fits(model: Network, manifest, backend) -> None:
     """A caller's model must live on the run's backend and map the dataset's rows to its classes."""
     if model.xp is not backend.xp:
         raise ConfigError(f"the model's arrays are {model.xp.__name__} arrays, but the run's backend is "

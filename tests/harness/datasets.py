@@ -149,3 +149,38 @@ def read_split(dataset_dir, split: str = "train", rank: int = 0, ranks: int = 1,
     rows = DatasetReader(str(dataset_dir), SimpleNamespace(rank=rank, size=ranks), **options).eval_rows(split)
     parts = [(x.copy(), y.copy()) for x, y in rows.batches(1000)]
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def click_table(n: int, ids=(100, 10000), numeric: int = 3, seed: int = 0):
+    """A synthetic click-through table with a known probability per row: categorical columns of `ids` values each,
+    drawn Zipf-like (value k with weight 1/(k+1)), and `numeric` standard normal columns. The logit is -1.5 plus a
+    per-value effect of each categorical column (normal, sd 0.7) plus a fixed linear term of the numbers.
+    Returns (numbers float32 (n, numeric), ids int64 (n, columns), clicks float32 (n, 1), probabilities (n,))."""
+    rng = np.random.default_rng(seed)
+    effects = [np.random.default_rng(1000 + j).normal(0, 0.7, size=k) for j, k in enumerate(ids)]
+    weights = np.random.default_rng(2000).normal(0, 0.5, size=numeric)
+    codes = np.column_stack([rng.choice(k, size=n, p=(w := 1 / np.arange(1, k + 1)) / w.sum()) for k in ids])
+    numbers = rng.normal(size=(n, numeric)).astype(np.float32)
+    logit = -1.5 + sum(effect[codes[:, j]] for j, effect in enumerate(effects)) + numbers @ weights
+    probability = 1 / (1 + np.exp(-logit))
+    clicks = (rng.random(n) < probability).astype(np.float32)[:, None]
+    return numbers, codes, clicks, probability
+
+
+def make_click_dataset(path, n_train=20000, n_test=5000, ids=(100, 10000), numeric=3, shards=2, seed=0) -> dict:
+    """`click_table` written as a table dataset (numeric columns, then ids 0..k-1 per categorical column, a binary
+    target), as the ETL writes tables; returns the test rows' true probabilities and clicks."""
+    numbers, codes, clicks, probability = click_table(n_train + n_test, ids, numeric, seed)
+    x = np.column_stack([numbers, codes]).astype(np.float32)
+    splits = {}
+    for split, (a, b) in (("train", (0, n_train)), ("test", (n_train, n_train + n_test))):
+        bounds = np.linspace(a, b, shards + 1).astype(int)
+        splits[split] = [write_shard(str(path), shard_path(split, i), x[lo:hi], clicks[lo:hi])
+                         for i, (lo, hi) in enumerate(zip(bounds, bounds[1:]))]
+    columns = {"numeric": [{"name": f"n{j}"} for j in range(numeric)],
+               "categorical": [{"name": f"c{j}", "ids": k} for j, k in enumerate(ids)]}
+    write_manifest(str(path), Manifest(
+        feature_shape=(x.shape[1],), feature_dtype="float32", scale=1.0, offset=0.0, mean=0.0, std=1.0,
+        num_classes=2, label_counts={}, splits=splits, source="synthetic clicks", seed=seed,
+        checksums="fletcher32", target="binary", target_names=["click"], columns=columns))
+    return {"probability": probability[n_train:], "clicks": clicks[n_train:, 0]}

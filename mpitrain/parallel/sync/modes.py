@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from mpitrain.parallel.sync.base import Synchronizer
 from mpitrain.parallel.sync.buckets import gradient_buckets
+from mpitrain.parallel.sync.sparse import exchange_tables
 
 
 class NoSync(Synchronizer):
@@ -31,11 +32,17 @@ class AllreduceSync(Synchronizer):
     `allreduce`. Every rank posts the same buckets in the same order. Sums are elementwise, so
     they do not depend on the cut: at 2 ranks the result is bit for bit that of one blocking
     Allreduce (beyond, MPI may add in another order: equal to float rounding).
+
+    A model's embedding tables (`model.sparse_tables`, the buffer before `model.dense_start`) go
+    after the dense part, by the rows each rank touched (`mpitrain.parallel.sync.sparse`).
     """
 
     def start(self, model, updater) -> None:
         super().start(model, updater)
-        self.buckets = gradient_buckets(model.layout, self.config.bucket_mb * 1e6, model.grads.itemsize)
+        dense = model.dense_start
+        self.buckets = [(begin + dense, end + dense) for begin, end in
+                        gradient_buckets(model.layout[len(model.sparse_tables):], self.config.bucket_mb * 1e6,
+                                         model.grads.itemsize)]
         self.posted = []
 
     def grads_ready(self, model, start: int) -> None:
@@ -49,9 +56,10 @@ class AllreduceSync(Synchronizer):
             begin, end = self.buckets[-1]
             self.comm.complete(self.posted, last=model.grads[begin:end])
             self.posted = []
-            model.grads /= self.comm.size
+            model.grads[model.dense_start:] /= self.comm.size
         else:
-            self.comm.average_(model.grads)
+            self.comm.average_(model.grads[model.dense_start:])
+        exchange_tables(self.comm, model)
         model.params += updater.delta(model.grads, model.params)
 
     def _post(self, model, start: int) -> None:

@@ -1,0 +1,48 @@
+"""An embedding table's two hot loops: gather the rows of a batch's ids, and add a batch's gradients into the rows.
+
+    gather_rows(table, ids, out)            # out[i] = table[ids[i]]
+    scatter_add_rows(grad, ids, values)     # grad[ids[i]] += values[i], repeated ids adding up
+
+`ids` are int64 row numbers of `table`/`grad` (the caller made them from the stored float ids);
+`out` and `values` may be strided views (one categorical column of a (batch, columns, dim)
+array). The numba path works on host arrays; a cupy array takes the reference (`take` and
+`cupyx.scatter_add`). Neither allocates.
+"""
+from __future__ import annotations
+
+from numba import njit
+
+from mpitrain.kernels.dispatch import numpy_or_reference
+
+
+@numpy_or_reference("gather_rows_reference")
+def gather_rows(table, ids, out) -> None:
+    """out[i, :] = table[ids[i], :] for every i."""
+    _gather(table, ids, out)
+
+
+@numpy_or_reference("scatter_add_rows_reference")
+def scatter_add_rows(grad, ids, values) -> None:
+    """grad[ids[i], :] += values[i, :] for every i, in order (so the sums are the same on every run)."""
+    _scatter_add(grad, ids, values)
+
+
+@njit(cache=True, nogil=True)
+def _gather(table, ids, out):
+    for i in range(ids.size):
+        out[i, :] = table[ids[i], :]
+
+
+@njit(cache=True, nogil=True)
+def _scatter_add(grad, ids, values):
+    for i in range(ids.size):
+        grad[ids[i], :] += values[i, :]
+
+
+def gather_rows_reference(table, ids, out) -> None:
+    out[...] = table[ids]
+
+
+def scatter_add_rows_reference(grad, ids, values) -> None:
+    import cupyx
+    cupyx.scatter_add(grad, ids, values)

@@ -1,0 +1,250 @@
+"""A model of named nodes: several inputs, merges, embeddings; the flat-buffer contract of every model.
+
+    model:
+      graph:
+        - {name: emb, type: embedding, input: categorical, dim: 8}
+        - {name: flat, type: flatten, input: emb}
+        - {name: joined, type: concat, inputs: [flat, numeric]}
+        - {name: hidden, type: dense, input: joined, units: 64, activation: relu}
+        - {name: out, type: dense, input: hidden, units: 1}
+
+A node is a layer (`type` one of `GRAPH_TYPES`, its arguments as in `model.layers`) with a
+unique `name`, reading one `input` or, for `concat` and `add`, several `inputs`: the
+dataset's column groups (`numeric`, `categorical`: `Manifest.input_groups`, slices of a row
+of x) or nodes named before it. The last node is the output; every node must lead to it.
+An `embedding` reads `categorical` itself.
+
+Nodes run in the order written (so a node reads only what is above it). Backward runs them
+in reverse; a value read by several nodes gets the sum of their gradients; nodes that lead
+to no parameter are skipped. The embedding tables come first in the flat buffers, the other
+parameters after them in node order, so the dense part (`dense_start` on) fills from its end
+as in a `Sequential` (`grads_ready` reports it) and the tables' rows go by a sparse exchange
+(`sparse_tables`, `mpitrain.parallel.sync.sparse`).
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+from mpitrain.errors import ConfigError
+from mpitrain.nn.embedding import Embedding
+from mpitrain.nn.merge import Add, Concat, Merge
+from mpitrain.nn.model import (LAYER_ARGUMENTS, LAYER_TYPES, Network, _fuse_activations, _with_activation_layers,
+                                build_model)
+
+GRAPH_TYPES = {**LAYER_TYPES, "embedding": Embedding, "concat": Concat, "add": Add}
+MERGES = ("concat", "add")
+NODE_KEYS = ("name", "type", "input", "inputs")
+
+
+@dataclass
+class Node:
+    """One node: its name, the names it reads, its layers (a layer and its activation layer, or one merge)."""
+
+    name: str
+    inputs: list[str]
+    layers: list
+    spec: dict  # as the config wrote it
+
+    @property
+    def merge(self) -> Merge | None:
+        return self.layers[0] if isinstance(self.layers[0], Merge) else None
+
+
+class Graph(Network):
+    """Named nodes over a row's column groups, a loss on the last node's output; see the module docstring.
+
+    `groups` are the dataset's inputs (`Manifest.input_groups`); `input_shape` is a whole row's.
+    """
+
+    def __init__(self, nodes: list[Node], groups: dict, input_shape: tuple[int, ...], loss: str, xp, dtype,
+                 loss_options: dict | None = None):
+        self.nodes, self.groups, self.input_shape = nodes, groups, tuple(input_shape)
+        shapes = {name: group.shape for name, group in groups.items()}
+        layers, names, param_shapes, stat_shapes, self.node_of = [], [], [], [], []
+        for index, node in enumerate(nodes):
+            inputs = [shapes[name] for name in node.inputs]
+            if node.merge:
+                shape = node.merge.merged_shape(inputs)
+                param_shapes.append({})
+                stat_shapes.append({})
+                layers.append(node.merge)
+                names.append(node.name)
+                self.node_of.append(index)
+            else:
+                shape = inputs[0]
+                for k, layer in enumerate(node.layers):
+                    param_shapes.append(layer.param_shapes(shape))
+                    stat_shapes.append(layer.stat_shapes(shape))
+                    shape = layer.output_shape(shape)
+                    layers.append(layer)
+                    names.append(node.name if k == 0 else f"{node.name}.{type(layer).__name__.lower()}")
+                    self.node_of.append(index)
+            shapes[node.name] = shape
+        self.output_shape = shapes[nodes[-1].name]
+        tables = [i for i, layer in enumerate(layers) if isinstance(layer, Embedding)]
+        order = tables + [i for i in range(len(layers)) if i not in tables]
+        super().__init__(layers, names, param_shapes, stat_shapes, loss, xp, dtype, loss_options, order)
+        self.sparse_tables = []
+        for i in tables:
+            start = self.grads_start[i]
+            for table in layers[i].tables:  # a layer's tables lie in its order
+                table.start, start = start, start + table.rows * table.dim
+                self.sparse_tables.append(table)
+        self.dense_start = max((table.stop for table in self.sparse_tables), default=0)
+        self.needs_grad = {name: False for name in groups}
+        for node in nodes:
+            self.needs_grad[node.name] = any(layer.params for layer in node.layers) or \
+                any(self.needs_grad[name] for name in node.inputs)
+        self.accumulated = self.workspace.part("graph")
+        _fuse_activations([layer for node in nodes for layer in node.layers])
+
+    def forward(self, x, training: bool = False, key: tuple = (0,)):
+        """The output of rows `x` (batch, *input_shape); `key` (seed, rank, epoch, step) seeds dropout."""
+        values = {name: x if len(self.groups) == 1 and group.shape == self.input_shape
+                  else x[:, group.start:group.stop].reshape(len(x), *group.shape)
+                  for name, group in self.groups.items()}
+        layer_index = 0
+        for node in self.nodes:
+            inputs = [values[name] for name in node.inputs]
+            if node.merge:
+                value = node.merge.forward(inputs, training)
+                layer_index += 1
+            else:
+                value = inputs[0]
+                for layer in node.layers:
+                    layer.key = (*key, layer_index)
+                    value = layer.forward(value, training)
+                    layer_index += 1
+            values[node.name] = value
+        return values[self.nodes[-1].name]
+
+    def backward(self, dy, grads_ready=None) -> None:
+        """Backpropagate through the nodes in reverse; after a node with dense parameters, `grads_ready(start)`
+        (if given) learns that `grads[start:]` are final."""
+        grads = {self.nodes[-1].name: dy}
+        first_layer = {}
+        for i, index in enumerate(self.node_of):
+            first_layer.setdefault(index, i)
+        for index in range(len(self.nodes) - 1, -1, -1):
+            node = self.nodes[index]
+            if not self.needs_grad[node.name]:
+                continue
+            d = grads.pop(node.name)
+            wanted = [self.needs_grad[name] for name in node.inputs]
+            if node.merge:
+                outputs = node.merge.backward(d, wanted)
+            else:
+                for k in range(len(node.layers) - 1, -1, -1):
+                    d = node.layers[k].backward(d, input_grad=k > 0 or wanted[0])
+                outputs = [d]
+            for name, gradient in zip(node.inputs, outputs):
+                if gradient is not None:
+                    self._accumulate(grads, name, gradient)
+            start = self.grads_start[first_layer[index]]
+            if grads_ready is not None and start >= self.dense_start and any(layer.params for layer in node.layers):
+                grads_ready(start)
+
+    def _accumulate(self, grads: dict, name: str, gradient) -> None:
+        """grads[name] += gradient, in a workspace array of its own once a second reader adds to it."""
+        if name not in grads:
+            grads[name] = gradient
+            return
+        total = self.accumulated(name, gradient.shape, gradient.dtype)
+        if grads[name] is not total:
+            total[...] = grads[name]
+        total += gradient
+        grads[name] = total
+
+    def config_entries(self) -> dict:
+        """The config keys that build this model again."""
+        return {"model.graph": [node.spec for node in self.nodes], "model.layers": []}
+
+
+def check_node_spec(spec, key: str) -> None:
+    """Refuse a graph node entry that misses a name or input, names an unknown type or argument, or an argument
+    out of its domain, naming the key (`model.graph[2].units`) and what was expected."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
+        raise ConfigError(f"{key} is {spec!r}, expected a mapping with a 'name' and a 'type'")
+    kind = spec.get("type")
+    cls = GRAPH_TYPES.get(kind)
+    if cls is None:
+        raise ConfigError(f"{key}.type is {kind!r}, expected one of {sorted(GRAPH_TYPES)}")
+    if kind in MERGES:
+        inputs = spec.get("inputs")
+        if "input" in spec or not (isinstance(inputs, list) and len(inputs) >= 2 and
+                                   all(isinstance(i, str) for i in inputs)):
+            raise ConfigError(f"{key}: a {kind} node takes `inputs`, a list of two or more names, not {inputs!r}")
+    elif "inputs" in spec or not isinstance(spec.get("input"), str):
+        raise ConfigError(f"{key}: a {kind} node takes one `input` (a name), not {spec.get('input', spec.get('inputs'))!r}")
+    kwargs = {k: v for k, v in spec.items() if k not in NODE_KEYS}
+    try:
+        inspect.signature(cls).bind(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{key}: {e} (a {kind} node takes {list(inspect.signature(cls).parameters)})") from None
+    for name, value in kwargs.items():
+        if name in LAYER_ARGUMENTS:
+            ok, expected = LAYER_ARGUMENTS[name]
+            if not ok(value):
+                raise ConfigError(f"{key}.{name} is {value!r}, expected {expected}")
+
+
+def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_name: str = "classes") -> Graph:
+    """The Graph of `config.model.graph` (a ModelConfig's) for a dataset of input `groups`, giving `outputs` values;
+    a node that reads an unknown name, does not fit its input, or leads nowhere is a ConfigError naming it."""
+    nodes, shapes, read = [], {name: group.shape for name, group in groups.items()}, set()
+    for i, spec in enumerate(config.graph):
+        key = f"model.graph[{i}]"
+        check_node_spec(spec, key)
+        name = spec["name"]
+        if name in shapes:
+            raise ConfigError(f"{key}.name {name!r} is taken (by {'an input' if name in groups else 'a node above'}); "
+                              "expected a new name")
+        inputs = spec["inputs"] if spec["type"] in MERGES else [spec["input"]]
+        for source in inputs:
+            if source not in shapes:
+                raise ConfigError(f"{key} ({name}) reads {source!r}: no input or node above has that name; expected "
+                                  f"one of {sorted(shapes)}")
+        read.update(inputs)
+        try:
+            layer = GRAPH_TYPES[spec["type"]](**{k: v for k, v in spec.items() if k not in NODE_KEYS})
+            if isinstance(layer, Embedding):
+                if inputs != ["categorical"] or "categorical" not in groups:
+                    raise ValueError("an embedding reads the dataset's `categorical` ids (input: categorical)"
+                                     + ("" if "categorical" in groups else "; this dataset has no categorical columns"))
+                layer.take_ids(groups["categorical"].ids)
+            layers = [layer] if isinstance(layer, Merge) else _with_activation_layers([layer])
+            shape = layer.merged_shape([shapes[s] for s in inputs]) if isinstance(layer, Merge) else shapes[inputs[0]]
+            if not isinstance(layer, Merge):
+                for each in layers:
+                    each.param_shapes(shape)
+                    shape = each.output_shape(shape)
+        except ValueError as e:
+            raise ConfigError(f"{key} ({name}, {spec['type']}) on inputs of shape "
+                              f"{[list(shapes[s]) for s in inputs]}: {e}") from None
+        shapes[name] = shape
+        nodes.append(Node(name, inputs, layers, dict(spec)))
+    if not nodes:
+        raise ConfigError("model.graph is empty; expected a list of nodes")
+    unused = [node.name for node in nodes[:-1] if node.name not in read]
+    if unused:
+        raise ConfigError(f"model.graph: node {unused[0]!r} leads nowhere (no node reads it, and the last node "
+                          f"{nodes[-1].name!r} is the output); expected every node to lead to the output")
+    if shapes[nodes[-1].name] != (outputs,):
+        raise ConfigError(f"model.graph: the last node {nodes[-1].name!r} gives outputs of shape "
+                          f"{list(shapes[nodes[-1].name])}, expected [{outputs}] for the dataset's {outputs} "
+                          f"{outputs_name}")
+    return Graph(nodes, groups, input_shape, config.loss, xp, config.dtype, config.loss_options)
+
+
+def build_network(config, manifest, xp) -> Network:
+    """The model `config.model` (a ModelConfig) describes for the dataset of `manifest`: a Graph of `graph`, or a
+    Sequential of `layers` (which reads a row as numbers, so not a table with categorical ids)."""
+    outputs_name = "classes" if manifest.target == "class" else f"{manifest.target} target columns"
+    if config.graph:
+        return build_graph(config, manifest.input_groups, manifest.feature_shape, manifest.outputs, xp, outputs_name)
+    if "categorical" in manifest.input_groups:
+        raise ConfigError(f"model.layers reads a row as numbers, but the dataset has categorical columns "
+                          f"{[c['name'] for c in manifest.columns['categorical']]} (ids); expected model.graph with "
+                          "an embedding of `categorical` (docs/tables.md)")
+    return build_model(config, manifest.feature_shape, manifest.outputs, xp, outputs_name)

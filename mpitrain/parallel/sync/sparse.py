@@ -1,0 +1,77 @@
+"""Embedding tables' gradients by the rows a step touched, not the whole table (`allreduce` mode).
+
+A step of a large table touches a few rows (the batch's ids), so each rank sends those rows,
+ids and values, instead of the table: after an Allgather of every rank's touched-row count per
+table, each table whose rows would put fewer bytes on a rank's wire than a dense Allreduce of
+it goes into one Allgatherv of messages `[ids..., values...]` per table (ids as floats of the
+gradient's dtype: exact below 2**24, `mpitrain.data.shards.MAX_IDS`); the others are
+Allreduced whole. Every rank then zeroes the rows any rank touched and adds the ranks' rows in
+rank order, so the sums are bit-identical everywhere, and divides them by the ranks: the mean
+gradient, as for the dense part. The table then remembers which rows hold values
+(`TableGrad.written`: the union, or None after a dense Allreduce), so the next backward clears
+just those. The bytes go into the communicator's count as every collective's do.
+
+What PyTorch's DDP does with a sparse `nn.Embedding` gradient (an allgather of indices and
+values) and SparCML's sparse allgather, chosen per table and step as `sharing`'s exchanges are.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mpitrain.parallel.backend import array_module
+from mpitrain.parallel.costmodel import allreduce_bytes
+
+
+def sparse_is_smaller(counts: np.ndarray, rows: int, dim: int, itemsize: int) -> bool:
+    """Whether the ranks' touched rows (`counts`, one per rank) cost a rank fewer bytes than an Allreduce of the
+    table: an Allgatherv sends each rank about every other rank's message."""
+    ranks = len(counts)
+    message_bytes = counts * (1 + dim) * itemsize
+    return float(message_bytes.sum() - message_bytes.min()) < allreduce_bytes(rows * dim * itemsize, ranks)
+
+
+def exchange_tables(comm, model) -> None:
+    """Sum `model.sparse_tables`' gradients over the ranks and divide by their number, each table by its touched
+    rows or whole (see the module docstring). A collective: every rank has the same tables."""
+    tables = model.sparse_tables
+    if not tables:
+        return
+    grads, xp = model.grads, array_module(model.grads)
+    counts = np.array(comm.allgather_obj([int(table.touched.size) for table in tables]), np.int64)  # (ranks, tables)
+    sparse = [sparse_is_smaller(counts[:, t], table.rows, table.dim, grads.itemsize) for t, table in enumerate(tables)]
+    for table, chosen in zip(tables, sparse):
+        if not chosen:
+            region = grads[table.start:table.stop]
+            comm.average_(region)
+            table.written = None
+    chosen = [t for t, is_sparse in enumerate(sparse) if is_sparse]
+    if not chosen:
+        return
+    message = xp.concatenate([part for t in chosen for part in _message(grads, tables[t])])
+    sizes = sum(counts[:, t] * (1 + tables[t].dim) for t in chosen)
+    received = comm.allgatherv(message, sizes)
+    for position, t in enumerate(chosen):
+        table = tables[t]
+        matrix = grads[table.start:table.stop].reshape(table.rows, table.dim)
+        parts = [_part(each, counts[r], chosen, tables, position) for r, each in enumerate(received)]
+        union = xp.unique(xp.concatenate([ids for ids, _ in parts]))
+        matrix[union] = 0
+        for ids, values in parts:  # rank order: the same sums on every rank
+            matrix[ids] += values
+        matrix[union] /= comm.size
+        table.written = union
+
+
+def _message(grads, table):
+    """A table's part of this rank's message: its touched ids (as floats), then their rows."""
+    matrix = grads[table.start:table.stop].reshape(table.rows, table.dim)
+    return table.touched.astype(grads.dtype), matrix[table.touched].ravel()
+
+
+def _part(message, counts, chosen, tables, position):
+    """(ids, rows) of table `chosen[position]` in one rank's message (its touched-row `counts` per table)."""
+    offset = sum(int(counts[t]) * (1 + tables[t].dim) for t in chosen[:position])
+    t = chosen[position]
+    n, dim = int(counts[t]), tables[t].dim
+    ids = message[offset:offset + n].astype(np.int64)
+    return ids, message[offset + n:offset + n * (1 + dim)].reshape(n, dim)

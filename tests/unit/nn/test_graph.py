@@ -1,0 +1,103 @@
+"""Graph models: embedding, concat and add gradients in float64 against central differences, the issue's config as
+written, one clear error per wrong node, and an embedding's backward writing only the rows a batch touched."""
+import numpy as np
+import pytest
+
+from mpitrain.config.sections import ModelConfig
+from mpitrain.data.shards import InputGroup, Manifest
+from mpitrain.errors import ConfigError
+from mpitrain.nn.graph import build_graph, build_network
+from mpitrain.nn.losses import binary_cross_entropy
+from mpitrain.nn.model import build_model
+from mpitrain.testing.gradients import numeric_grad
+
+ISSUE_GRAPH = [{"name": "emb", "type": "embedding", "input": "categorical", "dim": 3},
+               {"name": "flat", "type": "flatten", "input": "emb"},
+               {"name": "joined", "type": "concat", "inputs": ["flat", "numeric"]},
+               {"name": "hidden", "type": "dense", "input": "joined", "units": 5, "activation": "relu"},
+               {"name": "out", "type": "dense", "input": "hidden", "units": 1}]
+GROUPS = {"numeric": InputGroup(0, (3,)), "categorical": InputGroup(3, (2,), (6, 4))}
+
+
+def table_rows(rng, n):
+    """Rows of x as a table stores them: 3 numbers, then an id of each categorical column (6 and 4 ids)."""
+    return np.column_stack([rng.normal(size=(n, 3)), rng.integers(0, 6, n), rng.integers(0, 4, n)])
+
+
+def check_gradients(graph, n=6, seed=0):
+    rng = np.random.default_rng(seed)
+    model = build_graph(ModelConfig(graph=graph, loss="binary_cross_entropy", dtype="float64"), GROUPS, (5,), 1, np)
+    model.init_params(seed, "xavier")
+    model.params += rng.normal(0, 0.1, model.n_params)
+    x, y = table_rows(rng, n), rng.integers(0, 2, (n, 1)).astype(np.float64)
+    model.train_batch(x, y)
+    np.testing.assert_allclose(model.grads, numeric_grad(lambda: binary_cross_entropy(model.forward(x), y)[0],
+                                                         model.params), rtol=1e-5, atol=1e-8)
+    return model
+
+
+def test_the_issue_graph_has_the_gradients_of_central_differences():
+    model = check_gradients(ISSUE_GRAPH)
+    assert [name for name, _ in model.layout][:2] == ["emb/table0", "emb/table1"]  # the tables come first
+    assert model.dense_start == 6 * 3 + 4 * 3 and model.output_shape == (1,)
+
+
+def test_add_a_residual_path_and_per_column_dimensions_have_the_gradients_of_central_differences():
+    check_gradients([{"name": "emb", "type": "embedding", "input": "categorical", "dim": [2, 3]},
+                     {"name": "joined", "type": "concat", "inputs": ["emb", "numeric"]},
+                     {"name": "a", "type": "dense", "input": "joined", "units": 4, "activation": "tanh"},
+                     {"name": "b", "type": "dense", "input": "a", "units": 4},
+                     {"name": "sum", "type": "add", "inputs": ["a", "b"]},
+                     {"name": "out", "type": "dense", "input": "sum", "units": 1}])
+
+
+def test_an_embedding_backward_writes_only_the_touched_rows_and_clears_them_next_step():
+    rng = np.random.default_rng(1)
+    model = build_graph(ModelConfig(graph=ISSUE_GRAPH, loss="binary_cross_entropy"), GROUPS, (5,), 1, np)
+    model.init_params(0, "xavier")
+    x, y = table_rows(rng, 8), np.ones((8, 1), np.float32)
+    for ids in ([0, 1], [5, 5]):
+        x[:, 3] = np.resize(ids, 8)
+        model.train_batch(x, y)
+        table = model.sparse_tables[0]
+        grad = model.grads[table.start:table.stop].reshape(table.rows, table.dim)
+        assert np.flatnonzero(np.abs(grad).sum(axis=1)).tolist() == sorted(set(ids))
+        assert table.touched.tolist() == sorted(set(ids))
+
+
+def test_a_graph_without_merges_computes_what_the_sequential_of_its_layers_does():
+    layers = [{"type": "dense", "units": 4, "activation": "relu"}, {"type": "dense", "units": 2}]
+    graph = [{"name": "h", "type": "dense", "input": "numeric", "units": 4, "activation": "relu"},
+             {"name": "o", "type": "dense", "input": "h", "units": 2}]
+    sequential = build_model(ModelConfig(layers=layers), (3,), 2, np)
+    model = build_graph(ModelConfig(graph=graph), {"numeric": InputGroup(0, (3,))}, (3,), 2, np)
+    sequential.init_params(0, "xavier")
+    model.init_params(0, "xavier")
+    x = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
+    np.testing.assert_array_equal(model.forward(x), sequential.forward(x))
+
+
+@pytest.mark.parametrize("graph, message", [
+    ([{"name": "h", "type": "dense", "input": "nothing", "units": 1}], "reads 'nothing': no input or node above"),
+    ([{"name": "h", "type": "dense", "input": "numeric", "units": 2},
+      {"name": "o", "type": "dense", "input": "numeric", "units": 1}], "node 'h' leads nowhere"),
+    ([{"name": "numeric", "type": "dense", "input": "numeric", "units": 1}], "name 'numeric' is taken"),
+    ([{"name": "e", "type": "embedding", "input": "numeric"}, {"name": "o", "type": "dense", "input": "e", "units": 1}],
+     "an embedding reads the dataset's `categorical` ids"),
+    ([{"name": "c", "type": "concat", "input": "numeric"}], "takes `inputs`, a list of two or more names"),
+    ([{"name": "o", "type": "dense", "input": "numeric", "units": 3}], "expected [1] for the dataset's 1"),
+    ([{"name": "o", "type": "dense", "input": "numeric", "units": 0}], "model.graph[0].units is 0"),
+    ([{"name": "e", "type": "embedding", "input": "categorical", "dim": [2]},
+      {"name": "o", "type": "dense", "input": "e", "units": 1}], "dim lists 1 dimensions, expected one per"),
+])
+def test_a_wrong_node_is_one_error_naming_it(graph, message):
+    with pytest.raises(ConfigError) as e:
+        build_graph(ModelConfig(graph=graph, loss="binary_cross_entropy"), GROUPS, (5,), 1, np)
+    assert message in str(e.value)
+
+
+def test_a_layers_model_on_a_table_with_categorical_columns_is_refused():
+    manifest = Manifest((2,), "float32", 1.0, 0.0, 0.0, 1.0, 2, {}, {},
+                        columns={"numeric": [{"name": "age"}], "categorical": [{"name": "country", "ids": 9}]})
+    with pytest.raises(ConfigError, match=r"categorical columns \['country'\].*expected model.graph"):
+        build_network(ModelConfig(layers=[{"type": "dense", "units": 2}]), manifest, np)
