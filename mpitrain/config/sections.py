@@ -218,6 +218,11 @@ class SyncConfig(Section):
                                    "last layer first; a layer larger than this is a bucket of its own, 0 gives one "
                                    "bucket per layer. The default was chosen on the simulated cluster "
                                    "(docs/cluster.md, benchmarks/cluster.py's bucket rows).")
+    embeddings: str = option("auto", "allreduce and averaging: an embedding table goes by the rows the ranks "
+                                     "touched (ids and values: an Allgatherv) whenever that is fewer bytes than an "
+                                     "Allreduce of the table (auto), or always whole (dense). averaging sends rows "
+                                     "only under an updater without state (plain SGD). See docs/tables.md.",
+                             ("auto", "dense"))
     check_replicas: bool = option(True, "Compare a hash of the parameters across ranks at every epoch end (modes "
                                         "that promise identical replicas).")
     threshold: float = option(1.0e-3, "sharing: the initial threshold tau.")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from mpitrain.parallel.sync.base import Synchronizer
 from mpitrain.parallel.sync.buckets import gradient_buckets
-from mpitrain.parallel.sync.sparse import exchange_tables
+from mpitrain.parallel.sync.sparse import average_table_rows, exchange_tables
 
 
 class NoSync(Synchronizer):
@@ -59,7 +59,7 @@ class AllreduceSync(Synchronizer):
             model.grads[model.dense_start:] /= self.comm.size
         else:
             self.comm.average_(model.grads[model.dense_start:])
-        exchange_tables(self.comm, model)
+        exchange_tables(self.comm, model, dense=self.config.embeddings == "dense")
         model.params += updater.delta(model.grads, model.params)
 
     def _post(self, model, start: int) -> None:
@@ -78,6 +78,11 @@ class AveragingSync(Synchronizer):
     replicas are identical at every epoch end, whatever the frequency. Between averagings each rank's parameters,
     statistics and updater state are its own (`rank_local`); the updater state stays so after an averaging
     without `average_updater`.
+
+    A model's embedding tables (`model.sparse_tables`) are averaged by the rows any rank changed since the last
+    averaging (`mpitrain.parallel.sync.sparse.average_table_rows`) when only the touched rows change: an updater
+    without state (plain SGD; tables get no L2). Under momentum or Adam every row moves each step, so the tables
+    are averaged whole, as after a resume (each rank's own parameters) and with `embeddings: dense`.
     """
 
     rank_local = ("params", "stats", "updater_state")
@@ -86,8 +91,16 @@ class AveragingSync(Synchronizer):
         super().__init__(comm, config)
         self.steps_since_average = 0
 
+    def start(self, model, updater) -> None:
+        super().start(model, updater)
+        self.changed = [None] * len(model.sparse_tables)  # rows changed since the last averaging; None: any
+        self.track_rows = not updater.state.size and self.config.embeddings != "dense"
+
     def step(self, model, updater) -> None:
         model.params += updater.delta(model.grads, model.params)
+        if self.track_rows:
+            self.changed = [None if rows is None else model.xp.union1d(rows, table.touched)
+                            for rows, table in zip(self.changed, model.sparse_tables)]
         self.steps_since_average += 1
         if self.config.frequency != "epoch" and self.steps_since_average >= self.config.frequency:
             self._average(model, updater)
@@ -103,7 +116,11 @@ class AveragingSync(Synchronizer):
         self.steps_since_average = int(numbers.get("steps_since_average", 0))
 
     def _average(self, model, updater) -> None:
-        self.comm.average_(model.params)
+        self.comm.average_(model.params[model.dense_start:])
+        if model.sparse_tables:
+            average_table_rows(self.comm, model, self.changed)
+            empty = model.xp.zeros(0, model.xp.int64)
+            self.changed = [empty if self.track_rows else None for _ in model.sparse_tables]
         self.average_stats(model)
         if self.config.average_updater and updater.state.size:
             self.comm.average_(updater.state)

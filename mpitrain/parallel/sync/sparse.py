@@ -22,23 +22,24 @@ from mpitrain.parallel.backend import array_module
 from mpitrain.parallel.costmodel import allreduce_bytes
 
 
-def sparse_is_smaller(counts: np.ndarray, rows: int, dim: int, itemsize: int) -> bool:
-    """Whether the ranks' touched rows (`counts`, one per rank) cost a rank fewer bytes than an Allreduce of the
-    table: an Allgatherv sends each rank about every other rank's message."""
-    ranks = len(counts)
-    message_bytes = counts * (1 + dim) * itemsize
-    return float(message_bytes.sum() - message_bytes.min()) < allreduce_bytes(rows * dim * itemsize, ranks)
+def sparse_is_smaller(counts, row_bytes: int, table_bytes: int) -> bool:
+    """Whether the ranks' messages of `counts` rows of `row_bytes` (one count per rank) cost a rank fewer bytes than
+    an Allreduce of the table's `table_bytes`: an Allgatherv sends each rank about every other rank's message."""
+    message_bytes = np.asarray(counts) * row_bytes
+    return float(message_bytes.sum() - message_bytes.min()) < allreduce_bytes(table_bytes, len(message_bytes))
 
 
-def exchange_tables(comm, model) -> None:
+def exchange_tables(comm, model, dense: bool = False) -> None:
     """Sum `model.sparse_tables`' gradients over the ranks and divide by their number, each table by its touched
-    rows or whole (see the module docstring). A collective: every rank has the same tables."""
+    rows or whole (see the module docstring; `dense`: every table whole, `sync.embeddings: dense`). A collective:
+    every rank has the same tables."""
     tables = model.sparse_tables
     if not tables:
         return
     grads, xp = model.grads, array_module(model.grads)
     counts = np.array(comm.allgather_obj([int(table.touched.size) for table in tables]), np.int64)  # (ranks, tables)
-    sparse = [sparse_is_smaller(counts[:, t], table.rows, table.dim, grads.itemsize) for t, table in enumerate(tables)]
+    sparse = [not dense and sparse_is_smaller(counts[:, t], (1 + table.dim) * grads.itemsize, table.rows * table.dim * grads.itemsize)
+              for t, table in enumerate(tables)]
     for table, chosen in zip(tables, sparse):
         if not chosen:
             region = grads[table.start:table.stop]
@@ -75,3 +76,36 @@ def _part(message, counts, chosen, tables, position):
     n, dim = int(counts[t]), tables[t].dim
     ids = message[offset:offset + n].astype(np.int64)
     return ids, message[offset + n:offset + n * (1 + dim)].reshape(n, dim)
+
+
+def average_table_rows(comm, model, changed: list) -> list[bool]:
+    """Average `model.sparse_tables`' parameters over the ranks where any rank changed them: `changed[t]` are the
+    rows of table t this rank changed since the tables were last identical (an int64 array), or None when any row
+    may differ (the whole table is averaged). For each table, the union of every rank's rows is allgathered and then
+    those rows' values, when that costs fewer bytes than an Allreduce of the table; otherwise it is averaged whole.
+    Every rank adds the values in rank order: identical replicas. Returns, per table, whether it went sparse. A
+    collective (`averaging` mode)."""
+    tables, params = model.sparse_tables, model.params
+    xp = array_module(params)
+    known = [rows is not None for rows in changed]
+    ids = comm.allgatherv(xp.concatenate([changed[t].astype(np.int64) for t in range(len(tables)) if known[t]]
+                                         or [xp.zeros(0, np.int64)]))
+    counts = comm.allgather_obj([int(rows.size) if rows is not None else -1 for rows in changed])
+    went_sparse = []
+    for t, table in enumerate(tables):
+        matrix = params[table.start:table.stop].reshape(table.rows, table.dim)
+        every = [c[t] for c in counts]
+        if min(every) >= 0:
+            offsets = [sum(c[u] for u in range(t) if c[u] >= 0) for c in counts]
+            union = xp.unique(xp.concatenate([ids[r][offsets[r]:offsets[r] + every[r]] for r in range(comm.size)]))
+            if sparse_is_smaller([union.size] * comm.size, table.dim * params.itemsize, matrix.nbytes):
+                values = comm.allgatherv(matrix[union].ravel())
+                matrix[union] = 0
+                for each in values:  # rank order: the same sums on every rank
+                    matrix[union] += each.reshape(union.size, table.dim)
+                matrix[union] /= comm.size
+                went_sparse.append(True)
+                continue
+        comm.average_(matrix.reshape(-1))
+        went_sparse.append(False)
+    return went_sparse
