@@ -12,6 +12,10 @@
                              train=mpitrain.TrainConfig(epochs=2), run_dir="runs/mlp_sharing")
     summary = mpitrain.train(config, comm, reader=reader, model=model, sync=sync)
 
+A graph model (a table's named inputs, embeddings, merges: docs/tables.md) is built from its
+config for the dataset: `mpitrain.build_network(mpitrain.ModelConfig(graph=[...],
+loss="binary_cross_entropy"), reader.manifest, comm.backend.xp)`.
+
 `mpitrain train CONFIG` runs the same `train`, with every part built from the YAML config;
 a part built here replaces the config's, and the run directory's config.yaml records it, so
 `mpitrain eval RUN_DIR` and `predict` work on a scripted run as on any other. Every call
@@ -32,6 +36,9 @@ from mpitrain.parallel.launch import install_abort_hook
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
+from mpitrain.nn.embedding import Embedding
+from mpitrain.nn.graph import Graph, build_network
+from mpitrain.nn.merge import Add, Concat
 from mpitrain.nn.model import Sequential, build_model
 from mpitrain.training.run import setup_run
 from mpitrain.parallel.sync import create_synchronizer
@@ -40,7 +47,7 @@ from mpitrain.training.trained import evaluate_run, predict_run
 
 __all__ = ["init", "setup_logging", "Communicator", "Config", "DataConfig", "ModelConfig", "OptimizerConfig",
            "TrainConfig", "SyncConfig", "CheckpointConfig", "CommConfig", "PretrainConfig", "load_config",
-           "DatasetReader", "Sequential", "build_model", "Dense", "Conv2D", "MaxPool2D", "AvgPool2D", "Flatten",
+           "DatasetReader", "Sequential", "build_model", "Graph", "build_network", "Embedding", "Concat", "Add", "Dense", "Conv2D", "MaxPool2D", "AvgPool2D", "Flatten",
            "Dropout", "BatchNorm", "ReLU", "Tanh", "Sigmoid", "create_synchronizer", "setup_run", "train",
            "evaluate", "predict", "evaluate_run", "predict_run", "export_onnx"]
 
