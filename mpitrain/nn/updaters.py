@@ -47,10 +47,18 @@ class Updater:
         """Apply the per-epoch learning-rate decay (the same on every rank)."""
         self.lr = self.config.lr * self.config.lr_decay ** epoch
 
-    def delta(self, grads, params):
-        """The step to add to `params` for gradient `grads` (the returned buffer is reused)."""
+    #: whether a parameter without gradient (and without L2) keeps its value: then an embedding table's untouched
+    #: rows need no step (`mpitrain.parallel.sync.base.apply_update`)
+    steps_rows_alone = False
+
+    def delta(self, grads, params, begin: int = 0):
+        """The step to add to `params` for gradient `grads` (the returned buffer is reused): the whole flat buffer,
+        or its part from `begin` on (`grads` and `params` are then that part)."""
         self.iteration += 1
-        return self._step(self.slots, grads, params, self.decay, self.out, self.iteration)
+        part = slice(begin, begin + params.size)
+        return self._step([slot[part] for slot in self.slots] if begin else self.slots, grads, params,
+                          self.decay[part] if begin and self.decay is not None else self.decay,
+                          self.out[part] if begin else self.out, self.iteration)
 
     def _step(self, slots, grads, params, decay, out, t):
         """Step `t` on these state slots, writing the delta into `out` (or a slot); returns the delta."""
@@ -62,7 +70,13 @@ class SGD(Updater):
 
     def __init__(self, config, params, decay_mask):
         self.slot_names = ("velocity",) if config.momentum else ()
+        self.steps_rows_alone = not config.momentum
         super().__init__(config, params, decay_mask)
+
+    def row_delta(self, grads):
+        """Plain SGD's step of rows without L2 (an embedding table's touched rows): -lr g, as `sgd_step` computes
+        it. Only where `steps_rows_alone`."""
+        return grads * -self.lr
 
     def _step(self, slots, grads, params, decay, out, t):
         c = self.config

@@ -136,6 +136,25 @@ class Synchronizer:
         return {}
 
 
+def apply_update(model, updater) -> None:
+    """`model.params += updater.delta(model.grads, model.params)`; where the model has embedding tables and the
+    updater moves only parameters with a gradient (plain SGD; tables get no L2), the tables' steps are taken on
+    the rows that hold gradients (`TableGrad.written`) and the rest of the tables is skipped: a step of a 10^6-row
+    table costs its batch's rows, not the table. The same values either way. Not a collective."""
+    if not model.sparse_tables or not updater.steps_rows_alone:
+        model.params += updater.delta(model.grads, model.params)
+        return
+    dense = model.dense_start
+    model.params[dense:] += updater.delta(model.grads[dense:], model.params[dense:], dense)
+    for table in model.sparse_tables:
+        params = model.params[table.start:table.stop].reshape(table.rows, table.dim)
+        grads = model.grads[table.start:table.stop].reshape(table.rows, table.dim)
+        if table.written is None:
+            params += updater.row_delta(grads)
+        else:
+            params[table.written] += updater.row_delta(grads[table.written])
+
+
 def parameter_hash(*arrays: np.ndarray) -> str:
     """A short hash of the bytes of host `arrays` (parameters, statistics), to compare replicas across ranks cheaply."""
     digest = hashlib.blake2b(digest_size=8)

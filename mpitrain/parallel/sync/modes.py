@@ -1,7 +1,7 @@
 """The dense synchronization modes: none, allreduce (gradients), averaging (parameters)."""
 from __future__ import annotations
 
-from mpitrain.parallel.sync.base import Synchronizer
+from mpitrain.parallel.sync.base import Synchronizer, apply_update
 from mpitrain.parallel.sync.buckets import gradient_buckets
 from mpitrain.parallel.sync.sparse import average_table_rows, exchange_tables
 
@@ -13,7 +13,7 @@ class NoSync(Synchronizer):
     rank_local = ("params", "stats", "updater_state")  # every rank its own model
 
     def step(self, model, updater) -> None:
-        model.params += updater.delta(model.grads, model.params)
+        apply_update(model, updater)
 
     def merged(self, name: str, array):
         """Rank 0's own: independent models have no mean worth keeping. A collective that sends nothing."""
@@ -60,7 +60,7 @@ class AllreduceSync(Synchronizer):
         else:
             self.comm.average_(model.grads[model.dense_start:])
         exchange_tables(self.comm, model, dense=self.config.embeddings == "dense")
-        model.params += updater.delta(model.grads, model.params)
+        apply_update(model, updater)
 
     def _post(self, model, start: int) -> None:
         """Post the next buckets but the last, in order, while they lie within the final `grads[start:]`. A
@@ -97,7 +97,7 @@ class AveragingSync(Synchronizer):
         self.track_rows = not updater.state.size and self.config.embeddings != "dense"
 
     def step(self, model, updater) -> None:
-        model.params += updater.delta(model.grads, model.params)
+        apply_update(model, updater)
         if self.track_rows:
             self.changed = [None if rows is None else model.xp.union1d(rows, table.touched)
                             for rows, table in zip(self.changed, model.sparse_tables)]

@@ -101,3 +101,27 @@ def test_a_layers_model_on_a_table_with_categorical_columns_is_refused():
                         columns={"numeric": [{"name": "age"}], "categorical": [{"name": "country", "ids": 9}]})
     with pytest.raises(ConfigError, match=r"categorical columns \['country'\].*expected model.graph"):
         build_network(ModelConfig(layers=[{"type": "dense", "units": 2}]), manifest, np)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_stepping_only_the_written_rows_of_a_table_gives_the_whole_buffer_step(momentum):
+    from mpitrain.config.sections import OptimizerConfig
+    from mpitrain.nn.updaters import create_updater
+    from mpitrain.parallel.sync.base import apply_update
+    rng = np.random.default_rng(2)
+    models = [build_graph(ModelConfig(graph=ISSUE_GRAPH, loss="binary_cross_entropy"), GROUPS, (5,), 1, np)
+              for _ in range(2)]
+    config = OptimizerConfig(type="sgd", lr=0.1, momentum=momentum, l2=1e-3)
+    updaters = [create_updater(config, model.params, model.decay_mask) for model in models]
+    for model in models:
+        model.init_params(0, "xavier")
+    for _ in range(3):
+        x, y = table_rows(rng, 8), rng.integers(0, 2, (8, 1)).astype(np.float32)
+        for model, updater, whole in zip(models, updaters, (False, True)):
+            model.train_batch(x, y)
+            if whole:
+                model.params += updater.delta(model.grads, model.params)
+            else:
+                apply_update(model, updater)
+    assert updaters[0].steps_rows_alone == (momentum == 0)
+    np.testing.assert_array_equal(models[0].params, models[1].params)
