@@ -1,7 +1,8 @@
 """PyTorch DistributedDataParallel (gloo, CPU, 1 thread per rank) on the same model, rows, batches and optimizer.
 
-Each rank reads its rows through `mpitrain.data.reader` (same rows, same per-epoch shuffle as an
-mpitrain run), so the only difference measured is the training engine and its allreduce.
+Each rank reads its rows through `mpitrain.data.reader` as an mpitrain rank does (`rank_batches`: the same
+rows, epoch order and batches as an mpitrain run on as many ranks), so the only difference measured is the
+training engine and its allreduce.
 With `--device cuda` one process trains on the GPU without DDP (the twin of a 1-rank
 `backend: cupy` run), each batch uploaded as mpitrain uploads it.
 Prints one JSON line: samples/s (all ranks, training steps only) and test accuracy.
@@ -16,16 +17,38 @@ import json
 import os
 import tempfile
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from mpitrain.parallel.backend import create_backend
 from mpitrain.config.sections import load_config
-from mpitrain.data.reader import Batches, load_rank_rows
-from mpitrain.data.shards import read_manifest
+from mpitrain.data.reader import Batches, DatasetReader
+from mpitrain.parallel.backend import create_backend
+
+EVAL_BATCH = 10_000
+
+
+def rank_reader(config, rank: int, ranks: int) -> DatasetReader:
+    """Rank `rank` of `ranks`'s reader of `config`'s dataset, built as an mpitrain rank builds it (a DatasetReader is
+    no collective: it needs only the rank and the number of ranks)."""
+    data = config.data
+    return DatasetReader(data.path, SimpleNamespace(rank=rank, size=ranks), verify_checksums=data.verify_checksums,
+                         max_rows=data.max_rows, storage_options=data.storage_options)
+
+
+def rank_batches(config, rank: int, ranks: int, batch_size: int = 0) -> tuple[DatasetReader, Batches]:
+    """Rank `rank` of `ranks`'s reader and training batches: the rows, epoch order and batches an mpitrain rank of a
+    run on `ranks` ranks trains on (`mpitrain.training.run.Run.train_batches`), `batch_size` rows per rank (0: the
+    config's train.batch_size or global_batch_size), as float32 numpy arrays."""
+    data, train = config.data, config.train
+    reader = rank_reader(config, rank, ranks)
+    global_batch = batch_size * ranks if batch_size else train.global_batch(ranks)
+    rows = reader.train_rows(data.train_split, global_batch, data.buffer_mb, train.seed, data.shuffle)
+    return reader, Batches(rows, reader.manifest, create_backend("numpy"), "float32", train.seed, rank,
+                           normalize=data.normalize, prefetch=data.prefetch)
 
 
 def build_torch_model(layers, input_shape) -> torch.nn.Sequential:
@@ -77,13 +100,9 @@ def worker(rank: int, args, init_file: str, results) -> None:
     if distributed:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=args.ranks)
     config = load_config(args.config, [f"data.path={args.data}"])
-    manifest = read_manifest(config.data.path)
-    backend = create_backend("numpy")
-    rows = load_rank_rows(config.data.path, manifest, "train", rank, args.ranks, training=True)
-    batches = Batches(rows, manifest, args.batch_size or config.train.batch_size, backend, "float32",
-                      config.train.seed, rank)
+    reader, batches = rank_batches(config, rank, args.ranks, args.batch_size)
     torch.manual_seed(config.train.seed)
-    model = build_torch_model(config.model.layers, manifest.feature_shape).to(args.device)
+    model = build_torch_model(config.model.layers, reader.manifest.feature_shape).to(args.device)
     if distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)
     weights = [m.weight for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
@@ -113,12 +132,15 @@ def worker(rank: int, args, init_file: str, results) -> None:
     if distributed:
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     if rank == 0:
-        test = load_rank_rows(config.data.path, manifest, "test", 0, 1, training=False)
+        test = rank_reader(config, 0, 1).eval_rows(config.data.test_split)
         model.eval()
+        right = 0
         with torch.no_grad():
-            logits = (model.module if distributed else model)(
-                torch.from_numpy(batches.to_model_input(test.x)).to(args.device))
-        accuracy = float((logits.argmax(1).cpu().numpy() == test.y).mean())
+            for x, y in test.batches(EVAL_BATCH):
+                logits = (model.module if distributed else model)(
+                    torch.from_numpy(batches.to_model_input(x)).to(args.device))
+                right += int((logits.argmax(1).cpu().numpy() == y).sum())
+        accuracy = right / len(test)
         results.put({"samples_per_s": samples * args.ranks / float(slowest[0]), "test_accuracy": accuracy})
     if distributed:
         dist.destroy_process_group()
