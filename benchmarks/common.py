@@ -59,6 +59,38 @@ def run_mpitrain(args, ranks: int, mode: str, extra: dict, epochs: int, env: dic
         return summary
 
 
+def train(ranks: int, config: str, overrides: dict, env: dict | None = None, prefix: list[str] = ()) -> dict:
+    """`mpiexec -n RANKS mpitrain train CONFIG --set ...` in a fresh run directory, as the README starts it (in the
+    user's environment, or `env`; after the command `prefix`); its summary.json, with its metrics.jsonl window records
+    under "windows"."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        settings = {"run_dir": run_dir, "report": False, "train.log_every": 1000, **overrides}
+        command = [*prefix, os.path.join(BIN, "mpiexec"), "-n", str(ranks), os.path.join(BIN, "mpitrain"), "train",
+                   config, *[f"--set={k}={json.dumps(v) if isinstance(v, (dict, list)) else v}"
+                             for k, v in settings.items()]]
+        done = subprocess.run(command, env=env or USER_ENV, capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            summary["windows"] = [r for r in map(json.loads, f) if r["kind"] == "window"]
+        return summary
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median samples/s (the upper one of an even count)."""
+    return sorted(runs, key=lambda r: r["samples_per_s"])[len(runs) // 2]
+
+
+def in_turns(names: tuple, rounds: int):
+    """(round, name) for `rounds` rounds of every name, each round starting one name later, so no name always
+    runs first (after a Spark job or on a cold cache) or last."""
+    for turn in range(rounds):
+        for k in range(len(names)):
+            yield turn, names[(turn + k) % len(names)]
+
+
 def best_of(repeat: int, measure) -> dict:
     """The fastest (highest samples/s) of `repeat` runs of `measure()`."""
     return max((measure() for _ in range(repeat)), key=lambda r: r["samples_per_s"])

@@ -36,7 +36,7 @@ import subprocess
 import tempfile
 
 import numpy as np
-from common import BIN, USER_ENV, markdown_table, write_results
+from common import BIN, USER_ENV, in_turns, markdown_table, median_run, train, write_results
 
 PARTS = ("speed", "cold", "compression", "shuffle", "reading", "memory")
 STREAMING_MB = 8
@@ -46,20 +46,6 @@ MEMORY_SIZES = {"1x": 170_000, "4x": 680_000, "16x": 2_720_000}  # rows of 1 KB:
 TABLE_MODEL = {"model": {"layers": [{"type": "dense", "units": 32, "activation": "relu"}, {"type": "dense", "units": 10}]},
                "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9},
                "train": {"epochs": 1, "batch_size": 64, "log_every": 1000}, "report": False}
-
-
-def train(ranks: int, config: str, overrides: dict, env: dict | None = None, prefix: list[str] = ()) -> dict:
-    """`mpiexec -n RANKS mpitrain train CONFIG --set ...` in a fresh run directory; its summary.json."""
-    with tempfile.TemporaryDirectory() as run_dir:
-        settings = {"run_dir": run_dir, "report": False, "train.log_every": 1000, **overrides}
-        command = [*prefix, os.path.join(BIN, "mpiexec"), "-n", str(ranks), os.path.join(BIN, "mpitrain"), "train",
-                   config, *[f"--set={k}={json.dumps(v) if isinstance(v, (dict, list)) else v}"
-                             for k, v in settings.items()]]
-        done = subprocess.run(command, env=env or USER_ENV, capture_output=True, text=True)
-        if done.returncode:
-            raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            return json.load(f)
 
 
 def etl(source: str, out: str, *options: str) -> None:
@@ -79,19 +65,6 @@ def drop_from_page_cache(path: str) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-
-
-def median_run(summaries: list[dict]) -> dict:
-    """The run with the median samples/s (the upper one of an even count)."""
-    return sorted(summaries, key=lambda r: r["samples_per_s"])[len(summaries) // 2]
-
-
-def in_turns(names: tuple, rounds: int):
-    """(round, name) for `rounds` rounds of every name, each round starting one name later, so no name always
-    runs first (after a Spark job or on a cold cache) or last."""
-    for turn in range(rounds):
-        for k in range(len(names)):
-            yield turn, names[(turn + k) % len(names)]
 
 
 def speed(args) -> list[dict]:

@@ -38,7 +38,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common import PINNED_ENV, benchmark_parser, markdown_table, run_ddp, run_mpitrain, torch_available, write_results
+from common import (PINNED_ENV, benchmark_parser, markdown_table, median_run, run_ddp, run_mpitrain, torch_available,
+                    write_results)
 
 from mpitrain.parallel.backend import gpu_available
 
@@ -72,11 +73,6 @@ def measure(args, ranks: int, mode: str, extra: dict, epochs: int) -> dict:
     """One run of a row: in this process's environment, or in PINNED_ENV for a pinned row."""
     overrides = {k: v for k, v in extra.items() if k != PINNED_KEY}
     return run_mpitrain(args, ranks, mode, overrides, epochs, env=PINNED_ENV if extra.get(PINNED_KEY) else None)
-
-
-def median_run(runs: list[dict]) -> dict:
-    """The run with the median samples/s."""
-    return sorted(runs, key=lambda r: r["samples_per_s"])[len(runs) // 2]
 
 
 def main(argv=None) -> dict:

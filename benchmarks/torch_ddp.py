@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import tempfile
 import time
 from types import SimpleNamespace
@@ -146,6 +147,35 @@ def worker(rank: int, args, init_file: str, results) -> None:
         dist.destroy_process_group()
 
 
+def spawn_ranks(worker, args, ranks: int) -> dict:
+    """Start `ranks` processes of `worker(rank, args, init_file, results)` (spawned, one per rank as torchrun starts
+    them; `init_file` is their rendezvous for `dist.init_process_group`) and return what rank 0 puts in `results`. A
+    process that fails ends them all, with an error."""
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        processes = [context.Process(target=worker, args=(r, args, os.path.join(tmp, "init"), results))
+                     for r in range(ranks)]
+        for p in processes:
+            p.start()
+        result = None
+        try:
+            while result is None:
+                try:
+                    result = results.get(timeout=5)
+                except queue.Empty:
+                    codes = [p.exitcode for p in processes]
+                    if any(code not in (None, 0) for code in codes) or all(code == 0 for code in codes):
+                        raise SystemExit(f"PyTorch ranks ended without a result (exit status of each: {codes}); "
+                                         "their error is above") from None
+        finally:
+            for p in processes:
+                if result is None and p.exitcode is None:
+                    p.terminate()
+                p.join()
+    return result
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True)
@@ -159,16 +189,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if args.device == "cuda" and args.ranks != 1:
         parser.error("--device cuda runs one process: use --ranks 1")
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        processes = [context.Process(target=worker, args=(r, args, os.path.join(tmp, "init"), results))
-                     for r in range(args.ranks)]
-        for p in processes:
-            p.start()
-        result = results.get(timeout=3600)
-        for p in processes:
-            p.join()
+    result = spawn_ranks(worker, args, args.ranks)
     print(json.dumps(result))
     return result
 
