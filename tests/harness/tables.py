@@ -29,7 +29,9 @@ SECTIONS = [("throughput", "Throughput per sync mode, beside PyTorch DDP (`bench
             ("soak", "Soak: kill a random rank, resume, 20 times (`benchmarks/soak.py`)"),
             ("dbn", "Deep belief net, pretrained versus not, beside the seed's MNIST figures (`benchmarks/dbn.py`)"),
             ("etl", "Spark ETL beside a single-process conversion (`benchmarks/etl.py`)"),
-            ("streaming", "Streaming data path: speed, codecs, shuffle, bytes read, memory (`benchmarks/streaming.py`)")]
+            ("streaming", "Streaming data path: speed, codecs, shuffle, bytes read, memory (`benchmarks/streaming.py`)"),
+            ("embeddings", "Embedding tables: touched rows beside the dense exchange and PyTorch DDP "
+                           "(`benchmarks/embeddings.py`)")]
 # The README's headline: (section, what the rows show, which rows of the section's first table).
 HEADLINE = [("throughput", "CPU, 2 ranks on 2 cores, beside PyTorch DDP",
              lambda row: row["ranks"] == "2" and row["sync"] in ("allreduce (overlapped)", "DDP gloo")),
