@@ -73,10 +73,10 @@ class SGD(Updater):
         self.steps_rows_alone = not config.momentum
         super().__init__(config, params, decay_mask)
 
-    def row_delta(self, grads):
+    def row_delta(self, grads, out=None):
         """Plain SGD's step of rows without L2 (an embedding table's touched rows): -lr g, as `sgd_step` computes
-        it. Only where `steps_rows_alone`."""
-        return grads * -self.lr
+        it, into `out` when given. Only where `steps_rows_alone`."""
+        return array_module(grads).multiply(grads, -self.lr, out=out)
 
     def _step(self, slots, grads, params, decay, out, t):
         c = self.config

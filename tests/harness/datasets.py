@@ -155,13 +155,13 @@ def click_table(n: int, ids=(100, 10000), numeric: int = 3, seed: int = 0):
     """A synthetic click-through table with a known probability per row: categorical columns of `ids` values each,
     drawn Zipf-like (value k with weight 1/(k+1)), and `numeric` standard normal columns. The logit is -1.5 plus a
     per-value effect of each categorical column plus a fixed linear term of the numbers. A value's effect is
-    normal (sd 0.7) shrunk by c/(c+50) for a value expected c times in `n` rows: rare values matter little, so the
-    true probabilities can be learned from the rows (an effect seen twice cannot, and would cap any model's AUC
-    below theirs). Returns (numbers float32 (n, numeric), ids int64 (n, columns), clicks float32 (n, 1),
+    normal (sd 0.7) shrunk by c/(c+50) for a value expected c times in 10^6 rows: rare values matter little, so
+    the true probabilities can be learned from a table of millions of rows (an effect seen twice cannot, and would
+    cap any model's AUC below theirs). The same seed gives the same effects at every `n`. Returns (numbers float32 (n, numeric), ids int64 (n, columns), clicks float32 (n, 1),
     probabilities (n,))."""
     rng = np.random.default_rng(seed)
     frequencies = [(w := 1 / np.arange(1, k + 1)) / w.sum() for k in ids]
-    effects = [np.random.default_rng(1000 + j).normal(0, 0.7, size=k) * (n * p) / (n * p + 50)
+    effects = [np.random.default_rng(1000 + j).normal(0, 0.7, size=k) * (1e6 * p) / (1e6 * p + 50)
                for j, (k, p) in enumerate(zip(ids, frequencies))]
     weights = np.random.default_rng(2000).normal(0, 0.5, size=numeric)
     codes = np.column_stack([rng.choice(k, size=n, p=p) for k, p in zip(ids, frequencies)])

@@ -140,7 +140,8 @@ def apply_update(model, updater) -> None:
     """`model.params += updater.delta(model.grads, model.params)`; where the model has embedding tables and the
     updater moves only parameters with a gradient (plain SGD; tables get no L2), the tables' steps are taken on
     the rows that hold gradients (`TableGrad.written`) and the rest of the tables is skipped: a step of a 10^6-row
-    table costs its batch's rows, not the table. The same values either way. Not a collective."""
+    table costs its batch's rows, not the table (a step's rows are small new arrays; a whole table, after a dense
+    exchange, goes through the updater's own delta buffer). The same values either way. Not a collective."""
     if not model.sparse_tables or not updater.steps_rows_alone:
         model.params += updater.delta(model.grads, model.params)
         return
@@ -150,7 +151,7 @@ def apply_update(model, updater) -> None:
         params = model.params[table.start:table.stop].reshape(table.rows, table.dim)
         grads = model.grads[table.start:table.stop].reshape(table.rows, table.dim)
         if table.written is None:
-            params += updater.row_delta(grads)
+            params += updater.row_delta(grads, updater.out[table.start:table.stop].reshape(grads.shape))
         else:
             params[table.written] += updater.row_delta(grads[table.written])
 
