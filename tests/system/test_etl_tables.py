@@ -261,3 +261,25 @@ def test_missing_and_wrong_kind_labels_are_bad_records(etl, tmp_path):
     assert line.startswith(f"mpitrain etl: error: csv:{path}: 1 of 40 records are bad")
     assert line.endswith(f"{path}: label 2.0 at record '2,3,blue', expected 0 or 1 (column 'price')")
     assert siblings(out) == []
+
+
+def test_text_classes_of_a_csv_found_by_spark(etl, tmp_path):
+    """A URL's columns are found by Spark when the job connects (a local path's before Spark starts); text labels
+    get their classes from one pass over the label column of every split."""
+    lines = ["size,color,shade"] + [f"{i % 5},{['red', 'blue', 'green'][i % 3]},{'dark' if i % 4 else ''}"
+                                    for i in range(30)]
+    (tmp_path / "train.csv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "test.csv").write_text("size,color,shade\n1,violet,dark\n2,red,\n")
+    out = tmp_path / "ds"
+    status, _, err = etl("--source", f"csv:file://{tmp_path / 'train.csv'}", "--test", f"file://{tmp_path / 'test.csv'}",
+                         "--out", out, "--shards", 1, "--label", "color", "--categorical", "shade")
+    assert status == 0, err[-3000:]
+    manifest = read_manifest(str(out))
+    assert (manifest.target, manifest.class_names) == ("class", ["blue", "green", "red", "violet"])
+    assert manifest.label_counts == {"train": [10, 10, 10, 0], "test": [0, 0, 1, 1]}
+    assert manifest.columns["categorical"] == [{"name": "shade", "ids": 3, "vocabulary": ["dark"], "min_count": 1}]
+    x, y = read_split(out, "test")
+    assert sorted(zip(y.tolist(), x[:, 1].tolist())) == [(2, 0.0), (3, 2.0)]  # red: shade missing; violet: dark
+    status, _, err = etl("--source", f"csv:file://{tmp_path / 'train.csv'}", "--out", tmp_path / "other", "--shards", 1,
+                         "--label", "hue")
+    assert one_error_line(status, err).startswith("mpitrain etl: error: --label hue: no column 'hue' in csv:file://")
