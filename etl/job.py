@@ -7,11 +7,12 @@ range-partitioned by key and sorted (see `etl/shuffle.py`). From per-partition c
 driver fails on too many bad records, carves stratified test/validation splits, and
 places every row at an exact position of its output split; shard i of a split of n rows
 holds positions [i*n//shards, (i+1)*n//shards). Transforms are fitted on the train split
-(see `etl/transforms.py`); a table's columns too (`etl/tables.py`: statistics and vocabularies
-of the rows placed in the train split, so carved test and validation rows add nothing), and
-its rows are encoded as their shards are written. Each shard is written by its executor into a temporary sibling of
-`out`; the driver then writes the manifest (the commit point) and renames the folder into
-place. Only numpy blocks travel between tasks, so it runs in local mode and on any cluster
+(see `etl/transforms.py`), and so are a table's columns (`etl/tables.py`: statistics and
+vocabularies of the rows placed in the train split, so carved test and validation rows add
+nothing); its rows are encoded as their shards are written. Each shard is written by its
+executor into a temporary sibling of `out`; the driver then writes the manifest (the commit
+point) and renames the folder into place. Only numpy blocks (a table's: numbers and Arrow
+arrays of its categorical values) travel between tasks, so it runs in local mode and on any cluster
 whose executors share the file system holding `out`. An `out` that is a URL (s3://bucket/prefix)
 is written through `etl/remote.py`: each executor uploads the shards it wrote to a staging
 prefix, the driver copies them into place and uploads the manifest last.
@@ -265,7 +266,7 @@ def _placed(index: int, part: KeyedRows, placement: Placement, shards: int, kind
         yield int(shard), (position[take], part.keys[take], part.x[take], part.y[take])
 
 
-def label_counts(y: np.ndarray, kind: str, num_classes: int) -> np.ndarray:
+def _label_counts(y: np.ndarray, kind: str, num_classes: int) -> np.ndarray:
     """The manifest's `label_counts` of some rows: rows per class (class), positives per label column (binary,
     multilabel), or [rows] (regression)."""
     if kind == "class":
@@ -288,7 +289,7 @@ def _shard_task(shard: int, pieces, placement: Placement, shards: int, transform
                           compression)
     scale, offset = transforms.scale_offset
     values = stored.astype(np.float64) * scale + offset
-    return [(split, info, label_counts(y, kind, num_classes), float(values.sum()), float(np.square(values).sum()))]
+    return [(split, info, _label_counts(y, kind, num_classes), float(values.sum()), float(np.square(values).sum()))]
 
 
 def _train_rows(parts, placement: Placement, kind: str):

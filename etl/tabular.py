@@ -159,6 +159,8 @@ class TableSource(Source):
                 raise ConfigError(f"--categorical {name}: {name!r} is a --label column")
         self.categorical = categorical
         self.features = [c for c in features if c not in categorical and c not in self.labels]
+        if not self.features and not categorical:
+            raise ConfigError(f"{self.spec}: no feature columns besides the labels and keys (columns: {columns})")
         if self.table:
             taken = [f"{c}_missing" for c in self.features if f"{c}_missing" in columns]
             if options.numeric_missing == "impute" and taken:
@@ -184,7 +186,7 @@ class TableSource(Source):
                                   f"(columns: {self.source_columns})")
 
     def _target(self, sample: dict[str, list]) -> Target:
-        """The stated or inferred target (see docs/etl.md#tables), checked against the number of label columns."""
+        """The stated or inferred target (docs/etl.md#labels-and-targets), checked against the label columns."""
         options, labels = self.options, self.labels
         if not labels:
             return Target(options.target or "class", (), self.num_classes)
