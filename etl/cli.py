@@ -7,11 +7,12 @@ import contextlib
 import os
 import sys
 
-from mpitrain.data.shards import COMPRESSIONS
+from mpitrain.data.shards import COMPRESSIONS, TARGETS
 from mpitrain.errors import MpitrainError
 from mpitrain.etl.job import plan_etl, write_dataset
 from mpitrain.etl.shuffle import ORDERS
 from mpitrain.etl.sources import KNOWN_SOURCES, SourceOptions
+from mpitrain.etl.tables import MAX_VOCABULARY, NUMERIC_MISSING, TableOptions
 from mpitrain.etl.transforms import BINARIZE_MODES, TransformOptions
 
 
@@ -26,6 +27,23 @@ def _sizes(separator: str):
             raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers separated by {separator!r}")
         return sizes
     return parse
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def _hash_buckets(text: str) -> tuple[tuple[str, int], ...]:
+    """--hash-buckets: N (every --categorical column) and/or COL:N (that column), comma-separated."""
+    buckets = []
+    for part in text.split(","):
+        column, _, number = part.strip().rpartition(":")
+        try:
+            buckets.append((column.strip(), int(number)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected N (every categorical column) or COL:N, "
+                                             "comma-separated") from None
+    return tuple(buckets)
 
 
 def _add_io_arguments(parser: argparse.ArgumentParser, out_help: str) -> None:
@@ -43,12 +61,12 @@ def _add_io_arguments(parser: argparse.ArgumentParser, out_help: str) -> None:
 def _add_column_arguments(parser: argparse.ArgumentParser, scoring: bool):
     """The csv, parquet and images options; scoring takes dtype and classes from the model, and shapes by default."""
     columns = parser.add_argument_group("csv, parquet and images sources")
-    columns.add_argument("--label", default="", help="label column: a name or a 0-based index "
+    columns.add_argument("--label", default="", help="label columns, comma-separated: names or 0-based indices "
                                                      "(default: csv the first column, parquet `label`)")
     columns.add_argument("--no-header", dest="header", action="store_false",
                          help="csv: the first line is data, not column names")
-    columns.add_argument("--features", type=lambda text: tuple(text.split(",")), default=(),
-                         help="parquet: feature columns, comma-separated (default: all but the label"
+    columns.add_argument("--features", type=_names, default=(),
+                         help="csv/parquet: feature columns, comma-separated (default: all but the labels"
                               + (" and the keys)" if scoring else ")"))
     default = "the model's" if scoring else "flat"
     columns.add_argument("--feature-shape", type=_sizes(","), default=(), metavar="D1,D2,...",
@@ -92,11 +110,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="csv/parquet: stored dtype; uint8 needs integers 0..255 (default float32)")
     columns.add_argument("--num-classes", type=int, default=0,
                          help="csv/parquet: number of classes (default: the largest label + 1)")
+    columns.add_argument("--target", default="", choices=TARGETS,
+                         help="csv/parquet: what the label columns hold (default: inferred from the first 100 "
+                              "records: one column of integers or text: class; of other numbers: regression; "
+                              "several columns of 0/1: multilabel, else regression; binary only when stated)")
+    tables = parser.add_argument_group("tables: categorical columns and missing numbers (the manifest's columns)")
+    tables.add_argument("--categorical", type=_names, default=(), metavar="COL,...",
+                        help="csv/parquet: columns of strings or integers that become ids (id 0: missing, 1: out of "
+                             "vocabulary), through a vocabulary of the train split or --hash-buckets")
+    tables.add_argument("--hash-buckets", type=_hash_buckets, default=(), metavar="N|COL:N,...",
+                        help="hash categorical values into N buckets (ids 1..N) instead of a vocabulary: N for "
+                             "every --categorical column, COL:N for one")
+    tables.add_argument("--min-count", type=int, default=1,
+                        help="a value seen fewer times in the train split is out of vocabulary (default 1)")
+    tables.add_argument("--max-vocabulary", type=int, default=MAX_VOCABULARY,
+                        help="fail, naming the column, when a vocabulary would be larger: hash such a column "
+                             f"(default {MAX_VOCABULARY})")
+    tables.add_argument("--numeric-missing", default="bad", choices=NUMERIC_MISSING,
+                        help="a missing numeric value: a bad record (the default), or imputed by the train mean "
+                             "with a COL_missing indicator column")
     transforms = parser.add_argument_group("transforms (recorded in the manifest)")
     transforms.add_argument("--scale", action="store_true",
                             help="map features to [0, 1] by the train split's min and max")
     transforms.add_argument("--standardize", action="store_true",
-                            help="per feature: subtract the train mean, divide by the train std (float32)")
+                            help="per feature (a table: per numeric column): subtract the train mean, divide by the "
+                                 "train std (float32)")
     transforms.add_argument("--binarize", default="", choices=BINARIZE_MODES,
                             help="features to 0/1 (uint8): value >= --threshold, or 1 with probability value")
     transforms.add_argument("--threshold", type=float, default=0.5, help="--binarize threshold (default 0.5)")
@@ -120,12 +158,15 @@ def add_score_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plan_from_args(args: argparse.Namespace):
     """The EtlPlan of parsed arguments (checked before Spark starts)."""
-    source = source_options(args, test=args.test, feature_dtype=args.feature_dtype, num_classes=args.num_classes)
+    source = source_options(args, test=args.test, feature_dtype=args.feature_dtype, num_classes=args.num_classes,
+                            target=args.target, categorical=args.categorical, numeric_missing=args.numeric_missing)
+    tables = TableOptions(args.hash_buckets, args.min_count, args.max_vocabulary)
     transforms = TransformOptions(scale=args.scale, standardize=args.standardize, binarize=args.binarize,
                                   threshold=args.threshold, one_hot=args.one_hot)
     return plan_etl(args.source, args.out, args.shards, args.seed, args.overwrite, test_fraction=args.test_fraction,
                     validation_fraction=args.validation_fraction, max_bad_fraction=args.max_bad_fraction,
-                    compression=args.compression, order=args.order, transforms=transforms, source_options=source)
+                    compression=args.compression, order=args.order, transforms=transforms, source_options=source,
+                    tables=tables)
 
 
 @contextlib.contextmanager

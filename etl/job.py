@@ -3,12 +3,16 @@
 Per source split, tasks read blocks of rows (the driver never loads the data) and drop bad
 records, counting them. Each row gets a key hashed from its content and the seed; blocks are
 range-partitioned by key and sorted (see `etl/shuffle.py`). From per-partition class counts
-the driver fails on too many bad records, carves stratified test/validation splits, and
+(the strata: classes, a binary outcome, or none for multilabel and regression targets) the
+driver fails on too many bad records, carves stratified test/validation splits, and
 places every row at an exact position of its output split; shard i of a split of n rows
 holds positions [i*n//shards, (i+1)*n//shards). Transforms are fitted on the train split
-(see `etl/transforms.py`). Each shard is written by its executor into a temporary sibling of
-`out`; the driver then writes the manifest (the commit point) and renames the folder into
-place. Only numpy blocks travel between tasks, so it runs in local mode and on any cluster
+(see `etl/transforms.py`), and so are a table's columns (`etl/tables.py`: statistics and
+vocabularies of the rows placed in the train split, so carved test and validation rows add
+nothing); its rows are encoded as their shards are written. Each shard is written by its
+executor into a temporary sibling of `out`; the driver then writes the manifest (the commit
+point) and renames the folder into place. Only numpy blocks (a table's: numbers and Arrow
+arrays of its categorical values) travel between tasks, so it runs in local mode and on any cluster
 whose executors share the file system holding `out`. An `out` that is a URL (s3://bucket/prefix)
 is written through `etl/remote.py`: each executor uploads the shards it wrote to a staging
 prefix, the driver copies them into place and uploads the manifest last.
@@ -28,11 +32,15 @@ from mpitrain.errors import ConfigError, DataError
 from mpitrain.etl.output import atomic_folder, check_out
 from mpitrain.etl.records import BadRecords, ReadBatch
 from mpitrain.etl.remote import RemoteDataset, check_remote_out, write_shard_to
-from mpitrain.etl.shuffle import ORDERS, Placement, key_partition, label_keys, plan_placement, row_keys, shard_of
+from mpitrain.etl.shuffle import (ORDERS, Placement, key_partition, label_keys, plan_placement, row_keys, shard_of,
+                                  strata)
 from mpitrain.etl.sources import Source, SourceOptions, carved_rows, open_source
+from mpitrain.etl.tables import TableOptions, TableTransforms, fit_columns
 from mpitrain.etl.transforms import FeatureStats, TransformOptions, Transforms
+from mpitrain.data.encoding import TableRows
 from mpitrain.data.shards import CHUNK_ROWS, COMPRESSIONS, MANIFEST_NAME, Manifest, shard_path, write_manifest
 from mpitrain.data.storage import is_url
+from mpitrain.kernels.rows import flat_rows
 
 STATS_SPLIT = "train"  # mean/std and fitted transforms come from this split only, so test data never leaks
 log = logging.getLogger(__name__)
@@ -49,6 +57,7 @@ class EtlOptions:
     order: str = "shuffled"  # the rows' order in the shards, one of ORDERS
     transforms: TransformOptions = TransformOptions()
     source_options: SourceOptions = SourceOptions()
+    tables: TableOptions = TableOptions()  # how a table's categorical columns become ids
 
     def __post_init__(self):
         if not 0 <= self.validation_fraction < 1:
@@ -113,12 +122,31 @@ def plan_etl(source: str, out: str, shards: int, seed: int = 0, overwrite: bool 
         out = os.path.abspath(out)
         check_out(out, overwrite, MANIFEST_NAME, "dataset")  # --overwrite deletes the old one: it must be a dataset
     plan = EtlPlan(open_source(source, options.test_fraction, options.source_options), out, shards, seed, overwrite, options)
+    check_target_options(plan)
     known = plan.source.known_rows()
     if known:
         plan.check_shards(plan.output_rows(known))
     elif shards < 1:
         raise ConfigError(f"--shards {shards}: expected at least 1")
     return plan
+
+
+def check_target_options(plan: EtlPlan) -> None:
+    """The options that depend on the source's target and on its being a table (before Spark starts where the
+    source's columns are known then, and again once the job has connected)."""
+    source, options = plan.source, plan.options
+    categorical = options.source_options.categorical
+    if options.tables.hash_buckets and not categorical:
+        raise ConfigError("--hash-buckets: hashes --categorical columns, and there are none")
+    options.tables.check(categorical)
+    if source.table and (options.transforms.scale or options.transforms.binarize):
+        raise ConfigError("--scale and --binarize: a table (--categorical, --numeric-missing impute) stores its "
+                          "numeric columns as they are, or standardized per column (--standardize); expected neither")
+    kind = source.target.kind
+    if kind != "class" and options.transforms.one_hot:
+        raise ConfigError(f"--one-hot: one-hot labels are a class target's, this one is {kind}")
+    if kind in ("multilabel", "regression") and options.order == "label":
+        raise ConfigError(f"--order label: sorts rows by class or binary outcome, this target is {kind}")
 
 
 def run_etl(spark, source: str, out: str, shards: int, seed: int = 0, overwrite: bool = False, **options) -> Manifest:
@@ -149,16 +177,35 @@ class KeyedRows:
     """Rows with their shuffle keys; `seen` and `bad` carry a read batch's record counts through the shuffle."""
 
     keys: np.ndarray
-    x: np.ndarray
+    x: np.ndarray  # or a table's TableRows
     y: np.ndarray
     seen: int = 0
     bad: BadRecords = field(default_factory=BadRecords)
 
 
-def _scatter(batch: ReadBatch, seed: int, parts: int, order: str):
+def _join(blocks: list):
+    """Row blocks (numpy arrays, or a table's TableRows) joined in order."""
+    return TableRows.concat(blocks) if isinstance(blocks[0], TableRows) else np.concatenate(blocks)
+
+
+def _as_bytes(values: np.ndarray) -> np.ndarray:
+    return flat_rows(np.ascontiguousarray(values)).view(np.uint8)
+
+
+def _keys(batch: ReadBatch, seed: int, order: str, target: str) -> np.ndarray:
+    """The rows' shuffle keys: a hash of their content (a table's parsed values) and labels, and the seed; with
+    `--order label`, the class or binary outcome first."""
+    content = batch.x.content() if isinstance(batch.x, TableRows) else batch.x
+    labels = batch.y
+    if labels.ndim > 1:  # binary, multilabel, regression: the target's values join the content
+        content, labels = np.concatenate([_as_bytes(content), _as_bytes(labels)], axis=1), np.zeros(len(labels))
+    keys = row_keys(content, labels, seed)
+    return keys if order == "shuffled" else label_keys(keys, strata(batch.y, target))
+
+
+def _scatter(batch: ReadBatch, seed: int, parts: int, order: str, kind: str):
     """Cut a read batch into (key partition, KeyedRows); the first piece carries the record counts."""
-    keys = row_keys(batch.x, batch.y, seed) if order == "shuffled" else label_keys(row_keys(batch.x, batch.y, seed),
-                                                                                   batch.y)
+    keys = _keys(batch, seed, order, kind)
     target = key_partition(keys, parts)
     order = np.argsort(target, kind="stable")
     bounds = np.searchsorted(target[order], np.arange(parts + 1))
@@ -168,13 +215,13 @@ def _scatter(batch: ReadBatch, seed: int, parts: int, order: str):
                               batch.seen if i == 0 else 0, batch.bad if i == 0 else BadRecords())
 
 
-def _sorted_part(pieces, feature_shape: tuple[int, ...], dtype: str) -> KeyedRows:
-    """One key partition's pieces joined and sorted by key."""
+def _sorted_part(pieces, empty: tuple) -> KeyedRows:
+    """One key partition's pieces joined and sorted by key; `empty` is (x, y) of no rows."""
     pieces = [piece for _, piece in pieces]
     keys = np.concatenate([p.keys for p in pieces]) if pieces else np.empty(0, np.uint64)
     order = np.argsort(keys, kind="stable")
-    x = np.concatenate([p.x for p in pieces]) if pieces else np.empty((0, *feature_shape), dtype)
-    y = np.concatenate([p.y for p in pieces]) if pieces else np.empty(0, np.int32)
+    x = _join([p.x for p in pieces]) if pieces else empty[0]
+    y = np.concatenate([p.y for p in pieces]) if pieces else empty[1]
     bad = BadRecords()
     for piece in pieces:
         bad.merge(piece.bad)
@@ -185,13 +232,15 @@ def _sorted_parts(spark, source: Source, split: str, seed: int, order: str):
     """RDD of (partition index, KeyedRows sorted by key) for one source split; the read runs once (shuffle files)."""
     batches = source.read(spark, split)
     parts = max(spark.sparkContext.defaultParallelism, batches.getNumPartitions())
-    keyed = batches.flatMap(lambda batch: _scatter(batch, seed, parts, order)).partitionBy(parts, lambda part: part)
-    shape, dtype = source.feature_shape, source.feature_dtype
-    return keyed.mapPartitionsWithIndex(lambda index, pieces: [(index, _sorted_part(pieces, shape, dtype))])
+    kind = source.target.kind
+    keyed = batches.flatMap(lambda batch: _scatter(batch, seed, parts, order, kind)).partitionBy(parts,
+                                                                                                 lambda part: part)
+    empty = source.empty_rows()
+    return keyed.mapPartitionsWithIndex(lambda index, pieces: [(index, _sorted_part(pieces, empty))])
 
 
-def _summary(part: KeyedRows) -> tuple[np.ndarray, int, BadRecords]:
-    return np.bincount(part.y), part.seen, part.bad
+def _summary(part: KeyedRows, kind: str) -> tuple[np.ndarray, int, BadRecords]:
+    return np.bincount(strata(part.y, kind)), part.seen, part.bad
 
 
 def check_bad_records(spec: str, seen: int, bad: BadRecords, max_fraction: float) -> None:
@@ -205,9 +254,9 @@ def check_bad_records(spec: str, seen: int, bad: BadRecords, max_fraction: float
                         f"{max_fraction:g} allows; the first: {'; '.join(bad.samples)}")
 
 
-def _placed(index: int, part: KeyedRows, placement: Placement, shards: int):
+def _placed(index: int, part: KeyedRows, placement: Placement, shards: int, kind: str):
     """Cut a sorted partition into (global shard index, (positions, keys, x, y)) pieces."""
-    output, position = placement.place(index, part.y)
+    output, position = placement.place(index, strata(part.y, kind))
     rows = np.array(placement.rows)
     target = output * shards + shard_of(position, rows[output], shards)
     order = np.argsort(target, kind="stable")
@@ -217,11 +266,21 @@ def _placed(index: int, part: KeyedRows, placement: Placement, shards: int):
         yield int(shard), (position[take], part.keys[take], part.x[take], part.y[take])
 
 
+def _label_counts(y: np.ndarray, kind: str, num_classes: int) -> np.ndarray:
+    """The manifest's `label_counts` of some rows: rows per class (class), positives per label column (binary,
+    multilabel), or [rows] (regression)."""
+    if kind == "class":
+        return np.bincount(y, minlength=num_classes)
+    if kind in ("binary", "multilabel"):
+        return np.rint(y.sum(axis=0, dtype=np.float64)).astype(np.int64)
+    return np.array([len(y)])
+
+
 def _shard_task(shard: int, pieces, placement: Placement, shards: int, transforms: Transforms, tmp: str,
-                num_classes: int, compression: str):
+                num_classes: int, compression: str, kind: str):
     """Write one shard from its pieces into `tmp` (a folder or a staging URL); returns
     [(split, ShardInfo, label counts, sum, sum of squares)]."""
-    position, keys, x, y = (np.concatenate(parts) for parts in zip(*(piece for _, piece in pieces)))
+    position, keys, x, y = (_join(list(parts)) for parts in zip(*(piece for _, piece in pieces)))
     order = np.argsort(position)
     keys, x, y = keys[order], x[order], y[order]
     split = placement.outputs[shard // shards]
@@ -230,36 +289,62 @@ def _shard_task(shard: int, pieces, placement: Placement, shards: int, transform
                           compression)
     scale, offset = transforms.scale_offset
     values = stored.astype(np.float64) * scale + offset
-    return [(split, info, np.bincount(y, minlength=num_classes), float(values.sum()), float(np.square(values).sum()))]
+    return [(split, info, _label_counts(y, kind, num_classes), float(values.sum()), float(np.square(values).sum()))]
+
+
+def _train_rows(parts, placement: Placement, kind: str):
+    """RDD of each partition's rows placed in the train split."""
+    train = placement.outputs.index(STATS_SPLIT)
+
+    def rows(indexed):
+        index, part = indexed
+        return part.x[placement.place(index, strata(part.y, kind))[0] == train]
+
+    return parts.map(rows)
 
 
 def _train_stats(parts, placement: Placement, source: Source) -> FeatureStats:
     """Per-feature sums, min and max of the model-visible values of the rows placed in the train split."""
-    train = placement.outputs.index(STATS_SPLIT)
     scale, offset = source.scale, source.offset
+    return _train_rows(parts, placement, source.target.kind).map(lambda x: FeatureStats.of(x * scale + offset)) \
+        .reduce(FeatureStats.merge)
 
-    def stats(indexed):
-        index, part = indexed
-        return FeatureStats.of(part.x[placement.place(index, part.y)[0] == train] * scale + offset)
 
-    return parts.map(stats).reduce(FeatureStats.merge)
+def _transforms(parts, placement: Placement, plan: EtlPlan) -> Transforms:
+    """The transforms fitted on the train split's rows: a table's columns, or the feature transforms asked for."""
+    source, options = plan.source, plan.options
+    if source.table:
+        columns = fit_columns(_train_rows(parts, placement, source.target.kind), source.features, source.categorical,
+                              options.tables, options.transforms.standardize,
+                              options.source_options.numeric_missing == "impute", source.spec)
+        return TableTransforms(options.transforms, plan.seed, "float32", 1.0, 0.0, fitted=columns)
+    stats = _train_stats(parts, placement, source) if options.transforms.needs_stats else None
+    return Transforms(options.transforms, plan.seed, source.feature_dtype, source.scale, source.offset, stats)
 
 
 def _write_splits(spark, plan: EtlPlan, tmp: str) -> Manifest:
     source, options = plan.source, plan.options
     source.connect(spark)
+    check_target_options(plan)
+    kind = source.target.kind
     parts = {split: _sorted_parts(spark, source, split, plan.seed, plan.options.order) for split in source.splits}
-    summaries = {split: rdd.values().map(_summary).collect() for split, rdd in parts.items()}
+    summaries = {split: rdd.values().map(lambda part: _summary(part, kind)).collect() for split, rdd in parts.items()}
     all_bad = BadRecords()
     for results in summaries.values():
         for _, _, bad in results:
             all_bad.merge(bad)
     check_bad_records(source.spec, sum(seen for results in summaries.values() for _, seen, _ in results),
                        all_bad, options.max_bad_fraction)
-    num_classes = source.num_classes or max(len(counts) for results in summaries.values() for counts, *_ in results)
-    if num_classes < 2:
-        raise DataError(f"{source.spec}: labels give {num_classes} class(es), expected at least 2")
-    counts = {split: np.array([np.pad(c, (0, num_classes - len(c))) for c, *_ in results])
+    if kind == "class":
+        num_classes = source.num_classes or max(len(counts) for results in summaries.values()
+                                                for counts, *_ in results)
+        if num_classes < 2:
+            raise DataError(f"{source.spec}: labels give {num_classes} class(es), expected at least 2")
+        width = num_classes
+    else:  # binary: its two outcomes; multilabel: its labels; regression: none. Carving: by outcome, or not
+        num_classes = {"binary": 2, "multilabel": len(source.target.columns)}.get(kind, 0)
+        width = 2 if kind == "binary" else 1
+    counts = {split: np.array([np.pad(c, (0, width - len(c))) for c, *_ in results])
               for split, results in summaries.items()}
     rows = {split: int(c.sum()) for split, c in counts.items()}
     for split, n in rows.items():
@@ -267,15 +352,14 @@ def _write_splits(spark, plan: EtlPlan, tmp: str) -> Manifest:
             raise DataError(f"{source.spec}: the {split} split has no good records")
     plan.check_shards(plan.output_rows(rows))
     placements = {split: plan_placement(*plan.carving(split), counts[split]) for split in parts}
-    stats = _train_stats(parts["train"], placements["train"], source) if options.transforms.needs_stats else None
-    transforms = Transforms(options.transforms, plan.seed, source.feature_dtype, source.scale, source.offset, stats)
+    transforms = _transforms(parts["train"], placements["train"], plan)
     written, compression = {}, options.compression
     for split, rdd in parts.items():
         placement, shards = placements[split], plan.shards
-        results = rdd.flatMap(lambda indexed: _placed(*indexed, placement, shards)) \
+        results = rdd.flatMap(lambda indexed: _placed(*indexed, placement, shards, kind)) \
             .partitionBy(len(placement.outputs) * shards, lambda shard: shard) \
             .mapPartitionsWithIndex(lambda shard, pieces: _shard_task(shard, pieces, placement, shards, transforms,
-                                                                      tmp, num_classes, compression)).collect()
+                                                                      tmp, num_classes, compression, kind)).collect()
         for output in placement.outputs:
             written[output] = [result[1:] for result in results if result[0] == output]
     return _manifest(plan, transforms, num_classes, written, all_bad.count)
@@ -296,22 +380,28 @@ def task_data_errors():
 
 def _manifest(plan: EtlPlan, transforms: Transforms, num_classes: int, written: dict[str, list[tuple]],
               bad_records: int) -> Manifest:
-    source = plan.source
+    source, columns = plan.source, transforms.columns
     stats = written[STATS_SPLIT]
-    count = sum(info.rows for info, *_ in stats) * math.prod(source.feature_shape)
+    feature_shape = (sum(map(len, columns.values())),) if columns else tuple(source.feature_shape)
+    count = sum(info.rows for info, *_ in stats) * math.prod(feature_shape)
     mean = sum(total for *_, total, _ in stats) / count
     std = math.sqrt(max(sum(squares for *_, squares in stats) / count - mean * mean, 0.0))
+    if columns:  # a table's row goes to the model as stored: its ids, its numbers standardized per column (or not)
+        mean, std = 0.0, 1.0
     if not std > 0:
         raise DataError(f"{source.spec}: every {STATS_SPLIT} feature is {mean}; expected varying values (std > 0)")
     scale, offset = transforms.scale_offset
+    target = source.target
     order = [split for split in ("train", "validation", "test") if split in written]
-    carved = [{"name": "split", "split": name, "from": "train", "fraction": fraction, "stratified": True,
-               "seed": plan.seed} for name, fraction in zip(*plan.carving("train"))]
+    carved = [{"name": "split", "split": name, "from": "train", "fraction": fraction,
+               "stratified": source.target.kind in ("class", "binary"), "seed": plan.seed}
+              for name, fraction in zip(*plan.carving("train"))]
     return Manifest(
-        feature_shape=tuple(source.feature_shape), feature_dtype=transforms.feature_dtype,
+        feature_shape=feature_shape, feature_dtype=transforms.feature_dtype,
         scale=scale, offset=offset, mean=mean, std=std, num_classes=num_classes,
         label_counts={split: [int(c) for c in sum(counts for _, counts, *_ in written[split])] for split in order},
         splits={split: [info for info, *_ in written[split]] for split in order},
         source=source.spec, seed=plan.seed, transforms=carved + transforms.manifest_entries(),
         class_names=list(source.class_names), bad_records=bad_records,
-        compression=plan.options.compression, chunk_rows=CHUNK_ROWS, checksums="fletcher32")
+        compression=plan.options.compression, chunk_rows=CHUNK_ROWS, checksums="fletcher32", target=target.kind,
+        target_names=list(target.columns) if target.kind != "class" else [], columns=columns)

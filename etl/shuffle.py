@@ -30,6 +30,16 @@ def row_keys(x: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray:
         return splitmix64(total + y.astype(np.uint64) * multipliers[-1])
 
 
+def strata(y: np.ndarray, target: str) -> np.ndarray:
+    """What carving stratifies by (the `y` of `Placement.place`): the class of a class target, the outcome of a
+    binary one; multilabel and regression targets are one stratum (carved by key order alone)."""
+    if target == "class":
+        return y
+    if target == "binary":
+        return y[:, 0].astype(np.int64)
+    return np.zeros(len(y), np.int64)
+
+
 ORDERS = ("shuffled", "label")  # --order: rows by their keys' hash, or by label first
 
 

@@ -20,12 +20,12 @@ import numpy as np
 
 from mpitrain.errors import ConfigError, DataError
 from mpitrain.etl.idx import find_splits, read_records
-from mpitrain.etl.records import ReadBatch, checked_batch
+from mpitrain.etl.records import ReadBatch, Target, checked_batch
 
 KNOWN_SOURCES = ("idx:/folder (MNIST-format IDX files, plain or .gz)",
                  "digits: (scikit-learn's bundled 8x8 digits)",
-                 "csv:PATH (file, folder or glob; a label column and numeric features)",
-                 "parquet:PATH (a label column; numeric or numeric-array feature columns)",
+                 "csv:PATH (file, folder or glob; label columns, numeric and categorical features)",
+                 "parquet:PATH (label columns; numeric, numeric-array or categorical feature columns)",
                  "images:/folder (CLASS_NAME/*.png|jpg)")
 READ_ROWS = 10000  # rows per read task of a source read by record ranges
 
@@ -35,9 +35,13 @@ class SourceOptions:
     """Options of the csv, parquet and images sources (the command line's source options)."""
 
     test: str = ""  # a separate test split at this path, same kind and layout as the source
-    label: str = ""  # csv: column name or 0-based index (default 0); parquet: name or index (default "label")
+    label: str = ""  # csv, parquet: label columns, names or 0-based indices, comma-separated (default: csv the
+    # first column, parquet "label")
+    target: str = ""  # csv, parquet: class, binary, multilabel or regression; "": inferred (etl/tabular.py)
     header: bool = True  # csv: the first line names the columns
-    features: tuple[str, ...] = ()  # parquet: feature columns (default: all but the label)
+    features: tuple[str, ...] = ()  # csv, parquet: feature columns (default: all but the labels and keys)
+    categorical: tuple[str, ...] = ()  # csv, parquet: columns of strings or integers that become ids (a table)
+    numeric_missing: str = "bad"  # csv, parquet: a missing number makes a bad record, or is imputed ("impute")
     feature_shape: tuple[int, ...] = ()  # csv, parquet: shape of one row's features (default: flat)
     feature_dtype: str = "float32"  # csv, parquet: stored dtype, float32 or uint8 (integers 0..255)
     num_classes: int = 0  # csv, parquet: 0 means the largest label + 1
@@ -45,7 +49,8 @@ class SourceOptions:
     color: str = "gray"  # images: gray (1 channel) or rgb (3 channels)
     labeled: bool = True  # csv, parquet, images: records carry a label (scoring reads unlabeled ones too)
     keys: tuple[str, ...] = ()  # parquet: columns that identify a record, copied into scoring's output
-    class_names: tuple[str, ...] = ()  # images: the class folders in class order (default: the sorted sub-folders)
+    class_names: tuple[str, ...] = ()  # images: the class folders in class order (default: the sorted sub-folders);
+    # csv, parquet: the classes of text labels (default: their sorted distinct values)
 
 
 class Source(ABC):
@@ -56,6 +61,8 @@ class Source(ABC):
     splits: tuple[str, ...] = ("train", "test")
     class_names: list[str] = []
     keys: tuple[str, ...] = ()  # columns of `frame` that identify a record (none: scoring numbers the rows)
+    target = Target()  # what the labels hold: class labels, unless a table source's --target says otherwise
+    table = False  # a table's rows (`TableRows`, encoded after fitting: etl/tables.py), not plain features
 
     def __init__(self, spec: str, feature_shape: tuple[int, ...], scale: float, num_classes: int | None):
         self.spec = spec
@@ -69,6 +76,10 @@ class Source(ABC):
     def known_rows(self) -> dict[str, int] | None:
         """Records per split when known without reading them (for checks before Spark starts)."""
         return None
+
+    def empty_rows(self):
+        """(x, y) of no rows, as `read`'s batches hold them."""
+        return np.empty((0, *self.feature_shape), self.feature_dtype), np.empty(0, np.int32)
 
     def read(self, spark, split: str):
         """The records of `split` as an RDD of ReadBatch."""

@@ -91,6 +91,11 @@ class Transforms:
             self.mean, self.std = mean, np.where(std > 0, std, 1.0)
 
     @property
+    def columns(self) -> dict:
+        """A table's column groups, the manifest's `columns` (`etl/tables.py`); {} for other features."""
+        return {}
+
+    @property
     def feature_dtype(self) -> str:
         return "uint8" if self.options.binarize else "float32" if self.options.standardize else self.source_dtype
 

@@ -162,12 +162,42 @@ def _spark_job(job):
     return run
 
 
+def _target(manifest) -> str:
+    """The target in a few words: `10 classes`, `target binary (clicked)`, `target multilabel (3 labels: a, b, c)`."""
+    if manifest.target == "class":
+        return f"{manifest.num_classes} classes" + (f" ({', '.join(manifest.class_names[:10])}"
+                                                    f"{' ...' if len(manifest.class_names) > 10 else ''})"
+                                                    if manifest.class_names else "")
+    names = manifest.target_names
+    return f"target {manifest.target} (" + (f"{len(names)} {'labels' if manifest.target == 'multilabel' else 'values'}"
+                                            f": " if len(names) > 1 else "") + f"{', '.join(names)})"
+
+
+def _columns(manifest) -> list[str]:
+    """A table's column groups, a line each: every column and how it was encoded."""
+    def numeric(c):
+        notes = [note for key, note in (("mean", "standardized"), ("impute", "imputed"),
+                                        ("missing_of", f"missing indicator of {c.get('missing_of')}")) if key in c]
+        return c["name"] + (f" ({', '.join(notes)})" if notes else "")
+
+    def categorical(c):
+        how = f"{c['hash_buckets']} hash buckets" if "hash_buckets" in c else \
+            f"vocabulary of {len(c['vocabulary'])}, min count {c.get('min_count', 1)}"
+        return f"{c['name']} ({c['ids']} ids: {how})"
+
+    describe = {"numeric": numeric, "categorical": categorical}
+    return [f"columns {group} ({len(columns)}): {', '.join(map(describe[group], columns))}"
+            for group, columns in manifest.columns.items()]
+
+
 def _info(args) -> int:
     from mpitrain.data.shards import check_shard, read_manifest
     manifest = read_manifest(args.dataset)
     print(f"{args.dataset}: schema {manifest.schema_version}, features {manifest.feature_dtype}"
           f"{list(manifest.feature_shape)} (scale {manifest.scale:.6g}, offset {manifest.offset:g}, "
-          f"mean {manifest.mean:.6g}, std {manifest.std:.6g}), {manifest.num_classes} classes")
+          f"mean {manifest.mean:.6g}, std {manifest.std:.6g}), {_target(manifest)}")
+    for line in _columns(manifest):
+        print(line)
     if manifest.source:
         transforms = ", ".join(t["name"] + "(" + ", ".join(f"{k}={v}" for k, v in t.items()
                                                            if k != "name" and not isinstance(v, list)) + ")"
@@ -176,9 +206,10 @@ def _info(args) -> int:
               + (f", {manifest.bad_records} bad records dropped" if manifest.bad_records else ""))
     print(f"shards: compression {manifest.compression}, {manifest.chunk_rows} rows per chunk, "
           f"checksums: {manifest.checksums + ' per chunk, ' if manifest.checksums else ''}sha256 per file")
+    counted = {"class": "label counts", "binary": "positives", "multilabel": "positives per label"}.get(manifest.target)
     for split, shards in manifest.splits.items():
-        print(f"  {split}: {manifest.rows(split)} rows in {len(shards)} shards; "
-              f"label counts {manifest.label_counts.get(split)}")
+        print(f"  {split}: {manifest.rows(split)} rows in {len(shards)} shards"
+              + (f"; {counted} {manifest.label_counts.get(split)}" if counted else ""))
         for shard in shards:
             check_shard(args.dataset, manifest, shard, verify_checksum=not args.no_verify)
     print("all shards present and well-formed" + ("" if args.no_verify else ", checksums verified"))

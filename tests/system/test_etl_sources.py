@@ -163,10 +163,10 @@ def test_csv_bad_records_below_the_limit_are_dropped_and_reported(spark, tmp_pat
     assert manifest.rows("test") == 5
 
 
-def test_csv_unknown_label_column(spark, csv_data, tmp_path):
+def test_csv_unknown_label_column_fails_before_spark_starts(csv_data, tmp_path):
     folder, _ = csv_data
-    with pytest.raises(ConfigError, match=r"--label kind: no such column in csv:.*\['f0', 'f1', 'class'"):
-        run_etl(spark, f"csv:{folder / 'train.csv'}", str(tmp_path / "ds"), shards=2,
+    with pytest.raises(ConfigError, match=r"--label kind: no column 'kind' in csv:.*\['f0', 'f1', 'class'"):
+        run_etl(None, f"csv:{folder / 'train.csv'}", str(tmp_path / "ds"), shards=2,
                 source_options=SourceOptions(label="kind"))
     assert siblings(tmp_path / "ds") == []
 
