@@ -201,8 +201,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_score(args: argparse.Namespace) -> int:
-    """Validate the request, score with Spark, print the counts (and accuracy and the confusion matrix)."""
-    from mpitrain.etl.scoring import METRICS_NAME, plan_scoring, score
+    """Validate the request, score with Spark, print the counts (and, given labels, the metrics)."""
+    from mpitrain.etl.scoring import METRICS_NAME, metric_lines, plan_scoring, score
 
     plan = plan_scoring(args.model, args.source, args.out, args.split, args.overwrite, args.max_bad_fraction,
                         source_options(args, labeled=args.labeled, keys=args.keys))
@@ -212,11 +212,8 @@ def run_score(args: argparse.Namespace) -> int:
     bad = f" ({metrics['bad_records']} bad records dropped)" if metrics["bad_records"] else ""
     print(f"wrote {plan.out}: {metrics['rows']} rows of {plan.source.spec} split {plan.split!r} scored{bad}; "
           f"metrics in {os.path.join(plan.out, METRICS_NAME)} (Spark master {master})")
-    if "accuracy" in metrics:
-        print(f"accuracy {metrics['accuracy']:.4f}  loss {metrics['loss']:.4f}")
-        print("confusion matrix (rows: label, columns: predicted):")
-        for row in metrics["confusion"]:
-            print("  " + " ".join(f"{count:6d}" for count in row))
+    for line in metric_lines(metrics):
+        print(line)
     return 0
 
 

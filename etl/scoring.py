@@ -1,4 +1,4 @@
-"""Batch scoring with Spark: a trained model's class probabilities for every record of a source.
+"""Batch scoring with Spark: a trained model's probabilities (or regression's values) for every record of a source.
 
     spark-submit etl/score.py --model runs/fashion_lenet --source idx:/usr/share/datasets/fashion-mnist --out p.parquet
     mpitrain score --model lenet.onnx --source csv:new.csv --no-label --out p.parquet
@@ -7,15 +7,28 @@ The model is an ONNX file, or a run directory exported in memory (`mpitrain.rund
 are broadcast to the executors once. The source is read with the ETL's sources, options and
 bad-record rules (`--max-bad-fraction`). Executors score the Arrow record batches of the
 source's DataFrame (`mapInArrow`) with onnxruntime, one session per Python worker, and emit
-per batch its predictions plus one tally row (records seen, bad ones, the confusion counts),
-which the driver sums. The output is a Parquet folder, written into a temporary sibling and
-renamed into place: the record's keys, `predicted`, `probabilities` and `label` (when the
-source has labels), and `_metrics.json` (Parquet readers skip `_` files) with the counts and,
-given labels, accuracy, loss and the confusion matrix as `mpitrain eval` writes them.
+per batch its predictions plus one tally row (records seen, bad ones, the confusion counts of
+class targets, the labels and outputs of other targets), which the driver sums. The output is a
+Parquet folder, written into a temporary sibling and renamed into place: the record's keys,
+`predicted`, `probabilities` (not for regression) and `label` (when the source has labels), and
+`_metrics.json` (Parquet readers skip `_` files) with the counts and, given labels, the metrics:
+for class targets accuracy, loss and the confusion matrix as `mpitrain eval` writes them, for
+other targets the kind's exact metrics (`mpitrain.training.scores.target_metrics`).
+
+Columns by the model's target kind (its `manifest` metadata; class for a model without it), k its outputs:
+
+    class       predicted int          probabilities array<float> (K)   label int
+    binary      predicted array<int>   probabilities array<float> (1)   label array<float> (1)
+    multilabel  predicted array<int>   probabilities array<float> (k)   label array<float> (k)
+    regression  predicted array<float> (k), the values                  label array<float> (k)
+
+Labels of other targets than class come from csv or parquet columns, one per output (`--label a,b`, by default
+the model's target names: `mpitrain.etl.target_columns`).
 """
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from dataclasses import dataclass, replace
@@ -27,12 +40,14 @@ from mpitrain.etl.job import check_bad_records, task_data_errors
 from mpitrain.etl.output import atomic_folder, check_out
 from mpitrain.etl.records import BadRecords
 from mpitrain.etl.sources import Source, SourceOptions, open_source
+from mpitrain.etl.target_columns import TargetColumns, label_columns
 from mpitrain.data.shards import FEATURE_DTYPES
 
 METRICS_NAME = "_metrics.json"  # inside the output folder; also what marks a folder --overwrite may replace
 ROW_ID = "row"  # the key column made for sources without keys of their own
 STORED_TRANSFORMS = ("standardize", "binarize")  # manifest transforms that change the stored values
 TALLIES = ("_seen", "_bad", "_samples", "_confusion", "_loss")
+TARGETS_TALLY = "_targets"  # other targets than class: a batch's labels and outputs (np.savez), for exact metrics
 
 
 @dataclass(frozen=True)
@@ -45,15 +60,25 @@ class ScoringModel:
     input_name: str
     feature_dtype: str
     feature_shape: tuple[int, ...]
-    num_classes: int
+    outputs: int  # classes, or the target's columns
     description: dict  # the manifest's feature description `mpitrain export` records ({} for another tool's model)
     metadata: dict
+
+    @property
+    def target(self) -> str:
+        """The model's target kind: class, binary, multilabel or regression (class for another tool's model)."""
+        return self.description.get("target", "class")
+
+    @property
+    def output_columns(self) -> list[str]:
+        """The Parquet columns of the model's outputs: `predicted` and, but for regression, `probabilities`."""
+        return ["predicted"] + ([] if self.target == "regression" else ["probabilities"])
 
 
 def load_model(path: str) -> ScoringModel:
     """An ONNX file, or a run directory's newest checkpoint exported in memory; one input of rows
-    [N, *feature_shape], one output of probabilities [N, classes]."""
-    from mpitrain.rundir.export import export_run, input_rows_shape, metadata, output_classes, require_onnx
+    [N, *feature_shape], one output of probabilities or values [N, columns]."""
+    from mpitrain.rundir.export import export_run, input_rows_shape, metadata, output_width, require_onnx
 
     onnx = require_onnx()
     if os.path.isdir(path):
@@ -78,7 +103,7 @@ def load_model(path: str) -> ScoringModel:
                           "(--scale is fine)")
     data = proto.SerializeToString()
     return ScoringModel(data, os.path.abspath(path), hashlib.sha256(data).hexdigest(), proto.graph.input[0].name,
-                        dtype, shape, output_classes(proto), description, props)
+                        dtype, shape, output_width(proto), description, props)
 
 
 @dataclass(frozen=True)
@@ -97,15 +122,17 @@ class ScorePlan:
 def plan_scoring(model: str, source: str, out: str, split: str = "", overwrite: bool = False,
                  max_bad_fraction: float = 0.0, options: SourceOptions = SourceOptions()) -> ScorePlan:
     """Check `out`, load the model and open the source with the model's row shape, dtype and classes
-    filling what `options` leaves open (csv/parquet feature shape, image size and color)."""
+    filling what `options` leaves open (csv/parquet feature shape, image size and color). A model of another
+    target than class reads its labels from csv or parquet columns (`TargetColumns`; `options.label` may name
+    several, comma-separated)."""
     if not 0 <= max_bad_fraction <= 1:
         raise ConfigError(f"--max-bad-fraction {max_bad_fraction}: expected a fraction 0..1")
     out = os.path.abspath(out)
     check_out(out, overwrite, METRICS_NAME, "predictions")
     scoring = load_model(model)
-    shape = scoring.feature_shape
+    shape, target = scoring.feature_shape, scoring.target
     options = replace(options, feature_shape=options.feature_shape or shape, feature_dtype=scoring.feature_dtype,
-                      num_classes=scoring.num_classes,
+                      num_classes=scoring.outputs if target == "class" else 0,
                       image_size=options.image_size or shape[1:],
                       color=options.color or {1: "gray", 3: "rgb"}.get(shape[0], "gray"),
                       class_names=tuple(scoring.description.get("class_names", ())))
@@ -115,10 +142,16 @@ def plan_scoring(model: str, source: str, out: str, split: str = "", overwrite: 
     if options.keys and scheme != "parquet":
         raise ConfigError(f"--keys {','.join(options.keys)}: only parquet sources have key columns; {source} "
                           "gets a `row` (images: `path`)")
-    opened = open_source(source, options=options)
-    if options.labeled and opened.num_classes and opened.num_classes != scoring.num_classes:
+    if target == "class" or not options.labeled:
+        if "," in options.label and options.labeled:
+            raise ConfigError(f"--label {options.label}: a class model reads one label column")
+        opened = open_source(source, options=options)
+    else:
+        names = scoring.description.get("target_names", [])
+        opened = TargetColumns(source, options, target, label_columns(options.label, target, names, scoring.outputs))
+    if target == "class" and options.labeled and opened.num_classes and opened.num_classes != scoring.outputs:
         raise ConfigError(f"{source}: labels of {opened.num_classes} classes, but the model scores "
-                          f"{scoring.num_classes} classes")
+                          f"{scoring.outputs} classes")
     split = split or ("test" if "test" in opened.splits else "train")
     if split not in opened.splits:
         raise ConfigError(f"--split {split}: {source} has splits {list(opened.splits)}")
@@ -145,15 +178,18 @@ def score(spark, plan: ScorePlan) -> dict:
     keys = list(source.keys)
     if not keys:
         frame, keys = frame.withColumn(ROW_ID, F.monotonically_increasing_id()), [ROW_ID]
-    outputs = ["predicted", "probabilities", *(["label"] if plan.labeled else [])]
+    outputs = [*model.output_columns, *(["label"] if plan.labeled else [])]
     shared = spark.sparkContext.broadcast(model.data)
-    task = _Scorer(source, plan.split, shared, model.sha256, model.input_name, model.feature_dtype, keys,
-                   plan.labeled, model.num_classes)
-    scored = frame.mapInArrow(task, _schema(frame.schema, keys, plan.labeled)).persist()
+    task = _Scorer(source, plan.split, shared, model.sha256, model.input_name, model.feature_dtype, keys, outputs,
+                   plan.labeled, model.outputs, model.target)
+    scored = frame.mapInArrow(task, _schema(frame.schema, keys, plan.labeled, model.target)).persist()
     try:
         with atomic_folder(plan.out, plan.overwrite, METRICS_NAME, "predictions", "score", create=False) as tmp:
             with task_data_errors():
-                metrics = _tally(scored.where(F.col("predicted").isNull()).select(*TALLIES).collect(), plan)
+                tallies = scored.where(F.col("predicted").isNull())
+                metrics = _tally(tallies.select(*TALLIES).collect(), plan)
+                if plan.labeled and model.target != "class":
+                    metrics.update(_target_metrics(tallies.select(TARGETS_TALLY).collect(), plan, metrics["rows"]))
                 scored.where(F.col("predicted").isNotNull()).select(*keys, *outputs).write.parquet(tmp)
             with open(os.path.join(tmp, METRICS_NAME), "w") as f:
                 json.dump(metrics, f, indent=2)
@@ -163,21 +199,37 @@ def score(spark, plan: ScorePlan) -> dict:
     return metrics
 
 
-def _schema(input_schema, keys: list[str], labeled: bool):
+def metric_lines(metrics: dict) -> list[str]:
+    """What `mpitrain score` prints of `_metrics.json`'s metrics: class targets the accuracy, loss and confusion
+    matrix; other targets their single figures (auc, r2, ...); nothing without labels."""
+    if "confusion" in metrics:
+        return [f"accuracy {metrics['accuracy']:.4f}  loss {metrics['loss']:.4f}",
+                "confusion matrix (rows: label, columns: predicted):",
+                *("  " + " ".join(f"{count:6d}" for count in row) for row in metrics["confusion"])]
+    figures = [f"{key} {value:.4f}" for key, value in metrics.items() if isinstance(value, float)]
+    return ["  ".join(figures)] if figures else []
+
+
+def _schema(input_schema, keys: list[str], labeled: bool, target: str):
     """The scored DataFrame: keys, predictions (null in tally rows) and tallies (null in prediction rows)."""
-    from pyspark.sql.types import (ArrayType, DoubleType, FloatType, IntegerType, LongType, StringType, StructField,
-                                   StructType)
+    from pyspark.sql.types import (ArrayType, BinaryType, DoubleType, FloatType, IntegerType, LongType, StringType,
+                                   StructField, StructType)
     fields = [StructField(key, input_schema[key].dataType, True) for key in keys]
-    fields += [StructField("predicted", IntegerType()), StructField("probabilities", ArrayType(FloatType()))]
-    fields += [StructField("label", IntegerType())] if labeled else []
+    if target == "class":
+        fields += [StructField("predicted", IntegerType()), StructField("probabilities", ArrayType(FloatType()))]
+        fields += [StructField("label", IntegerType())] if labeled else []
+    else:
+        fields += [StructField("predicted", ArrayType(FloatType() if target == "regression" else IntegerType()))]
+        fields += [] if target == "regression" else [StructField("probabilities", ArrayType(FloatType()))]
+        fields += [StructField("label", ArrayType(FloatType()))] if labeled else []
     fields += [StructField("_seen", LongType()), StructField("_bad", LongType()),
                StructField("_samples", ArrayType(StringType())), StructField("_confusion", ArrayType(LongType())),
-               StructField("_loss", DoubleType())]
+               StructField("_loss", DoubleType()), StructField(TARGETS_TALLY, BinaryType())]
     return StructType(fields)
 
 
 def _tally(rows, plan: ScorePlan) -> dict:
-    """Sum the tally rows; fail above --max-bad-fraction (as the ETL does); accuracy etc. given labels."""
+    """Sum the tally rows; fail above --max-bad-fraction (as the ETL does); accuracy etc. given class labels."""
     from mpitrain.training.evaluation import Evaluation
 
     seen, bad = sum(row["_seen"] for row in rows), BadRecords()
@@ -188,57 +240,88 @@ def _tally(rows, plan: ScorePlan) -> dict:
         raise DataError(f"{plan.source.spec}: the {plan.split} split has no good records")
     metrics = {"model": plan.model.path, "model_sha256": plan.model.sha256,
                "checkpoint": plan.model.metadata.get("checkpoint", ""), "source": plan.source.spec,
-               "split": plan.split, "records": seen, "bad_records": bad.count, "rows": seen - bad.count}
-    if plan.labeled:
-        k = plan.model.num_classes
+               "split": plan.split, "target": plan.model.target, "records": seen, "bad_records": bad.count,
+               "rows": seen - bad.count}
+    if plan.labeled and plan.model.target == "class":
+        k = plan.model.outputs
         confusion = np.sum([row["_confusion"] for row in rows], axis=0).reshape(k, k)
         metrics.update(Evaluation(confusion, sum(row["_loss"] for row in rows)).to_dict())
     return metrics
+
+
+def _target_metrics(rows, plan: ScorePlan, total: int) -> dict:
+    """The exact metrics of a target kind other than class (`target_metrics`) over every batch's labels and outputs,
+    brought to the driver: at most `MAX_EXACT_ROWS` rows, as for `mpitrain eval`."""
+    from mpitrain.training.scores import MAX_EXACT_ROWS, target_metrics
+
+    if total > MAX_EXACT_ROWS:
+        raise DataError(f"{plan.source.spec}: exact metrics bring every label and output to the driver, and {total} "
+                        f"rows are more than the limit of {MAX_EXACT_ROWS}; score with --no-label, or a sample")
+    parts = [np.load(io.BytesIO(row[TARGETS_TALLY])) for row in rows]
+    labels, outputs = (np.concatenate([part[name] for part in parts]) for name in ("labels", "outputs"))
+    return target_metrics(plan.model.target, labels, outputs)
 
 
 class _Scorer:
     """The executors' side (pickled into tasks; the model travels as a broadcast): Arrow record batches
     of the source's records -> predictions of the good ones, and one tally row per batch."""
 
-    def __init__(self, source, split, model, sha256, input_name, feature_dtype, keys, labeled, num_classes):
+    def __init__(self, source, split, model, sha256, input_name, feature_dtype, keys, columns, labeled, outputs,
+                 target):
         self.source, self.split, self.model, self.sha256 = source, split, model, sha256
         self.input_name, self.feature_dtype, self.keys = input_name, feature_dtype, keys
-        self.labeled, self.num_classes = labeled, num_classes
+        self.labeled, self.outputs, self.target = labeled, outputs, target
+        self.names = [*keys, *columns, *TALLIES, TARGETS_TALLY]  # columns: the predictions' (and the label)
 
     def __call__(self, batches):
         import pyarrow as pa
+        from mpitrain.training.scores import decisions
 
         session = _session(self.model, self.sha256)
         for batch in batches:
             read = self.source.convert(self.split, batch)
             x = read.x.astype(self.feature_dtype, copy=False)
-            probabilities = session.run(None, {self.input_name: x})[0] if len(x) else \
-                np.zeros((0, self.num_classes), np.float32)
-            predicted = probabilities.argmax(axis=1).astype(np.int32)
-            n, k = probabilities.shape
+            outputs = session.run(None, {self.input_name: x})[0] if len(x) else \
+                np.zeros((0, self.outputs), np.float32)
+            predicted = decisions(self.target, outputs)
             columns = [batch.column(key).take(pa.array(read.kept, pa.int64())) for key in self.keys]
-            columns += [pa.array(predicted, pa.int32()),
-                        pa.ListArray.from_arrays(pa.array(np.arange(0, n * k + 1, k, dtype=np.int32)),
-                                                 pa.array(probabilities.astype(np.float32).ravel()))]
-            columns += [pa.array(read.y, pa.int32())] if self.labeled else []
+            if self.target == "class":
+                columns += [pa.array(predicted, pa.int32()), _lists(outputs, pa.float32())]
+                columns += [pa.array(read.y, pa.int32())] if self.labeled else []
+            else:
+                columns += [_lists(predicted, pa.float32() if self.target == "regression" else pa.int32())]
+                columns += [] if self.target == "regression" else [_lists(outputs, pa.float32())]
+                columns += [_lists(read.y, pa.float32())] if self.labeled else []
+            n = len(x)
             tallies = [pa.nulls(n, pa.int64()), pa.nulls(n, pa.int64()), pa.nulls(n, pa.list_(pa.string())),
-                       pa.nulls(n, pa.list_(pa.int64())), pa.nulls(n, pa.float64())]
-            names = [*self.keys, "predicted", "probabilities", *(["label"] if self.labeled else []), *TALLIES]
-            yield pa.RecordBatch.from_arrays(columns + tallies, names)
+                       pa.nulls(n, pa.list_(pa.int64())), pa.nulls(n, pa.float64()), pa.nulls(n, pa.binary())]
+            yield pa.RecordBatch.from_arrays(columns + tallies, self.names)
             yield pa.RecordBatch.from_arrays(
-                [pa.nulls(1, column.type) for column in columns] + self._tally(read, probabilities, predicted), names)
+                [pa.nulls(1, column.type) for column in columns] + self._tally(read, outputs, predicted), self.names)
 
-    def _tally(self, read, probabilities, predicted) -> list:
+    def _tally(self, read, outputs, predicted) -> list:
         import pyarrow as pa
-        k = self.num_classes
-        confusion, loss = np.zeros(k * k, np.int64), 0.0
-        if self.labeled and len(predicted):
+        k = self.outputs
+        confusion, loss, targets = np.zeros(k * k, np.int64), 0.0, None
+        if self.labeled and self.target == "class" and len(predicted):
             confusion = np.bincount(read.y * k + predicted, minlength=k * k).astype(np.int64)
-            chosen = probabilities[np.arange(len(predicted)), read.y].astype(np.float64)
+            chosen = outputs[np.arange(len(predicted)), read.y].astype(np.float64)
             loss = float(-np.log(np.maximum(chosen, np.finfo(np.float32).tiny)).sum())
+        elif self.labeled and self.target != "class":
+            packed = io.BytesIO()
+            np.savez(packed, labels=read.y.reshape(len(outputs), k), outputs=outputs)
+            targets = packed.getvalue()
         return [pa.array([read.seen], pa.int64()), pa.array([read.bad.count], pa.int64()),
                 pa.array([read.bad.samples], pa.list_(pa.string())), pa.array([confusion], pa.list_(pa.int64())),
-                pa.array([loss], pa.float64())]
+                pa.array([loss], pa.float64()), pa.array([targets], pa.binary())]
+
+
+def _lists(values: np.ndarray, dtype):
+    """An Arrow list column of the rows of a (rows, k) array."""
+    import pyarrow as pa
+    n, k = values.shape
+    return pa.ListArray.from_arrays(pa.array(np.arange(0, n * k + 1, k, dtype=np.int32)),
+                                    pa.array(np.ascontiguousarray(values).ravel(), dtype))
 
 
 _SESSIONS: dict = {}  # model sha256 -> its onnxruntime session, one per executor Python worker

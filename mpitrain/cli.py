@@ -118,7 +118,7 @@ def _eval(args, comm) -> int:
         if "confusion" not in result:  # binary, multilabel, regression: the kind's single figures
             print("  ".join(f"{key} {value:.4f}" for key, value in result.items()
                             if isinstance(value, float) and key not in ("accuracy", "loss")))
-            print(f"wrote {result['json']}")
+            print(f"wrote {result['json']} and {result['picture']}")
             return 0
         print(f"{'class':>12}  precision  recall")
         for name, p, r in zip(result["class_names"], result["precision"], result["recall"]):
@@ -141,7 +141,7 @@ def _export(args) -> int:
     proto = export_run(args.run_dir, args.checkpoint)
     write_model(proto, args.out)
     print(f"wrote {args.out}: {len(proto.graph.node)} ONNX nodes (opset {proto.opset_import[0].version}), "
-          f"rows {describe_tensor(proto.graph.input[0])} -> probabilities "
+          f"rows {describe_tensor(proto.graph.input[0])} -> {proto.graph.output[0].name} "
           f"{describe_tensor(proto.graph.output[0])}; from {metadata(proto)['checkpoint']}")
     return 0
 

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import os
 import re
 import socket
 from dataclasses import dataclass
 
 CHECKPOINT_NAME = re.compile(r"ckpt-(\d{4})-(\d{6})\.h5$")  # resume at step SSSSSS of epoch EEEE (0-based)
+# `mpitrain eval`'s picture by target kind: the confusion matrix, ROC and precision-recall curves, predicted vs true
+EVAL_PICTURES = {"class": "confusion", "binary": "curves", "multilabel": "curves", "regression": "scatter"}
 
 
 def _in_run_dir(name: str) -> property:
@@ -36,8 +39,9 @@ class RunDir:
 
     config.yaml (the resolved config the run used), checkpoints/ckpt-EEEE-SSSSSS.h5,
     pretrain/layer-LL.h5 (pretraining's finished layers), metrics.jsonl, summary.json, .lock, and
-    the outputs of `mpitrain eval` (eval-SPLIT.json, confusion-SPLIT.png), `predict`
-    (predictions-SPLIT.h5) and `report` (report.png, report.html; also in any other folder).
+    the outputs of `mpitrain eval` (eval-SPLIT.json and by target kind confusion-, curves- or
+    scatter-SPLIT.png), `predict` (predictions-SPLIT.h5) and `report` (report.png, report.html; also in
+    any other folder).
     """
 
     path: str
@@ -60,8 +64,14 @@ class RunDir:
     def eval_json(self, split: str) -> str:
         return os.path.join(self.path, f"eval-{split}.json")
 
-    def confusion_png(self, split: str) -> str:
-        return os.path.join(self.path, f"confusion-{split}.png")
+    def eval_png(self, split: str, target: str = "class") -> str:
+        """`mpitrain eval`'s picture of a split for a target kind (`EVAL_PICTURES`)."""
+        return os.path.join(self.path, f"{EVAL_PICTURES[target]}-{split}.png")
+
+    def eval_pngs(self) -> list[str]:
+        """The pictures `mpitrain eval` has left in the run directory, of every split and kind, sorted."""
+        return sorted(path for name in set(EVAL_PICTURES.values())
+                      for path in glob.glob(os.path.join(glob.escape(self.path), f"{name}-*.png")))
 
     def predictions(self, split: str) -> str:
         return os.path.join(self.path, f"predictions-{split}.h5")

@@ -1,4 +1,4 @@
-"""A trained model as an ONNX graph: stored dataset rows in, class probabilities out.
+"""A trained model as an ONNX graph: stored dataset rows in, probabilities (or regression's values) out.
 
     mpitrain export runs/fashion_lenet --out lenet.onnx                     # a run's newest checkpoint
     export_onnx(model, manifest, "model.onnx", normalize=True)              # a model built in Python
@@ -7,8 +7,14 @@ The graph (opset 17, built with `onnx.helper`, weights as initializers named lik
 checkpoint's layout, e.g. `00_dense/W`) takes rows as the dataset stores them, uint8 or float32
 of shape [N, *feature_shape] with a symbolic batch N, and first applies the manifest's scaling
 as `mpitrain.data.reader.Batches` does (Cast, Mul, Add), so onnxruntime gives `mpitrain predict`'s
-probabilities. `metadata_props` record where the model came from (run dir, checkpoint, the
-manifest's sha256) and the manifest's feature description, which `mpitrain score` reads.
+outputs. It ends by the target kind (`OUTPUT_HEADS`): class targets in a Softmax (output `probabilities`), binary
+and multilabel targets in a Sigmoid (`probabilities`), regression targets in the values themselves (`values`).
+`metadata_props` record where the model came from (run dir, checkpoint, the manifest's sha256) and the manifest's
+feature and target description, which `mpitrain score` reads.
+
+The graph is built by emitters that each append a part to an `OnnxGraph` and return the name of that part's
+output: `emit_input_scaling`, one per layer type (`emit_layer`, `LAYER_EMITTERS`) and `emit_output_head`. A model
+whose layers form a graph of named nodes reuses them node by node, feeding each the output names of its inputs.
 """
 from __future__ import annotations
 
@@ -23,11 +29,16 @@ from mpitrain.files import write_file
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
+from mpitrain.nn.losses import check_loss_fits
 
 OPSET = 17
-INPUT, OUTPUT = "x", "probabilities"
+INPUT = "x"
+# The graph's last operator and its output's name, by target kind (`Manifest.target`).
+OUTPUT_HEADS = {"class": ("Softmax", "probabilities"), "binary": ("Sigmoid", "probabilities"),
+                "multilabel": ("Sigmoid", "probabilities"), "regression": (None, "values")}
+# The manifest's description of rows and targets, in metadata "manifest".
 MANIFEST_KEYS = ("feature_shape", "feature_dtype", "scale", "offset", "mean", "std", "num_classes", "class_names",
-                 "source", "seed", "transforms")  # the manifest's feature description, in metadata "manifest"
+                 "target", "target_names", "source", "seed", "transforms")
 
 
 def require_onnx():
@@ -39,21 +50,24 @@ def require_onnx():
     return onnx
 
 
-class _Graph:
-    """Nodes and initializers appended in order; each node's output gets a fresh name."""
+class OnnxGraph:
+    """An ONNX graph under construction: nodes and initializers appended in order, each node's output named
+    `NAME/OP` after the node. Every emitter takes the graph and its input's name and returns its output's name."""
 
     def __init__(self, dtype: np.dtype):
         self.onnx, self.dtype = require_onnx(), np.dtype(dtype)
         self.nodes, self.initializers = [], []
 
     def constant(self, name: str, value) -> str:
+        """An initializer `name` holding `value` in the graph's dtype (numpy or cupy)."""
         array = np.ascontiguousarray(_host(value), dtype=self.dtype)
         self.initializers.append(self.onnx.numpy_helper.from_array(array, name))
         return name
 
     def node(self, op: str, inputs: list[str], name: str, **attributes) -> str:
+        """Append operator `op` on `inputs` (names of earlier outputs, inputs or initializers); its output's name."""
         output = f"{name}/{op}"
-        self.nodes.append(self.onnx.helper.make_node(op, inputs, [output], name=f"{name}/{op}", **attributes))
+        self.nodes.append(self.onnx.helper.make_node(op, inputs, [output], name=output, **attributes))
         return output
 
 
@@ -85,11 +99,11 @@ def _conv(graph, layer, x, name, input_shape):
 
 
 def _pool(op: str, **attributes):
-    def convert(graph, layer, x, name, input_shape):
+    def emit(graph, layer, x, name, input_shape):
         g = layer.g
         return graph.node(op, [x], name, kernel_shape=list(g.kernel), strides=[g.stride, g.stride], pads=_pads(g),
                           **attributes)
-    return convert
+    return emit
 
 
 def _batchnorm(graph, layer, x, name, input_shape):
@@ -105,57 +119,76 @@ def _same(op: str):
     return lambda graph, layer, x, name, input_shape: graph.node(op, [x], name)
 
 
-# One converter per layer type, matched exactly: a subclass may compute something else.
-CONVERTERS = {Dense: _dense, Conv2D: _conv, MaxPool2D: _pool("MaxPool"),
-              AvgPool2D: _pool("AveragePool", count_include_pad=1), BatchNorm: _batchnorm,
-              ReLU: _same("Relu"), Tanh: _same("Tanh"), Sigmoid: _same("Sigmoid"),
-              Flatten: lambda graph, layer, x, name, input_shape: graph.node("Flatten", [x], name, axis=1),
-              Dropout: _same("Identity")}  # dropout is the identity at inference
+# One emitter per layer type, matched exactly (a subclass may compute something else):
+# emitter(graph, layer, input name, node name, the layer's input shape less the batch) -> output name.
+LAYER_EMITTERS = {Dense: _dense, Conv2D: _conv, MaxPool2D: _pool("MaxPool"),
+                  AvgPool2D: _pool("AveragePool", count_include_pad=1), BatchNorm: _batchnorm,
+                  ReLU: _same("Relu"), Tanh: _same("Tanh"), Sigmoid: _same("Sigmoid"),
+                  Flatten: lambda graph, layer, x, name, input_shape: graph.node("Flatten", [x], name, axis=1),
+                  Dropout: _same("Identity")}  # dropout is the identity at inference
+
+
+def check_exportable(layers, where: str = "layer") -> None:
+    """A one-line error naming the first of `layers` that has no emitter (one of the user's own Layer classes)."""
+    for index, layer in enumerate(layers):
+        if type(layer) not in LAYER_EMITTERS:
+            raise MpitrainError(f"{where} {index} of the model is a {type(layer).__name__}, which has no ONNX "
+                                f"export; exportable layers are {sorted(cls.__name__ for cls in LAYER_EMITTERS)}")
+
+
+def emit_layer(graph: OnnxGraph, layer, x: str, name: str, input_shape: tuple[int, ...]) -> str:
+    """Append `layer` (one of `LAYER_EMITTERS`' types; `check_exportable` first) on input `x`, whose rows have
+    `input_shape`, as nodes named `name/OP`; the name of its output."""
+    return LAYER_EMITTERS[type(layer)](graph, layer, x, name, tuple(input_shape))
+
+
+def emit_input_scaling(graph: OnnxGraph, x: str, scale, shift, name: str = "input") -> str:
+    """Stored values to the model's: Cast to the graph's dtype, Mul by `scale`, Add `shift` (numbers or arrays that
+    broadcast over a row), as `mpitrain.data.reader` prepares a batch."""
+    x = graph.node("Cast", [x], name, to=graph.onnx.helper.np_dtype_to_tensor_dtype(graph.dtype))
+    x = graph.node("Mul", [x, graph.constant(f"{name}/scale", scale)], name)
+    return graph.node("Add", [x, graph.constant(f"{name}/shift", shift)], name)
+
+
+def emit_output_head(graph: OnnxGraph, x: str, target: str) -> str:
+    """The model's last output `x` as the graph's output for a target kind (`OUTPUT_HEADS`): Softmax, Sigmoid or
+    the values, cast to float32, under the output's name (`probabilities` or `values`)."""
+    op, output = OUTPUT_HEADS[target]
+    if op is not None:
+        x = graph.node(op, [x], "output", **({"axis": -1} if op == "Softmax" else {}))
+    if graph.dtype != np.float32:
+        x = graph.node("Cast", [x], "output", to=graph.onnx.TensorProto.FLOAT)
+    graph.nodes.append(graph.onnx.helper.make_node("Identity", [x], [output], name=f"output/{output}"))
+    return output
 
 
 def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = None):
     """The ONNX ModelProto of `model` (a Sequential) for rows of the dataset of `manifest`.
 
     `normalize` is the run's `data.normalize`; `metadata` ({key: text}) goes into
-    `metadata_props` beside the manifest's feature description. A layer ONNX cannot express
-    (one of the user's own Layer classes) is refused by name, and so is a target other than class labels (the
-    graph ends in a softmax).
+    `metadata_props` beside the manifest's description. A layer ONNX cannot express
+    (one of the user's own Layer classes) is refused by name, and so is a loss that does not fit the manifest's
+    target (the graph's head follows the target: `OUTPUT_HEADS`).
     """
     from mpitrain.data.reader import input_scaling
 
-    if manifest.target != "class":
-        raise MpitrainError(f"the dataset's target is {manifest.target}; `mpitrain export` writes class models "
-                            "(softmax outputs) only in this version")
-
     onnx = require_onnx()
     helper = onnx.helper
-    for index, layer in enumerate(model.layers):
-        if type(layer) not in CONVERTERS:
-            raise MpitrainError(f"layer {index} of the model is a {type(layer).__name__}, which has no ONNX export; "
-                                f"exportable layers are {sorted(cls.__name__ for cls in CONVERTERS)}")
-    if model.loss != "softmax_cross_entropy":
-        raise MpitrainError(f"the model's loss is {model.loss!r}; ONNX export gives softmax probabilities, "
-                            "expected 'softmax_cross_entropy'")
+    check_exportable(model.layers)
+    check_loss_fits(model.loss, manifest.target, "ONNX export")
     if tuple(manifest.feature_shape) != tuple(model.input_shape):
         raise MpitrainError(f"the model takes inputs of shape {list(model.input_shape)}, the manifest's rows have "
                             f"shape {list(manifest.feature_shape)}")
-    dtype = model.params.dtype
-    graph = _Graph(dtype)
-    scale, shift = input_scaling(manifest, normalize)
-    x = graph.node("Cast", [INPUT], "input", to=helper.np_dtype_to_tensor_dtype(dtype))
-    x = graph.node("Mul", [x, graph.constant("input/scale", scale)], "input")
-    x = graph.node("Add", [x, graph.constant("input/shift", shift)], "input")
+    graph = OnnxGraph(model.params.dtype)
+    x = emit_input_scaling(graph, INPUT, *input_scaling(manifest, normalize))
     shape = tuple(model.input_shape)
     for index, layer in enumerate(model.layers):
-        x = CONVERTERS[type(layer)](graph, layer, x, f"{index:02d}_{type(layer).__name__.lower()}", shape)
+        x = emit_layer(graph, layer, x, f"{index:02d}_{type(layer).__name__.lower()}", shape)
         shape = layer.output_shape(shape)
-    x = graph.node("Softmax", [x], "output", axis=-1)
-    if dtype != np.float32:
-        x = graph.node("Cast", [x], "output", to=onnx.TensorProto.FLOAT)
-    graph.nodes.append(helper.make_node("Identity", [x], [OUTPUT], name="output/probabilities"))
+    output = emit_output_head(graph, x, manifest.target)
     inputs = [helper.make_tensor_value_info(INPUT, helper.np_dtype_to_tensor_dtype(np.dtype(manifest.feature_dtype)),
                                             ["N", *manifest.feature_shape])]  # N: any batch size
-    outputs = [helper.make_tensor_value_info(OUTPUT, onnx.TensorProto.FLOAT, ["N", manifest.num_classes])]
+    outputs = [helper.make_tensor_value_info(output, onnx.TensorProto.FLOAT, ["N", manifest.outputs])]
     proto = helper.make_model(helper.make_graph(graph.nodes, "mpitrain", inputs, outputs, graph.initializers),
                               opset_imports=[helper.make_opsetid("", OPSET)], producer_name="mpitrain")
     proto.producer_version = __version__
@@ -191,7 +224,7 @@ def export_run(run_dir: str, checkpoint: str | None = None):
     config = load_config(RunDir(run_dir).config, [f"run_dir={run_dir}"])
     manifest = read_manifest(config.data.path)
     sha256 = sha256_file(os.path.join(config.data.path, MANIFEST_NAME))
-    model = build_model(config.model, manifest.feature_shape, manifest.num_classes, np)  # config.yaml: resolved
+    model = build_model(config.model, manifest.feature_shape, manifest.outputs, np)  # config.yaml: resolved
     checkpoint = Checkpointer(run_dir, None, Backend("numpy", np), sha256, config.data.path) \
         .restore(model, checkpoint).path
     return onnx_model(model, manifest, config.data.normalize,
@@ -223,7 +256,7 @@ def input_rows_shape(proto) -> tuple[str, tuple[int, ...]]:
     graph = proto.graph
     if len(graph.input) != 1 or len(graph.output) != 1:
         raise MpitrainError(f"the ONNX model has {len(graph.input)} inputs and {len(graph.output)} outputs; "
-                            "expected one input (rows) and one output (class probabilities)")
+                            "expected one input (rows) and one output (probabilities or values)")
     tensor = graph.input[0].type.tensor_type
     dims = [d.dim_value for d in tensor.shape.dim[1:]]
     if not dims or not all(dims):
@@ -233,11 +266,10 @@ def input_rows_shape(proto) -> tuple[str, tuple[int, ...]]:
     return dtype, tuple(dims)
 
 
-def output_classes(proto) -> int:
-    """The number of classes of an exported graph's probabilities [N, K]."""
+def output_width(proto) -> int:
+    """The columns of an exported graph's output [N, K]: classes, or a target's columns."""
     dims = proto.graph.output[0].type.tensor_type.shape.dim
     if len(dims) != 2 or not dims[1].dim_value:
         raise MpitrainError(f"the ONNX model's output {proto.graph.output[0].name!r} has "
-                            f"{len(dims)} dimensions; expected [N, classes]")
+                            f"{len(dims)} dimensions; expected [N, columns]")
     return dims[1].dim_value
-

@@ -1,6 +1,18 @@
 """What `mpitrain eval` and `predict` leave behind, written by rank 0 (`mpitrain.training.trained` calls these):
-the evaluation as JSON with its confusion-matrix picture, and predictions as HDF5. Each file is complete or
-absent (`mpitrain.files.write_file`)."""
+the evaluation as JSON with its picture, and predictions as HDF5. Each file is complete or absent
+(`mpitrain.files.write_file`).
+
+Predictions by target kind (n rows; k the manifest's `outputs`; attributes: the provenance, `target`, and for
+other targets than class `target_names`, the names of the k columns):
+
+    class       predicted int32 (n,) the class     probabilities float32 (n, K)    label int32 (n,)
+    binary      predicted int32 (n, 1) 0/1         probabilities float32 (n, 1)    label float32 (n, 1)
+    multilabel  predicted int32 (n, k) 0/1         probabilities float32 (n, k)    label float32 (n, k)
+    regression  predicted float32 (n, k) values                                    label float32 (n, k)
+
+`predicted` is `mpitrain.training.scores.decisions` of the probabilities (binary and multilabel: probability
+above 0.5); regression's values are in the target's own units.
+"""
 from __future__ import annotations
 
 import json
@@ -9,17 +21,23 @@ import h5py
 import numpy as np
 
 from mpitrain.files import os_errors, write_file
-from mpitrain.rundir.report import class_names, write_confusion_png
+from mpitrain.rundir.report import class_names, write_confusion_png, write_curves_png, write_scatter_png
 
 
-def write_evaluation(json_path: str, picture: str, result: dict, provenance: dict, manifest, title: str) -> None:
-    """`result` (Evaluation.to_dict()) and its `provenance` as JSON at `json_path`; for class targets the confusion
-    matrix, its classes named as the manifest names them, as a picture at `picture` titled `title`."""
+def write_evaluation(json_path: str, picture: str, result: dict, provenance: dict, manifest, title: str,
+                     curves: list[dict] | None = None, values: tuple | None = None) -> None:
+    """`result` (Evaluation.to_dict()) and its `provenance` as JSON at `json_path`, and its picture at `picture`
+    titled `title`: for class targets the confusion matrix, its classes named as the manifest names them; for
+    binary and multilabel targets ROC and precision-recall `curves` (`mpitrain.training.scores.curves`, one per
+    column); for regression the (labels, predictions) `values` drawn against each other."""
     write_file(json_path, lambda f: json.dump({**provenance, **result}, f, indent=2))
-    if "confusion" not in result:  # binary, multilabel, regression: their figures are in the JSON
-        return
-    with os_errors(picture, "drawing the confusion matrix"):
-        write_confusion_png(np.array(result["confusion"]), names_of(manifest), picture, title)
+    with os_errors(picture, "drawing the evaluation's picture"):
+        if "confusion" in result:
+            write_confusion_png(np.array(result["confusion"]), names_of(manifest), picture, title)
+        elif curves is not None:
+            write_curves_png(curves, target_names(manifest), result, picture, title)
+        elif values is not None:
+            write_scatter_png(*values, target_names(manifest), result, picture, title)
 
 
 def names_of(manifest) -> list[str]:
@@ -27,13 +45,25 @@ def names_of(manifest) -> list[str]:
     return manifest.class_names or class_names(manifest.source, manifest.num_classes)
 
 
-def write_predictions(path: str, predicted: np.ndarray, probabilities: np.ndarray, labels: np.ndarray,
-                      provenance: dict) -> None:
-    """Predicted classes, class probabilities and true labels of every row, with their provenance as attributes."""
+def target_names(manifest) -> list[str]:
+    """The names of the columns of a target other than class: the manifest's `target_names`, else `output J`
+    (binary: `positive`)."""
+    return list(manifest.target_names) or (["positive"] if manifest.target == "binary" else
+                                           [f"output {j}" for j in range(manifest.outputs)])
+
+
+def write_predictions(path: str, target: str, predicted: np.ndarray, outputs: np.ndarray, labels: np.ndarray,
+                      provenance: dict, names: list[str] | None = None) -> None:
+    """Every row's prediction, the model's outputs and the true labels (see the module docstring for each target
+    kind), with their provenance, the target kind and the target's column `names` as attributes."""
     def write(f):
         with h5py.File(f, "w") as h5:
             h5.create_dataset("predicted", data=predicted)
-            h5.create_dataset("probabilities", data=probabilities)
+            if target != "regression":
+                h5.create_dataset("probabilities", data=outputs)
             h5.create_dataset("label", data=labels)
             h5.attrs.update(provenance)
+            h5.attrs["target"] = target
+            if target != "class":
+                h5.attrs["target_names"] = names
     write_file(path, write, binary=True)

@@ -1,9 +1,15 @@
-"""Pictures of runs: `report.png`/`report.html` from run directories, and a confusion-matrix picture.
+"""Pictures of runs: `report.png`/`report.html` from run directories, and the pictures of an evaluation by target
+kind: a confusion matrix (class), ROC and precision-recall curves (binary, multilabel), predicted against true values
+(regression).
 
 A report reads what training wrote (`metrics.jsonl`, `config.yaml`, and `summary.json` when
 the run has finished), so it also works on a run still in progress or on someone else's
-copy. Figures are drawn on a bare `matplotlib.figure.Figure` (Agg canvas): no display, no
+copy; `report.html` also shows the pictures `mpitrain eval` left in each run directory.
+Figures are drawn on a bare `matplotlib.figure.Figure` (Agg canvas): no display, no
 pyplot state, safe inside an MPI job.
+
+The points an evaluation picture draws are computed apart from the drawing (`curve_points`, `scatter_points`), so
+tests compare them with scikit-learn's instead of pixels.
 """
 from __future__ import annotations
 
@@ -26,19 +32,25 @@ REPORT_DPI = 100
 RECORD_KEYS = {"window": ("global_step", "samples_per_s", "bytes_sent_per_step"),
                "epoch": ("epoch", "train_loss", "test_loss", "test_accuracy"),
                "pretrain": ("layer", "epoch", "reconstruction_error")}
+MAX_CURVE_POINTS = 2000  # points drawn per curve; more: an evenly spaced subset of them, both ends kept
+MAX_CURVES = 10  # labels drawn per panel (multilabel); the title says how many there are
+MAX_SCATTER_POINTS = 20000  # rows drawn per predicted-vs-true panel; more: a seeded sample of them
+MAX_SCATTER_PANELS = 6  # regression outputs drawn, the first ones
 SUMMARY_COLUMNS = {"ranks": "ranks", "epochs": "epochs", "test accuracy": "test_accuracy", "test loss": "test_loss",
                    "samples/s": "samples_per_s", "bytes/step/rank": "bytes_sent_per_step", "wall s": "wall_s"}
 
 
 @dataclass
 class Run:
-    """One run directory's records: step windows, epochs, and its summary (None while unfinished)."""
+    """One run directory's records: step windows, epochs, its summary (None while unfinished) and the pictures
+    `mpitrain eval` left in it."""
 
     name: str
     mode: str
     windows: list[dict]
     epochs: list[dict]
     summary: dict | None
+    pictures: list[str]
 
     @property
     def label(self) -> str:
@@ -60,7 +72,7 @@ def read_run(run_dir: str) -> Run:
                 summary = json.load(f)
     except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError) as e:
         raise MpitrainError(f"{path}: cannot read it ({e}); expected the file `mpitrain train` writes") from None
-    return Run(os.path.basename(os.path.normpath(run_dir)), mode, windows, epochs, summary)
+    return Run(os.path.basename(os.path.normpath(run_dir)), mode, windows, epochs, summary, files.eval_pngs())
 
 
 def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
@@ -94,11 +106,14 @@ def write_report(run_dirs: list[str], out_dir: str) -> tuple[str, str]:
     os.makedirs(out_dir, exist_ok=True)
     png, page = RunDir(out_dir).report_png, RunDir(out_dir).report_html
     _report_figure(runs).savefig(png, dpi=REPORT_DPI)
-    with open(png, "rb") as f:
-        image = base64.b64encode(f.read()).decode("ascii")
     with open(page, "w") as f:
-        f.write(_report_html(runs, image))
+        f.write(_report_html(runs, _base64(png)))
     return png, page
+
+
+def _base64(png: str) -> str:
+    with open(png, "rb") as f:
+        return base64.b64encode(f.read()).decode("ascii")
 
 
 def _report_figure(runs: list[Run]):
@@ -148,13 +163,17 @@ def _report_html(runs: list[Run], image_base64: str) -> str:
         values = [run.name, run.mode, *[(run.summary or {}).get(key, "unfinished") for key in SUMMARY_COLUMNS.values()]]
         cells = [html.escape(f"{v:.4g}" if isinstance(v, float) else str(v)) for v in values]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    evaluations = "".join(
+        f"<h2>{html.escape(run.label)}: {html.escape(os.path.basename(picture)[:-4])}</h2>\n"
+        f"<p><img alt=\"{html.escape(os.path.basename(picture))}\" src=\"data:image/png;base64,{_base64(picture)}\"></p>\n"
+        for run in runs for picture in run.pictures)
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>mpitrain report</title>"
             "<style>body{font-family:sans-serif} table{border-collapse:collapse} "
             "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style></head><body>\n"
             f"<h1>mpitrain report: {html.escape(', '.join(r.label for r in runs))}</h1>\n"
             f"<table><tr>{header}</tr>\n" + "\n".join(rows) + "</table>\n"
             f"<p><img alt=\"loss, accuracy, throughput and communication per run\" "
-            f"src=\"data:image/png;base64,{image_base64}\"></p>\n</body></html>\n")
+            f"src=\"data:image/png;base64,{image_base64}\"></p>\n{evaluations}</body></html>\n")
 
 
 def class_names(source: str, num_classes: int) -> list[str]:
@@ -182,3 +201,94 @@ def write_confusion_png(confusion: np.ndarray, names: list[str], path: str, titl
             ax.text(predicted, true, str(count), ha="center", va="center", fontsize="small",
                     color="white" if count > 0.5 * totals[true, 0] else "black")
     fig.savefig(path, dpi=REPORT_DPI)
+
+
+def write_curves_png(found: list[dict], names: list[str], metrics: dict, path: str, title: str) -> None:
+    """ROC and precision-recall curves of binary or multilabel targets: `found` one dict per column as
+    `mpitrain.training.scores.curves` gives them, `metrics` the `target_metrics` of the same rows (for the legends)."""
+    curves_figure(curve_points(found), names, metrics, title).savefig(path, dpi=REPORT_DPI)
+
+
+def write_scatter_png(labels: np.ndarray, predictions: np.ndarray, names: list[str], metrics: dict, path: str,
+                      title: str) -> None:
+    """Predicted against true values of regression targets, (rows, outputs) each; `metrics` their
+    `target_metrics` (for the R² of each panel)."""
+    scatter_figure(labels, predictions, names, metrics, title).savefig(path, dpi=REPORT_DPI)
+
+
+def curve_points(found: list[dict], limit: int = MAX_CURVE_POINTS) -> list[dict]:
+    """The points `curves_figure` draws, one dict per column of `found` (`mpitrain.training.scores.curves`, whose
+    points are scikit-learn's `roc_curve` and `precision_recall_curve`), the first `MAX_CURVES` columns:
+    {"fpr", "tpr", "recall", "precision"}, each curve cut to at most `limit` of its points, evenly spaced by index
+    with both ends kept."""
+    return [{**dict(zip(("fpr", "tpr"), _thinned(limit, c["roc"]["fpr"], c["roc"]["tpr"]))),
+             **dict(zip(("recall", "precision"), _thinned(limit, c["pr"]["recall"], c["pr"]["precision"])))}
+            for c in found[:MAX_CURVES]]
+
+
+def _thinned(limit: int, *arrays: np.ndarray) -> list[np.ndarray]:
+    """The arrays (of one length) at no more than `limit` indices, evenly spaced, the first and last kept."""
+    n = len(arrays[0])
+    if n <= limit:
+        return list(arrays)
+    keep = np.unique(np.linspace(0, n - 1, limit).round().astype(np.int64))
+    return [a[keep] for a in arrays]
+
+
+def curves_figure(points: list[dict], names: list[str], metrics: dict, title: str):
+    """ROC curves (left, beside the chance diagonal) and precision-recall curves (right), one line per column of
+    `points` (`curve_points`), in `names`' order, labelled with the column's AUC and average precision."""
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(12, 5.5), layout="constrained")
+    roc, pr = fig.subplots(1, 2)
+    auc, average_precision = (value if isinstance(value, list) else [value]  # binary: one number
+                              for value in (metrics.get("auc"), metrics.get("average_precision")))
+    for j, (point, name) in enumerate(zip(points, names)):
+        roc.plot(point["fpr"], point["tpr"], color=f"C{j % 10}", label=f"{name} (AUC {_figure(auc[j])})")
+        pr.plot(point["recall"], point["precision"], color=f"C{j % 10}", drawstyle="steps-post",
+                label=f"{name} (AP {_figure(average_precision[j])})")
+    roc.plot([0, 1], [0, 1], ":", color="gray", label="chance")
+    shown = f" ({len(points)} of {len(names)} labels)" if len(points) < len(names) else ""
+    roc.set(title=f"ROC{shown}", xlabel="false positive rate", ylabel="true positive rate", xlim=(0, 1),
+            ylim=(0, 1.02))
+    pr.set(title=f"precision-recall{shown}", xlabel="recall", ylabel="precision", xlim=(0, 1), ylim=(0, 1.02))
+    for ax in (roc, pr):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small", loc="lower right" if ax is roc else "lower left")
+    fig.suptitle(title)
+    return fig
+
+
+def scatter_points(labels: np.ndarray, predictions: np.ndarray, limit: int = MAX_SCATTER_POINTS, seed: int = 0) \
+        -> tuple[np.ndarray, np.ndarray]:
+    """The (true, predicted) rows `scatter_figure` draws: all of them, or a sample of `limit` rows (seeded, in
+    row order) when there are more."""
+    if len(labels) <= limit:
+        return labels, predictions
+    keep = np.sort(np.random.default_rng(seed).choice(len(labels), limit, replace=False))
+    return labels[keep], predictions[keep]
+
+
+def scatter_figure(labels: np.ndarray, predictions: np.ndarray, names: list[str], metrics: dict, title: str):
+    """Predicted against true values, one panel per output (the first `MAX_SCATTER_PANELS`), with the diagonal
+    where they are equal and the output's R²."""
+    from matplotlib.figure import Figure
+    true, predicted = scatter_points(labels, predictions)
+    panels = min(true.shape[1], MAX_SCATTER_PANELS)
+    fig = Figure(figsize=(4.5 * panels + 1, 4.8), layout="constrained")
+    r2 = metrics.get("r2_per_output") or [None] * true.shape[1]
+    for j, ax in enumerate(np.atleast_1d(fig.subplots(1, panels))):
+        ax.scatter(true[:, j], predicted[:, j], s=6, alpha=0.4, linewidths=0)
+        low = float(min(true[:, j].min(), predicted[:, j].min()))
+        high = float(max(true[:, j].max(), predicted[:, j].max()))
+        ax.plot([low, high], [low, high], ":", color="gray")
+        ax.set(title=f"{names[j]}: R² {_figure(r2[j])}", xlabel="true", ylabel="predicted")
+        ax.grid(alpha=0.3)
+    shown = f" (outputs 1-{panels} of {true.shape[1]})" if panels < true.shape[1] else ""
+    sampled = f", {len(true)} of {len(labels)} rows drawn" if len(true) < len(labels) else ""
+    fig.suptitle(f"{title}{shown}{sampled}")
+    return fig
+
+
+def _figure(value) -> str:
+    return "n/a" if value is None else f"{value:.4f}"

@@ -14,7 +14,7 @@ import numpy as np
 from mpitrain.errors import DataError
 from mpitrain.kernels.loss import score
 from mpitrain.nn.losses import sigmoid, softmax
-from mpitrain.training.scores import distributed_metrics
+from mpitrain.training.scores import decisions, gather_predictions, root_metrics
 
 EVAL_BATCH_SIZE = 256  # rows per batch when scoring: no gradients are kept, so larger than a training batch
 
@@ -29,6 +29,8 @@ class Evaluation:
     counted: int = 0  # rows, for targets without a confusion matrix
     correct: float | None = None  # binary and multilabel targets; regression has no accuracy
     metrics: dict = field(default_factory=dict)
+    # other targets, on rank 0: every rank's (labels, outputs) the metrics were computed from (for the pictures)
+    predictions: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     @property
     def rows(self) -> int:
@@ -58,8 +60,10 @@ class Evaluation:
 
 
 def outputs_of(logits, target: str):
-    """What the model's outputs mean for a target kind: probabilities (sigmoid) of binary and multilabel labels,
-    the values themselves for regression."""
+    """What the model's outputs mean for a target kind: class probabilities (softmax), probabilities (sigmoid) of
+    binary and multilabel labels, the values themselves for regression."""
+    if target == "class":
+        return softmax(logits)
     return logits if target == "regression" else sigmoid(logits)
 
 
@@ -121,17 +125,25 @@ def evaluate_targets(model, rows, to_input, batch_size: int, comm, backend, targ
     if totals[3]:
         comm.raise_first_failure(failure, DataError)
     width = model.output_shape[0]
-    metrics = distributed_metrics(comm, target, np.concatenate(labels or [np.empty((0, width))]).reshape(-1, width),
+    gathered = gather_predictions(comm, np.concatenate(labels or [np.empty((0, width))]).reshape(-1, width),
                                   np.concatenate(outputs or [np.empty((0, width))]).reshape(-1, width))
+    metrics = root_metrics(comm, target, *gathered)
     return Evaluation(None, float(totals[0]), int(totals[2]), None if target == "regression" else float(totals[1]),
-                      metrics)
+                      metrics, gathered if comm.rank == 0 else None)
 
 
-def predict(model, rows, to_input, batch_size: int, backend) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Predicted classes, class probabilities and labels of this rank's rows (host arrays)."""
-    probabilities, labels = [], []
+def predict(model, rows, to_input, batch_size: int, backend, target: str = "class") \
+        -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(predicted, outputs, labels) of this rank's rows, host arrays, by target kind (`mpitrain.rundir.outputs`
+    lists them): `outputs` float32 (rows, outputs) as `outputs_of` gives them (probabilities, or regression's values),
+    `predicted` their `decisions` (the class, 0/1 labels, or the values), labels int32 (rows,) for class targets,
+    float32 (rows, outputs) otherwise."""
+    outputs, labels = [], []
+    width = model.output_shape[0]
     for logits, batch_labels in batched_logits(model, rows, to_input, batch_size):
-        probabilities.append(backend.to_host(softmax(logits).astype(np.float32)))
-        labels.append(batch_labels.copy())
-    probabilities = np.concatenate(probabilities) if probabilities else np.empty((0, model.output_shape[0]), np.float32)
-    return probabilities.argmax(axis=1).astype(np.int32), probabilities, np.concatenate(labels or [np.empty(0, np.int32)])
+        outputs.append(backend.to_host(outputs_of(logits, target).astype(np.float32)))
+        labels.append(batch_labels.copy() if target == "class" else
+                      np.array(batch_labels, np.float32).reshape(-1, width))  # a copy: the batch is reused
+    empty = np.empty(0, np.int32) if target == "class" else np.empty((0, width), np.float32)
+    outputs = np.concatenate(outputs) if outputs else np.empty((0, width), np.float32)
+    return decisions(target, outputs), outputs, np.concatenate(labels or [empty])

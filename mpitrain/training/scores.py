@@ -2,8 +2,10 @@
 
     target_metrics(kind, labels, scores) -> dict       # one rank's full arrays; every metric of the kind
     curves(kind, labels, scores) -> dict | list         # ROC and precision-recall points, for plots
+    decisions(kind, scores) -> array                    # the predicted class or 0/1 labels (regression: the values)
     gather_predictions(comm, labels, scores)            # a collective: every rank's rows on rank 0
     distributed_metrics(comm, kind, labels, scores)     # a collective: gathered, scored on rank 0, broadcast
+    root_metrics(comm, kind, labels, scores)            # a collective: rank 0's gathered arrays scored, broadcast
 
 Kinds and their arrays (n rows):
 
@@ -77,6 +79,17 @@ def target_metrics(kind: str, labels: np.ndarray, scores: np.ndarray) -> dict:
     return _regression_metrics(labels, scores)
 
 
+def decisions(kind: str, scores: np.ndarray) -> np.ndarray:
+    """What the model predicts from its `scores` (see the module docstring's first point): class targets the first
+    largest probability, int32 (n,); binary and multilabel targets 1 where the probability is above 0.5, int32 of the
+    scores' shape; regression targets the values themselves."""
+    if kind == "class":
+        return scores.argmax(axis=1).astype(np.int32)
+    if kind in ("binary", "multilabel"):
+        return (scores > 0.5).astype(np.int32)
+    return scores
+
+
 def curves(kind: str, labels: np.ndarray, scores: np.ndarray):
     """ROC and precision-recall curve points, as sklearn's `roc_curve` (drop_intermediate=True) and
     `precision_recall_curve` (drop_intermediate=False) give them: for binary targets one dict, for multilabel
@@ -145,7 +158,7 @@ class _Ranking:
 
 def _class_metrics(labels: np.ndarray, scores: np.ndarray) -> dict:
     n, classes = scores.shape
-    predicted = scores.argmax(axis=1)
+    predicted = decisions("class", scores)
     confusion = np.bincount(labels * classes + predicted, minlength=classes * classes).reshape(classes, classes)
     hits, true_counts, predicted_counts = np.diag(confusion), confusion.sum(axis=1), confusion.sum(axis=0)
     precision = _ratios(hits, predicted_counts)
@@ -166,7 +179,7 @@ def _class_metrics(labels: np.ndarray, scores: np.ndarray) -> dict:
 
 
 def _binary_metrics(labels: np.ndarray, scores: np.ndarray) -> dict:
-    positive, predicted = labels == 1, scores > 0.5
+    positive, predicted = labels == 1, decisions("binary", scores) == 1
     hits = int(np.count_nonzero(positive & predicted))
     ranking = _Ranking(positive, scores)
     return {
@@ -186,7 +199,8 @@ def _multilabel_metrics(labels: np.ndarray, scores: np.ndarray) -> dict:
     average_precision = [r.average_precision() for r in rankings]
     return {
         "rows": int(labels.shape[0]),
-        "accuracy": float(np.count_nonzero((positive == (scores > 0.5)).all(axis=1)) / labels.shape[0]),
+        "accuracy": float(np.count_nonzero((positive == (decisions("multilabel", scores) == 1)).all(axis=1))
+                          / labels.shape[0]),
         "log_loss": _mean_log(_binary_probability(positive, scores)),
         "auc": auc, "auc_macro": _mean_defined(auc),
         "average_precision": average_precision, "average_precision_macro": _mean_defined(average_precision),
@@ -326,8 +340,13 @@ def distributed_metrics(comm, kind: str, labels: np.ndarray, scores: np.ndarray,
                         max_rows: int | None = None) -> dict:
     """`target_metrics` of every rank's rows together, the same dict on every rank. A collective: the rows are
     gathered on rank 0 (`gather_predictions`, with its memory cost and limit), scored there, and the result
-    broadcast; an error on rank 0 (bad labels on some rank) is raised on every rank."""
-    labels, scores = gather_predictions(comm, labels, scores, max_rows)
+    broadcast (`root_metrics`)."""
+    return root_metrics(comm, kind, *gather_predictions(comm, labels, scores, max_rows))
+
+
+def root_metrics(comm, kind: str, labels: np.ndarray | None, scores: np.ndarray | None) -> dict:
+    """`target_metrics` of rank 0's `labels` and `scores` (what `gather_predictions` gave it; other ranks pass None),
+    the same dict on every rank. A collective: an error on rank 0 (bad labels on some rank) is raised on every rank."""
     result = None
     if comm.rank == 0:
         try:

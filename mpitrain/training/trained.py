@@ -1,8 +1,12 @@
 """A trained run restored for scoring: `evaluate_run` and `predict_run`, what `mpitrain eval` and `predict` do.
 
-    result = evaluate_run("runs/fashion_mlp", comm, split="test")   # writes RUN_DIR/eval-test.json and
-                                                                     # confusion-test.png; returns the scores
+    result = evaluate_run("runs/fashion_mlp", comm, split="test")   # writes RUN_DIR/eval-test.json and its
+                                                                     # picture; returns the scores
     path, rows = predict_run("runs/fashion_mlp", comm, split="test", out="predictions.h5")
+
+The picture is the confusion matrix (confusion-SPLIT.png) for class targets, ROC and precision-recall curves
+(curves-SPLIT.png) for binary and multilabel targets, predicted against true values (scatter-SPLIT.png) for
+regression. Predictions are probabilities or values by target kind (`mpitrain.rundir.outputs`).
 
 Both are collectives: every rank scores its own rows of the split (all of them: no max_rows)
 with the run's newest checkpoint (or `checkpoint`), set up from the run's config.yaml exactly as
@@ -17,9 +21,10 @@ import numpy as np
 from mpitrain.config.sections import load_config
 from mpitrain.errors import MpitrainError
 from mpitrain.rundir.directory import RunDir
-from mpitrain.rundir.outputs import names_of, write_evaluation, write_predictions
+from mpitrain.rundir.outputs import names_of, target_names, write_evaluation, write_predictions
 from mpitrain.training.evaluation import EVAL_BATCH_SIZE, evaluate, predict
 from mpitrain.training.metrics import figure
+from mpitrain.training.scores import curves
 from mpitrain.training.run import setup_run
 
 
@@ -60,45 +65,56 @@ class Trained:
 def evaluate_run(run_dir: str, comm, split: str = "test", checkpoint: str | None = None,
                  batch_size: int | None = None, allow_other_dataset: bool = False) -> dict:
     """Evaluate a run's checkpoint on every row of `split` (a collective); rank 0 writes RUN_DIR/eval-SPLIT.json and
-    confusion-SPLIT.png. Returns the scores (accuracy, loss, rows, confusion, precision, recall) with their
-    provenance, the two paths ("json", "picture") and the class names."""
+    its picture (the confusion matrix, ROC and precision-recall curves, or predicted against true values, by target
+    kind). Returns the scores (class targets: accuracy, loss, rows, confusion, precision, recall; other targets:
+    accuracy, loss, rows and the kind's metrics) with their provenance, the two paths ("json", "picture") and the
+    class names."""
     trained = Trained(run_dir, comm, split, checkpoint, batch_size, allow_other_dataset)
-    run = trained.run
+    run, target = trained.run, trained.manifest.target
     try:
-        result = evaluate(run.model, trained.rows, trained.to_input, trained.batch_size, run.comm,
-                          trained.manifest.num_classes, run.backend, trained.manifest.target).to_dict()
+        evaluation = evaluate(run.model, trained.rows, trained.to_input, trained.batch_size, run.comm,
+                              trained.manifest.num_classes, run.backend, target)
     finally:
         run.reader.close()  # the shards' files (a remote store's connections) before the interpreter ends
+    result = evaluation.to_dict()
     files = RunDir(run_dir)
-    paths = {"json": files.eval_json(split), "picture": files.confusion_png(split)}
+    paths = {"json": files.eval_json(split), "picture": files.eval_png(split, target)}
+    headline = {"class": "accuracy", "binary": "auc", "multilabel": "auc_macro", "regression": "r2"}[target]
     with comm.agreed_errors():
         if comm.is_root:
+            drawn = {}
+            if target in ("binary", "multilabel"):
+                found = curves(target, *evaluation.predictions)
+                drawn["curves"] = [found] if target == "binary" else found
+            elif target == "regression":
+                drawn["values"] = evaluation.predictions
             write_evaluation(paths["json"], paths["picture"], result, trained.provenance(), trained.manifest,
-                             f"{os.path.basename(os.path.abspath(run_dir))}, {split}: accuracy {figure(result['accuracy'])}")
+                             f"{os.path.basename(os.path.abspath(run_dir))}, {split}: "
+                             f"{headline} {figure(result[headline])}", **drawn)
     return {**trained.provenance(), **result, **paths, "class_names": names_of(trained.manifest)}
 
 
 def predict_run(run_dir: str, comm, split: str = "test", out: str | None = None, checkpoint: str | None = None,
                 batch_size: int | None = None, allow_other_dataset: bool = False) -> tuple[str, int]:
-    """Predict every row of `split` with a run's checkpoint (a collective); rank 0 writes the classes,
-    probabilities and labels to `out` (default RUN_DIR/predictions-SPLIT.h5). Returns the path and the row count."""
+    """Predict every row of `split` with a run's checkpoint (a collective); rank 0 writes the predictions, the
+    model's outputs (probabilities, or regression's values) and the labels to `out` (default
+    RUN_DIR/predictions-SPLIT.h5; the layout by target kind: `mpitrain.rundir.outputs`). Returns the path and the
+    row count."""
     path = out or RunDir(run_dir).predictions(split)
     with comm.agreed_errors():
         if os.path.isdir(path):
             raise MpitrainError(f"--out {path}: is a folder; expected an HDF5 file path")
     trained = Trained(run_dir, comm, split, checkpoint, batch_size, allow_other_dataset)
-    if trained.manifest.target != "class":
-        trained.run.reader.close()
-        raise MpitrainError(f"{trained.run.reader.path}: a {trained.manifest.target} target; `mpitrain predict` "
-                            "writes class predictions only in this version (`mpitrain eval` scores every target kind)")
+    target = trained.manifest.target
     try:
         with comm.agreed_errors():
-            classes, probabilities, labels = predict(trained.run.model, trained.rows, trained.to_input,
-                                                     trained.batch_size, trained.run.backend)
+            predicted, outputs, labels = predict(trained.run.model, trained.rows, trained.to_input,
+                                                 trained.batch_size, trained.run.backend, target)
     finally:
         trained.run.reader.close()
-    parts = comm.gather_obj((classes, probabilities, labels))
+    parts = comm.gather_obj((predicted, outputs, labels))
     with comm.agreed_errors():
         if comm.is_root:
-            write_predictions(path, *(np.concatenate([p[i] for p in parts]) for i in range(3)), trained.provenance())
-    return path, sum(comm.allgather_obj(len(classes)))
+            write_predictions(path, target, *(np.concatenate([p[i] for p in parts]) for i in range(3)),
+                              trained.provenance(), None if target == "class" else target_names(trained.manifest))
+    return path, sum(comm.allgather_obj(len(outputs)))

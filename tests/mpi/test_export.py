@@ -10,12 +10,12 @@ import pytest
 from mpitrain.testing.launch import MPITRAIN, command, mpiexec
 from mpitrain.testing.datasets import make_dataset, make_digits_dataset, read_split, write_config
 from mpitrain.data.reader import input_scaling
-from mpitrain.errors import DataError, MpitrainError
+from mpitrain.errors import ConfigError, DataError, MpitrainError
 from mpitrain.rundir.export import export_onnx, onnx_model
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.layers import Dense, Dropout, Flatten, Layer, ReLU
-from mpitrain.nn.losses import softmax
+from mpitrain.nn.losses import sigmoid, softmax
 from mpitrain.nn.model import Sequential
 from mpitrain.data.shards import Manifest, sha256_file
 
@@ -93,8 +93,8 @@ def test_onnxruntime_gives_mpitrain_predict_probabilities(tmp_path, name):
         assert [n.op_type for n in proto.graph.node].count("Sigmoid") == 2
 
 
-def _random_model(layers, shape, dtype="float32"):
-    model = Sequential(layers, shape, dtype=dtype)
+def _random_model(layers, shape, dtype="float32", loss="softmax_cross_entropy"):
+    model = Sequential(layers, shape, dtype=dtype, loss=loss)
     model.init_params(0, "xavier")
     rng = np.random.default_rng(1)
     model.params[...] += rng.normal(0, 0.1, model.params.size).astype(dtype)
@@ -102,9 +102,9 @@ def _random_model(layers, shape, dtype="float32"):
     return model
 
 
-def _manifest(shape, dtype="uint8", num_classes=4):
+def _manifest(shape, dtype="uint8", num_classes=4, **target):
     return Manifest(feature_shape=shape, feature_dtype=dtype, scale=1 / 255, offset=0.1, mean=0.4, std=0.3,
-                    num_classes=num_classes, label_counts={}, splits={})
+                    num_classes=num_classes, label_counts={}, splits={}, **target)
 
 
 @pytest.mark.parametrize("size", [5, 6, 7, 8, 9])
@@ -138,6 +138,33 @@ def test_float64_model_and_float32_rows_without_normalizing(tmp_path):
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
     assert {p.key: p.value for p in proto.metadata_props}["note"] == "x"
+
+
+@pytest.mark.parametrize("target, loss, names, head, output", [
+    ("binary", "binary_cross_entropy", ["clicked"], sigmoid, "probabilities"),
+    ("multilabel", "multilabel_cross_entropy", ["a", "b", "c"], sigmoid, "probabilities"),
+    ("regression", "huber", ["price", "volume"], lambda values: values, "values"),
+])
+def test_other_targets_end_in_a_sigmoid_or_the_values(target, loss, names, head, output):
+    """Binary and multilabel graphs give sigmoid probabilities, regression graphs the values; a loss that does not
+    fit the target is refused."""
+    shape = (2, 3, 3)
+    model = _random_model([Conv2D(2, 2), ReLU(), Flatten(), Dense(5), BatchNorm(), Dense(len(names))], shape,
+                          loss=loss)
+    manifest = _manifest(shape, target=target, target_names=names)
+    rows = np.random.default_rng(4).integers(0, 256, (7, *shape)).astype(np.uint8)
+    scale, shift = input_scaling(manifest, True)
+    expected = head(model.forward((rows * np.float32(scale) + np.float32(shift)).astype(np.float32), False))
+    proto = onnx_model(model, manifest)
+    assert [o.name for o in proto.graph.output] == [output]
+    assert [d.dim_value for d in proto.graph.output[0].type.tensor_type.shape.dim[1:]] == [len(names)]
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"x": rows})[0]
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ConfigError, match=f"ONNX export: model.loss is softmax_cross_entropy, but the dataset's "
+                                          f"target is {target}"):
+        onnx_model(_random_model([Flatten(), Dense(len(names))], shape), manifest)
 
 
 def test_a_layer_onnx_cannot_express_is_named():

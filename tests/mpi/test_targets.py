@@ -1,36 +1,93 @@
 """Targets beside class labels (issue 28): binary, multilabel and regression datasets train on 2 ranks with their
-losses, evaluate with their metrics, and a loss that does not fit the target is one line before anything runs."""
+losses, evaluate with their metrics and pictures, predict probabilities or values, export to ONNX graphs that give
+`mpitrain predict`'s outputs, and a loss that does not fit the target is one line before anything runs."""
 import json
 
+import h5py
+import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
+from matplotlib.image import imread
 
-from mpitrain.testing.datasets import make_dataset, write_config
-from mpitrain.testing.launch import MPITRAIN, mpiexec
+from mpitrain.testing.datasets import TARGET_NAMES, make_dataset, read_split, write_config
+from mpitrain.testing.launch import MPITRAIN, command, mpiexec
+from mpitrain.training.scores import target_metrics
 
 HIDDEN = {"type": "dense", "units": 16, "activation": "relu"}
-CASES = {  # target: (loss, outputs, what the test split's metrics must reach)
-    "binary": ("binary_cross_entropy", 1, lambda m: m["auc"] > 0.95 and m["accuracy"] > 0.85),
-    "multilabel": ("multilabel_cross_entropy", 2, lambda m: m["auc_macro"] > 0.95),
-    "regression": ("mse", 2, lambda m: m["r2"] > 0.8 and m["accuracy"] is None),
+CASES = {  # target: (loss, outputs, what the test split's metrics must reach, eval's picture, the graph's head)
+    "binary": ("binary_cross_entropy", 1, lambda m: m["auc"] > 0.95 and m["accuracy"] > 0.85, "curves", "Sigmoid"),
+    "multilabel": ("multilabel_cross_entropy", 2, lambda m: m["auc_macro"] > 0.95, "curves", "Sigmoid"),
+    "regression": ("mse", 2, lambda m: m["r2"] > 0.8 and m["accuracy"] is None, "scatter", "Gemm"),
 }
 
 
-@pytest.mark.parametrize("target", sorted(CASES))
-def test_a_target_trains_with_its_loss_and_evaluates_with_its_metrics(tmp_path, target):
-    loss, outputs, reached = CASES[target]
-    make_dataset(tmp_path / "data", n_train=1200, n_test=300, target=target)
-    config = write_config(tmp_path / "exp.yaml", tmp_path / "data", train={"epochs": 4, "batch_size": 16},
+@pytest.fixture(scope="module", params=sorted(CASES))
+def trained(request, tmp_path_factory):
+    """A model trained for a target kind on 2 ranks (4 epochs of 1200 rows); (target, folder)."""
+    target, folder = request.param, tmp_path_factory.mktemp(request.param)
+    loss, outputs, *_ = CASES[target]
+    make_dataset(folder / "data", n_train=1200, n_test=300, target=target)
+    config = write_config(folder / "exp.yaml", folder / "data", train={"epochs": 4, "batch_size": 16},
                           model={"layers": [HIDDEN, {"type": "dense", "units": outputs}], "loss": loss},
                           optimizer={"type": "adam", "lr": 0.01})
     result = mpiexec(2, MPITRAIN, "train", config, timeout=120)
     assert result.returncode == 0, result.stderr
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert reached(summary["evaluation"]), summary["evaluation"]
+    return target, folder
+
+
+def test_a_target_trains_with_its_loss_and_evaluates_with_its_metrics_and_picture(trained):
+    target, folder = trained
+    run_dir = folder / "run"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert CASES[target][2](summary["evaluation"]), summary["evaluation"]
     assert summary["evaluation"]["rows"] == 300 and len(set(summary["replica_hashes"])) == 1
-    scored = mpiexec(2, MPITRAIN, "eval", tmp_path / "run", timeout=60)
+    scored = mpiexec(2, MPITRAIN, "eval", run_dir, timeout=60)
     assert scored.returncode == 0, scored.stderr
-    written = json.loads((tmp_path / "run" / "eval-test.json").read_text())
+    written = json.loads((run_dir / "eval-test.json").read_text())
     assert written["loss"] == pytest.approx(summary["evaluation"]["loss"], rel=1e-6)
+    picture = run_dir / f"{CASES[target][3]}-test.png"
+    assert f"wrote {run_dir / 'eval-test.json'} and {picture}" in scored.stdout
+    assert imread(picture).ndim == 3 and not (run_dir / "confusion-test.png").exists()
+    reported = command(MPITRAIN, "report", run_dir, timeout=60)  # the report's page shows eval's picture
+    assert reported.returncode == 0, reported.stderr
+    assert f"run (allreduce): {picture.stem}</h2>" in (run_dir / "report.html").read_text()
+
+
+def test_predict_writes_probabilities_or_values_and_the_onnx_graph_gives_them(trained):
+    target, folder = trained
+    run_dir, dataset = folder / "run", folder / "data"
+    result = mpiexec(2, MPITRAIN, "predict", run_dir, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert f"wrote {run_dir / 'predictions-test.h5'}: 300 rows of split 'test'" in result.stdout
+    x, y = read_split(dataset, "test")
+    width = len(TARGET_NAMES[target])
+    with h5py.File(run_dir / "predictions-test.h5") as f:
+        assert f.attrs["target"] == target and list(f.attrs["target_names"]) == TARGET_NAMES[target]
+        assert sorted(f) == (["label", "predicted"] if target == "regression" else
+                             ["label", "predicted", "probabilities"])
+        labels, predicted = f["label"][...], f["predicted"][...]
+        outputs = predicted if target == "regression" else f["probabilities"][...]
+    assert outputs.dtype == np.float32 and outputs.shape == (300, width) and (labels == y).all()
+    if target != "regression":
+        assert predicted.dtype == np.int32 and (predicted == (outputs > 0.5)).all()
+        assert ((0 <= outputs) & (outputs <= 1)).all()
+    written = json.loads((run_dir / "eval-test.json").read_text())  # the test above ran eval first
+    for key, value in target_metrics(target, labels, outputs).items():  # eval clips log_loss at float64's eps
+        assert written[key] == pytest.approx(value, rel=1e-5), key
+
+    out = folder / "model.onnx"
+    exported = command(MPITRAIN, "export", run_dir, "--out", out)
+    assert exported.returncode == 0, exported.stderr
+    name = "values" if target == "regression" else "probabilities"
+    assert f"-> {name} float32[N, {width}]" in exported.stdout
+    proto = onnx.load(str(out))
+    assert [n.op_type for n in proto.graph.node][-2:] == [CASES[target][4], "Identity"]
+    assert json.loads({p.key: p.value for p in proto.metadata_props}["manifest"])["target"] == target
+    session = ort.InferenceSession(out.read_bytes(), providers=["CPUExecutionProvider"])
+    got = session.run([name], {"x": x})[0]
+    assert got.dtype == np.float32 and got.shape == outputs.shape
+    np.testing.assert_allclose(got, outputs, rtol=1e-6, atol=1e-5)
 
 
 def test_a_loss_that_does_not_fit_the_target_is_one_line_before_anything_is_written(tmp_path):

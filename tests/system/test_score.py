@@ -222,3 +222,110 @@ def test_spark_submit_scores_real_fashion_mnist_like_mpitrain_predict(tmp_path):
     assert metrics["accuracy"] == pytest.approx((predicted == data["test"][1]).mean(), abs=2 / 300)
     assert metrics["accuracy"] > 0.5  # chance is 0.1
     assert f"accuracy {metrics['accuracy']:.4f}" in done.stdout and "confusion matrix" in done.stdout
+
+
+TABLE_TARGETS = {  # target: (loss, target names, source kind, --label)
+    "multilabel": ("multilabel_cross_entropy", ["a", "b"], "parquet", "b,a"),  # columns in another order
+    "regression": ("mse", ["y1", "y2"], "csv", ""),  # the label columns named as the model's target names
+    "binary": ("binary_cross_entropy", [], "csv", ""),  # no names: csv's first column
+}
+
+
+def table_model(tmp_path: Path, target: str) -> tuple[str, callable]:
+    """A random dense model of a target kind on rows of 5 float32 values, exported to ONNX; and its outputs."""
+    from mpitrain.nn.layers import Dense
+    from mpitrain.nn.losses import sigmoid
+    from mpitrain.nn.model import Sequential
+    from mpitrain.rundir.export import export_onnx
+
+    loss, names, _, _ = TABLE_TARGETS[target]
+    model = Sequential([Dense(8, activation="tanh"), Dense(max(len(names), 1))], (5,), loss=loss)
+    model.init_params(0, "xavier")
+    manifest = Manifest(feature_shape=(5,), feature_dtype="float32", scale=1.0, offset=0.0, mean=0.5, std=2.0,
+                        num_classes=0, label_counts={}, splits={}, target=target, target_names=names)
+    export_onnx(model, manifest, str(tmp_path / "model.onnx"))
+    head = (lambda values: values) if target == "regression" else sigmoid
+    return str(tmp_path / "model.onnx"), lambda x: head(model.forward((x - 0.5) / 2.0, False))
+
+
+@pytest.mark.parametrize("target", list(TABLE_TARGETS))
+def test_other_targets_score_probabilities_or_values_with_their_metrics(spark, tmp_path, target):
+    """Label columns as the model names them or as --label a,b says; a bad label is a bad record; the metrics are
+    the kind's exact ones over the good rows, and `mpitrain score` prints them."""
+    from mpitrain.etl.scoring import metric_lines
+    from mpitrain.training.scores import target_metrics
+
+    _, names, kind, label = TABLE_TARGETS[target]
+    model, forward = table_model(tmp_path, target)
+    rng = np.random.default_rng(7)
+    n, k = 60, max(len(names), 1)
+    x = rng.normal(0, 2, (n, 5)).astype(np.float32)
+    expected = forward(x)
+    y = rng.normal(0, 1, (n, k)) if target == "regression" else (rng.random((n, k)) < expected).astype(np.float64)
+    y[9, -1] = np.nan if target == "regression" else 0.5  # a bad label
+    good = np.arange(n) != 9
+    if kind == "parquet":
+        pq.write_table(pa.table({"id": [f"r{i:02d}" for i in range(n)], "x": list(x), "a": y[:, 0].astype(np.int8),
+                                 "b": y[:, 1]}),
+                       str(tmp_path / "rows.parquet"))
+        options = SourceOptions(label=label, keys=("id",))
+    else:
+        columns = [f"f{j}" for j in range(5)] + (names or ["label"])
+        order = [5, 0, 1, 2, 6, 3, 4] if target == "regression" else [5, 0, 1, 2, 3, 4]  # labels first and between
+        table = np.column_stack([x, y])[:, order]
+        (tmp_path / "rows.csv").write_text(",".join(columns[i] for i in order) + "\n" + "".join(
+            ",".join("" if np.isnan(v) else repr(float(v)) for v in row) + "\n" for row in table))
+        options = SourceOptions(label=label)
+    out = tmp_path / "p.parquet"
+    metrics = score(spark, plan_scoring(model, f"{kind}:{tmp_path / f'rows.{kind}'}", str(out), max_bad_fraction=0.05,
+                                        options=options))
+    assert (metrics["records"], metrics["bad_records"], metrics["rows"], metrics["target"]) == (n, 1, n - 1, target)
+    key = "id" if kind == "parquet" else "row"
+    got = pq.read_table(str(out)).sort_by(key).to_pydict()
+    assert list(got) == [key, "predicted", *([] if target == "regression" else ["probabilities"]), "label"]
+    outputs = np.array(got["predicted" if target == "regression" else "probabilities"], np.float32)
+    labels = np.array(got["label"], np.float32)
+    np.testing.assert_allclose(outputs, expected[good], rtol=1e-5, atol=1e-5)
+    want = y[good][:, [names.index(c) for c in label.split(",")]] if label else y[good]  # --label b,a: b first
+    np.testing.assert_array_equal(labels, want.astype(np.float32))
+    if target != "regression":
+        assert (np.array(got["predicted"]) == (outputs > 0.5)).all()
+    for key, value in target_metrics(target, labels, outputs).items():
+        assert metrics[key] == pytest.approx(value, rel=1e-6), key
+    assert json.loads((out / "_metrics.json").read_text()) == json.loads(json.dumps(metrics))
+    headline = {"binary": "auc", "multilabel": "auc_macro", "regression": "r2"}[target]
+    assert f"{headline} {metrics[headline]:.4f}" in metric_lines(metrics)[0]
+
+
+def test_other_targets_refuse_labels_they_cannot_read(spark, tmp_path):
+    """A label column that is not numbers when the job reads the schema, before any task; the count of label
+    columns, a source without label columns and several labels of a class model before Spark starts."""
+    model, _ = table_model(tmp_path, "multilabel")
+    pq.write_table(pa.table({"x": [[0.0] * 5], "a": ["yes"], "b": [1.0]}), str(tmp_path / "rows.parquet"))
+    with pytest.raises(ConfigError, match="label column 'a' is string; expected numbers or booleans"):
+        score(spark, plan_scoring(model, f"parquet:{tmp_path / 'rows.parquet'}", str(tmp_path / "p")))
+    (tmp_path / "rows.csv").write_text("a,b,f0,f1,f2,f3,f4\n")
+    with pytest.raises(ConfigError, match=r"--label a: 1 label columns, but the multilabel model has 2 outputs "
+                                          r"\['a', 'b'\]; expected one label column per output"):
+        plan_scoring(model, f"csv:{tmp_path / 'rows.csv'}", str(tmp_path / "p"), options=SourceOptions(label="a"))
+    with pytest.raises(ConfigError, match="a multilabel model reads its labels from columns of csv or parquet "
+                                          "records .--label.; score digits records with --no-label"):
+        plan_scoring(model, "digits:", str(tmp_path / "p"))
+    with pytest.raises(ConfigError, match="--label a,b: a class model reads one label column"):
+        plan_scoring(digits_model(tmp_path), f"csv:{tmp_path / 'rows.csv'}", str(tmp_path / "p"),
+                     options=SourceOptions(label="a,b"))
+    assert not (tmp_path / "p").exists()
+
+
+def digits_model(tmp_path: Path) -> str:
+    """A random class model of digits' rows, exported."""
+    from mpitrain.nn.layers import Dense
+    from mpitrain.nn.model import Sequential
+    from mpitrain.rundir.export import export_onnx
+
+    model = Sequential([Dense(10)], (64,))
+    model.init_params(0, "xavier")
+    manifest = Manifest(feature_shape=(64,), feature_dtype="uint8", scale=1 / 16, offset=0.0, mean=0.3, std=0.4,
+                        num_classes=10, label_counts={}, splits={})
+    export_onnx(model, manifest, str(tmp_path / "digits.onnx"))
+    return str(tmp_path / "digits.onnx")
