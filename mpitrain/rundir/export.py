@@ -13,8 +13,11 @@ and multilabel targets in a Sigmoid (`probabilities`), regression targets in the
 feature and target description, which `mpitrain score` reads.
 
 The graph is built by emitters that each append a part to an `OnnxGraph` and return the name of that part's
-output: `emit_input_scaling`, one per layer type (`emit_layer`, `LAYER_EMITTERS`) and `emit_output_head`. A model
-whose layers form a graph of named nodes reuses them node by node, feeding each the output names of its inputs.
+output: `emit_input_scaling`, one per layer type (`emit_layer`, `LAYER_EMITTERS`) and `emit_output_head`. A graph
+model (`model.graph`) goes node by node (`emit_nodes`): its column groups are Slices of the row, an embedding is a
+Gather per categorical column, concat and add are Concat and Add. A table's raw records are encoded into the rows
+the graph takes (numbers standardized, categories as ids) by `mpitrain.data.encoding.TableEncoder` from the manifest's
+`columns`, which the metadata carries: Spark scoring does it; another runtime applies the same mapping (docs/tables.md).
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ from mpitrain.errors import ConfigError, MpitrainError
 from mpitrain.files import write_file
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
+from mpitrain.nn.embedding import Embedding
+from mpitrain.nn.merge import Add, Concat
 from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
 from mpitrain.nn.losses import check_loss_fits
 
@@ -38,7 +43,7 @@ OUTPUT_HEADS = {"class": ("Softmax", "probabilities"), "binary": ("Sigmoid", "pr
                 "multilabel": ("Sigmoid", "probabilities"), "regression": (None, "values")}
 # The manifest's description of rows and targets, in metadata "manifest".
 MANIFEST_KEYS = ("feature_shape", "feature_dtype", "scale", "offset", "mean", "std", "num_classes", "class_names",
-                 "target", "target_names", "source", "seed", "transforms")
+                 "target", "target_names", "source", "seed", "transforms", "columns")
 
 
 def require_onnx():
@@ -58,9 +63,9 @@ class OnnxGraph:
         self.onnx, self.dtype = require_onnx(), np.dtype(dtype)
         self.nodes, self.initializers = [], []
 
-    def constant(self, name: str, value) -> str:
-        """An initializer `name` holding `value` in the graph's dtype (numpy or cupy)."""
-        array = np.ascontiguousarray(_host(value), dtype=self.dtype)
+    def constant(self, name: str, value, dtype=None) -> str:
+        """An initializer `name` holding `value` (numpy or cupy) in `dtype`, by default the graph's."""
+        array = np.ascontiguousarray(_host(value), dtype=self.dtype if dtype is None else dtype)
         self.initializers.append(self.onnx.numpy_helper.from_array(array, name))
         return name
 
@@ -115,6 +120,27 @@ def _batchnorm(graph, layer, x, name, input_shape):
                       epsilon=float(layer.eps))
 
 
+def _columns(graph, x, start: int, stop: int, name: str) -> str:
+    """Columns [start, stop) of the rows `x` (N, k): a Slice."""
+    return graph.node("Slice", [x, graph.constant(f"{name}/starts", [start], np.int64),
+                                graph.constant(f"{name}/ends", [stop], np.int64),
+                                graph.constant(f"{name}/axes", [1], np.int64)], name)
+
+
+def _embedding(graph, layer, x, name, input_shape):
+    """Per categorical column: its ids (Slice, Cast to int64) Gather their table's rows, (N, 1, dim); the columns
+    joined (N, columns, dim) with one dim, else side by side and flattened (N, sum of dims), as the layer gives."""
+    rows = []
+    for j, table in enumerate(layer.tables):
+        ids = graph.node("Cast", [_columns(graph, x, j, j + 1, f"{name}/{j}")], f"{name}/{j}",
+                         to=graph.onnx.TensorProto.INT64)
+        rows.append(graph.node("Gather", [graph.constant(f"{name}/{table.name}", layer.params[table.name]), ids],
+                               f"{name}/{j}", axis=0))
+    if len(layer.output_shape(input_shape)) == 2:
+        return graph.node("Concat", rows, name, axis=1)
+    return graph.node("Flatten", [graph.node("Concat", rows, name, axis=2)], name, axis=1)
+
+
 def _same(op: str):
     return lambda graph, layer, x, name, input_shape: graph.node(op, [x], name)
 
@@ -125,13 +151,13 @@ LAYER_EMITTERS = {Dense: _dense, Conv2D: _conv, MaxPool2D: _pool("MaxPool"),
                   AvgPool2D: _pool("AveragePool", count_include_pad=1), BatchNorm: _batchnorm,
                   ReLU: _same("Relu"), Tanh: _same("Tanh"), Sigmoid: _same("Sigmoid"),
                   Flatten: lambda graph, layer, x, name, input_shape: graph.node("Flatten", [x], name, axis=1),
-                  Dropout: _same("Identity")}  # dropout is the identity at inference
+                  Dropout: _same("Identity"), Embedding: _embedding}  # dropout is the identity at inference
 
 
 def check_exportable(layers, where: str = "layer") -> None:
     """A one-line error naming the first of `layers` that has no emitter (one of the user's own Layer classes)."""
     for index, layer in enumerate(layers):
-        if type(layer) not in LAYER_EMITTERS:
+        if type(layer) not in LAYER_EMITTERS and type(layer) not in (Concat, Add):  # a graph's merges: emit_nodes
             raise MpitrainError(f"{where} {index} of the model is a {type(layer).__name__}, which has no ONNX "
                                 f"export; exportable layers are {sorted(cls.__name__ for cls in LAYER_EMITTERS)}")
 
@@ -148,6 +174,35 @@ def emit_input_scaling(graph: OnnxGraph, x: str, scale, shift, name: str = "inpu
     x = graph.node("Cast", [x], name, to=graph.onnx.helper.np_dtype_to_tensor_dtype(graph.dtype))
     x = graph.node("Mul", [x, graph.constant(f"{name}/scale", scale)], name)
     return graph.node("Add", [x, graph.constant(f"{name}/shift", shift)], name)
+
+
+def emit_nodes(graph: OnnxGraph, model, x: str) -> str:
+    """A graph model's nodes (`mpitrain.nn.graph.Graph`) on the scaled rows `x`: each column group a Slice of the
+    row (the whole row when it is the one input), each node's layers on its inputs' outputs (an embedding one Gather
+    per column), concat a Concat along the last axis, add a chain of Adds; the output node's output name."""
+    values, shapes = {}, {}
+    for name, group in model.groups.items():
+        whole = len(model.groups) == 1 and group.shape == model.input_shape
+        values[name] = x if whole else _columns(graph, x, group.start, group.stop, f"input/{name}")
+        shapes[name] = group.shape
+    for node in model.nodes:
+        inputs = [values[name] for name in node.inputs]
+        if isinstance(node.merge, Concat):
+            value = graph.node("Concat", inputs, node.name, axis=-1)
+            shape = node.merge.merged_shape([shapes[name] for name in node.inputs])
+        elif isinstance(node.merge, Add):
+            value = inputs[0]
+            for k, other in enumerate(inputs[1:]):
+                value = graph.node("Add", [value, other], f"{node.name}/{k}")
+            shape = shapes[node.inputs[0]]
+        else:
+            value, shape = inputs[0], shapes[node.inputs[0]]
+            for k, layer in enumerate(node.layers):  # named as the model's layout names them
+                value = emit_layer(graph, layer, value, node.name if k == 0 else
+                                   f"{node.name}.{type(layer).__name__.lower()}", shape)
+                shape = layer.output_shape(shape)
+        values[node.name], shapes[node.name] = value, shape
+    return values[model.nodes[-1].name]
 
 
 def emit_output_head(graph: OnnxGraph, x: str, target: str) -> str:
@@ -181,10 +236,13 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
                             f"shape {list(manifest.feature_shape)}")
     graph = OnnxGraph(model.params.dtype)
     x = emit_input_scaling(graph, INPUT, *input_scaling(manifest, normalize))
-    shape = tuple(model.input_shape)
-    for index, layer in enumerate(model.layers):
-        x = emit_layer(graph, layer, x, f"{index:02d}_{type(layer).__name__.lower()}", shape)
-        shape = layer.output_shape(shape)
+    if hasattr(model, "nodes"):
+        x = emit_nodes(graph, model, x)
+    else:
+        shape = tuple(model.input_shape)
+        for index, layer in enumerate(model.layers):
+            x = emit_layer(graph, layer, x, f"{index:02d}_{type(layer).__name__.lower()}", shape)
+            shape = layer.output_shape(shape)
     output = emit_output_head(graph, x, manifest.target)
     inputs = [helper.make_tensor_value_info(INPUT, helper.np_dtype_to_tensor_dtype(np.dtype(manifest.feature_dtype)),
                                             ["N", *manifest.feature_shape])]  # N: any batch size
@@ -217,14 +275,14 @@ def export_run(run_dir: str, checkpoint: str | None = None):
     from mpitrain.rundir.checkpointer import Checkpointer
     from mpitrain.config.sections import load_config
     from mpitrain.rundir.directory import RunDir
-    from mpitrain.nn.model import build_model
+    from mpitrain.nn.graph import build_network
     from mpitrain.data.shards import MANIFEST_NAME, read_manifest, sha256_file
 
     run_dir = os.path.abspath(run_dir)
     config = load_config(RunDir(run_dir).config, [f"run_dir={run_dir}"])
     manifest = read_manifest(config.data.path)
     sha256 = sha256_file(os.path.join(config.data.path, MANIFEST_NAME))
-    model = build_model(config.model, manifest.feature_shape, manifest.outputs, np)  # config.yaml: resolved
+    model = build_network(config.model, manifest, np)  # config.yaml: resolved
     checkpoint = Checkpointer(run_dir, None, Backend("numpy", np), sha256, config.data.path) \
         .restore(model, checkpoint).path
     return onnx_model(model, manifest, config.data.normalize,

@@ -16,4 +16,4 @@ def test_a_shipped_table_reaches_its_reference(tmp_path, spark, name):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     result = run_reference(name, tmp_path, lambda argv: write_dataset(spark, plan_from_args(parser.parse_args(argv))))
-    assert result["met"], {key: result[key] for key in ("mpitrain", "reference", "goal", "train_rows", "test_rows")}
+    assert result["met"], {key: result[key] for key in ("mpitrain", "reference", "goal", "splits")}
