@@ -82,6 +82,7 @@ bench: setup fashion-mnist
 	$(PY) benchmarks/etl.py --out benchmarks/results
 	$(PY) benchmarks/streaming.py --data data/fashion --fashion $(FASHION) --out benchmarks/results
 	$(PY) benchmarks/embeddings.py --out benchmarks/results
+	$(PY) benchmarks/tables.py --out benchmarks/results
 	$(PY) benchmarks/dbn.py --data data/fashion --out benchmarks/results
 	$(PY) -m mpitrain.testing.tables --results benchmarks/results --page docs/benchmarks.md --readme README.md
 

@@ -62,9 +62,10 @@ def run_mpitrain(args, ranks: int, mode: str, extra: dict, epochs: int, env: dic
 def train(ranks: int, config: str, overrides: dict, env: dict | None = None, prefix: list[str] = ()) -> dict:
     """`mpiexec -n RANKS mpitrain train CONFIG --set ...` in a fresh run directory, as the README starts it (in the
     user's environment, or `env`; after the command `prefix`); its summary.json, with its metrics.jsonl window records
-    under "windows"."""
-    with tempfile.TemporaryDirectory() as run_dir:
-        settings = {"run_dir": run_dir, "report": False, "train.log_every": 1000, **overrides}
+    under "windows". A `run_dir` among the overrides keeps the run."""
+    with tempfile.TemporaryDirectory() as scratch:
+        settings = {"run_dir": scratch, "report": False, "train.log_every": 1000, **overrides}
+        run_dir = settings["run_dir"]
         command = [*prefix, os.path.join(BIN, "mpiexec"), "-n", str(ranks), os.path.join(BIN, "mpitrain"), "train",
                    config, *[f"--set={k}={json.dumps(v) if isinstance(v, (dict, list)) else v}"
                              for k, v in settings.items()]]

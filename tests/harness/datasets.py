@@ -151,31 +151,40 @@ def read_split(dataset_dir, split: str = "train", rank: int = 0, ranks: int = 1,
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
-def click_table(n: int, ids=(100, 10000), numeric: int = 3, seed: int = 0):
+class Clicks:
     """A synthetic click-through table with a known probability per row: categorical columns of `ids` values each,
     drawn Zipf-like (value k with weight 1/(k+1)), and `numeric` standard normal columns. The logit is -1.5 plus a
     per-value effect of each categorical column plus a fixed linear term of the numbers. A value's effect is
     normal (sd 0.7) shrunk by c/(c+50) for a value expected c times in 10^6 rows: rare values matter little, so
     the true probabilities can be learned from a table of millions of rows (an effect seen twice cannot, and would
-    cap any model's AUC below theirs). The same seed gives the same effects at every `n`. Returns (numbers float32 (n, numeric), ids int64 (n, columns), clicks float32 (n, 1),
-    probabilities (n,))."""
-    rng = np.random.default_rng(seed)
-    frequencies = [(w := 1 / np.arange(1, k + 1)) / w.sum() for k in ids]
-    effects = [np.random.default_rng(1000 + j).normal(0, 0.7, size=k) * (1e6 * p) / (1e6 * p + 50)
-               for j, (k, p) in enumerate(zip(ids, frequencies))]
-    weights = np.random.default_rng(2000).normal(0, 0.5, size=numeric)
-    codes = np.column_stack([rng.choice(k, size=n, p=p) for k, p in zip(ids, frequencies)])
-    numbers = rng.normal(size=(n, numeric)).astype(np.float32)
-    logit = -1.5 + sum(effect[codes[:, j]] for j, effect in enumerate(effects)) + numbers @ weights
-    probability = 1 / (1 + np.exp(-logit))
-    clicks = (rng.random(n) < probability).astype(np.float32)[:, None]
-    return numbers, codes, clicks, probability
+    cap any model's AUC below theirs). The effects are fixed; `draw(n, seed)` draws rows."""
+
+    def __init__(self, ids=(100, 10000), numeric: int = 3):
+        self.ids, self.numeric = tuple(ids), numeric
+        self.frequencies = [(w := 1 / np.arange(1, k + 1)) / w.sum() for k in ids]
+        self.effects = [np.random.default_rng(1000 + j).normal(0, 0.7, size=k) * (1e6 * p) / (1e6 * p + 50)
+                        for j, (k, p) in enumerate(zip(ids, self.frequencies))]
+        self.weights = np.random.default_rng(2000).normal(0, 0.5, size=numeric)
+
+    def probability(self, numbers: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        """The true click probability of rows of `numbers` (n, numeric) and value codes (n, columns)."""
+        logit = -1.5 + sum(effect[codes[:, j]] for j, effect in enumerate(self.effects)) + numbers @ self.weights
+        return 1 / (1 + np.exp(-logit))
+
+    def draw(self, n: int, seed: int = 0):
+        """(numbers float32 (n, numeric), codes int64 (n, columns), clicks float32 (n, 1), probabilities (n,))."""
+        rng = np.random.default_rng(seed)
+        codes = np.column_stack([rng.choice(k, size=n, p=p) for k, p in zip(self.ids, self.frequencies)])
+        numbers = rng.normal(size=(n, self.numeric)).astype(np.float32)
+        probability = self.probability(numbers, codes)
+        clicks = (rng.random(n) < probability).astype(np.float32)[:, None]
+        return numbers, codes, clicks, probability
 
 
 def make_click_dataset(path, n_train=20000, n_test=5000, ids=(100, 10000), numeric=3, shards=2, seed=0) -> dict:
-    """`click_table` written as a table dataset (numeric columns, then ids 0..k-1 per categorical column, a binary
-    target), as the ETL writes tables; returns the test rows' true probabilities and clicks."""
-    numbers, codes, clicks, probability = click_table(n_train + n_test, ids, numeric, seed)
+    """`Clicks` rows written as a table dataset (numeric columns, then ids 0..k-1 per categorical column, a binary
+    target) without the ETL; returns the test rows' true probabilities and clicks."""
+    numbers, codes, clicks, probability = Clicks(ids, numeric).draw(n_train + n_test, seed)
     x = np.column_stack([numbers, codes]).astype(np.float32)
     splits = {}
     for split, (a, b) in (("train", (0, n_train)), ("test", (n_train, n_train + n_test))):

@@ -31,13 +31,16 @@ SECTIONS = [("throughput", "Throughput per sync mode, beside PyTorch DDP (`bench
             ("etl", "Spark ETL beside a single-process conversion (`benchmarks/etl.py`)"),
             ("streaming", "Streaming data path: speed, codecs, shuffle, bytes read, memory (`benchmarks/streaming.py`)"),
             ("embeddings", "Embedding tables: touched rows beside the dense exchange and PyTorch DDP "
-                           "(`benchmarks/embeddings.py`)")]
+                           "(`benchmarks/embeddings.py`)"),
+            ("tables", "Tables through the whole pipeline: beside scikit-learn and the true probabilities "
+                       "(`benchmarks/tables.py`)")]
 # The README's headline: (section, what the rows show, which rows of the section's first table).
 HEADLINE = [("throughput", "CPU, 2 ranks on 2 cores, beside PyTorch DDP",
              lambda row: row["ranks"] == "2" and row["sync"] in ("allreduce (overlapped)", "DDP gloo")),
             ("communication", "Bytes each rank sends per step, 4 ranks, MLP", lambda row: row["ranks"] == "4"),
             ("cnn_accuracy", "Conv nets after 10 epochs, 4 ranks, sharing", lambda row: True),
-            ("dbn", "Deep belief net, 4 ranks", lambda row: True),
+            ("tables", "Tables through ETL, 2-rank training and eval, beside scikit-learn on the same split",
+             lambda row: True),
             ("throughput_gpu", "One H100 GPU beside PyTorch CUDA", lambda row: True)]
 
 

@@ -34,7 +34,7 @@ def exchange_tables(comm, model, dense: bool = False) -> None:
     rows or whole (see the module docstring; `dense`: every table whole, `sync.embeddings: dense`). A collective:
     every rank has the same tables."""
     tables = model.sparse_tables
-    if not tables:
+    if not tables or comm.size == 1:  # one rank's gradients are already the sum and the mean
         return
     grads, xp = model.grads, array_module(model.grads)
     counts = np.array(comm.allgather_obj([int(table.touched.size) for table in tables]), np.int64)  # (ranks, tables)
@@ -86,6 +86,8 @@ def average_table_rows(comm, model, changed: list) -> list[bool]:
     Every rank adds the values in rank order: identical replicas. Returns, per table, whether it went sparse. A
     collective (`averaging` mode)."""
     tables, params = model.sparse_tables, model.params
+    if comm.size == 1:
+        return [True] * len(tables)
     xp = array_module(params)
     known = [rows is not None for rows in changed]
     ids = comm.allgatherv(xp.concatenate([changed[t].astype(np.int64) for t in range(len(tables)) if known[t]]
