@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpitrain.errors import DataError
 from mpitrain.kernels.embedding import gather_rows, scatter_add_rows
 from mpitrain.nn.layers import Layer
 from mpitrain.parallel.backend import array_module
@@ -96,10 +97,24 @@ class Embedding(Layer):
     def forward(self, x, training):
         self.rows = self.ws("ids", x.shape, np.int64)
         self.rows[...] = x  # float ids, exact: to row numbers
+        self._check_ids()
         y = self.ws("y", (len(x), *self.output_shape(x.shape[1:])), self.params[self.tables[0].name].dtype)
         for j, (table, out) in enumerate(zip(self.tables, self._column_views(y))):
             gather_rows(self.params[table.name], self.rows[:, j], out)
         return y
+
+    def _check_ids(self) -> None:
+        """Ids outside a table would read (and, in backward, write) memory beyond it: a DataError naming the column
+        instead. The ETL writes ids below each column's count; a dataset edited by hand may not."""
+        xp = array_module(self.rows)
+        low, high = (int(v) for v in (xp.min(self.rows), xp.max(self.rows)))
+        if low < 0 or high >= min(self.ids):
+            for j, ids in enumerate(self.ids):
+                column = self.rows[:, j]
+                if int(column.min()) < 0 or int(column.max()) >= ids:
+                    bad = int(column.min()) if int(column.min()) < 0 else int(column.max())
+                    raise DataError(f"categorical column {j} holds id {bad}, expected 0..{ids - 1} (the manifest's "
+                                    "ids of that column); the dataset's rows do not match its manifest")
 
     def backward(self, dy, input_grad=True):
         xp = array_module(dy)

@@ -125,3 +125,12 @@ def test_stepping_only_the_written_rows_of_a_table_gives_the_whole_buffer_step(m
                 apply_update(model, updater)
     assert updaters[0].steps_rows_alone == (momentum == 0)
     np.testing.assert_array_equal(models[0].params, models[1].params)
+
+
+def test_an_id_beyond_its_table_is_a_data_error_naming_the_column():
+    from mpitrain.errors import DataError
+    model = build_graph(ModelConfig(graph=ISSUE_GRAPH, loss="binary_cross_entropy"), GROUPS, (5,), 1, np)
+    x = table_rows(np.random.default_rng(0), 4)
+    x[2, 4] = 4  # column 1 has ids 0..3
+    with pytest.raises(DataError, match=r"categorical column 1 holds id 4, expected 0\.\.3"):
+        model.forward(x)
