@@ -5,9 +5,11 @@
 
 The model is an ONNX file, or a run directory exported in memory (`mpitrain.rundir.export`); its bytes
 are broadcast to the executors once. The source is read with the ETL's sources, options and
-bad-record rules (`--max-bad-fraction`). Executors score the Arrow record batches of the
-source's DataFrame (`mapInArrow`) with onnxruntime, one session per Python worker, and emit
-per batch its predictions plus one tally row (records seen, bad ones, the confusion counts of
+bad-record rules (`--max-bad-fraction`); a table model's csv or parquet records by the columns its export
+carries (the manifest's `columns`), encoded in the tasks as the ETL encoded the training rows (`TableEncoder`: a
+category never seen in training gets id 1), since its graph takes encoded rows (docs/tables.md). Executors score
+the Arrow record batches of the source's DataFrame (`mapInArrow`) with onnxruntime, one session per Python
+worker, and emit per batch its predictions plus one tally row (records seen, bad ones, the confusion counts of
 class targets, the labels and outputs of other targets), which the driver sums. The output is a
 Parquet folder, written into a temporary sibling and renamed into place: the record's keys,
 `predicted`, `probabilities` (not for regression) and `label` (when the source has labels), and
@@ -40,7 +42,7 @@ from mpitrain.etl.job import check_bad_records, task_data_errors
 from mpitrain.etl.output import atomic_folder, check_out
 from mpitrain.etl.records import BadRecords
 from mpitrain.etl.sources import Source, SourceOptions, open_source
-from mpitrain.etl.target_columns import TargetColumns, label_columns
+from mpitrain.etl.target_columns import TABLES, TargetColumns, label_columns
 from mpitrain.data.shards import FEATURE_DTYPES
 
 METRICS_NAME = "_metrics.json"  # inside the output folder; also what marks a folder --overwrite may replace
@@ -124,31 +126,35 @@ def plan_scoring(model: str, source: str, out: str, split: str = "", overwrite: 
     """Check `out`, load the model and open the source with the model's row shape, dtype and classes
     filling what `options` leaves open (csv/parquet feature shape, image size and color). A model of another
     target than class reads its labels from csv or parquet columns (`TargetColumns`; `options.label` may name
-    several, comma-separated)."""
+    several, comma-separated). A table model's records are read by its columns and encoded (`_table_source`)."""
     if not 0 <= max_bad_fraction <= 1:
         raise ConfigError(f"--max-bad-fraction {max_bad_fraction}: expected a fraction 0..1")
     out = os.path.abspath(out)
     check_out(out, overwrite, METRICS_NAME, "predictions")
     scoring = load_model(model)
     shape, target = scoring.feature_shape, scoring.target
-    options = replace(options, feature_shape=options.feature_shape or shape, feature_dtype=scoring.feature_dtype,
-                      num_classes=scoring.outputs if target == "class" else 0,
-                      image_size=options.image_size or shape[1:],
-                      color=options.color or {1: "gray", 3: "rgb"}.get(shape[0], "gray"),
-                      class_names=tuple(scoring.description.get("class_names", ())))
     scheme = source.partition(":")[0]
     if not options.labeled and scheme not in ("csv", "parquet", "images"):
         raise ConfigError(f"--no-label: only csv, parquet and images sources may lack labels; {source} has them")
     if options.keys and scheme != "parquet":
         raise ConfigError(f"--keys {','.join(options.keys)}: only parquet sources have key columns; {source} "
                           "gets a `row` (images: `path`)")
-    if target == "class" or not options.labeled:
-        if "," in options.label and options.labeled:
-            raise ConfigError(f"--label {options.label}: a class model reads one label column")
-        opened = open_source(source, options=options)
+    if target == "class" and "," in options.label and options.labeled:
+        raise ConfigError(f"--label {options.label}: a class model reads one label column")
+    options = replace(options, num_classes=scoring.outputs if target == "class" else 0,
+                      class_names=tuple(scoring.description.get("class_names", ())))
+    if scoring.description.get("columns"):
+        opened = _table_source(source, options, scoring)
     else:
-        names = scoring.description.get("target_names", [])
-        opened = TargetColumns(source, options, target, label_columns(options.label, target, names, scoring.outputs))
+        options = replace(options, feature_shape=options.feature_shape or shape, feature_dtype=scoring.feature_dtype,
+                          image_size=options.image_size or shape[1:],
+                          color=options.color or {1: "gray", 3: "rgb"}.get(shape[0], "gray"))
+        if target == "class" or not options.labeled:
+            opened = open_source(source, options=options)
+        else:
+            names = scoring.description.get("target_names", [])
+            opened = TargetColumns(source, options, target,
+                                   label_columns(options.label, target, names, scoring.outputs))
     if target == "class" and options.labeled and opened.num_classes and opened.num_classes != scoring.outputs:
         raise ConfigError(f"{source}: labels of {opened.num_classes} classes, but the model scores "
                           f"{scoring.outputs} classes")
@@ -159,6 +165,21 @@ def plan_scoring(model: str, source: str, out: str, split: str = "", overwrite: 
     if opened.feature_shape:
         _check_shape(plan)
     return plan
+
+
+def _table_source(spec: str, options: SourceOptions, scoring: ScoringModel) -> Source:
+    """A csv or parquet source of a table model's raw records, read by the model's columns and encoded as its ETL
+    encoded the training rows (`TableEncoder` of the manifest's `columns`: unseen categories get id 1, missing ones
+    id 0, missing numbers the train mean where the columns impute them); labels checked against the model's target,
+    a column per output for other targets than class (`label_columns`)."""
+    description, target = scoring.description, scoring.target
+    if spec.partition(":")[0] not in TABLES:
+        raise ConfigError(f"{spec}: a table model reads the columns of csv or parquet records; expected csv:PATH or "
+                          "parquet:PATH")
+    labels = label_columns(options.label, target, description.get("target_names", []), scoring.outputs) \
+        if target != "class" and options.labeled else ()
+    return open_source(spec, options=replace(options, columns=description["columns"], target=target,
+                                             label=",".join(labels) or options.label))
 
 
 def _check_shape(plan: ScorePlan) -> None:

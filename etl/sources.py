@@ -51,6 +51,8 @@ class SourceOptions:
     keys: tuple[str, ...] = ()  # parquet: columns that identify a record, copied into scoring's output
     class_names: tuple[str, ...] = ()  # images: the class folders in class order (default: the sorted sub-folders);
     # csv, parquet: the classes of text labels (default: their sorted distinct values)
+    columns: dict | None = None  # csv, parquet (scoring): a table model's columns (its manifest's): the records'
+    # columns it reads, encoded into its rows (`mpitrain.data.encoding.TableEncoder`)
 
 
 class Source(ABC):

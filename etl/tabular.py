@@ -5,7 +5,9 @@ inferred from the first records where not stated); the features are the other co
 features are numbers (Parquet: also arrays of numbers, such as a flattened image), stored as they are. A table
 (`--categorical` columns, or `--numeric-missing impute`) is read into `TableRows` instead: its numbers and its
 categorical columns' text, which the job encodes once it has fitted them on the train split (`etl/tables.py`,
-`mpitrain.data.encoding`). Records reach Python as Arrow record batches, never as row objects.
+`mpitrain.data.encoding`). Scoring reads a table model's records by its columns (`SourceOptions.columns`, the
+manifest's): the columns it reads must be there, and each batch's good records are encoded into the model's rows at
+once (`TableEncoder`). Records reach Python as Arrow record batches, never as row objects.
 
 Where the files are local, the columns, the labels' kind and the target are found before Spark starts (the CSV
 header and first lines, the Parquet schema and first rows), so a wrong option fails within seconds; otherwise
@@ -21,7 +23,7 @@ import os
 
 import numpy as np
 
-from mpitrain.data.encoding import TableRows, column_kind, numeric_values, parse_table
+from mpitrain.data.encoding import TableEncoder, TableRows, column_kind, numeric_values, parse_table
 from mpitrain.data.shards import FEATURE_DTYPES, TARGETS
 from mpitrain.errors import ConfigError, DataError
 from mpitrain.etl.records import BadRecords, ReadBatch, Target, checked_batch
@@ -94,7 +96,11 @@ class TableSource(Source):
             raise ConfigError(f"--numeric-missing {options.numeric_missing}: expected one of "
                               f"{', '.join(NUMERIC_MISSING)}")
         self.options = options
-        self.table = bool(options.categorical) or options.numeric_missing == "impute"
+        self.encoder = TableEncoder(options.columns) if options.columns else None  # a table model's (scoring)
+        if self.encoder and (options.features or options.categorical):
+            raise ConfigError("--features: a table model reads the columns it was trained on "
+                              f"({', '.join(self.encoder.numeric + self.encoder.categorical)}); expected no --features")
+        self.table = bool(options.categorical) or options.numeric_missing == "impute" or self.encoder is not None
         if self.table and (options.feature_shape or options.feature_dtype != "float32"):
             raise ConfigError("--feature-shape and --feature-dtype: a table (--categorical, --numeric-missing "
                               "impute) stores one float32 row of its columns, expected neither")
@@ -150,10 +156,13 @@ class TableSource(Source):
         self.labels = self._names("--label", options.label or self.default_label, columns, True) \
             if options.labeled else []
         self.keys = tuple(self._names("--keys", ",".join(options.keys), columns, False)) if options.keys else ()
-        categorical = self._names("--categorical", ",".join(options.categorical), columns, False) \
-            if options.categorical else []
-        features = self._names("--features", ",".join(options.features), columns, True) if options.features else \
-            [c for c in columns if c not in self.labels and c not in self.keys]
+        if self.encoder:
+            features, categorical = self._model_columns(columns)
+        else:
+            categorical = self._names("--categorical", ",".join(options.categorical), columns, False) \
+                if options.categorical else []
+            features = self._names("--features", ",".join(options.features), columns, True) if options.features \
+                else [c for c in columns if c not in self.labels and c not in self.keys]
         for name in categorical:
             if name in self.labels:
                 raise ConfigError(f"--categorical {name}: {name!r} is a --label column")
@@ -168,7 +177,24 @@ class TableSource(Source):
                                   "has a column of that name")
         self._check_kinds(kinds)
         self.target = self._target(sample)
+        if self.encoder:
+            self.feature_shape = (self.encoder.width,)
         self.resolved = True
+
+    def _model_columns(self, columns: list[str]) -> tuple[list[str], list[str]]:
+        """The numeric and categorical columns a table model reads (its encoder's), each one of the source's and
+        none a label column."""
+        numeric, categorical = self.encoder.numeric, self.encoder.categorical
+        missing = [c for c in numeric + categorical if c not in columns]
+        if missing:
+            raise ConfigError(f"{self.spec}: no column{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))}, "
+                              f"which the model reads (numeric {numeric}, categorical {categorical}); the source has "
+                              f"{columns[:20]}{' ...' if len(columns) > 20 else ''}")
+        for name in numeric + categorical:
+            if name in self.labels:
+                raise ConfigError(f"--label {self.options.label or self.default_label}: {name!r} is a column the "
+                                  "model reads, not a label")
+        return list(numeric), list(categorical)
 
     def _check_kinds(self, kinds: dict[str, str]) -> None:
         """Where the format has types: features are numbers (plain features: also arrays), categorical columns
@@ -210,7 +236,7 @@ class TableSource(Source):
             raise ConfigError(f"--num-classes {options.num_classes}: only a class target has classes, this one is "
                               f"{kind}")
         self.text_labels = kind == "class" and bool(text)
-        if self.text_labels and options.num_classes:
+        if self.text_labels and options.num_classes and not options.class_names:  # scoring: the model's classes
             raise ConfigError(f"--num-classes {options.num_classes}: the label column {labels[0]!r} holds text; its "
                               "distinct values are the classes")
         return Target(kind, tuple(labels), self.num_classes if kind == "class" else None)
@@ -226,21 +252,25 @@ class TableSource(Source):
         x, y = super().empty_rows()
         if self.target.kind != "class":
             y = np.empty((0, len(self.labels)), np.float32)
-        return (TableRows.empty(len(self.features), len(self.categorical)) if self.table else x), y
+        return (TableRows.empty(len(self.features), len(self.categorical)) if self.table and not self.encoder
+                else x), y
 
     def _table_batch(self, split: str, records, labels: list, seen: int, bad: BadRecords, positions: np.ndarray,
                      record) -> ReadBatch:
-        """Records (a pyarrow Table or RecordBatch of named columns) of a table -> TableRows of the good ones."""
+        """Records (a pyarrow Table or RecordBatch of named columns) of a table -> TableRows of the good ones (a
+        table model's rows of them, encoded)."""
         where = self.paths[split]
         y, label_ok = np.full(len(positions), -1, np.int32), np.ones(len(positions), bool)
         if labels:
             y, label_ok, describe = self.target.check(labels, where, record)
             bad.add(np.flatnonzero(~label_ok), describe)
         imputed = self.features if self.options.numeric_missing == "impute" else ()
-        parsed = parse_table(records, self.features, self.categorical, imputed)
+        parsed = self.encoder.parse(records) if self.encoder else \
+            parse_table(records, self.features, self.categorical, imputed)
         bad.add(np.flatnonzero(label_ok & parsed.bad), lambda i: f"{where}: {parsed.problem(i)} at record {record(i)}")
         good = label_ok & ~parsed.bad
-        return ReadBatch(parsed.rows[good], y[good], seen, bad, positions[good])
+        rows = parsed.rows[good]
+        return ReadBatch(self.encoder.encode_rows(rows) if self.encoder else rows, y[good], seen, bad, positions[good])
 
 
 class CsvSource(TableSource):

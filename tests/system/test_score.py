@@ -1,6 +1,7 @@
 """Spark batch scoring (etl/score.py, `mpitrain score`): its predictions are `mpitrain predict`'s (real Spark, local[2])."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ from mpitrain.etl.cli import main_score
 from mpitrain.etl.idx import IMAGES_MAGIC, LABELS_MAGIC, find_splits, read_records
 from mpitrain.etl.scoring import plan_scoring, score
 from mpitrain.etl.sources import SourceOptions
-from mpitrain.data.shards import Manifest, shard_path, write_manifest, write_shard
+from mpitrain.data.shards import Manifest, read_manifest, shard_path, write_manifest, write_shard
 from mpitrain.testing.datasets import siblings, write_idx
 
 REPO = Path(launch.REPO)
@@ -329,3 +330,137 @@ def digits_model(tmp_path: Path) -> str:
                         num_classes=10, label_counts={}, splits={})
     export_onnx(model, manifest, str(tmp_path / "digits.onnx"))
     return str(tmp_path / "digits.onnx")
+
+
+# --- a table model: raw records encoded by the model's own columns (TableEncoder), then scored by its graph ---
+
+TABLE_ROWS = 500
+COLORS = ["red", "green", "blue", "black", "white"]
+
+
+def clicks_csv(path: Path, records: dict) -> None:
+    """`records` ({column: values}, None missing) as a CSV, an empty field for a missing value."""
+    lines = [",".join(records)] + [",".join("" if v is None else str(v) for v in row) for row in zip(*records.values())]
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def clicks_model(spark, tmp_path_factory):
+    """A CSV of clicks (a string and an integer categorical column, `age` with missing values, a binary label, and an
+    `id` the model does not read) -> `mpitrain etl --categorical --standardize --numeric-missing impute` -> a graph
+    model (embeddings, concat with the numbers) trained on 2 ranks -> `mpitrain export` and `predict` on the test
+    split. Returns (folder, the records, the model file, the run dir)."""
+    import argparse
+    from mpitrain.etl.cli import add_arguments, plan_from_args
+    from mpitrain.etl.job import write_dataset
+
+    folder = tmp_path_factory.mktemp("clicks")
+    rng = np.random.default_rng(3)
+    color, shop = rng.integers(0, len(COLORS), TABLE_ROWS), rng.integers(0, 8, TABLE_ROWS)
+    amount, age = np.round(rng.normal(50, 20, TABLE_ROWS), 4), np.round(rng.normal(40, 12, TABLE_ROWS), 2)
+    logit = np.array([-1.0, 0.5, 1.0, -0.5, 0.0])[color] + 0.2 * (shop - 4) + (amount - 50) / 20
+    records = {"id": [f"r{i:04d}" for i in range(TABLE_ROWS)],
+               "color": [None if i % 23 == 0 else COLORS[c] for i, c in enumerate(color)], "shop": shop.tolist(),
+               "amount": amount.tolist(), "age": [None if i % 7 == 0 else float(a) for i, a in enumerate(age)],
+               "clicked": (rng.random(TABLE_ROWS) < 1 / (1 + np.exp(-logit))).astype(int).tolist()}
+    clicks_csv(folder / "clicks.csv", records)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    write_dataset(spark, plan_from_args(parser.parse_args([
+        "--source", f"csv:{folder / 'clicks.csv'}", "--label", "clicked", "--target", "binary",
+        "--features", "amount,age", "--categorical", "color,shop", "--standardize", "--numeric-missing", "impute",
+        "--out", str(folder / "data"), "--shards", "2"])))
+    graph = [{"name": "emb", "type": "embedding", "input": "categorical", "dim": 3},
+             {"name": "flat", "type": "flatten", "input": "emb"},
+             {"name": "joined", "type": "concat", "inputs": ["flat", "numeric"]},
+             {"name": "hidden", "type": "dense", "input": "joined", "units": 8, "activation": "relu"},
+             {"name": "out", "type": "dense", "input": "hidden", "units": 1}]
+    config = write_config(folder / "config.yaml", folder / "data", train={"epochs": 2, "batch_size": 32},
+                          model={"layers": [], "graph": graph, "loss": "binary_cross_entropy"})
+    for args in ([MPITRAIN, "train", config], [MPITRAIN, "export", folder / "run", "--out", folder / "model.onnx"],
+                 [MPITRAIN, "predict", folder / "run", "--split", "test"]):
+        result = mpiexec(2, *args, timeout=180) if args[1] == "train" else command(*args)
+        assert result.returncode == 0, result.stdout + result.stderr
+    return folder, records, folder / "model.onnx", folder / "run"
+
+
+def onnx_outputs(model: Path, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+    return ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def test_a_table_model_scores_raw_records_through_its_columns(spark, clicks_model, tmp_path, monkeypatch, capsys,
+                                                              caplog):
+    """(a) the test split's own records score as `mpitrain predict` scored its rows; (b) new records with categories
+    never seen in training (id 1), a missing category (id 0), a missing age (imputed) and one text age (a bad record,
+    the encoder's reason): their scores are ONNX Runtime's on `TableEncoder(columns).encode` of them."""
+    from mpitrain import cli
+    from mpitrain.data.encoding import MISSING_ID, OUT_OF_VOCABULARY_ID, TableEncoder
+    from mpitrain.etl import cli as etl_cli
+    from mpitrain.rundir.export import metadata
+    from mpitrain.testing.datasets import read_split
+    from mpitrain.training.scores import target_metrics
+    import onnx
+
+    folder, records, model, run_dir = clicks_model
+    monkeypatch.setattr(etl_cli, "spark_session", lambda master, name: contextlib.nullcontext(spark))
+    columns = json.loads(metadata(onnx.load(str(model)))["manifest"])["columns"]
+    assert columns == read_manifest(str(folder / "data")).columns
+    encoder = TableEncoder(columns)
+    assert [c["name"] for c in columns["numeric"]] == ["amount", "age", "age_missing"]
+
+    def mpitrain_score(source: Path, out: Path, *more) -> dict:
+        assert cli.main(["score", "--model", str(model), "--source", f"csv:{source}", "--out", str(out), *more]) == 0
+        return json.loads((out / "_metrics.json").read_text())
+
+    # (a) the records of the test split, found by their encoded rows (one record per row: `amount` differs), in the
+    # split's order: `row` (the line number) is predict's row
+    x_test, _ = read_split(folder / "data", "test")
+    encoded = encoder.encode(records)
+    assert not encoded.bad.any()
+    where = {row.tobytes(): i for i, row in enumerate(encoded.x)}
+    order = [where[row.tobytes()] for row in x_test]
+    clicks_csv(tmp_path / "test.csv", {name: [values[i] for i in order] for name, values in records.items()})
+    metrics = mpitrain_score(tmp_path / "test.csv", tmp_path / "a")
+    got = read_output(tmp_path / "a", "row")
+    assert list(got) == ["row", "predicted", "probabilities", "label"]
+    assert (got["row"] == np.arange(1, len(order) + 1)).all()
+    expected, predicted = predictions(run_dir)
+    np.testing.assert_allclose(got["probabilities"], expected, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got["probabilities"], onnx_outputs(model, x_test), rtol=0, atol=1e-5)
+    assert (np.stack(got["predicted"]) == predicted).all()
+    labels = np.stack(got["label"])
+    assert (labels[:, 0] == [records["clicked"][i] for i in order]).all()
+    assert metrics["rows"] == len(order) and metrics["auc"] == pytest.approx(
+        target_metrics("binary", labels, got["probabilities"])["auc"], rel=1e-9)
+    assert f"auc {metrics['auc']:.4f}" in capsys.readouterr().out
+
+    # (b) new records: unseen categories, a missing one, missing and text ages; columns in another order, no label
+    new = {"age": [33.5, None, 51.0, "abc", 40.0, 28.25], "extra": ["x"] * 6,
+           "shop": [3, 99, 0, 5, 7, 12], "color": ["purple", "red", None, "blue", "GREEN", "green"],
+           "amount": [10.5, 61.25, 50.0, 44.0, 90.0, 5.0]}
+    clicks_csv(tmp_path / "new.csv", new)
+    with caplog.at_level(logging.WARNING, logger="mpitrain.etl.job"):
+        metrics = mpitrain_score(tmp_path / "new.csv", tmp_path / "b", "--no-label", "--max-bad-fraction", "0.2")
+    assert (metrics["records"], metrics["bad_records"], metrics["rows"]) == (6, 1, 5) and "auc" not in metrics
+    assert "column 'age' holds 'abc', expected a number" in caplog.text
+    got = read_output(tmp_path / "b", "row")
+    assert list(got) == ["row", "predicted", "probabilities"] and list(got["row"]) == [1, 2, 3, 5, 6]
+    mine = encoder.encode({name: [v for i, v in enumerate(values) if i != 3] for name, values in new.items()})
+    assert not mine.bad.any()
+    ids = {name: mine.x[:, len(columns["numeric"]) + j] for j, name in enumerate(encoder.categorical)}
+    assert list(ids["color"][[0, 2, 3]]) == [OUT_OF_VOCABULARY_ID, MISSING_ID, OUT_OF_VOCABULARY_ID]  # GREEN: not green
+    assert list(ids["shop"][[1, 4]]) == [OUT_OF_VOCABULARY_ID] * 2 and ids["shop"][0] >= 2
+    assert mine.x[1, 1] == 0 and list(mine.x[:, 2]) == [0, 1, 0, 0, 0]  # the missing age: its mean, standardized
+    np.testing.assert_allclose(got["probabilities"], onnx_outputs(model, mine.x), rtol=0, atol=1e-5)
+
+
+def test_a_table_model_refuses_a_source_without_its_columns(clicks_model, tmp_path):
+    folder, records, model, _ = clicks_model
+    clicks_csv(tmp_path / "rows.csv", {name: values for name, values in records.items() if name != "shop"})
+    result = command(MPITRAIN, "score", "--model", model, "--source", f"csv:{tmp_path / 'rows.csv'}", "--out",
+                     tmp_path / "p")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"mpitrain score: error: csv:{tmp_path / 'rows.csv'}: no column 'shop', which "
+                                    "the model reads (numeric ['amount', 'age'], categorical ['color', 'shop'])")
+    assert not (tmp_path / "p").exists() and siblings(tmp_path / "p") == []
