@@ -47,8 +47,11 @@ class TargetColumns(Source):
                               f"(--label); score {self.scheme} records with --no-label")
         self.target, self.options = target, options
         # csv: every column a float32 feature, the labels cut out here; parquet: the features as the model takes them
+        # parquet: the label columns named here ride along as keys, so they are not taken for features
         unlabeled = replace(options, labeled=False, **({"feature_shape": (), "feature_dtype": "float32"}
-                                                      if self.scheme == "csv" else {}))
+                                                      if self.scheme == "csv" else
+                                                      {"keys": (*options.keys, *(c for c in columns
+                                                                                 if not c.isdigit()))}))
         self.inner = open_source(spec, options=unlabeled)
         self.columns = columns or (self.inner.default_label,)
         super().__init__(spec, tuple(options.feature_shape), self.inner.scale, None)
