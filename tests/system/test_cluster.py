@@ -34,7 +34,8 @@ LINK_TRANSFER = os.path.join(RANK_SCRIPTS, "link_transfer.py")
 MODEL = {"layers": [{"type": "dense", "units": 256, "activation": "relu"}, {"type": "dense", "units": 3}]}
 WATCHDOG_S = 5
 SYNCS = {"allreduce": {"mode": "allreduce"}, "averaging": {"mode": "averaging"}, "sharing": {"mode": "sharing"},
-         "sharing-split": {"mode": "sharing", "exchange": "split"}}
+         "sharing-split": {"mode": "sharing", "exchange": "split"},
+         "sharing-recursive": {"mode": "sharing", "exchange": "recursive"}}
 # builds a cluster, starts a process in its first node, says the cluster's name, and waits to be killed
 STALE_OWNER = """
 import subprocess, time
