@@ -277,7 +277,8 @@ def verdicts(rows: list[dict]) -> str:
         if gbps != 1.0 or "allreduce blocking" not in mlp:
             continue
         blocking = mlp["allreduce blocking"]
-        for variant, target in (("allreduce overlapped", 1.25), ("sharing allgather", 2.0), ("sharing split", 2.0)):
+        for variant, target in (("allreduce overlapped", 1.25), ("sharing allgather", 2.0), ("sharing split", 2.0),
+                                ("sharing recursive", 2.0)):
             if variant in mlp:
                 r = mlp[variant]
                 ratio, points = r["samples_per_s"] / blocking["samples_per_s"], 100 * (r["test_accuracy"] -
