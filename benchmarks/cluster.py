@@ -11,7 +11,10 @@ connections), test accuracy is after both. Each row puts the measured communicat
 per step (per step, the least any rank spent from the start of its collectives to their
 end, so waiting for slower ranks is left out) beside the model's prediction for that
 variant, and bytes per step per rank as mpitrain counts them (what the rank contributes)
-and as the nodes' links counted them (everything on the wire, TCP included, over the run).
+and as the nodes' links counted them (everything on the wire, TCP included) during the training
+steps alone: read every 10 ms, between the second epoch's first and last metrics window, so
+start-up, epoch ends, evaluation and the summary are left out (the whole run's figure is kept
+in the JSON as `run_wire_bytes_per_step`).
 
 The model is then extrapolated to 64, 256 and 1024 ranks on stated networks
 (`--model-gbps`, `--model-latency-us`, in pairs; default 100 Gb/s and 1 us, InfiniBand EDR, and
@@ -151,12 +154,13 @@ def train_row(cluster, data: str, model: str, variant: str, network: Network, ma
         overrides = {"data.path": data, "data.max_rows": max_rows, "run_dir": run_dir, "resume": "never",
                      "train.epochs": 2, "train.batch_size": BATCH, "train.log_every": 10, "sync.mode": mode,
                      "report": False, "checkpoint.every": 100, **extra}
-        before = cluster.bytes_on_links()
-        result = cluster.mpiexec(cluster.size, os.path.join(BIN, "mpitrain"), "train", config_path,
-                                 *[f"--set={k}={v}" for k, v in overrides.items()], timeout=900)
+        with cluster.link_samples() as links:
+            before = cluster.bytes_on_links()
+            result = cluster.mpiexec(cluster.size, os.path.join(BIN, "mpitrain"), "train", config_path,
+                                     *[f"--set={k}={v}" for k, v in overrides.items()], timeout=900)
+            after = cluster.bytes_on_links()
         if result.returncode:
             sys.exit(f"{model} {variant} failed on {cluster.description}:\n{result.stderr[-3000:]}")
-        after = cluster.bytes_on_links()
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
         windows = [w for w in read_metrics(os.path.join(run_dir, "metrics.jsonl"))[0] if w["epoch"] == 1]
@@ -173,7 +177,9 @@ def train_row(cluster, data: str, model: str, variant: str, network: Network, ma
             "exchange": extra.get("sync.exchange"), "samples_per_s": sum(w["samples"] for w in windows) / seconds,
             "comm_ms_measured": measured, "mpi_ms_measured": float(np.mean([w["mpi_ms_per_step"] for w in windows])),
             "comm_ms_model": 1e3 * modelled_seconds(network, config, summary, variant, sent, message, cluster.size),
-            "bytes_per_step": sent, "message_bytes": message, "wire_bytes_per_step": tx / all_steps, "steps": steps,
+            "bytes_per_step": sent, "message_bytes": message,
+            "wire_bytes_per_step": links.per_training_step(windows),  # 1 rank per node
+            "run_wire_bytes_per_step": tx / all_steps, "steps": steps,
             "test_accuracy": summary["test_accuracy"], "n_params": summary["n_params"],
             "exchanges": sorted({w.get("exchange") for w in windows if w.get("exchange")})}
 
@@ -264,7 +270,11 @@ def markdown(result: dict) -> str:
                                         [[r["model"], str(r["ranks"]), r["sync"], r["variant"], f"{r['ms']:.2f}",
                                           f"{r['wire_bytes'] / 1e6:.2f}"] for r in cells], "lrllrr"), ""]
     return (f"Simulated nodes (network namespaces, tbf-shaped links, no added delay), 1 rank per node, MPICH over "
-            f"TCP; batch {BATCH} per rank; the second of 2 epochs measured.\n\n"
+            f"TCP; batch {BATCH} per rank; the second of 2 epochs measured. Wire bytes: what the links carried per "
+            + ("training step and rank (TCP included), between the second epoch's first and last metrics window: "
+               "start-up, epoch ends and evaluation left out" if all("run_wire_bytes_per_step" in r for r in rows)
+               else "step and rank over the whole run (TCP, start-up, epoch ends and evaluation included)")
+            + ".\n\n"
             f"Networks as fitted (Allreduce over sizes): {networks}.\n\n{measured}\n\n{verdicts(rows)}\n\n"
             + "\n".join(extrapolated) + f"\n{auto_verdicts(result['extrapolation'])}\n")
 
