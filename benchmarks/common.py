@@ -133,10 +133,11 @@ def markdown_table(headers: list[str], rows: list[list[str]], align: str) -> str
     return "\n".join("| " + " | ".join(cells) + " |" for cells in [headers, rule, *rows])
 
 
-def write_results(out_dir: str, name: str, result: dict, table: str) -> None:
-    """OUT/NAME.json (with the machine) and OUT/NAME.md, and both printed."""
+def write_results(out_dir: str, name: str, result: dict, table: str, measured_on: dict | None = None) -> None:
+    """OUT/NAME.json (with the machine: this one, or `measured_on`, the one that measured the result's figures)
+    and OUT/NAME.md, and both printed."""
     os.makedirs(out_dir, exist_ok=True)
-    result = {**result, "machine": machine()}
+    result = {**result, "machine": measured_on or machine()}
     with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
         json.dump(result, f, indent=2)
     with open(os.path.join(out_dir, f"{name}.md"), "w") as f:

@@ -1,4 +1,4 @@
-"""Scaling over 1, 2 and 4 ranks per sync mode, and a communication cost model up to 1024 ranks.
+"""Scaling over 1, 2 and 4 ranks per sync mode, and the communication cost model up to 1024 ranks.
 
 Measured, on the Fashion-MNIST MLP: samples/s for `allreduce`, `averaging` (frequency 5) and
 `sharing` on 1, 2 and 4 ranks; efficiency = samples/s at N / (N x samples/s at 1 rank) of the
@@ -6,20 +6,24 @@ same mode. Ranks beyond the machine's cores (4 on 2 cores) are oversubscribed: t
 cores, so efficiency there measures the machine, not mpitrain; the output says so.
 
 Modelled, for N ranks on a network of `--bandwidth-gbps` (default 100 Gb/s, InfiniBand EDR)
-with `--latency-us` per message, from the bytes each rank sent per step (measured, largest N):
+with `--latency-us` per message, by the cost model of record (`mpitrain.parallel.costmodel`,
+through `mpitrain.testing.scaling_model`) from the bytes each rank sent per step (measured,
+largest N):
 - Allreduce bytes (every step in `allreduce`, every 5 steps in `averaging`, epoch ends):
-  k = bytes / (4 x params) full-buffer (float32) Allreduces per step; a ring Allreduce puts
-  2(N-1)/N x bytes per rank on the wire (no algorithm needs fewer) in 2(N-1) messages.
-- `sharing` step messages: Allgather of sizes + Allgatherv of bodies; every rank must
-  receive the N-1 other messages, (N-1) x bytes, in 2(N-1) ring messages. tau keeps each
-  rank's message in the same sparsity band whatever N, so its size is taken as measured.
-Communication seconds per step = messages x latency + wire bytes / bandwidth, against the
-compute seconds per step measured on 1 rank (no overlap assumed).
+  bytes / (4 x params) full-buffer (float32) Allreduces per step, each as MPICH runs it
+  (reduce-scatter + allgather: 2 (N-1)/N x bytes per rank in 2 log2 N messages).
+- `sharing` step messages: the exchange `sync.exchange: auto` picks at N ranks (allgather,
+  split or recursive) for every rank's message as large as measured (tau keeps each rank's
+  message in the same sparsity band whatever N).
+Communication seconds per step against the compute seconds per step measured on 1 rank (no
+overlap assumed).
 
     python benchmarks/scaling.py --data data/fashion --out benchmarks/results [--set data.max_rows=6000]
+    python benchmarks/scaling.py --model-only --out benchmarks/results   # the model again, from scaling.json's rows
 """
 from __future__ import annotations
 
+import json
 import os
 from statistics import mean
 
@@ -27,6 +31,7 @@ from common import CORES, benchmark_parser, best_of, markdown_table, run_mpitrai
 
 from mpitrain.config.sections import load_config
 from mpitrain.errors import MpitrainError
+from mpitrain.parallel.costmodel import Network
 from mpitrain.testing.scaling_model import cost
 
 MODES = [("allreduce", {}), ("averaging", {"sync.frequency": 5}), ("sharing", {})]
@@ -37,12 +42,25 @@ def main(argv=None) -> dict:
     parser = benchmark_parser(__doc__, epochs=1)
     parser.add_argument("--repeat", type=int, default=2, help="runs per row; the fastest counts")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], help="measured; must include 1")
-    parser.add_argument("--extrapolate", type=int, nargs="+", default=[64, 1024], help="modelled rank counts")
+    parser.add_argument("--extrapolate", type=int, nargs="+", default=[64, 256, 1024], help="modelled rank counts")
     parser.add_argument("--bandwidth-gbps", type=float, default=100.0, help="network bandwidth per rank, Gb/s")
     parser.add_argument("--latency-us", type=float, default=1.0, help="latency per message, microseconds")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="extra override for every run, e.g. data.max_rows=6000; repeatable")
+    parser.add_argument("--model-only", action="store_true",
+                        help="run nothing: redo the model, the table and the plot from OUT/scaling.json's rows (which "
+                             "keep their date and machine)")
     args = parser.parse_args(argv)
+    network = Network.of(args.latency_us, args.bandwidth_gbps)
+    if args.model_only:
+        with open(os.path.join(args.out, "scaling.json")) as f:
+            measured = json.load(f)
+        result = {**{key: value for key, value in measured.items() if key != "machine"},
+                  "bandwidth_gbps": args.bandwidth_gbps, "latency_us": args.latency_us,
+                  "model": [cost(r, n, network) for r in basis(measured["rows"]) for n in args.extrapolate]}
+        write_results(args.out, "scaling", result, markdown(result), measured.get("machine"))
+        plot(result, os.path.join(args.out, "scaling.png"))
+        return result
     if 1 not in args.ranks:
         parser.error("--ranks must include 1: efficiency is relative to 1 rank")
     try:
@@ -65,8 +83,7 @@ def main(argv=None) -> dict:
         r["compute_s_per_step"] = batch_size / single["samples_per_s"]
     result = {"epochs": args.epochs, "repeat": args.repeat, "config": args.config, "overrides": overrides,
               "cores": CORES, "bandwidth_gbps": args.bandwidth_gbps, "latency_us": args.latency_us, "rows": rows,
-              "model": [cost(r, n, args.bandwidth_gbps, args.latency_us) for r in basis(rows)
-                        for n in args.extrapolate]}
+              "model": [cost(r, n, network) for r in basis(rows) for n in args.extrapolate]}
     write_results(args.out, "scaling", result, markdown(result))
     plot(result, os.path.join(args.out, "scaling.png"))
     return result
@@ -84,21 +101,28 @@ def markdown(result: dict) -> str:
           f"{r['samples_per_s']:.0f}", f"{100 * r['efficiency']:.0f}%", f"{r['bytes_sent_per_step']:.0f}",
           f"{r['test_accuracy']:.4f}"] for r in result["rows"]], "lrrrrr")
     model = markdown_table(
-        ["sync", "ranks", "collectives/step", "messages/step/rank", "wire MB/step/rank", "comm ms/step",
+        ["sync", "ranks", "exchange", "messages/step/rank", "wire MB/step/rank", "comm ms/step",
          "compute ms/step", "est. efficiency"],
-        [[m["mode"], str(m["ranks"]), f"{m['collectives_per_step']:.2f}", f"{m['messages_per_step']:.0f}",
+        [[m["mode"], str(m["ranks"]), exchange_cell(m), f"{m['messages_per_step']:.0f}",
           f"{m['wire_bytes_per_step'] / 1e6:.3f}", f"{1e3 * m['comm_s_per_step']:.3f}",
           f"{1e3 * m['compute_s_per_step']:.2f}", f"{100 * m['efficiency']:.0f}%"] for m in result["model"]],
-        "lrrrrrrr")
+        "lrlrrrrr")
     oversubscribed = sorted({r["ranks"] for r in result["rows"] if r["oversubscribed"]})
     notes = [f"Each row: the fastest of {result['repeat']} runs of {result['epochs']} epoch(s) on {result['cores']} cores"
              + "".join(f", --set {key}={value}" for key, value in result["overrides"].items())
              + (f"; {', '.join(map(str, oversubscribed))} ranks are OVERSUBSCRIBED (more ranks than cores)"
                 if oversubscribed else "") + "."]
-    model_note = (f"Model: {result['bandwidth_gbps']:g} Gb/s, {result['latency_us']:g} us per message; ring "
-                  "Allreduce 2(N-1)/N x bytes, Allgatherv (N-1) x bytes per rank; compute per step from 1 rank; "
-                  "no overlap of compute and communication.")
+    model_note = (f"Model: {result['bandwidth_gbps']:g} Gb/s, {result['latency_us']:g} us per message; the cost "
+                  "model of record (mpitrain/parallel/costmodel.py): Allreduces as MPICH runs them, sharing's step "
+                  "by the exchange auto picks at N ranks for messages as measured, epoch ends' Allreduces beside; "
+                  "compute per step from 1 rank; no overlap of compute and communication.")
     return "\n".join([*notes, "", measured, "", model_note, "", model, ""])
+
+
+def exchange_cell(m: dict) -> str:
+    """What crosses the network per step: Allreduces of the whole buffer, and sharing's exchange."""
+    allreduces = f"Allreduce x{m['allreduces_per_step']:.3g}"
+    return allreduces if m["exchange"] == "allreduce" else f"{m['exchange']} + {allreduces}"
 
 
 def plot(result: dict, path: str) -> None:
@@ -112,8 +136,8 @@ def plot(result: dict, path: str) -> None:
         speed.plot(ranks, [r["samples_per_s"] for r in rows], "o-", color=f"C{i}", label=mode)
         efficiency.plot(ranks, [r["efficiency"] for r in rows], "o-", color=f"C{i}", label=mode)
         basis_row = next(r for r in basis(result["rows"]) if r["mode"] == mode)
-        seconds = [cost(basis_row, n, result["bandwidth_gbps"], result["latency_us"])["comm_s_per_step"]
-                   for n in MODEL_RANKS]
+        network = Network.of(result["latency_us"], result["bandwidth_gbps"])
+        seconds = [cost(basis_row, n, network)["comm_s_per_step"] for n in MODEL_RANKS]
         model.plot(MODEL_RANKS, seconds, "o-", color=f"C{i}", label=mode)
     model.axhline(result["rows"][0]["compute_s_per_step"], color="gray", ls=":", label="compute per step (1 rank)")
     model.set_xscale("log", base=2)

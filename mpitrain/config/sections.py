@@ -237,8 +237,10 @@ class SyncConfig(Section):
     exchange: str = option("auto", "sharing: how the messages cross the network: allgather (every rank receives "
                                    "every message: bytes per rank grow with the ranks), split (each rank sums one "
                                    "index block of all messages, then the sums are allgathered, sparse or dense: "
-                                   "never more bytes than a dense Allreduce, plus headers) or auto (each step, the "
-                                   "one the cost model of latency_us and link_gbps predicts faster).",
+                                   "never more bytes than a dense Allreduce, plus headers), recursive (the messages "
+                                   "as integer counts, summed by recursive halving and gathered by recursive "
+                                   "doubling: 2 log2 N messages per rank, blocks sparse or dense) or auto (each "
+                                   "step, the one the cost model of latency_us and link_gbps predicts fastest).",
                            EXCHANGE_CHOICES)
     latency_us: float = option(1.0, "sharing: the network's latency per message in microseconds, as the cost model "
                                     "of exchange: auto sees it; it steers auto's choice and nothing else.")

@@ -4,7 +4,7 @@
     comm = comm.for_backend(backend, cuda_aware)    # the variant for the backend's arrays, picked once
 
 Array calls (`allreduce_`, `average_`, `bcast_`, `allgather_counts`, `allgatherv`,
-`alltoallv`, the host-only `gather_host` and `scatter_host`, and the non-blocking
+`alltoallv`, the point-to-point `sendrecv`, the host-only `gather_host` and `scatter_host`, and the non-blocking
 `iallreduce_` with `progress` and `complete`) move flat buffers without pickling; object
 calls (`bcast_obj`, `gather_obj`, `allgather_obj`, `max`) pickle small Python values. Every
 array call counts the bytes this rank contributes, so each sync mode reports bytes sent per
@@ -16,6 +16,7 @@ completion, partly hidden behind what the rank computed meanwhile).
 Every method here is a collective unless it says otherwise: every rank of the
 communicator must call it, in the same order, with buffers of the same size and dtype
 (`allgatherv`, `alltoallv`: any length). A rank that skips one leaves the others waiting.
+`sendrecv` pairs two ranks: each must make the call that matches the other's.
 
 Device (cupy) buffers go to MPI directly when the MPI library is CUDA-aware. Otherwise
 `for_backend` gives a `StagedCommunicator`, which copies them device -> pinned host ->
@@ -219,6 +220,19 @@ class Communicator:
             self._alltoallv(parts, counts, offsets, out, received, received_offsets)
         return [out[o:o + c] for o, c in zip(received_offsets, received)]
 
+    def sendrecv(self, message, dest: int | None, out, source: int | None):
+        """Send the 1-D `message` to rank `dest` and receive one from rank `source` into the first values of `out`
+        (long enough, of the sender's dtype); either side may be None: nothing sent, or nothing received. Returns
+        the received values, a view of `out`, or None. Point to point, not a collective: `dest` must make the
+        matching receive (from this rank) and `source` the matching send, in the same order on both sides, as in
+        a pairwise exchange, where each rank sends to its partner and receives from it. Counts the bytes sent."""
+        if message is not None:
+            _synchronize_device(message)
+            self.bytes_sent += message.nbytes
+        with self._blocking():
+            count = self._sendrecv(message, dest, out, source)
+        return None if source is None else out[:count]
+
     def _allreduce(self, buf) -> None:
         self.mpi.Allreduce(MPI.IN_PLACE, _spec(buf), op=MPI.SUM)
 
@@ -228,6 +242,14 @@ class Communicator:
 
     def _bcast(self, buf, root: int) -> None:
         self.mpi.Bcast(_spec(buf), root=root)
+
+    def _sendrecv(self, message, dest, out, source) -> int:
+        """Sendrecv, MPI_PROC_NULL for a side that is None; returns the values received."""
+        status = MPI.Status()
+        self.mpi.Sendrecv(None if dest is None else _spec(message), MPI.PROC_NULL if dest is None else dest,
+                          recvbuf=None if source is None else _spec(out),
+                          source=MPI.PROC_NULL if source is None else source, status=status)
+        return 0 if source is None else status.Get_count(_mpi_type(out))
 
     def _allgatherv(self, message, out, counts, offsets) -> None:
         self.mpi.Allgatherv(_spec(message), [out, counts, offsets, _mpi_type(out)])
@@ -359,6 +381,17 @@ class StagedCommunicator(Communicator):
             return super()._alltoallv(parts, counts, offsets, out, received, received_offsets)
         self._through_host(parts, out, lambda send, into: Communicator._alltoallv(
             self, send, counts, offsets, into, received, received_offsets))
+
+    def _sendrecv(self, message, dest, out, source) -> int:
+        """The message through the "send" host buffer, what arrives through the "recv" one (only the values that
+        arrived are copied back)."""
+        if not self.stages(message if message is not None else out):
+            return super()._sendrecv(message, dest, out, source)
+        host = None if source is None else self.pinned("recv", out.dtype, out.size)
+        count = super()._sendrecv(None if message is None else self._to_host(message), dest, host, source)
+        if source is not None:
+            self._to_device(host[:count], out[:count])
+        return count
 
     def _through_host(self, send, out, collective) -> None:
         """`collective(host send, host out)` on a host copy of `send`, its result copied into `out`."""

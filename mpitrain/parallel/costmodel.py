@@ -6,6 +6,7 @@ mpitrain uses, fitted to measurements and used to choose `sharing`'s exchange an
     network.allreduce(4 * n_params, ranks)                  # seconds of one Allreduce of the flat gradient
     allgather_exchange(network, sizes)                      # sharing's exchanges: (seconds, wire bytes per rank)
     split_exchange(network, sizes, n_params, 4)             #   for messages of `sizes` bytes, one per rank
+    recursive_exchange(network, sizes, n_params)
 
 A message of m bytes between two ranks takes `latency_s + m * byte_s`. Each collective is
 costed as the algorithm MPICH picks for it (Thakur, Rabenseifner and Gropp 2005): a step
@@ -20,16 +21,18 @@ on its own link; `steps` x latency + the bytes one rank sends in all steps / ban
 | Alltoall, n <= 256 B per rank | Bruck                                | log2 P       | n P/2 log2 P          |
 | Alltoallv                     | pairwise exchange                    | P-1          | what this rank sends  |
 | Bcast, n                      | binomial tree (small), scatter+ring  | log2 P       | n (large: 2 (P-1)/P n)|
+| Sendrecv rounds (mpitrain's)  | pairwise, one message per round      | rounds       | the largest pair's    |
 
 The model has no contention term: the simulated cluster's links are point-to-point into one
 bridge, and a cluster's fat tree gives each node its full link rate. Computation inside a
 collective (the reduction's adds) is not modelled either; at the sizes that matter it is a
 few percent of the wire time on a 1-10 Gb/s link (docs/cluster.md compares model and measurement).
 
-`sharing`'s two exchanges are costed from the ranks' message sizes alone, as `sync.exchange:
+`sharing`'s three exchanges are costed from the ranks' message sizes alone, as `sync.exchange:
 auto` must choose before it exchanges (docs/architecture.md, "sharing"): `allgather` is exact,
-`split` assumes each message's elements spread evenly over the blocks and bounds each reduced
-block by the smaller of its sparse size (every element sent into it distinct) and dense size.
+`split` and `recursive` assume each message's elements spread evenly over the blocks and bound
+each block they send by the smaller of its sparse size (every element sent into it distinct)
+and dense size.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpitrain.kernels.threshold.counts import COUNT_HEADER_SIZE, count_dtype
 from mpitrain.kernels.threshold.message import HEADER_SIZE, bitmap_words
 
 SMALL_ALLREDUCE = 2048  # bytes: MPICH's MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE
@@ -46,6 +50,7 @@ SMALL_ALLTOALL = 256  # bytes to each rank: up to this, MPICH's alltoall is Bruc
 SIZE_BYTES = 8  # one rank's message size (int64), allgathered, or sent to each rank by an Alltoall
 HEADER_BYTES = 4 * HEADER_SIZE  # a threshold message's header, or a reduced block's: 4 int32
 INDEX_BYTES = 4  # an int32 index of a sparse threshold message or a sparse reduced block
+COUNT_HEADER_BYTES = 4 * COUNT_HEADER_SIZE  # a count block's header (the recursive exchange)
 
 
 @dataclass(frozen=True)
@@ -191,6 +196,44 @@ def split_exchange(network: Network, sizes, n: int, itemsize: int) -> tuple[floa
                + network.alltoallv(parts, ranks) + network.allgatherv([block] * ranks))
     wire = 2 * allgatherv_bytes(counts) + alltoall_bytes(SIZE_BYTES, ranks) + parts + allgatherv_bytes([block] * ranks)
     return seconds, wire
+
+
+def recursive_exchange(network: Network, sizes, n: int) -> tuple[float, float]:
+    """sharing's `recursive` exchange of the ranks' threshold messages of `sizes` bytes (headers included) for `n`
+    parameters. Returns (seconds, wire bytes of the busiest rank).
+
+    An Allgather of the sizes, then pairwise rounds, each costing its largest count block: where the ranks
+    are not a power of two, the folded ranks' counts (their message's elements) first and the sums back to
+    them last; between, over the P' core ranks, log2 P' rounds of recursive halving, where a rank sends half
+    its range holding the elements of the ranks summed so far (their message sizes' sum, spread evenly), and
+    log2 P' rounds of recursive doubling of the summed blocks (all ranks' elements, spread evenly). Each block
+    is the smaller of its sparse size (index + count per element) and its dense size (a count per element).
+    """
+    ranks = len(sizes)
+    if ranks <= 1:
+        return 0.0, 0.0
+    width = count_dtype(ranks).itemsize
+    elements = message_elements(np.asarray(sizes, dtype=float) - HEADER_BYTES, n)
+    core = 1 << (ranks.bit_length() - 1)
+    extra = ranks - core
+    folded = elements[0:2 * extra:2]
+    cores = np.concatenate([np.minimum(folded + elements[1:2 * extra:2], n), elements[2 * extra:]])
+    total = min(float(cores.sum()), n)
+    halving = [count_block_bytes(min(float(cores.reshape(-1, core >> t).sum(axis=0).max()), n) / 2 ** (t + 1),
+                                 n / 2 ** (t + 1), width) for t in range(core.bit_length() - 1)]
+    doubling = [count_block_bytes(total * 2 ** t / core, n * 2 ** t / core, width)
+                for t in range(core.bit_length() - 1)]
+    unfold = [count_block_bytes(total, n, width)] if extra else []
+    rounds = ([count_block_bytes(float(folded.max()), n, width)] if extra else []) + halving + doubling + unfold
+    counts = [SIZE_BYTES] * ranks
+    seconds = network.allgatherv(counts) + network.cost(len(rounds), sum(rounds))
+    return seconds, allgatherv_bytes(counts) + sum(halving + doubling + unfold)
+
+
+def count_block_bytes(elements: float, length: float, width: int) -> float:
+    """A count block of `length` counts of `width` bytes of which `elements` are nonzero: sparse or dense, whichever
+    is shorter, in whole int32 words."""
+    return COUNT_HEADER_BYTES + 4 * math.ceil(min((INDEX_BYTES + width) * elements, width * length) / 4)
 
 
 def split_header_bytes(ranks: int) -> float:

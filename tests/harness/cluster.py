@@ -3,6 +3,10 @@
     with SimulatedCluster(nodes=2, link_gbps=1) as cluster:
         result = cluster.mpiexec(2, sys.executable, "script.py", ppn=1, timeout=60)
         cluster.bytes_on_links()            # {node: {"rx": ..., "tx": ...}}, counted by the node's link
+        with cluster.link_samples() as links:     # the links' counters read every 10 ms while a job runs
+            cluster.mpiexec(...)
+        links.sent(t0, t1)                  # {node: bytes it sent between two time.time()s}
+        links.per_training_step(windows)    # per step and node, between a run's first and last metrics window
         cluster.set_link(cluster.nodes[1], up=False)
 
 Each node is a network namespace with a veth link into a bridge in the root namespace, an
@@ -32,8 +36,11 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from contextlib import contextmanager
+
+import numpy as np
 
 from mpitrain.testing.launch import MPIEXEC  # the venv's MPICH (Hydra)
 
@@ -241,6 +248,28 @@ class SimulatedCluster:
         # the root end's tx is what reached the node, its rx what the node sent
         return {node: {"rx": counter(node, "tx"), "tx": counter(node, "rx")} for node in self.nodes}
 
+    @contextmanager
+    def link_samples(self, every_s: float = 0.01):
+        """`LinkSamples` of the nodes' link counters, read every `every_s` seconds by a thread while the block
+        runs (once more when it ends)."""
+        samples = LinkSamples(self.nodes)
+        done = threading.Event()
+
+        def read() -> None:
+            while True:
+                samples.add(time.time(), self.bytes_on_links())
+                if done.wait(every_s):
+                    samples.add(time.time(), self.bytes_on_links())
+                    return
+
+        reader = threading.Thread(target=read, name="link samples", daemon=True)
+        reader.start()
+        try:
+            yield samples
+        finally:
+            done.set()
+            reader.join()
+
     def set_link(self, node: str, up: bool) -> None:
         """Cut `node`'s link (its cable at the switch) or repair it; a repair also forgets failed address lookups."""
         _ip("link", "set", link_of(node), "up" if up else "down")
@@ -248,6 +277,39 @@ class SimulatedCluster:
             _ip("neigh", "flush", "dev", self.bridge)
             for each in self.nodes:
                 _ip("-n", each, "neigh", "flush", "dev", NODE_IF)
+
+
+class LinkSamples:
+    """The bytes each node sent over its link, read at times (time.time()): what a job's phases sent, apart from
+    one another (benchmarks/cluster.py: the training steps apart from start-up, epoch ends and evaluation)."""
+
+    def __init__(self, nodes: list[str]):
+        self.nodes, self.times, self.tx = nodes, [], {node: [] for node in nodes}
+
+    def add(self, at: float, counters: dict) -> None:
+        self.times.append(at)
+        for node in self.nodes:
+            self.tx[node].append(counters[node]["tx"])
+
+    def sent(self, start: float, end: float) -> dict[str, float]:
+        """Bytes each node sent between `start` and `end`, read off the samples around them (linear between two)."""
+        if not self.times or not self.times[0] <= start <= end <= self.times[-1]:
+            raise ValueError(f"{start:.3f} to {end:.3f} is not inside the samples' span"
+                             + (f" ({self.times[0]:.3f} to {self.times[-1]:.3f})" if self.times else " (none)"))
+        return {node: float(np.interp(end, self.times, counts) - np.interp(start, self.times, counts))
+                for node, counts in self.tx.items()}
+
+    def per_training_step(self, windows: list[dict]) -> float:
+        """Bytes per training step and node sent between the first and the last of a run's metrics `windows` (its
+        window records, in order): the steps after the first window, with their windows' gathers, and nothing of
+        start-up, epoch ends, evaluation or the summary, when the windows are one epoch's. A window's `time` is
+        when rank 0 wrote it, after every rank had finished its steps."""
+        first, last = windows[0], windows[-1]
+        steps = last["global_step"] - first["global_step"]
+        if steps <= 0:
+            raise ValueError(f"windows from step {first['global_step']} to {last['global_step']}: no training steps "
+                             "between them to count; log windows more often (train.log_every)")
+        return sum(self.sent(first["time"], last["time"]).values()) / len(self.nodes) / steps
 
 
 # -- clusters by name: what exists in the root namespace, whose it is, removing it --

@@ -17,6 +17,7 @@ MODES = {
     "none": {"mode": "none"},
     "sharing": {"mode": "sharing", "threshold": 1.0e-2},
     "sharing-split": {"mode": "sharing", "threshold": 1.0e-2, "exchange": "split"},
+    "sharing-recursive": {"mode": "sharing", "threshold": 1.0e-2, "exchange": "recursive"},
 }
 
 
@@ -57,7 +58,8 @@ def test_replicas_bit_identical_in_every_mode(tmp_path, n, mode):
         assert s["bytes_sent_per_step"] < s["n_params"] * 4
         exchange = MODES[mode].get("exchange", "allgather")  # auto keeps allgather on a few ranks
         assert all(r["exchange"] == exchange and r[f"{exchange}_steps"] > 0 for r in windows)
-        assert sum(r["allgather_steps"] + r["split_steps"] for r in windows) == s["steps_per_epoch"] * s["epochs"]
+        assert sum(r["allgather_steps"] + r["split_steps"] + r["recursive_steps"]
+                   for r in windows) == s["steps_per_epoch"] * s["epochs"]
     if mode == "averaging-3":  # one parameter averaging every 3 steps (and at each epoch end)
         assert s["bytes_sent_per_step"] < s["n_params"] * 4 / 2
 
@@ -104,7 +106,7 @@ def test_overlapped_training_run_equals_blocking_and_reports_its_communication(t
 
 
 @pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("exchange", ["allgather", "split"])
+@pytest.mark.parametrize("exchange", ["allgather", "split", "recursive"])
 def test_sharing_keeps_its_promises(n, exchange):
     result = mpiexec(n, sys.executable, os.path.join(RANK_SCRIPTS, "sharing_checks.py"), exchange)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -117,20 +119,22 @@ def test_sharing_keeps_its_promises(n, exchange):
         assert f"OK {check} {n}" in result.stdout, result.stdout
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_split_and_allgather_exchanges_agree_and_auto_chooses_alike_everywhere(n):
-    result = mpiexec(n, sys.executable, os.path.join(RANK_SCRIPTS, "exchange_checks.py"), timeout=180)
+@pytest.mark.parametrize("n", [2, 3, 4, 8])  # 8: oversubscribed on a small machine, every rank in the core
+def test_summing_exchanges_agree_with_allgather_and_auto_chooses_alike_everywhere(n):
+    result = mpiexec(n, sys.executable, os.path.join(RANK_SCRIPTS, "exchange_checks.py"), timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
-    for check in ("split and allgather agree to float tolerance (n=1001)",
-                  "split and allgather agree to float tolerance (n=40)",
-                  "split keeps the replicas identical after every step (n=1001)",
-                  "split keeps the replicas identical after every step (n=40)",
-                  "split sends no more than a ring allreduce plus headers (1% sparse)",
-                  "split sends no more than a ring allreduce plus headers (bitmaps)",
-                  "split sends no more than a ring allreduce plus headers (every element)",
-                  "a NaN on one rank stops every rank (split)", "a NaN on one rank stops every rank (auto)",
-                  "auto keeps allgather with the default network, bit for bit",
-                  "auto splits on a slow link with dense messages from 3 ranks on, alike on every rank"):
+    checks = [f"{exchange} and allgather agree to float tolerance ({label})"
+              for exchange, label in (("split", "n=1001"), ("split", "n=40"), ("recursive", "n=1001"),
+                                      ("recursive", "n=1001, float64"), ("recursive", "n=40"))]
+    checks += [check.replace("and allgather agree to float tolerance", "keeps the replicas identical after every step")
+               for check in checks]
+    checks += [f"{exchange} sends no more than a ring allreduce plus headers ({case})"
+               for exchange in ("split", "recursive") for case in ("1% sparse", "bitmaps", "every element")]
+    checks += [f"a NaN on one rank stops every rank ({exchange})" for exchange in ("split", "recursive", "auto")]
+    checks += ["recursive sends 2 log2 P' messages per rank per step (+1 folding, 1 when folded)",
+               "auto keeps allgather with the default network, bit for bit",
+               "auto leaves allgather on a slow link with dense messages, alike on every rank"]
+    for check in checks:
         assert f"OK {check} {n}" in result.stdout, result.stdout
 
 

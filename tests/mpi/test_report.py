@@ -11,6 +11,8 @@ from mpitrain.cli import main
 from mpitrain.rundir.report import FASHION_MNIST_CLASSES, REPORT_DPI, REPORT_SIZE, class_names
 
 from mpitrain.testing.tables import HEADLINE_BEGIN, HEADLINE_END, main as rewrite_tables, markers  # noqa: E402
+from mpitrain.parallel.costmodel import Network, allgather_exchange, allreduce_bytes, recursive_exchange
+from mpitrain.parallel.sync.exchange import choose_exchange
 from mpitrain.testing.scaling_model import cost
 
 REPORT_PIXELS = (REPORT_SIZE[1] * REPORT_DPI, REPORT_SIZE[0] * REPORT_DPI)
@@ -94,14 +96,21 @@ def test_bench_tables_rewrite_only_measured_sections_and_the_headline(tmp_path):
         rewrite_tables(["--results", str(results), "--page", str(page), "--readme", str(readme)])
 
 
-def test_cost_model_uses_ring_bounds():
+def test_the_scaling_benchmark_models_with_the_cost_model_of_record():
+    """benchmarks/scaling.py's rows through mpitrain.parallel.costmodel: Allreduces as MPICH runs them, and sharing's
+    step by the exchange auto picks at N ranks, its epoch ends' Allreduces beside."""
+    network = Network.of(latency_us=1.0, gbps=100.0)
     dense = {"mode": "allreduce", "ranks": 2, "bytes_sent_per_step": 4000.0, "step_bytes_sent_per_step": 4000.0,
              "n_params": 1000, "compute_s_per_step": 1e-3}
-    m = cost(dense, 64, bandwidth_gbps=100, latency_us=0)
-    assert m["collectives_per_step"] == 1 and m["messages_per_step"] == 126
-    assert m["wire_bytes_per_step"] == pytest.approx(2 * 63 / 64 * 4000)
-    assert m["comm_s_per_step"] == pytest.approx(2 * 63 / 64 * 4000 * 8 / 100e9)
-    sparse = {**dense, "mode": "sharing", "bytes_sent_per_step": 500.0, "step_bytes_sent_per_step": 100.0}
-    m = cost(sparse, 1024, bandwidth_gbps=100, latency_us=1)
-    assert m["wire_bytes_per_step"] == pytest.approx(1023 * 100 + 2 * 1023 / 1024 * 400)
-    assert m["messages_per_step"] == pytest.approx((2 * 0.1 + 2) * 1023)
+    m = cost(dense, 64, network)
+    assert m["exchange"] == "allreduce" and m["allreduces_per_step"] == 1 and m["messages_per_step"] == 12
+    assert m["comm_s_per_step"] == network.allreduce(4000, 64) and m["wire_bytes_per_step"] == 2 * 63 / 64 * 4000
+    sparse = {**dense, "mode": "sharing", "bytes_sent_per_step": 508.0, "step_bytes_sent_per_step": 108.0}
+    for ranks, exchange in ((4, "allgather"), (1024, "recursive")):
+        m = cost(sparse, ranks, network)  # messages of 100 bytes, 0.1 epoch-end Allreduce per step
+        assert m["exchange"] == exchange == choose_exchange("auto", network, [25] * ranks, 1000, 4)
+        modelled = (allgather_exchange if exchange == "allgather" else
+                    lambda on, sizes: recursive_exchange(on, sizes, 1000))(network, [100] * ranks)
+        assert m["comm_s_per_step"] == pytest.approx(modelled[0] + 0.1 * network.allreduce(4000, ranks))
+        assert m["wire_bytes_per_step"] == pytest.approx(modelled[1] + 0.1 * allreduce_bytes(4000, ranks))
+    assert cost(sparse, 1024, network)["messages_per_step"] == pytest.approx(10 + 20 + 0.1 * 20)  # sizes, rounds

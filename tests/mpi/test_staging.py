@@ -16,7 +16,8 @@ NO_GPU = "no GPU: cupy is not installed or cupy.is_available() is False; staging
 CHECKS = ["allreduce equals the unstaged sum", "allreduce copies once each way", "bcast equals the unstaged one",
           "bcast copies out on the root, in elsewhere", "allgatherv equals the unstaged exchange",
           "allgatherv copies the message out and all messages in", "alltoallv equals the unstaged exchange",
-          "alltoallv copies the parts out and the received parts in", "host buffers are not staged on the GPU path",
+          "alltoallv copies the parts out and the received parts in", "sendrecv equals the unstaged exchange",
+          "sendrecv copies the message out and what arrived in", "host buffers are not staged on the GPU path",
           "allreduce: staged training equals unstaged", "averaging: staged training equals unstaged",
           "staged train run finished", "a staged train run counts its copies and ends where the plain one does"]
 
@@ -28,7 +29,8 @@ def test_staged_collectives_equal_unstaged_ones_and_count_their_copies(tmp_path,
     config = write_config(tmp_path / "exp.yaml", tmp_path / "data", train={"epochs": 1, "log_every": 5})
     result = mpiexec(2, sys.executable, os.path.join(RANK_SCRIPTS, "staging_checks.py"), backend, config)
     assert result.returncode == 0, result.stdout + result.stderr
-    sharing = [f"sharing {exchange}: staged training equals unstaged" for exchange in ("allgather", "split")]
+    sharing = [f"sharing {exchange}: staged training equals unstaged" for exchange in ("allgather", "split",
+                                                                                        "recursive")]
     for check in CHECKS + (sharing if backend == "numpy" else []):
         assert f"OK {check} 2" in result.stdout, result.stdout + result.stderr
     assert result.stdout.count("OK cuda_aware") == 3, result.stdout

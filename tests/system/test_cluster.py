@@ -34,7 +34,8 @@ LINK_TRANSFER = os.path.join(RANK_SCRIPTS, "link_transfer.py")
 MODEL = {"layers": [{"type": "dense", "units": 256, "activation": "relu"}, {"type": "dense", "units": 3}]}
 WATCHDOG_S = 5
 SYNCS = {"allreduce": {"mode": "allreduce"}, "averaging": {"mode": "averaging"}, "sharing": {"mode": "sharing"},
-         "sharing-split": {"mode": "sharing", "exchange": "split"}}
+         "sharing-split": {"mode": "sharing", "exchange": "split"},
+         "sharing-recursive": {"mode": "sharing", "exchange": "recursive"}}
 # builds a cluster, starts a process in its first node, says the cluster's name, and waits to be killed
 STALE_OWNER = """
 import subprocess, time
@@ -107,6 +108,34 @@ def test_training_crosses_the_links_to_identical_replicas(cluster, mode, tmp_pat
     assert moved[cluster.nodes[0]]["tx"] >= sent, moved  # rank 0's part of every exchange left its node
     if not mode.startswith("sharing"):  # dense exchanges: every rank sends as much as rank 0, and gets as much back
         assert all(way >= sent for node in moved.values() for way in node.values()), (sent, moved)
+
+
+def test_the_links_count_the_training_steps_apart_from_the_rest_of_a_run(cluster, tmp_path):
+    """benchmarks/cluster.py's wire bytes: the links' counters sampled while `allreduce` trains, read between the
+    first and the last metrics window. Per step that is at least the gradient each rank sends (MPI's algorithm on
+    N ranks may send more: 2 (N-1)/N of it twice), and less than the whole run's bytes per step, whose start-up
+    broadcast, evaluation and summary the windows leave out."""
+    make_dataset(tmp_path / "data", n_train=2000)  # 31 steps on 4 nodes: a sample's error is a small part of them
+    config = write_config(tmp_path / "config.yaml", tmp_path / "data", model=MODEL, sync={"mode": "allreduce"},
+                          train={"epochs": 1, "log_every": 2})
+    with cluster.link_samples(every_s=0.002) as links:  # steps take a few ms here
+        before = cluster.bytes_on_links()
+        result = cluster.mpiexec(len(cluster.nodes), MPITRAIN, "train", config, timeout=90)
+        after = cluster.bytes_on_links()
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    windows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    windows = [w for w in windows if w["kind"] == "window"]
+    assert len(windows) >= 3 and links.times[0] < windows[0]["time"] < windows[-1]["time"] < links.times[-1]
+    per_step = links.per_training_step(windows)
+    run = sum(after[node]["tx"] - before[node]["tx"] for node in cluster.nodes) / len(cluster.nodes) / (
+        summary["steps_per_epoch"] * summary["epochs"])
+    gradient = 4 * summary["n_params"]
+    assert 0.95 * gradient <= per_step <= 2.5 * gradient and per_step < run, (per_step, run, gradient)
+    with pytest.raises(ValueError, match="no training steps between them"):
+        links.per_training_step(windows[:1])
+    with pytest.raises(ValueError, match="not inside the samples' span"):
+        links.sent(links.times[0] - 1, links.times[-1])
 
 
 def test_overlapped_allreduce_equals_blocking_across_the_nodes(cluster):

@@ -26,7 +26,8 @@ CNN = {"layers": [{"type": "conv2d", "filters": 4, "kernel": 3, "padding": "same
                   {"type": "flatten"}, {"type": "dense", "units": 12, "activation": "relu"},
                   {"type": "dropout", "rate": 0.2}, {"type": "dense", "units": 3}]}  # dropout: the same masks on both
 MODES = [{"mode": "allreduce"}, {"mode": "averaging", "frequency": 3}, {"mode": "sharing", "threshold": 1.0e-2},
-         {"mode": "sharing", "threshold": 1.0e-2, "exchange": "split"}, {"mode": "none"}]
+         {"mode": "sharing", "threshold": 1.0e-2, "exchange": "split"},
+         {"mode": "sharing", "threshold": 1.0e-2, "exchange": "recursive"}, {"mode": "none"}]
 
 
 @pytest.fixture
@@ -142,6 +143,30 @@ def test_split_exchange_blocks_on_cupy_equal_numpy(cupy, encoding, dtype):
     out, device_out = np.ones(hi - lo, dtype), cupy.ones(hi - lo, dtype)
     assert add_block(reduced, out) == add_block(device_reduced, device_out) == sent
     np.testing.assert_array_equal(device_out.get(), out)
+
+
+@pytest.mark.parametrize("encoding", ["sparse", "bitmap"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_recursive_exchange_counts_on_cupy_equal_numpy(cupy, encoding, dtype):
+    """A message's counts, count blocks sparse and dense, and the scaled add: the same xp code on cupy arrays."""
+    from mpitrain.kernels import threshold as kernels
+    from mpitrain.kernels.threshold.counts import add_counts, add_message, add_scaled, encode_counts
+    n, tau = 50_001, 1.5e-2
+    residual = np.random.default_rng(0).normal(0, 1e-2, size=n).astype(dtype)
+    sent = kernels.threshold_encode(residual.copy(), tau, encoding)
+    counts, device_counts = np.zeros(n, np.int8), cupy.zeros(n, np.int8)
+    assert add_message(sent, counts) == add_message(cupy.asarray(sent), device_counts)
+    np.testing.assert_array_equal(device_counts.get(), counts)
+    for lo, hi in ((0, n), (100, 117), (0, 2000)):  # dense, and sparse where few are set
+        block, device_block = encode_counts(counts[lo:hi], 7, tau), encode_counts(device_counts[lo:hi], 7, tau)
+        np.testing.assert_array_equal(device_block.get(), block)
+        out, device_out = np.ones(hi - lo, np.int8), cupy.ones(hi - lo, np.int8)
+        assert add_counts(block, out, tau) == add_counts(device_block, device_out, tau) == 7
+        np.testing.assert_array_equal(device_out.get(), out)
+    params, device_params = np.ones(n, dtype), cupy.ones(n, dtype)
+    add_scaled(counts, params, tau / 3)
+    add_scaled(device_counts, device_params, tau / 3)
+    np.testing.assert_array_equal(device_params.get(), params)
 
 
 def test_numba_cuda_kernels_on_the_gpu_equal_the_reference():

@@ -8,8 +8,9 @@
 |             | state), every `frequency` steps     | `frequency`; DL4J/IterativeReduce parameter averaging |
 | `sharing`   | each rank's update elements beyond  | slow networks, large models: ~1% of the bytes of      |
 |             | +-tau, as sparse int32 messages;    | `allreduce`; DL4J SharedTrainingMaster / Strom 2015;  |
-|             | or split by index blocks and summed | `sync.exchange` (`exchange.py`) keeps it within a     |
-|             | on the way (SparCML)                | dense allreduce's bytes on many ranks                 |
+|             | or summed on the way, by index      | `sync.exchange` (`exchange.py`) keeps it within a     |
+|             | blocks or recursive halving and     | dense allreduce's bytes and log2 N messages per rank  |
+|             | doubling (SparCML)                  | on many ranks                                         |
 | `none`      | nothing                             | one rank, or independent runs for baselines           |
 """
 from __future__ import annotations

@@ -5,8 +5,9 @@ per-rank residual. Every element with |r_i| >= tau leaves the residual as a sign
 and goes into this rank's message (sparse indices, or a bitmap when denser than 1/16).
 The message sizes are allgathered; a NaN on any rank (its message empty) stops every rank
 there. Then the messages are exchanged (`sync.exchange`, `mpitrain.parallel.sync.exchange`): by
-Allgatherv, every rank adding all of them in rank order, or split by index blocks, each
-block summed on one rank and the sums allgathered; `auto` picks one per step from the
+Allgatherv, every rank adding all of them in rank order; split by index blocks, each
+block summed on one rank and the sums allgathered; or as integer counts summed by recursive
+halving and doubling in 2 log2 N pairwise exchanges; `auto` picks one per step from the
 sizes and the cost model. Every rank adds the same values, divided by the number of ranks,
 so the replicas stay bit-identical. Dividing makes the step the MEAN of the ranks' updates,
 as `allreduce` averages gradients: a learning rate means the same in every mode and at
@@ -47,7 +48,8 @@ from mpitrain.parallel.sync.exchange import EXCHANGES, INT32_BYTES, choose_excha
 
 
 class SharingSync(Synchronizer):
-    """Residual + threshold messages, exchanged by Allgatherv or split by blocks; see the module docstring."""
+    """Residual + threshold messages, exchanged by Allgatherv, split by blocks or summed by recursive halving and
+    doubling; see the module docstring."""
 
     rank_local = ("stats", "updater_state", "sync/residual")  # the parameters are one model, the rest each rank's
 
@@ -119,8 +121,8 @@ class SharingSync(Synchronizer):
         self.steps = int(numbers.get("steps", 0))
 
     def metrics(self) -> dict:
-        """The last step's tau, sparsity, elements sent and exchange; `allgather_steps` and `split_steps`: the steps
-        each exchange ran since the last call (a metrics window)."""
+        """The last step's tau, sparsity, elements sent and exchange; `allgather_steps`, `split_steps` and
+        `recursive_steps`: the steps each exchange ran since the last call (a metrics window)."""
         counts = {f"{name}_steps": self.exchanged[name] for name in EXCHANGES}
         self.exchanged.clear()
         return {**self.last, **counts}

@@ -83,6 +83,21 @@ report("alltoallv equals the unstaged exchange",
            for source, (r, e) in enumerate(zip(received, expected))))
 report("alltoallv copies the parts out and the received parts in", made == (2, 2 * parts.nbytes, 1, 2))
 
+partner = rank ^ 1 if rank ^ 1 < size else None  # pairs (0, 1), (2, 3), ..; a last odd rank sends to no one
+message = np.arange(rank * 10, rank * 10 + 5 + rank, dtype=np.int32)
+inbox = np.full(16, -1, np.int32)
+expected = plain.sendrecv(message, partner, inbox, partner)
+out = backend.to_device(np.full(16, -1, np.int32))
+arrived = []
+made = copies(lambda: arrived.append(staged.sendrecv(backend.to_device(message), partner, out, partner)))
+report("sendrecv equals the unstaged exchange",
+       partner is None or (np.array_equal(backend.to_host(arrived[0]), expected)
+                           and np.array_equal(expected, np.arange(partner * 10, partner * 10 + 5 + partner))
+                           and (backend.to_host(out)[expected.size:] == -1).all()))  # only what arrived is copied
+# host->device: the upload of the message, then the staged copy of what arrived
+report("sendrecv copies the message out and what arrived in",
+       partner is None or made == (2, message.nbytes + expected.nbytes, 1, 2))
+
 report("host buffers are not staged on the GPU path", staged.stages(buf) and
        StagedCommunicator(plain.mpi, SimpleNamespace(on_gpu=True)).stages(np.zeros(1)) is False)
 for setting, aware in (("auto", cuda_aware_mpi()), (True, True), (False, False)):
@@ -105,8 +120,8 @@ def replica(comm, array_backend, mode):
 
 host = create_backend("numpy")
 modes = [{"mode": "allreduce"}, {"mode": "averaging", "frequency": 2, "average_updater": True}]
-modes += [{"mode": "sharing", "threshold": 1e-2, "exchange": exchange} for exchange in ("allgather", "split")
-          if exact]
+modes += [{"mode": "sharing", "threshold": 1e-2, "exchange": exchange} for exchange in ("allgather", "split",
+                                                                                          "recursive") if exact]
 for mode in modes:
     replicas = [(replica(plain, host, mode), host), (replica(staged, backend, mode), backend)]
     for step in range(6):

@@ -54,7 +54,7 @@ def test_frequency_epoch_and_run_dir(tmp_path):
     ("sync: {mode: sharing, residual_clip: {every: 0}}", [], r"sync.residual_clip.every is 0"),
     ("sync: {mode: sharing, encoding: zip}", [], r"sync.encoding is 'zip'"),
     ("sync: {mode: sharing, exchange: ring}", [], r"sync.exchange is 'ring', expected one of \('auto', 'allgather', "
-                                                  r"'split'\)"),
+                                                  r"'split', 'recursive'\)"),
     ("sync: {mode: sharing, link_gbps: 0}", [], r"sync.link_gbps is 0.0, expected a positive number of Gb/s"),
     ("", ["sync.latency_us=-1"], r"sync.latency_us is -1.0, expected a number of microseconds >= 0"),
     ("", ["data.augment={shift: -1}"], r"data.augment.shift is -1"),
