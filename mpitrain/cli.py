@@ -67,6 +67,11 @@ def _parser() -> argparse.ArgumentParser:
                               "the output)")
         if name == "predict":
             sub.add_argument("--out", help="output HDF5 file (default: RUN_DIR/predictions-SPLIT.h5)")
+        else:
+            sub.add_argument("--max-exact-rows", type=int, metavar="N",
+                             help="score exactly, every prediction gathered on rank 0, up to N rows in all; AUC and "
+                                  "average precision from histograms above (default: "
+                                  "mpitrain.training.scores.MAX_EXACT_ROWS, 5x10^7)")
         sub.set_defaults(run=run)
 
     export = commands.add_parser("export", help="write a run's checkpoint as an ONNX model (one process)")
@@ -110,14 +115,20 @@ def _train(args, comm) -> int:
 
 def _eval(args, comm) -> int:
     from mpitrain.training.trained import evaluate_run
-    result = evaluate_run(args.run_dir, comm, args.split, args.checkpoint, args.batch_size, args.allow_other_dataset)
+    result = evaluate_run(args.run_dir, comm, args.split, args.checkpoint, args.batch_size, args.allow_other_dataset,
+                          args.max_exact_rows)
     if comm.is_root:
         from mpitrain.training.metrics import figure
         print(f"{args.split}: accuracy {figure(result['accuracy'])}  loss {result['loss']:.4f}  "
               f"rows {result['rows']}  ({result['checkpoint']})")
         if "confusion" not in result:  # binary, multilabel, regression: the kind's single figures
             print("  ".join(f"{key} {value:.4f}" for key, value in result.items()
-                            if isinstance(value, float) and key not in ("accuracy", "loss")))
+                            if isinstance(value, float) and key not in ("accuracy", "loss", "auc_error_bound")))
+            if result.get("auc_mode") == "histogram":
+                bound = result["auc_error_bound"]  # binary: one number; multilabel: one per label
+                bounds = [b for b in (bound if isinstance(bound, list) else [bound]) if b is not None] or [0.0]
+                print(f"AUC and average precision from histograms of {result['auc_bins']} bins: AUC within "
+                      f"{max(bounds):.1e} of the exact")
             print(f"wrote {result['json']} and {result['picture']}")
             return 0
         print(f"{'class':>12}  precision  recall")

@@ -271,7 +271,7 @@ def scatter_points(labels: np.ndarray, predictions: np.ndarray, limit: int = MAX
 
 def scatter_figure(labels: np.ndarray, predictions: np.ndarray, names: list[str], metrics: dict, title: str):
     """Predicted against true values, one panel per output (the first `MAX_SCATTER_PANELS`), with the diagonal
-    where they are equal and the output's R²."""
+    where they are equal and the output's R²; the title says how many of the `metrics["rows"]` scored are drawn."""
     from matplotlib.figure import Figure
     true, predicted = scatter_points(labels, predictions)
     panels = min(true.shape[1], MAX_SCATTER_PANELS)
@@ -285,7 +285,8 @@ def scatter_figure(labels: np.ndarray, predictions: np.ndarray, names: list[str]
         ax.set(title=f"{names[j]}: R² {_figure(r2[j])}", xlabel="true", ylabel="predicted")
         ax.grid(alpha=0.3)
     shown = f" (outputs 1-{panels} of {true.shape[1]})" if panels < true.shape[1] else ""
-    sampled = f", {len(true)} of {len(labels)} rows drawn" if len(true) < len(labels) else ""
+    scored = metrics.get("rows", len(labels))  # the histogram mode's `labels` are a sample already
+    sampled = f", {len(true)} of {scored} rows drawn" if len(true) < scored else ""
     fig.suptitle(f"{title}{shown}{sampled}")
     return fig
 

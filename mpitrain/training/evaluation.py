@@ -3,7 +3,8 @@
 Class targets are scored by a fused kernel into a confusion matrix. Binary, multilabel and
 regression targets (`Manifest.target`) are scored by the model's own loss, their accuracy
 from the loss's correct count (regression has none), and the outputs the loss reads as
-probabilities or values (`outputs_of`) are kept for the metrics of their kind.
+probabilities or values (`outputs_of`) are kept for the metrics of their kind: exact up to
+`MAX_EXACT_ROWS` rows in all, in the histogram mode above (`mpitrain.training.distributed_scores`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import numpy as np
 from mpitrain.errors import DataError
 from mpitrain.kernels.loss import score
 from mpitrain.nn.losses import sigmoid, softmax
-from mpitrain.training.scores import decisions, gather_predictions, root_metrics
+from mpitrain.rundir.report import MAX_SCATTER_POINTS
+from mpitrain.training.distributed_scores import gather_predictions, histogram_scores, root_metrics
+from mpitrain.training.scores import MAX_EXACT_ROWS, decisions
 
 EVAL_BATCH_SIZE = 256  # rows per batch when scoring: no gradients are kept, so larger than a training batch
 
@@ -29,8 +32,11 @@ class Evaluation:
     counted: int = 0  # rows, for targets without a confusion matrix
     correct: float | None = None  # binary and multilabel targets; regression has no accuracy
     metrics: dict = field(default_factory=dict)
-    # other targets, on rank 0: every rank's (labels, outputs) the metrics were computed from (for the pictures)
+    # other targets, on rank 0, for the pictures: every rank's (labels, outputs) the metrics were computed from (in
+    # the histogram mode, regression's: an evenly spaced sample of them), and the histogram mode's ROC and
+    # precision-recall curves (`mpitrain.training.scores.curves` of the predictions gives the exact mode's)
     predictions: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    curves: list | dict | None = field(default=None, repr=False)
 
     @property
     def rows(self) -> int:
@@ -77,10 +83,10 @@ def batched_logits(model, rows, to_input, batch_size: int):
         yield model.forward(x, training=False), labels
 
 
-def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, backend, target: str = "class") \
-        -> Evaluation:
+def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, backend, target: str = "class",
+             max_exact_rows: int | None = None) -> Evaluation:
     """Evaluate on every rank's rows; a collective, so every rank must call it. `target`: the dataset's kind
-    (`Manifest.target`); other kinds than class go to `evaluate_targets`.
+    (`Manifest.target`); other kinds than class go to `evaluate_targets` (with `max_exact_rows`).
 
     Each batch's loss and (label, prediction) counts are added up on the device by one fused
     kernel (`mpitrain.kernels.loss.score`, counts in float64: exact below 2**53 rows); one copy
@@ -89,7 +95,7 @@ def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, bac
     error, instead of the others waiting for it.
     """
     if target != "class":
-        return evaluate_targets(model, rows, to_input, batch_size, comm, backend, target)
+        return evaluate_targets(model, rows, to_input, batch_size, comm, backend, target, max_exact_rows)
     size = num_classes * num_classes
     totals = backend.xp.zeros(size + 2, dtype=np.float64)  # the counts, the loss sum, the ranks that failed to read
     failure = None
@@ -106,10 +112,13 @@ def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, bac
     return Evaluation(totals[:size].astype(np.int64).reshape(num_classes, num_classes), float(totals[size]))
 
 
-def evaluate_targets(model, rows, to_input, batch_size: int, comm, backend, target: str) -> Evaluation:
+def evaluate_targets(model, rows, to_input, batch_size: int, comm, backend, target: str,
+                     max_exact_rows: int | None = None) -> Evaluation:
     """Evaluate binary, multilabel or regression targets on every rank's rows (a collective): the model's loss and
     correct count summed by one Allreduce (with the rows, and the ranks that failed to read theirs, as `evaluate`),
-    then the target kind's metrics over every rank's outputs (`mpitrain.training.scores`)."""
+    then the target kind's metrics over every rank's outputs: up to `max_exact_rows` rows in all (default
+    `MAX_EXACT_ROWS`) exact, gathered on rank 0; above, in the histogram mode, where no row leaves its rank but
+    regression's sample for the picture (`mpitrain.training.distributed_scores`)."""
     totals = np.zeros(4)  # loss sum, correct, rows, ranks that failed to read
     outputs, labels, failure = [], [], None
     try:
@@ -124,12 +133,19 @@ def evaluate_targets(model, rows, to_input, batch_size: int, comm, backend, targ
     comm.allreduce_(totals)
     if totals[3]:
         comm.raise_first_failure(failure, DataError)
-    width = model.output_shape[0]
-    gathered = gather_predictions(comm, np.concatenate(labels or [np.empty((0, width))]).reshape(-1, width),
-                                  np.concatenate(outputs or [np.empty((0, width))]).reshape(-1, width))
-    metrics = root_metrics(comm, target, *gathered)
-    return Evaluation(None, float(totals[0]), int(totals[2]), None if target == "regression" else float(totals[1]),
-                      metrics, gathered if comm.rank == 0 else None)
+    width, scored = model.output_shape[0], int(totals[2])  # every rank's rows: all decide the mode alike
+    limit = MAX_EXACT_ROWS if max_exact_rows is None else max_exact_rows
+    labels, outputs = (np.concatenate(parts or [np.empty((0, width))]).reshape(-1, width) for parts in (labels, outputs))
+    found = None
+    if scored <= limit:
+        gathered = gather_predictions(comm, labels, outputs, limit)
+        metrics = root_metrics(comm, target, *gathered)
+    else:
+        metrics, found = histogram_scores(comm, target, labels, outputs)
+        step = -(-scored // MAX_SCATTER_POINTS)
+        gathered = gather_predictions(comm, labels[::step], outputs[::step]) if target == "regression" else None
+    return Evaluation(None, float(totals[0]), scored, None if target == "regression" else float(totals[1]),
+                      metrics, gathered if comm.rank == 0 else None, found if comm.rank == 0 else None)
 
 
 def predict(model, rows, to_input, batch_size: int, backend, target: str = "class") \

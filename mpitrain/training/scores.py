@@ -1,11 +1,13 @@
-"""Exact evaluation metrics by target kind, equal to scikit-learn's, and their distributed form (issue 28, part 5).
+"""Exact evaluation metrics by target kind, equal to scikit-learn's (issue 28, part 5).
 
     target_metrics(kind, labels, scores) -> dict       # one rank's full arrays; every metric of the kind
     curves(kind, labels, scores) -> dict | list         # ROC and precision-recall points, for plots
     decisions(kind, scores) -> array                    # the predicted class or 0/1 labels (regression: the values)
-    gather_predictions(comm, labels, scores)            # a collective: every rank's rows on rank 0
-    distributed_metrics(comm, kind, labels, scores)     # a collective: gathered, scored on rank 0, broadcast
-    root_metrics(comm, kind, labels, scores)            # a collective: rank 0's gathered arrays scored, broadcast
+
+Over every rank's rows (collectives): `mpitrain.training.distributed_scores`, exact up to `MAX_EXACT_ROWS` rows,
+in its histogram mode above. Both modes compute every figure from the parts below: `checked` arrays, their
+`row_sums` (counts, summed log losses and errors), and per ranked column (`ranked_columns`) a `Ranking` of its
+positives and negatives by score; `figures` and `regression_figures` turn those into the dict.
 
 Kinds and their arrays (n rows):
 
@@ -24,6 +26,10 @@ Keys by kind (every value a Python float, int, None or a list of them: JSON as i
                 auc_macro, average_precision_macro
     regression  rows, mse, rmse, mae, r2, and mse_per_output, rmse_per_output, mae_per_output, r2_per_output
 
+Over the ranks (`distributed_scores`, so in `mpitrain eval`'s eval-SPLIT.json) the kinds with an AUC also say how
+it and average precision were computed: `auc_mode` "exact", or "histogram" with `auc_bins` and `auc_error_bound`.
+Regression has no rank-based figure: every one is a sum over rows, exact in both modes.
+
 How each figure relates to scikit-learn's (tests/unit/training/test_scores.py checks every one):
 
 - Predicted classes: class, the first largest probability (argmax); binary and multilabel, probability > 0.5
@@ -37,8 +43,8 @@ How each figure relates to scikit-learn's (tests/unit/training/test_scores.py ch
   0..K-1 has an entry, 0.0 where undefined, and the macro means are over all K.
 - `auc`: `roc_auc_score` on one column (ties count one half: Mann-Whitney with average ranks). Computed from one
   sort as an integer ratio 2U / (2 P N), so the float returned is that rational number correctly rounded
-  (sklearn's sum of trapezoids in floating point agrees to 1e-12, as the tests check). Exact in int64 far
-  beyond `MAX_EXACT_ROWS`; 10^7 binary rows take 2.5 s on one core (the sort), class targets one sort per class.
+  (sklearn's sum of trapezoids in floating point agrees to 1e-12, as the tests check). Exact in int64 (Python's
+  integers past it); 10^7 binary rows take 2.5 s on one core (the sort), class targets one sort per class.
 - `average_precision`: `average_precision_score` (step-wise, tied scores one threshold).
 - AUC and average precision of a column whose labels are all one value (a class absent, or every row of it) are
   None: undefined (sklearn: nan for AUC, 0.0 with a warning for average precision). The macro means are over
@@ -48,7 +54,9 @@ How each figure relates to scikit-learn's (tests/unit/training/test_scores.py ch
 - Multilabel `accuracy`: the exact-match ratio, `accuracy_score` on the 0/1 matrices.
 - Regression: `mean_squared_error`, `root_mean_squared_error` (the mean over outputs of each output's root),
   `mean_absolute_error`, `r2_score` (multioutput="uniform_average"; a constant target column scores 1.0 if
-  predicted exactly, else 0.0, as sklearn's force_finite; r2 is None below 2 rows), in float64.
+  predicted exactly, else 0.0, as sklearn's force_finite; r2 is None below 2 rows), in float64. Like sklearn,
+  "constant" means a spread, the sum of squared distances to the computed mean, of exactly 0: where the mean is
+  off by rounding (0.1 three times) both give the same huge negative r2.
 
 One sort per scored column gives its AUC, average precision and curves; one bincount gives the confusion counts
 behind accuracy, precision, recall and F1.
@@ -62,21 +70,22 @@ from mpitrain.errors import MpitrainError
 KINDS = ("class", "binary", "multilabel", "regression")
 
 MAX_EXACT_ROWS = 50_000_000
-"""The most rows `gather_predictions` brings to rank 0: exact metrics hold every prediction there (see it)."""
+"""The most rows the exact mode brings to rank 0 (`mpitrain.training.distributed_scores.gather_predictions`): it holds
+every prediction there. Above it `distributed_metrics` and `mpitrain eval` score in the histogram mode."""
 
 
 # ---------------------------------------------------------------------------------------------- one rank's arrays
 
 def target_metrics(kind: str, labels: np.ndarray, scores: np.ndarray) -> dict:
     """Every metric of `kind` on these labels and scores (one rank's full arrays; see the module docstring)."""
-    labels, scores = _checked(kind, labels, scores)
-    if kind == "class":
-        return _class_metrics(labels, scores)
-    if kind == "binary":
-        return _binary_metrics(labels, scores)
-    if kind == "multilabel":
-        return _multilabel_metrics(labels, scores)
-    return _regression_metrics(labels, scores)
+    labels, scores = checked(kind, labels, scores)
+    if kind == "regression":
+        labels, scores = labels.astype(np.float64), scores.astype(np.float64)
+        spread = np.sum((labels - np.mean(labels, axis=0)) ** 2, axis=0)  # as sklearn computes it
+        return regression_figures(row_sums(kind, labels, scores), spread)
+    positive, columns = ranked_columns(kind, labels, scores)
+    rankings = [Ranking.of_scores(positive[:, j], columns[:, j]) for j in range(columns.shape[1])]
+    return figures(kind, row_sums(kind, labels, scores), rankings)
 
 
 def decisions(kind: str, scores: np.ndarray) -> np.ndarray:
@@ -98,28 +107,49 @@ def curves(kind: str, labels: np.ndarray, scores: np.ndarray):
     Each dict: {"roc": {"fpr", "tpr", "thresholds"}, "pr": {"precision", "recall", "thresholds"}}, float64
     arrays; the first ROC threshold is inf, and a column without negatives (positives) has a nan fpr (tpr).
     """
-    labels, scores = _checked(kind, labels, scores)
-    if kind == "binary":
-        return _Ranking(labels == 1, scores).curves()
-    if kind == "multilabel":
-        return [_Ranking(labels[:, j] == 1, scores[:, j]).curves() for j in range(scores.shape[1])]
+    labels, scores = checked(kind, labels, scores)
+    if kind == "regression":
+        raise MpitrainError("curves are for class, binary and multilabel targets, not regression")
+    positive, columns = ranked_columns(kind, labels, scores)
+    found = [Ranking.of_scores(positive[:, j], columns[:, j]).curves() for j in range(columns.shape[1])]
+    return found[0] if kind == "binary" else found
+
+
+def ranked_columns(kind: str, labels: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ranked columns of checked arrays: which rows are positive, (n, k) bools, and their scores (n, k); class
+    targets one column per class (one-vs-rest)."""
     if kind == "class":
-        return [_Ranking(labels == c, scores[:, c]).curves() for c in range(scores.shape[1])]
-    raise MpitrainError("curves are for class, binary and multilabel targets, not regression")
+        return labels[:, None] == np.arange(scores.shape[1]), scores
+    if kind == "binary":
+        return labels[:, None] == 1, scores[:, None]
+    return labels == 1, scores
 
 
-class _Ranking:
-    """One column's rows sorted by score, decreasing, grouped by tied score: at each distinct score (a threshold),
-    the positives (`tps`) and negatives (`fps`) scoring at least that (sklearn's `confusion_matrix_at_thresholds`)."""
+class Ranking:
+    """One column's rows grouped by tied score, the largest first: at each distinct score (a threshold), the positives
+    (`tps`) and negatives (`fps`) scoring at least that (sklearn's `confusion_matrix_at_thresholds`). In the histogram
+    mode a group is a bin, its threshold the bin's lower edge."""
 
-    def __init__(self, positive: np.ndarray, score: np.ndarray):
+    def __init__(self, tps: np.ndarray, fps: np.ndarray, thresholds: np.ndarray):
+        self.tps, self.fps, self.thresholds = tps, fps, thresholds
+        self.positives, self.negatives = (int(tps[-1]), int(fps[-1])) if tps.size else (0, 0)
+
+    @classmethod
+    def of_scores(cls, positive: np.ndarray, score: np.ndarray) -> Ranking:
+        """One sort of the column's rows by score."""
         order = np.argsort(score)[::-1]
         ranked = score[order]
         ends = np.r_[np.flatnonzero(np.diff(ranked)), ranked.size - 1]
-        self.tps = np.cumsum(positive[order], dtype=np.int64)[ends]
-        self.fps = ends + 1 - self.tps
-        self.thresholds = ranked[ends].astype(np.float64)
-        self.positives, self.negatives = int(self.tps[-1]), int(self.fps[-1])
+        tps = np.cumsum(positive[order], dtype=np.int64)[ends]
+        return cls(tps, ends + 1 - tps, ranked[ends].astype(np.float64))
+
+    @classmethod
+    def of_histogram(cls, positives: np.ndarray, negatives: np.ndarray, edges: np.ndarray) -> Ranking:
+        """The column's positives and negatives per bin (counts, float64 or integers; bins in increasing order of
+        score) and the bins' lower `edges`."""
+        filled = np.flatnonzero(positives + negatives)[::-1]
+        return cls(np.cumsum(positives[filled]).astype(np.int64), np.cumsum(negatives[filled]).astype(np.int64),
+                   edges[filled])
 
     @property
     def defined(self) -> bool:
@@ -130,7 +160,8 @@ class _Ranking:
         if not self.defined:
             return None
         previous_tps = np.r_[0, self.tps[:-1]]
-        twice_u = int(np.dot(np.diff(self.fps, prepend=0), self.tps + previous_tps))
+        exact = np.int64 if 2 * self.positives * self.negatives < 2 ** 63 else object  # Python's integers past int64
+        twice_u = int(np.dot(np.diff(self.fps, prepend=0).astype(exact), (self.tps + previous_tps).astype(exact)))
         return twice_u / (2 * self.positives * self.negatives)
 
     def average_precision(self) -> float | None:
@@ -156,70 +187,62 @@ class _Ranking:
         return {"roc": roc, "pr": pr}
 
 
-def _class_metrics(labels: np.ndarray, scores: np.ndarray) -> dict:
-    n, classes = scores.shape
-    predicted = decisions("class", scores)
-    confusion = np.bincount(labels * classes + predicted, minlength=classes * classes).reshape(classes, classes)
+def row_sums(kind: str, labels: np.ndarray, scores: np.ndarray) -> dict:
+    """The sums over checked arrays' rows behind every figure but AUC, average precision and regression's r2 (whose
+    spread needs the mean): counts and summed log losses or errors, from one pass over the rows; none is a must.
+    The histogram mode adds them up over the ranks."""
+    rows = labels.shape[0]
+    if kind == "regression":
+        errors = labels - scores
+        return {"rows": rows, "squared": np.sum(errors ** 2, axis=0), "absolute": np.sum(np.abs(errors), axis=0)}
+    if kind == "class":
+        classes = scores.shape[1]
+        return {"rows": rows,
+                "confusion": np.bincount(labels * classes + decisions(kind, scores), minlength=classes * classes),
+                "log_loss": _log_sum(_clipped(scores[np.arange(rows), labels], scores.dtype))}
+    positive, predicted = labels == 1, decisions(kind, scores) == 1
+    sums = {"rows": rows, "log_loss": _log_sum(_binary_probability(positive, scores))}
+    if kind == "multilabel":
+        return {**sums, "correct": np.count_nonzero((positive == predicted).all(axis=1))}
+    return {**sums, "correct": np.count_nonzero(positive == predicted), "hits": np.count_nonzero(positive & predicted),
+            "predicted": np.count_nonzero(predicted), "positives": np.count_nonzero(positive)}
+
+
+def figures(kind: str, sums: dict, rankings: list[Ranking]) -> dict:
+    """Every figure of a class, binary or multilabel target from its `row_sums` and its columns' rankings."""
+    n = int(sums["rows"])
+    auc = [r.auc() for r in rankings]
+    average_precision = [r.average_precision() for r in rankings]
+    if kind == "binary":
+        hits, predicted, positives = (int(sums[key]) for key in ("hits", "predicted", "positives"))
+        return {"rows": n, "accuracy": float(sums["correct"]) / n, "log_loss": float(sums["log_loss"]) / n,
+                "precision": _ratio(hits, predicted), "recall": _ratio(hits, positives),
+                "f1": _ratio(2 * hits, predicted + positives), "auc": auc[0], "average_precision": average_precision[0]}
+    ranked = {"auc": auc, "auc_macro": _mean_defined(auc), "average_precision": average_precision,
+              "average_precision_macro": _mean_defined(average_precision)}
+    if kind == "multilabel":
+        return {"rows": n, "accuracy": float(sums["correct"]) / n,
+                "log_loss": float(sums["log_loss"]) / (n * len(rankings)), **ranked}
+    classes = len(rankings)
+    confusion = np.asarray(sums["confusion"]).astype(np.int64).reshape(classes, classes)
     hits, true_counts, predicted_counts = np.diag(confusion), confusion.sum(axis=1), confusion.sum(axis=0)
-    precision = _ratios(hits, predicted_counts)
-    recall = _ratios(hits, true_counts)
+    precision, recall = _ratios(hits, predicted_counts), _ratios(hits, true_counts)
     f1 = _ratios(2 * hits, true_counts + predicted_counts)
-    rankings = [_Ranking(labels == c, scores[:, c]) for c in range(classes)]
-    auc = [r.auc() for r in rankings]
-    average_precision = [r.average_precision() for r in rankings]
-    return {
-        "rows": n, "accuracy": float(hits.sum() / n),
-        "log_loss": _mean_log(_clipped(scores[np.arange(n), labels], scores.dtype)),
-        "precision": precision, "recall": recall, "f1": f1,
-        "precision_macro": float(np.mean(precision)), "recall_macro": float(np.mean(recall)),
-        "f1_macro": float(np.mean(f1)),
-        "auc": auc, "auc_macro": _mean_defined(auc),
-        "average_precision": average_precision, "average_precision_macro": _mean_defined(average_precision),
-    }
+    return {"rows": n, "accuracy": float(hits.sum() / n), "log_loss": float(sums["log_loss"]) / n,
+            "precision": precision, "recall": recall, "f1": f1, "precision_macro": float(np.mean(precision)),
+            "recall_macro": float(np.mean(recall)), "f1_macro": float(np.mean(f1)), **ranked}
 
 
-def _binary_metrics(labels: np.ndarray, scores: np.ndarray) -> dict:
-    positive, predicted = labels == 1, decisions("binary", scores) == 1
-    hits = int(np.count_nonzero(positive & predicted))
-    ranking = _Ranking(positive, scores)
-    return {
-        "rows": int(labels.size), "accuracy": float(np.count_nonzero(positive == predicted) / labels.size),
-        "log_loss": _mean_log(_binary_probability(positive, scores)),
-        "precision": _ratio(hits, int(np.count_nonzero(predicted))),
-        "recall": _ratio(hits, int(np.count_nonzero(positive))),
-        "f1": _ratio(2 * hits, int(np.count_nonzero(predicted)) + int(np.count_nonzero(positive))),
-        "auc": ranking.auc(), "average_precision": ranking.average_precision(),
-    }
-
-
-def _multilabel_metrics(labels: np.ndarray, scores: np.ndarray) -> dict:
-    positive = labels == 1
-    rankings = [_Ranking(positive[:, j], scores[:, j]) for j in range(scores.shape[1])]
-    auc = [r.auc() for r in rankings]
-    average_precision = [r.average_precision() for r in rankings]
-    return {
-        "rows": int(labels.shape[0]),
-        "accuracy": float(np.count_nonzero((positive == (decisions("multilabel", scores) == 1)).all(axis=1))
-                          / labels.shape[0]),
-        "log_loss": _mean_log(_binary_probability(positive, scores)),
-        "auc": auc, "auc_macro": _mean_defined(auc),
-        "average_precision": average_precision, "average_precision_macro": _mean_defined(average_precision),
-    }
-
-
-def _regression_metrics(targets: np.ndarray, predictions: np.ndarray) -> dict:
-    targets, predictions = targets.astype(np.float64), predictions.astype(np.float64)
-    errors = targets - predictions
-    mse = np.mean(errors ** 2, axis=0)
+def regression_figures(sums: dict, spread: np.ndarray) -> dict:
+    """Every figure of a regression target from its `row_sums` and each output's spread (the sum of squared distances
+    to the mean; 0: a constant column)."""
+    n, residual = int(sums["rows"]), np.asarray(sums["squared"])
+    mse, mae = residual / n, np.asarray(sums["absolute"]) / n
     rmse = np.sqrt(mse)
-    mae = np.mean(np.abs(errors), axis=0)
-    result = {"rows": int(targets.shape[0]), "mse": float(np.mean(mse)), "rmse": float(np.mean(rmse)),
-              "mae": float(np.mean(mae)), "r2": None,
-              "mse_per_output": mse.tolist(), "rmse_per_output": rmse.tolist(), "mae_per_output": mae.tolist(),
-              "r2_per_output": [None] * targets.shape[1]}
-    if targets.shape[0] >= 2:
-        residual = np.sum(errors ** 2, axis=0)
-        spread = np.sum((targets - np.mean(targets, axis=0)) ** 2, axis=0)
+    result = {"rows": n, "mse": float(np.mean(mse)), "rmse": float(np.mean(rmse)), "mae": float(np.mean(mae)),
+              "r2": None, "mse_per_output": mse.tolist(), "rmse_per_output": rmse.tolist(),
+              "mae_per_output": mae.tolist(), "r2_per_output": [None] * mse.size}
+    if n >= 2:
         r2 = np.where(residual == 0, 1.0, 0.0)  # sklearn's force_finite where the spread is 0
         varied = spread != 0
         r2[varied] = 1 - residual[varied] / spread[varied]
@@ -237,8 +260,9 @@ def _clipped(probabilities: np.ndarray, dtype) -> np.ndarray:
     return np.clip(probabilities.astype(np.float64), eps, 1 - eps)
 
 
-def _mean_log(probabilities: np.ndarray) -> float:
-    return float(-np.mean(np.log(probabilities)))
+def _log_sum(probabilities: np.ndarray) -> float:
+    """The summed log loss, -sum(log p)."""
+    return float(-np.sum(np.log(probabilities)))
 
 
 def _ratio(numerator: int, denominator: int) -> float:
@@ -254,7 +278,7 @@ def _mean_defined(values: list) -> float | None:
     return float(np.mean(defined)) if defined else None
 
 
-def _checked(kind: str, labels, scores) -> tuple[np.ndarray, np.ndarray]:
+def checked(kind: str, labels, scores) -> tuple[np.ndarray, np.ndarray]:
     """The arrays in the shapes the metrics use (binary: (n,); multilabel, regression: (n, k)), or a one-line error."""
     if kind not in KINDS:
         raise MpitrainError(f"unknown target kind {kind!r}: expected one of {', '.join(KINDS)}")
@@ -290,70 +314,3 @@ def _checked(kind: str, labels, scores) -> tuple[np.ndarray, np.ndarray]:
     if kind in ("binary", "multilabel") and not np.isin(labels, (0, 1)).all():
         raise MpitrainError(f"{kind} labels must be 0 or 1")
     return labels, scores
-
-
-# ---------------------------------------------------------------------------------------------- over the ranks
-
-def gather_predictions(comm, labels: np.ndarray, scores: np.ndarray, max_rows: int | None = None):
-    """Every rank's labels and scores concatenated in rank order on rank 0, as (labels, scores); (None, None)
-    elsewhere. A collective: every rank calls it (a rank without rows passes empty arrays of its shape).
-
-    Exact metrics need every prediction on one rank: n x (k + k) values, the labels and the scores (float64:
-    at 10^7 rows and k = 1, 160 MB on rank 0, plus the pickled copies the object gather makes). Above `max_rows`
-    rows in all (default `MAX_EXACT_ROWS`, 5 x 10^7) every rank raises an error instead, before anything is
-    sent: score a sample of the split, or fewer rows. There is no approximate (histogram) mode in this round.
-
-    The arrays travel by the communicator's pickled object gather (`gather_obj`): two gathers (the row counts,
-    then the arrays) and one broadcast (whether to go on), so a rank whose arrays disagree in length, or a
-    total over the limit, raises the same error on every rank instead of leaving the others waiting.
-    """
-    limit = MAX_EXACT_ROWS if max_rows is None else max_rows
-    labels, scores = np.asarray(labels), np.asarray(scores)
-    agrees = labels.ndim > 0 and scores.ndim > 0 and labels.shape[0] == scores.shape[0]
-    shapes = comm.gather_obj((labels.shape, scores.shape) if agrees else None)
-    problem = _gather_problem(shapes, limit) if comm.rank == 0 else None
-    problem = comm.bcast_obj(problem)
-    if problem is not None:
-        raise MpitrainError(problem)
-    parts = comm.gather_obj((labels, scores))
-    if comm.rank != 0:
-        return None, None
-    parts = [p for p in parts if p[0].shape[0]] or parts[:1]  # a rank without rows may pass arrays of any width
-    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-
-
-def _gather_problem(shapes: list, limit: int) -> str | None:
-    """Why the ranks' arrays (their shapes, None where labels and scores differ in length) cannot be gathered."""
-    if None in shapes:
-        return f"labels and scores differ in length on rank {shapes.index(None)}"
-    widths = {(a[1:], b[1:]) for a, b in shapes if a[0]}
-    if len(widths) > 1:
-        return f"the ranks' labels and scores differ in shape: {[(a, b) for a, b in shapes]}"
-    rows = sum(a[0] for a, _ in shapes)
-    if rows > limit:
-        return (f"exact metrics bring every prediction to rank 0, and {rows} rows are more than the limit of "
-                f"{limit} (mpitrain.training.scores.MAX_EXACT_ROWS): score a sample of the split")
-    return None
-
-
-def distributed_metrics(comm, kind: str, labels: np.ndarray, scores: np.ndarray,
-                        max_rows: int | None = None) -> dict:
-    """`target_metrics` of every rank's rows together, the same dict on every rank. A collective: the rows are
-    gathered on rank 0 (`gather_predictions`, with its memory cost and limit), scored there, and the result
-    broadcast (`root_metrics`)."""
-    return root_metrics(comm, kind, *gather_predictions(comm, labels, scores, max_rows))
-
-
-def root_metrics(comm, kind: str, labels: np.ndarray | None, scores: np.ndarray | None) -> dict:
-    """`target_metrics` of rank 0's `labels` and `scores` (what `gather_predictions` gave it; other ranks pass None),
-    the same dict on every rank. A collective: an error on rank 0 (bad labels on some rank) is raised on every rank."""
-    result = None
-    if comm.rank == 0:
-        try:
-            result = target_metrics(kind, labels, scores)
-        except MpitrainError as e:
-            result = e
-    result = comm.bcast_obj(result if not isinstance(result, MpitrainError) else ("error", str(result)))
-    if isinstance(result, tuple):
-        raise MpitrainError(result[1])
-    return result

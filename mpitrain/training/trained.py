@@ -63,17 +63,18 @@ class Trained:
 
 
 def evaluate_run(run_dir: str, comm, split: str = "test", checkpoint: str | None = None,
-                 batch_size: int | None = None, allow_other_dataset: bool = False) -> dict:
+                 batch_size: int | None = None, allow_other_dataset: bool = False,
+                 max_exact_rows: int | None = None) -> dict:
     """Evaluate a run's checkpoint on every row of `split` (a collective); rank 0 writes RUN_DIR/eval-SPLIT.json and
     its picture (the confusion matrix, ROC and precision-recall curves, or predicted against true values, by target
     kind). Returns the scores (class targets: accuracy, loss, rows, confusion, precision, recall; other targets:
-    accuracy, loss, rows and the kind's metrics) with their provenance, the two paths ("json", "picture") and the
-    class names."""
+    accuracy, loss, rows and the kind's metrics, exact up to `max_exact_rows` rows, default `MAX_EXACT_ROWS`, and
+    in the histogram mode above) with their provenance, the two paths ("json", "picture") and the class names."""
     trained = Trained(run_dir, comm, split, checkpoint, batch_size, allow_other_dataset)
     run, target = trained.run, trained.manifest.target
     try:
         evaluation = evaluate(run.model, trained.rows, trained.to_input, trained.batch_size, run.comm,
-                              trained.manifest.num_classes, run.backend, target)
+                              trained.manifest.num_classes, run.backend, target, max_exact_rows)
     finally:
         run.reader.close()  # the shards' files (a remote store's connections) before the interpreter ends
     result = evaluation.to_dict()
@@ -84,7 +85,7 @@ def evaluate_run(run_dir: str, comm, split: str = "test", checkpoint: str | None
         if comm.is_root:
             drawn = {}
             if target in ("binary", "multilabel"):
-                found = curves(target, *evaluation.predictions)
+                found = curves(target, *evaluation.predictions) if evaluation.curves is None else evaluation.curves
                 drawn["curves"] = [found] if target == "binary" else found
             elif target == "regression":
                 drawn["values"] = evaluation.predictions

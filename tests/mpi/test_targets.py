@@ -12,6 +12,7 @@ from matplotlib.image import imread
 
 from mpitrain.testing.datasets import TARGET_NAMES, make_dataset, read_split, write_config
 from mpitrain.testing.launch import MPITRAIN, command, mpiexec
+from mpitrain.training.distributed_scores import HISTOGRAM_BINS
 from mpitrain.training.scores import target_metrics
 
 HIDDEN = {"type": "dense", "units": 16, "activation": "relu"}
@@ -88,6 +89,35 @@ def test_predict_writes_probabilities_or_values_and_the_onnx_graph_gives_them(tr
     got = session.run([name], {"x": x})[0]
     assert got.dtype == np.float32 and got.shape == outputs.shape
     np.testing.assert_allclose(got, outputs, rtol=1e-6, atol=1e-5)
+
+
+def test_eval_above_its_exact_limit_scores_in_the_histogram_mode_and_says_so(trained):
+    """`mpitrain eval --max-exact-rows` below the split's rows: AUC and average precision from histograms, the mode in
+    eval-SPLIT.json and the output, every other figure the exact eval's, the picture drawn as before."""
+    target, folder = trained
+    run_dir = folder / "run"
+    written = {}
+    for limit in ([], ["--max-exact-rows", "0"]):
+        result = mpiexec(2, MPITRAIN, "eval", run_dir, "--split", "train", *limit, timeout=60)
+        assert result.returncode == 0, result.stderr
+        written[bool(limit)] = json.loads((run_dir / "eval-train.json").read_text())
+        assert imread(run_dir / f"{CASES[target][3]}-train.png").ndim == 3
+    exact, histogram = written[False], written[True]
+    ranked = {"auc", "auc_macro", "average_precision", "average_precision_macro", "auc_mode", "auc_bins",
+              "auc_error_bound"}
+    for key in (set(exact) | set(histogram)) - ranked:
+        if isinstance(exact[key], str):
+            assert histogram[key] == exact[key], key
+        else:
+            np.testing.assert_allclose(np.array(histogram[key], float), np.array(exact[key], float), rtol=1e-12,
+                                       atol=1e-12, err_msg=key)
+    if target == "regression":  # every figure a sum: nothing to approximate
+        assert not ranked & set(histogram)
+        return
+    assert exact["auc_mode"] == "exact" and histogram["auc_mode"] == "histogram"
+    assert f"AUC and average precision from histograms of {HISTOGRAM_BINS} bins: AUC within" in result.stdout
+    error = np.abs(np.array(histogram["auc"], float) - np.array(exact["auc"], float))
+    assert (error <= np.array(histogram["auc_error_bound"], float)).all()
 
 
 def test_a_loss_that_does_not_fit_the_target_is_one_line_before_anything_is_written(tmp_path):
