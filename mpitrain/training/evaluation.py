@@ -1,10 +1,11 @@
 """Distributed evaluation and inference: each rank scores its own rows, the sums are Allreduced.
 
-Class targets are scored by a fused kernel into a confusion matrix. Binary, multilabel and
+Class targets are scored by a fused kernel into a confusion matrix and the loss. Binary, multilabel and
 regression targets (`Manifest.target`) are scored by the model's own loss, their accuracy
-from the loss's correct count (regression has none), and the outputs the loss reads as
-probabilities or values (`outputs_of`) are kept for the metrics of their kind: exact up to
-`MAX_EXACT_ROWS` rows in all, in the histogram mode above (`mpitrain.training.distributed_scores`).
+from the loss's correct count (regression has none). Every kind keeps the outputs the loss reads as
+probabilities or values (`outputs_of`) for the metrics of their kind (class targets: log loss, F1, AUC and
+average precision one-vs-rest per class and macro): exact up to `MAX_EXACT_ROWS` rows in all, in the histogram
+mode above (`mpitrain.training.distributed_scores`).
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ class Evaluation:
         true_counts, predicted_counts = self.confusion.sum(axis=1), self.confusion.sum(axis=0)
         hits = np.diag(self.confusion)
         return {
-            "accuracy": self.accuracy, "loss": self.loss, "rows": self.rows,
+            **self.metrics, "accuracy": self.accuracy, "loss": self.loss, "rows": self.rows,
             "precision": [float(h / p) if p else 0.0 for h, p in zip(hits, predicted_counts)],
             "recall": [float(h / t) if t else 0.0 for h, t in zip(hits, true_counts)],
             "confusion": self.confusion.tolist(),
@@ -84,9 +85,12 @@ def batched_logits(model, rows, to_input, batch_size: int):
 
 
 def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, backend, target: str = "class",
-             max_exact_rows: int | None = None) -> Evaluation:
+             max_exact_rows: int | None = None, class_metrics: bool = False) -> Evaluation:
     """Evaluate on every rank's rows; a collective, so every rank must call it. `target`: the dataset's kind
-    (`Manifest.target`); other kinds than class go to `evaluate_targets` (with `max_exact_rows`).
+    (`Manifest.target`); other kinds than class go to `evaluate_targets` (with `max_exact_rows`). Class targets get
+    their confusion matrix and loss, allocating no array (the training loop's evaluation after each epoch), and with
+    `class_metrics` (`mpitrain eval`) also the kind's ranking metrics from the softmax outputs: log loss, F1, AUC and
+    average precision per class and macro (`kind_metrics`).
 
     Each batch's loss and (label, prediction) counts are added up on the device by one fused
     kernel (`mpitrain.kernels.loss.score`, counts in float64: exact below 2**53 rows); one copy
@@ -98,10 +102,13 @@ def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, bac
         return evaluate_targets(model, rows, to_input, batch_size, comm, backend, target, max_exact_rows)
     size = num_classes * num_classes
     totals = backend.xp.zeros(size + 2, dtype=np.float64)  # the counts, the loss sum, the ranks that failed to read
-    failure = None
+    outputs, labels, failure = [], [], None
     try:
-        for logits, labels in batched_logits(model, rows, to_input, batch_size):
-            score(logits, backend.to_device(labels), totals[:size], totals[size:size + 1])
+        for logits, batch_labels in batched_logits(model, rows, to_input, batch_size):
+            score(logits, backend.to_device(batch_labels), totals[:size], totals[size:size + 1])
+            if class_metrics:
+                outputs.append(backend.to_host(outputs_of(logits, target)).astype(np.float64))
+                labels.append(batch_labels.astype(np.int64))
     except DataError as e:
         failure = str(e)
     totals = backend.to_host(totals)
@@ -109,7 +116,13 @@ def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, bac
     comm.allreduce_(totals)
     if totals[-1]:  # the messages cross only when a rank failed
         comm.raise_first_failure(failure, DataError)
-    return Evaluation(totals[:size].astype(np.int64).reshape(num_classes, num_classes), float(totals[size]))
+    confusion = totals[:size].astype(np.int64).reshape(num_classes, num_classes)
+    if not class_metrics:
+        return Evaluation(confusion, float(totals[size]))
+    labels = np.concatenate(labels or [np.empty(0, np.int64)])
+    outputs = np.concatenate(outputs or [np.empty((0, num_classes))]).reshape(-1, num_classes)
+    metrics, _, _ = kind_metrics(comm, target, labels, outputs, int(confusion.sum()), max_exact_rows)
+    return Evaluation(confusion, float(totals[size]), metrics=metrics)
 
 
 def evaluate_targets(model, rows, to_input, batch_size: int, comm, backend, target: str,
@@ -134,18 +147,25 @@ def evaluate_targets(model, rows, to_input, batch_size: int, comm, backend, targ
     if totals[3]:
         comm.raise_first_failure(failure, DataError)
     width, scored = model.output_shape[0], int(totals[2])  # every rank's rows: all decide the mode alike
-    limit = MAX_EXACT_ROWS if max_exact_rows is None else max_exact_rows
     labels, outputs = (np.concatenate(parts or [np.empty((0, width))]).reshape(-1, width) for parts in (labels, outputs))
-    found = None
-    if scored <= limit:
-        gathered = gather_predictions(comm, labels, outputs, limit)
-        metrics = root_metrics(comm, target, *gathered)
-    else:
-        metrics, found = histogram_scores(comm, target, labels, outputs)
-        step = -(-scored // MAX_SCATTER_POINTS)
-        gathered = gather_predictions(comm, labels[::step], outputs[::step]) if target == "regression" else None
+    metrics, gathered, found = kind_metrics(comm, target, labels, outputs, scored, max_exact_rows)
     return Evaluation(None, float(totals[0]), scored, None if target == "regression" else float(totals[1]),
                       metrics, gathered if comm.rank == 0 else None, found if comm.rank == 0 else None)
+
+
+def kind_metrics(comm, target: str, labels, outputs, scored: int, max_exact_rows: int | None = None):
+    """A target kind's metrics of every rank's (labels, outputs), `scored` rows in all (a collective): up to
+    `max_exact_rows` (default `MAX_EXACT_ROWS`) exact, gathered on rank 0; above, in the histogram mode, where no row
+    leaves its rank but regression's sample for the picture. Returns (metrics, rank 0's gathered predictions or
+    None, the histogram mode's curves or None)."""
+    limit = MAX_EXACT_ROWS if max_exact_rows is None else max_exact_rows
+    if scored <= limit:
+        gathered = gather_predictions(comm, labels, outputs, limit)
+        return root_metrics(comm, target, *gathered), gathered, None
+    metrics, found = histogram_scores(comm, target, labels, outputs)
+    step = -(-scored // MAX_SCATTER_POINTS)
+    gathered = gather_predictions(comm, labels[::step], outputs[::step]) if target == "regression" else None
+    return metrics, gathered, found
 
 
 def predict(model, rows, to_input, batch_size: int, backend, target: str = "class") \

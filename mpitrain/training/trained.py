@@ -67,14 +67,15 @@ def evaluate_run(run_dir: str, comm, split: str = "test", checkpoint: str | None
                  max_exact_rows: int | None = None) -> dict:
     """Evaluate a run's checkpoint on every row of `split` (a collective); rank 0 writes RUN_DIR/eval-SPLIT.json and
     its picture (the confusion matrix, ROC and precision-recall curves, or predicted against true values, by target
-    kind). Returns the scores (class targets: accuracy, loss, rows, confusion, precision, recall; other targets:
-    accuracy, loss, rows and the kind's metrics, exact up to `max_exact_rows` rows, default `MAX_EXACT_ROWS`, and
+    kind). Returns the scores (class targets: accuracy, loss, rows, confusion, precision, recall and the kind's
+    metrics: log loss, F1, AUC and average precision one-vs-rest and macro; other targets: accuracy, loss, rows and
+    the kind's metrics, exact up to `max_exact_rows` rows, default `MAX_EXACT_ROWS`, and
     in the histogram mode above) with their provenance, the two paths ("json", "picture") and the class names."""
     trained = Trained(run_dir, comm, split, checkpoint, batch_size, allow_other_dataset)
     run, target = trained.run, trained.manifest.target
     try:
         evaluation = evaluate(run.model, trained.rows, trained.to_input, trained.batch_size, run.comm,
-                              trained.manifest.num_classes, run.backend, target, max_exact_rows)
+                              trained.manifest.num_classes, run.backend, target, max_exact_rows, class_metrics=True)
     finally:
         run.reader.close()  # the shards' files (a remote store's connections) before the interpreter ends
     result = evaluation.to_dict()

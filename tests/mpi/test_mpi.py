@@ -239,7 +239,13 @@ def test_eval_and_predict_after_training_and_resume_on_other_rank_count(tmp_path
     with h5py.File(run_dir / "predictions-test.h5") as f:
         assert f["predicted"].shape == (200,) and f["probabilities"].shape == (200, 3)
         hits = (f["predicted"][...] == f["label"][...]).mean()
+        probabilities, labels = f["probabilities"][...], f["label"][...]
     assert hits == pytest.approx(first["test_accuracy"])
+    # eval's class metrics are scikit-learn's of the same predictions (written by 3 ranks, float32)
+    from sklearn.metrics import f1_score, log_loss, roc_auc_score
+    assert evaluation["auc_macro"] == pytest.approx(roc_auc_score(labels, probabilities, multi_class="ovr"), rel=1e-4)
+    assert evaluation["log_loss"] == pytest.approx(log_loss(labels, probabilities, labels=[0, 1, 2]), rel=1e-4)
+    assert evaluation["f1"] == pytest.approx(list(f1_score(labels, probabilities.argmax(1), average=None)))
     # a second run of the same config with more epochs resumes after epoch 1, here on 4 ranks
     result, run_dir = train(tmp_path, 4, train={"epochs": 2})
     assert result.returncode == 0, result.stderr
