@@ -94,13 +94,22 @@ def mpitrain_run(config: str, ranks: int, mode: str, tables: str, args) -> dict:
                 "bytes_sent_per_step", "bytes_sent_per_step_min", "bytes_sent_per_step_max")}}
 
 
+DDP_ATTEMPTS = 3  # gloo's sparse allreduce now and then aborts a rank (SIGABRT) on 4 oversubscribed ranks
+
+
 def ddp_run(config: str, ranks: int, tables: str, args) -> dict:
+    """One PyTorch run; a run whose ranks die is run again, up to DDP_ATTEMPTS times, and the row counts the failed
+    attempts (`ddp_failed_attempts`)."""
     command = [sys.executable, os.path.join(HERE, "torch_embeddings.py"), "--config", config, "--ranks", str(ranks),
                "--warmup-steps", str(args.warmup), *(["--sparse"] if tables == "sparse" else [])]
-    done = subprocess.run(command, env=TORCHRUN_ENV, capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    return {**json.loads(done.stdout.strip().splitlines()[-1]), "bytes": "computed"}
+    for attempt in range(DDP_ATTEMPTS):
+        done = subprocess.run(command, env=TORCHRUN_ENV, capture_output=True, text=True)
+        if not done.returncode:
+            return {**json.loads(done.stdout.strip().splitlines()[-1]), "bytes": "computed",
+                    "ddp_failed_attempts": attempt}
+        print(f"{' '.join(command)} failed (attempt {attempt + 1}): {done.stderr.strip().splitlines()[-1]}",
+              file=sys.stderr)
+    raise SystemExit(f"{' '.join(command)} failed {DDP_ATTEMPTS} times:\n{done.stderr[-3000:]}")
 
 
 def measure(args, data: str, work: str, with_ddp: bool) -> list[dict]:
