@@ -21,6 +21,7 @@ import shutil
 import uuid
 
 from mpitrain.errors import DataError
+from mpitrain.files import refuse_existing
 from mpitrain.rundir.directory import FileLock
 
 log = logging.getLogger(__name__)
@@ -31,8 +32,7 @@ def check_out(out: str, overwrite: bool, marker: str, kind: str) -> None:
     out = os.path.realpath(out)
     if not os.path.lexists(out):
         return
-    if not overwrite:
-        raise DataError(f"{out}: exists; pass --overwrite to replace it")
+    refuse_existing(out, overwrite, DataError)
     if not os.path.isdir(out) or (os.listdir(out) and not os.path.isfile(os.path.join(out, marker))):
         raise DataError(f"{out}: exists and is not a {kind} folder (no {marker}); "
                         "refusing to replace it, even with --overwrite")

@@ -18,6 +18,8 @@ import sys
 from mpitrain.errors import MpitrainError
 
 log = logging.getLogger("mpitrain")
+OVERWRITE_HELP = ("replace an existing --out file (never one in a run's checkpoints/ or a dataset folder; the file is "
+                  "written under a temporary name and renamed)")
 
 
 def main(argv=None) -> int:
@@ -66,7 +68,9 @@ def _parser() -> argparse.ArgumentParser:
                          help="use a checkpoint trained on another dataset than data.path holds now (recorded in "
                               "the output)")
         if name == "predict":
-            sub.add_argument("--out", help="output HDF5 file (default: RUN_DIR/predictions-SPLIT.h5)")
+            sub.add_argument("--out", help="output HDF5 file (default: RUN_DIR/predictions-SPLIT.h5, replaced on "
+                                           "every call)")
+            sub.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
         else:
             sub.add_argument("--max-exact-rows", type=int, metavar="N",
                              help="score exactly, every prediction gathered on rank 0, up to N rows in all; AUC and "
@@ -78,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("run_dir", help="a run directory written by `mpitrain train`")
     export.add_argument("--checkpoint", help="checkpoint file (default: the run's newest)")
     export.add_argument("--out", required=True, help="the ONNX file to write, e.g. model.onnx")
+    export.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     export.set_defaults(run=_export)
 
     from mpitrain.etl.cli import add_arguments, add_score_arguments, run, run_score
@@ -91,7 +96,10 @@ def _parser() -> argparse.ArgumentParser:
 
     report = commands.add_parser("report", help="draw report.png and report.html from one or more run directories")
     report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories, overlaid in one report")
-    report.add_argument("--out", help="output folder (default: RUN_DIR for one run, the current folder for several)")
+    report.add_argument("--out", help="output folder (default: RUN_DIR for one run, the current folder for several; "
+                                      "the report there is replaced on every call)")
+    report.add_argument("--overwrite", action="store_true", help="replace report.png and report.html in an --out "
+                                                                 "folder that holds them")
     report.set_defaults(run=_report)
 
     info = commands.add_parser("info", help="summarize a dataset and verify its shard checksums")
@@ -141,16 +149,18 @@ def _eval(args, comm) -> int:
 def _predict(args, comm) -> int:
     from mpitrain.training.trained import predict_run
     path, rows = predict_run(args.run_dir, comm, args.split, args.out, args.checkpoint, args.batch_size,
-                             args.allow_other_dataset)
+                             args.allow_other_dataset, args.overwrite)
     if comm.is_root:
         print(f"wrote {path}: {rows} rows of split {args.split!r}")
     return 0
 
 
 def _export(args) -> int:
+    from mpitrain.files import check_output
     from mpitrain.rundir.export import describe_tensor, export_run, metadata, write_model
+    check_output(args.out, args.overwrite)  # before the work, not after it
     proto = export_run(args.run_dir, args.checkpoint)
-    write_model(proto, args.out)
+    write_model(proto, args.out, args.overwrite)
     print(f"wrote {args.out}: {len(proto.graph.node)} ONNX nodes (opset {proto.opset_import[0].version}), "
           f"rows {describe_tensor(proto.graph.input[0])} -> {proto.graph.output[0].name} "
           f"{describe_tensor(proto.graph.output[0])}; from {metadata(proto)['checkpoint']}")
@@ -160,7 +170,7 @@ def _export(args) -> int:
 def _report(args) -> int:
     from mpitrain.rundir.report import write_report
     out = args.out or (args.run_dirs[0] if len(args.run_dirs) == 1 else ".")
-    print("wrote {} and {}".format(*write_report(args.run_dirs, out)))
+    print("wrote {} and {}".format(*write_report(args.run_dirs, out, args.overwrite or not args.out)))
     return 0
 
 

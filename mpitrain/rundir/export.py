@@ -28,7 +28,7 @@ import numpy as np
 
 from mpitrain import __version__
 from mpitrain.errors import ConfigError, MpitrainError
-from mpitrain.files import write_file
+from mpitrain.files import check_output, write_file
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.embedding import Embedding
@@ -258,10 +258,13 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
     return proto
 
 
-def export_onnx(model, manifest, path: str, normalize: bool = True, metadata: dict | None = None):
-    """Write `onnx_model(model, manifest, normalize, metadata)` to `path` (a temporary file, then a rename)."""
+def export_onnx(model, manifest, path: str, normalize: bool = True, metadata: dict | None = None,
+                overwrite: bool = False):
+    """Write `onnx_model(model, manifest, normalize, metadata)` to `path` (a temporary file, then a rename); an
+    existing `path` is refused unless `overwrite` (`write_model`)."""
+    check_output(path, overwrite)
     proto = onnx_model(model, manifest, normalize, metadata)
-    write_model(proto, path)
+    write_model(proto, path, overwrite)
     return proto
 
 
@@ -290,8 +293,11 @@ def export_run(run_dir: str, checkpoint: str | None = None):
                        "dataset": config.data.path})
 
 
-def write_model(proto, path: str) -> None:
-    """Write an ONNX model to `path`: complete or absent (`mpitrain.files.write_file`)."""
+def write_model(proto, path: str, overwrite: bool = False) -> None:
+    """Write an ONNX model to `path`: complete or absent (`mpitrain.files.write_file`). An existing `path` is refused
+    unless `overwrite`, and a path inside a run's checkpoints/ or a dataset folder always
+    (`mpitrain.files.check_output`)."""
+    check_output(path, overwrite)
     data = proto.SerializeToString()
     write_file(path, lambda f: f.write(data), binary=True, size=len(data))
 

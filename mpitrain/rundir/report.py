@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import html
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import numpy as np
 import yaml
 
 from mpitrain.errors import MpitrainError
+from mpitrain.files import check_output, write_file
 from mpitrain.rundir.directory import RunDir
 
 FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
@@ -100,14 +102,20 @@ def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
     return records["window"], records["epoch"]
 
 
-def write_report(run_dirs: list[str], out_dir: str) -> tuple[str, str]:
-    """Draw OUT/report.png from the runs (overlaid) and OUT/report.html around it; return both paths."""
+def write_report(run_dirs: list[str], out_dir: str, overwrite: bool = False) -> tuple[str, str]:
+    """Draw OUT/report.png from the runs (overlaid) and OUT/report.html around it, each complete or absent; return
+    both paths. Existing ones are refused unless `overwrite` (a run's own report is replaced: the training loop and
+    `mpitrain report RUN_DIR` pass it), and an `out_dir` in a run's checkpoints/ or a dataset folder always."""
     runs = [read_run(d) for d in run_dirs]
-    os.makedirs(out_dir, exist_ok=True)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise MpitrainError(f"{out_dir}: is a file; expected a folder to write report.png and report.html into")
     png, page = RunDir(out_dir).report_png, RunDir(out_dir).report_html
-    _report_figure(runs).savefig(png, dpi=REPORT_DPI)
-    with open(page, "w") as f:
-        f.write(_report_html(runs, _base64(png)))
+    for path in (png, page):
+        check_output(path, overwrite)
+    drawn = io.BytesIO()
+    _report_figure(runs).savefig(drawn, format="png", dpi=REPORT_DPI)
+    write_file(png, lambda f: f.write(drawn.getvalue()), binary=True)
+    write_file(page, lambda f: f.write(_report_html(runs, base64.b64encode(drawn.getvalue()).decode("ascii"))))
     return png, page
 
 

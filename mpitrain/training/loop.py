@@ -337,7 +337,7 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
             if config.report:
                 from mpitrain.rundir.report import write_report
                 with os_errors(config.run_dir, "drawing the report"):
-                    log.info("wrote %s and %s", *write_report([config.run_dir], config.run_dir))
+                    log.info("wrote %s and %s", *write_report([config.run_dir], config.run_dir, overwrite=True))
     return summary
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from mpitrain.config.sections import load_config
 from mpitrain.errors import MpitrainError
+from mpitrain.files import check_output
 from mpitrain.rundir.directory import RunDir
 from mpitrain.rundir.outputs import names_of, target_names, write_evaluation, write_predictions
 from mpitrain.training.evaluation import EVAL_BATCH_SIZE, evaluate, predict
@@ -97,15 +98,18 @@ def evaluate_run(run_dir: str, comm, split: str = "test", checkpoint: str | None
 
 
 def predict_run(run_dir: str, comm, split: str = "test", out: str | None = None, checkpoint: str | None = None,
-                batch_size: int | None = None, allow_other_dataset: bool = False) -> tuple[str, int]:
+                batch_size: int | None = None, allow_other_dataset: bool = False,
+                overwrite: bool = False) -> tuple[str, int]:
     """Predict every row of `split` with a run's checkpoint (a collective); rank 0 writes the predictions, the
     model's outputs (probabilities, or regression's values) and the labels to `out` (default
-    RUN_DIR/predictions-SPLIT.h5; the layout by target kind: `mpitrain.rundir.outputs`). Returns the path and the
-    row count."""
-    path = out or RunDir(run_dir).predictions(split)
+    RUN_DIR/predictions-SPLIT.h5, the tool's own file, replaced on every call; the layout by target kind:
+    `mpitrain.rundir.outputs`). An existing `out` is refused unless `overwrite`, and a path inside a run's
+    checkpoints/ or a dataset folder always (`mpitrain.files.check_output`). Returns the path and the row count."""
+    path, overwrite = (out, overwrite) if out else (RunDir(run_dir).predictions(split), True)
     with comm.agreed_errors():
         if os.path.isdir(path):
             raise MpitrainError(f"--out {path}: is a folder; expected an HDF5 file path")
+        check_output(path, overwrite)
     trained = Trained(run_dir, comm, split, checkpoint, batch_size, allow_other_dataset)
     target = trained.manifest.target
     try:
@@ -117,6 +121,7 @@ def predict_run(run_dir: str, comm, split: str = "test", out: str | None = None,
     parts = comm.gather_obj((predicted, outputs, labels))
     with comm.agreed_errors():
         if comm.is_root:
+            check_output(path, overwrite)  # again: something may have appeared there while the ranks predicted
             write_predictions(path, target, *(np.concatenate([p[i] for p in parts]) for i in range(3)),
                               trained.provenance(), None if target == "class" else target_names(trained.manifest))
     return path, sum(comm.allgather_obj(len(outputs)))

@@ -138,6 +138,12 @@ def test_float64_model_and_float32_rows_without_normalizing(tmp_path):
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
     assert {p.key: p.value for p in proto.metadata_props}["note"] == "x"
+    before = (tmp_path / "m.onnx").read_bytes()
+    with pytest.raises(MpitrainError, match=f"{tmp_path / 'm.onnx'}: exists; pass --overwrite to replace it"):
+        export_onnx(model, manifest, str(tmp_path / "m.onnx"), normalize=True)
+    assert (tmp_path / "m.onnx").read_bytes() == before
+    export_onnx(model, manifest, str(tmp_path / "m.onnx"), normalize=True, overwrite=True)
+    assert (tmp_path / "m.onnx").read_bytes() != before
 
 
 @pytest.mark.parametrize("target, loss, names, head, output", [

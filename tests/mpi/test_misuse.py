@@ -363,3 +363,72 @@ def test_another_mpis_launcher_is_refused_instead_of_n_lone_copies(trained, tmp_
                           f"{launcher} started 4 processes, but each sees an MPI world of 1 rank: mpi4py runs on "
                           "another MPI library")
     assert not (tmp_path / "run").exists()
+
+
+# The commands that write a file the user names, and the ranks they run on (0: one process, no mpiexec).
+WRITERS = {"predict": 2, "export": 0, "report": 0}
+
+
+def an_existing_output(command: str, case: Path) -> tuple[Path, Path]:
+    """(the --out to give, the file already there): a file of the user's, or for report a folder holding one."""
+    if command == "report":
+        (case / "mine").mkdir()
+        return case / "mine", case / "mine" / "report.png"
+    out = case / ("model.onnx" if command == "export" else "predictions.h5")
+    return out, out
+
+
+@pytest.mark.parametrize("command", WRITERS)
+def test_an_existing_out_is_refused_and_replaced_only_with_overwrite(trained, tmp_path, command):
+    run = copy_run(trained, tmp_path)
+    out, existing = an_existing_output(command, tmp_path)
+    existing.write_bytes(b"the user's results")
+    before = checksums(tmp_path)
+    result, elapsed = run_case([command, str(run), "--out", str(out)], WRITERS[command])
+    assert_one_line_error(result, elapsed, f"{existing}: exists; pass --overwrite to replace it")
+    assert checksums(tmp_path) == before
+    result, _ = run_case([command, str(run), "--out", str(out), "--overwrite"], WRITERS[command])
+    assert result.returncode == 0, result.stderr
+    assert existing.read_bytes() != b"the user's results"
+    assert not [p for p in tmp_path.rglob("*.tmp")]  # written under a temporary name, then renamed
+
+
+def inside(place: str, command: str, run: Path, case: Path) -> Path:
+    """An --out in the run's checkpoints/ (the newest checkpoint itself, for a file) or in a dataset folder."""
+    if place == "checkpoints":
+        newest = sorted((run / "checkpoints").glob("ckpt-*.h5"))[-1]
+        return newest.parent if command == "report" else newest
+    make_dataset(case / "data", n_train=32, n_test=16)
+    return case / "data" if command == "report" else case / "data" / "train" / "predictions.h5"
+
+
+@pytest.mark.parametrize("command", WRITERS)
+@pytest.mark.parametrize("place, pattern", [("checkpoints", "is inside the run's checkpoints folder .*/checkpoints; "
+                                                            "write it elsewhere"),
+                                            ("dataset", "is inside the dataset folder .*/data; write it elsewhere")])
+def test_out_in_a_runs_checkpoints_or_a_dataset_is_refused_even_with_overwrite(trained, tmp_path, command, place,
+                                                                                pattern):
+    run = copy_run(trained, tmp_path)
+    out = inside(place, command, run, tmp_path)
+    before = checksums(tmp_path)
+    result, elapsed = run_case([command, str(run), "--out", str(out), "--overwrite"], WRITERS[command])
+    assert_one_line_error(result, elapsed, pattern)
+    assert checksums(tmp_path) == before
+
+
+def test_predict_without_out_replaces_its_own_default_file(trained, tmp_path):
+    run = copy_run(trained, tmp_path)
+    for _ in range(2):
+        result, _ = run_case(["predict", str(run)])
+        assert result.returncode == 0, result.stderr
+    assert (run / "predictions-test.h5").is_file()
+
+
+def test_report_out_an_existing_file_is_one_line_and_leaves_it(trained, tmp_path):
+    run = copy_run(trained, tmp_path)
+    (tmp_path / "notes.txt").write_text("the user's notes")
+    before = checksums(tmp_path)
+    result, elapsed = run_case(["report", str(run), "--out", str(tmp_path / "notes.txt"), "--overwrite"], ranks=0)
+    assert_one_line_error(result, elapsed, "notes.txt: is a file; expected a folder to write report.png and "
+                                           "report.html into")
+    assert checksums(tmp_path) == before
