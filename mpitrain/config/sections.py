@@ -1,15 +1,17 @@
 """Run configuration: YAML sections validated into dataclasses, with `--set section.key=value` overrides.
 
 Every error names the config file and the dotted key, and says what was expected. Each
-field carries its meaning (and, where it is a choice, the allowed values, taken from the
-registry that implements them) in its metadata: `mpitrain.config.reference` turns them
-into docs/configuration.md, and `validate` checks the choices when the config is loaded.
+field carries its meaning and its domain (a choice's allowed values, taken from the registry
+that implements them, or a number's interval) in its metadata: `mpitrain.config.reference`
+turns them into docs/configuration.md, and `validate` checks them when the config is loaded,
+after checking that every number in the config, nested ones included, is finite.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import logging
+import math
 import os
 import types
 import typing
@@ -25,7 +27,7 @@ from mpitrain.kernels.threshold.message import ENCODINGS as MESSAGE_ENCODINGS
 from mpitrain.nn.layers import INIT_SCHEMES
 from mpitrain.nn.losses import LOSS_OPTIONS, LOSS_TARGETS, LOSSES, check_loss_options
 from mpitrain.nn.graph import GRAPH_TYPES, check_node_spec
-from mpitrain.nn.model import LAYER_TYPES, check_layer_spec
+from mpitrain.nn.model import LAYER_TYPES, MAX_UNITS, check_layer_spec
 from mpitrain.nn.rbm import VISIBLE_UNITS
 from mpitrain.nn.updaters import UPDATERS
 from mpitrain.rundir.directory import own_run_dir
@@ -40,9 +42,11 @@ RESIDUAL_CLIP_DEFAULTS = {"factor": 5.0, "every": 5}
 PROPAGATE = ("mean", "sample")
 
 
-def option(default, doc: str, choices: typing.Iterable | None = None):
-    """A config field: its default, what it means, and (for a choice) the allowed values."""
-    metadata = {"doc": doc, "choices": tuple(choices) if choices is not None else None}
+def option(default, doc: str, choices: typing.Iterable | None = None, domain: str | None = None):
+    """A config field: its default, what it means, and its domain: for a choice the allowed values, for a number
+    the interval it must lie in, e.g. "(0, 1]" ("[" and "]" include an end, "(" and ")" exclude it; every number
+    must also be finite, and every interval has a finite upper end: a sane bound)."""
+    metadata = {"doc": doc, "choices": tuple(choices) if choices is not None else None, "domain": domain}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -50,17 +54,27 @@ def option(default, doc: str, choices: typing.Iterable | None = None):
 
 def section(cls, doc: str, factory=None):
     """A config section (a nested dataclass) and what it is for."""
-    return field(default_factory=factory or cls, metadata={"doc": doc, "choices": None})
+    return field(default_factory=factory or cls, metadata={"doc": doc, "choices": None, "domain": None})
+
+
+def in_domain(value, domain: str) -> bool:
+    """Whether the number `value` lies in the interval `domain` ("(0, 1]"); NaN lies in none."""
+    low, high = (float(end) for end in domain[1:-1].split(","))
+    above = value > low if domain[0] == "(" else value >= low
+    below = value < high if domain[-1] == ")" else value <= high
+    return above and below
 
 
 class Section:
-    """Base of the config sections: checks each choice field against its allowed values."""
+    """Base of the config sections: checks each field against the domain its `option` declares."""
 
-    def check_choices(self, where: str, prefix: str) -> None:
+    def check_domains(self, where: str, prefix: str) -> None:
         for f in dataclasses.fields(self):
-            choices = f.metadata.get("choices")
-            _check(choices is None or getattr(self, f.name) in choices, where, prefix + f.name,
-                   getattr(self, f.name), f"one of {choices}")
+            value, choices, domain = getattr(self, f.name), f.metadata.get("choices"), f.metadata.get("domain")
+            _check(choices is None or value in choices, where, prefix + f.name, value, f"one of {choices}")
+            if domain and isinstance(value, (int, float)) and not isinstance(value, bool):
+                kind = "an integer" if isinstance(value, int) else "a number"
+                _check(in_domain(value, domain), where, prefix + f.name, value, f"{kind} in {domain}")
 
 
 @dataclass(frozen=True)
@@ -74,7 +88,8 @@ class DataConfig(Section):
     buffer_mb: float = option(256.0, "The memory, in MB (2**20 bytes), that training rows may take on one rank: "
                                      "two shuffle windows (the one in use, the next being read) when one rank "
                                      "trains, a 1/N share of them on each of N ranks. It sets the shuffle window, "
-                                     "so it is part of the epoch order (docs/architecture.md, Data order).")
+                                     "so it is part of the epoch order (docs/architecture.md, Data order).",
+                                     domain="(0, 1e7]")
     train_split: str = option("train", "The split trained on.")
     test_split: str = option("test", "The split evaluated after every epoch.")
     normalize: bool = option(True, "Standardize inputs with the manifest's mean and std (after its scale and offset); "
@@ -85,7 +100,7 @@ class DataConfig(Section):
     shuffle: bool = option(True, "Shuffle the training rows every epoch across all shards: blocks in a random "
                                  "order, then a stratified shuffle inside each window, seeded by (seed, epoch); "
                                  "false: a fixed order.")
-    max_rows: int = option(0, "Use only the first max_rows rows of each split (0: all rows).")
+    max_rows: int = option(0, "Use only the first max_rows rows of each split (0: all rows).", domain="[0, 1e15]")
     prefetch: bool = option(True, "Prepare the next batch in a thread while this one trains.")
     augment: typing.Union[bool, dict] = option(
         False, "Training images only: false, true (the defaults) or a mapping {flip, shift}: mirror each image "
@@ -94,13 +109,13 @@ class DataConfig(Section):
 
     def validate(self, where):
         _check(self.path != "", where, "data.path", self.path, "the dataset folder written by `mpitrain etl`")
-        _check(self.max_rows >= 0, where, "data.max_rows", self.max_rows, "0 (all rows) or a positive count")
-        _check(self.buffer_mb > 0, where, "data.buffer_mb", self.buffer_mb, "a positive number of MB")
+        self.check_domains(where, "data.")
         _check(isinstance(self.storage_options, dict), where, "data.storage_options", self.storage_options,
                "a mapping of fsspec options")
         augment = _options(self.augment, AUGMENT_DEFAULTS, where, "data.augment")
         if augment:
-            _check(augment["shift"] >= 0, where, "data.augment.shift", augment["shift"], "a number of pixels >= 0")
+            _check(0 <= augment["shift"] <= 1024, where, "data.augment.shift", augment["shift"],
+                   "a number of pixels in [0, 1024]")
         return dataclasses.replace(self, augment=augment)
 
 
@@ -129,7 +144,7 @@ class ModelConfig(Section):
     dtype: str = option("float32", "The floating-point type of parameters and activations.", ("float32", "float64"))
 
     def validate(self, where):
-        self.check_choices(where, "model.")
+        self.check_domains(where, "model.")
         try:
             for i, spec in enumerate(self.layers):
                 check_layer_spec(spec, f"model.layers[{i}]")
@@ -145,40 +160,36 @@ class ModelConfig(Section):
 class OptimizerConfig(Section):
     type: str = option("sgd", "The updater: SGD (with momentum or Nesterov momentum), AdaGrad, Adam or RMSProp.",
                        UPDATERS)
-    lr: float = option(0.01, "The learning rate.")
-    lr_decay: float = option(1.0, "Per-epoch decay: epoch e (from 0) runs at lr * lr_decay**e.")
-    momentum: float = option(0.0, "SGD's momentum (0: plain SGD).")
+    lr: float = option(0.01, "The learning rate.", domain="(0, 1000]")
+    lr_decay: float = option(1.0, "Per-epoch decay: epoch e (from 0) runs at lr * lr_decay**e.", domain="(0, 1]")
+    momentum: float = option(0.0, "SGD's momentum (0: plain SGD).", domain="[0, 1)")
     nesterov: bool = option(False, "SGD: Nesterov momentum instead of classical momentum.")
-    l2: float = option(0.0, "L2 weight decay on weights (never on biases or batch-norm scales).")
-    beta1: float = option(0.9, "Adam: decay of the first-moment estimate.")
-    beta2: float = option(0.999, "Adam: decay of the second-moment estimate.")
-    rho: float = option(0.95, "RMSProp: decay of the mean squared gradient.")
-    eps: float = option(1e-8, "AdaGrad, RMSProp, Adam: added to the denominator.")
+    l2: float = option(0.0, "L2 weight decay on weights (never on biases or batch-norm scales).", domain="[0, 1000]")
+    beta1: float = option(0.9, "Adam: decay of the first-moment estimate.", domain="[0, 1)")
+    beta2: float = option(0.999, "Adam: decay of the second-moment estimate.", domain="[0, 1)")
+    rho: float = option(0.95, "RMSProp: decay of the mean squared gradient.", domain="[0, 1)")
+    eps: float = option(1e-8, "AdaGrad, RMSProp, Adam: added to the denominator.", domain="(0, 1]")
 
     def validate(self, where):
-        self.check_choices(where, "optimizer.")
-        _check(self.lr > 0, where, "optimizer.lr", self.lr, "a positive number")
-        _check(0 < self.lr_decay <= 1, where, "optimizer.lr_decay", self.lr_decay, "a number in (0, 1]")
-        for key in ("momentum", "beta1", "beta2", "rho"):
-            value = getattr(self, key)
-            _check(0 <= value < 1, where, f"optimizer.{key}", value, "a number in [0, 1)")
-        _check(self.l2 >= 0, where, "optimizer.l2", self.l2, "a number >= 0")
-        _check(self.eps > 0, where, "optimizer.eps", self.eps, "a positive number")
+        self.check_domains(where, "optimizer.")
         return self
 
 
 @dataclass(frozen=True)
 class TrainConfig(Section):
-    epochs: int = option(1, "Epochs to train (a resumed run continues up to this many).")
+    epochs: int = option(1, "Epochs to train (a resumed run continues up to this many).", domain="[1, 1e6]")
     batch_size: int = option(64, "Rows per step on each rank: N ranks train on N x batch_size rows per step (when "
-                                 "global_batch_size is 0).")
+                                 "global_batch_size is 0).", domain="[1, 16777216]")
     global_batch_size: int = option(0, "Rows per step over all ranks; N ranks (N must divide it) train on "
                                        "global_batch_size / N rows each, and step k's rows are the same on any "
-                                       "number of ranks. 0: batch_size x the number of ranks.")
-    seed: int = option(0, "Seeds initial weights, shuffling, dropout and augmentation.")
-    log_every: int = option(50, "Steps per metrics window (a record in metrics.jsonl, a log line on rank 0).")
+                                       "number of ranks. 0: batch_size x the number of ranks.",
+                                       domain="[0, 1073741824]")
+    seed: int = option(0, "Seeds initial weights, shuffling, dropout and augmentation.",
+                       domain="[0, 1e18]")
+    log_every: int = option(50, "Steps per metrics window (a record in metrics.jsonl, a log line on rank 0).",
+                            domain="[1, 1e9]")
     watchdog_s: float = option(1800.0, "Abort the job when a rank makes no progress for this many seconds, printing "
-                                       "where it is and every thread's stack.")
+                                       "where it is and every thread's stack.", domain="(0, 1e7]")
     requeue: typing.Union[bool, str] = option(
         "auto", "After SIGUSR1 (the time limit's warning) stopped training with a checkpoint, rank 0 runs "
                 "`scontrol requeue $SLURM_JOB_ID`: auto does so inside a Slurm job. Never after SIGTERM (scancel, "
@@ -193,12 +204,7 @@ class TrainConfig(Section):
         return self.global_batch_size or self.batch_size * ranks
 
     def validate(self, where):
-        for key in ("epochs", "batch_size", "log_every"):
-            _check(getattr(self, key) >= 1, where, f"train.{key}", getattr(self, key), "an integer >= 1")
-        _check(self.global_batch_size >= 0, where, "train.global_batch_size", self.global_batch_size,
-               "0 (batch_size x ranks) or a positive integer")
-        _check(self.watchdog_s > 0, where, "train.watchdog_s", self.watchdog_s, "a positive number of seconds")
-        self.check_choices(where, "train.")
+        self.check_domains(where, "train.")
         return self
 
 
@@ -207,7 +213,7 @@ class SyncConfig(Section):
     mode: str = option("allreduce", "How the ranks keep one model: allreduce (gradients every step), averaging "
                                     "(parameters every `frequency` steps), sharing (threshold-encoded updates) or "
                                     "none. See docs/sync-modes.md.", SYNCHRONIZERS)
-    frequency: typing.Union[int, str] = option(1, "averaging: steps between averagings, or 'epoch'.")
+    frequency: typing.Union[int, str] = option(1, "averaging: steps between averagings, or 'epoch'.", domain="[1, 1e9]")
     average_updater: bool = option(False, "averaging: average the updater state too (DL4J's "
                                           "ParameterAveragingTrainingMaster).")
     overlap: bool = option(True, "allreduce: post a non-blocking Allreduce on each bucket of gradients as backward "
@@ -217,7 +223,7 @@ class SyncConfig(Section):
     bucket_mb: float = option(1.0, "allreduce with overlap: the largest bucket, in MB (1e6 bytes); whole layers, "
                                    "last layer first; a layer larger than this is a bucket of its own, 0 gives one "
                                    "bucket per layer. The default was chosen on the simulated cluster "
-                                   "(docs/cluster.md, benchmarks/cluster.py's bucket rows).")
+                                   "(docs/cluster.md, benchmarks/cluster.py's bucket rows).", domain="[0, 1e6]")
     embeddings: str = option("auto", "allreduce and averaging: an embedding table goes by the rows the ranks "
                                      "touched (ids and values: an Allgatherv) whenever that is fewer bytes than an "
                                      "Allreduce of the table (auto), or always whole (dense). averaging sends rows "
@@ -225,7 +231,7 @@ class SyncConfig(Section):
                              ("auto", "dense"))
     check_replicas: bool = option(True, "Compare a hash of the parameters across ranks at every epoch end (modes "
                                         "that promise identical replicas).")
-    threshold: float = option(1.0e-3, "sharing: the initial threshold tau.")
+    threshold: float = option(1.0e-3, "sharing: the initial threshold tau.", domain="(0, 1e6]")
     adaptive: typing.Union[bool, dict] = option(
         True, "sharing: adapt tau to keep the sparsity in a band: false, true (the defaults) or a mapping "
               "{min_sparsity: 1e-4, max_sparsity: 1e-2, decay: 0.965936}.")
@@ -243,18 +249,16 @@ class SyncConfig(Section):
                                    "step, the one the cost model of latency_us and link_gbps predicts fastest).",
                            EXCHANGE_CHOICES)
     latency_us: float = option(1.0, "sharing: the network's latency per message in microseconds, as the cost model "
-                                    "of exchange: auto sees it; it steers auto's choice and nothing else.")
+                                    "of exchange: auto sees it; it steers auto's choice and nothing else.",
+                                    domain="[0, 1e7]")
     link_gbps: float = option(100.0, "sharing: the network's link rate in Gb/s (100: InfiniBand EDR), as the cost "
-                                     "model of exchange: auto sees it; it steers auto's choice and nothing else.")
+                                     "model of exchange: auto sees it; it steers auto's choice and nothing else.",
+                                     domain="(0, 1e5]")
 
     def validate(self, where, section: str = "sync"):
-        self.check_choices(where, f"{section}.")
-        ok = self.frequency == "epoch" or (isinstance(self.frequency, int) and self.frequency >= 1)
-        _check(ok, where, f"{section}.frequency", self.frequency, "a number of steps >= 1, or 'epoch'")
-        _check(self.threshold > 0, where, f"{section}.threshold", self.threshold, "a positive number")
-        _check(self.bucket_mb >= 0, where, f"{section}.bucket_mb", self.bucket_mb, "a number of MB >= 0")
-        _check(self.latency_us >= 0, where, f"{section}.latency_us", self.latency_us, "a number of microseconds >= 0")
-        _check(self.link_gbps > 0, where, f"{section}.link_gbps", self.link_gbps, "a positive number of Gb/s")
+        self.check_domains(where, f"{section}.")
+        _check(self.frequency == "epoch" or isinstance(self.frequency, int), where, f"{section}.frequency",
+               self.frequency, "a number of steps, or 'epoch'")
         adaptive = _options(self.adaptive, ADAPTIVE_DEFAULTS, where, f"{section}.adaptive")
         if adaptive:
             a = adaptive
@@ -263,9 +267,10 @@ class SyncConfig(Section):
             _check(0 < a["decay"] < 1, where, f"{section}.adaptive.decay", a["decay"], "a number in (0, 1)")
         clip = _options(self.residual_clip, RESIDUAL_CLIP_DEFAULTS, where, f"{section}.residual_clip")
         if clip:
-            _check(clip["factor"] >= 1, where, f"{section}.residual_clip.factor", clip["factor"], "a number >= 1")
-            _check(isinstance(clip["every"], int) and clip["every"] >= 1, where, f"{section}.residual_clip.every",
-                   clip["every"], "an integer >= 1")
+            _check(1 <= clip["factor"] <= 1e6, where, f"{section}.residual_clip.factor", clip["factor"],
+                   "a number in [1, 1e6]")
+            _check(isinstance(clip["every"], int) and 1 <= clip["every"] <= 1e9, where,
+                   f"{section}.residual_clip.every", clip["every"], "an integer in [1, 1e9]")
         return dataclasses.replace(self, adaptive=adaptive, residual_clip=clip)
 
 
@@ -274,52 +279,46 @@ class PretrainConfig(Section):
     """Greedy layer-wise RBM pretraining of a deep belief net (mpitrain.training.pretrain); off while `layers` is empty."""
 
     layers: list = option([], "Hidden units per RBM, e.g. [500, 500, 2000]; empty: no pretraining.")
-    epochs: int = option(10, "Epochs per layer.")
-    cd_k: int = option(1, "Gibbs steps of contrastive divergence (CD-k).")
+    epochs: int = option(10, "Epochs per layer.", domain="[1, 1e6]")
+    cd_k: int = option(1, "Gibbs steps of contrastive divergence (CD-k).", domain="[1, 1000]")
     persistent: bool = option(False, "Persistent CD: fantasy particles kept between batches.")
-    lr: float = option(0.1, "The RBMs' learning rate (SGD).")
-    momentum: float = option(0.5, "The RBMs' SGD momentum.")
-    weight_decay: float = option(2.0e-4, "L2 on the RBMs' weights.")
-    sparsity_target: float = option(0.0, "Target mean activation of the hidden units (0: no sparsity penalty).")
-    sparsity_cost: float = option(0.1, "Weight of the sparsity penalty.")
+    lr: float = option(0.1, "The RBMs' learning rate (SGD).", domain="(0, 1000]")
+    momentum: float = option(0.5, "The RBMs' SGD momentum.", domain="[0, 1)")
+    weight_decay: float = option(2.0e-4, "L2 on the RBMs' weights.", domain="[0, 1000]")
+    sparsity_target: float = option(0.0, "Target mean activation of the hidden units (0: no sparsity penalty).",
+                                    domain="[0, 1)")
+    sparsity_cost: float = option(0.1, "Weight of the sparsity penalty.", domain="[0, 1000]")
     visible: str = option("bernoulli", "The first RBM's visible units: bernoulli (inputs in [0, 1]) or gaussian "
                                        "(standardized inputs).", VISIBLE_UNITS)
     sample_visible: bool = option(False, "Sample the visible units in the Gibbs chain (else use their means).")
     propagate: str = option("mean", "The next layer trains on the layers below's mean activations, or samples of "
                                     "them.", PROPAGATE)
-    monitor_rows: int = option(2000, "Rows per rank for the per-epoch reconstruction error (0: all).")
-    pll_max_visible: int = option(100, "Pseudo-log-likelihood for Bernoulli RBMs of up to this many visible units.")
+    monitor_rows: int = option(2000, "Rows per rank for the per-epoch reconstruction error (0: all).",
+                               domain="[0, 1e15]")
+    pll_max_visible: int = option(100, "Pseudo-log-likelihood for Bernoulli RBMs of up to this many visible units.",
+                                  domain="[0, 16777216]")
     sync: SyncConfig = section(SyncConfig, "How the ranks keep one RBM (the keys of `sync`; default averaging once "
                                            "per epoch).", lambda: SyncConfig(mode="averaging", frequency="epoch"))
 
     def validate(self, where):
-        ok = all(isinstance(units, int) and not isinstance(units, bool) and units >= 1 for units in self.layers)
-        _check(ok, where, "pretrain.layers", self.layers, "a list of hidden-unit counts >= 1, e.g. [500, 500, 2000]")
-        self.check_choices(where, "pretrain.")
-        for key in ("epochs", "cd_k"):
-            _check(getattr(self, key) >= 1, where, f"pretrain.{key}", getattr(self, key), "an integer >= 1")
-        _check(self.lr > 0, where, "pretrain.lr", self.lr, "a positive number")
-        _check(0 <= self.momentum < 1, where, "pretrain.momentum", self.momentum, "a number in [0, 1)")
-        _check(self.weight_decay >= 0, where, "pretrain.weight_decay", self.weight_decay, "a number >= 0")
-        _check(0 <= self.sparsity_target < 1, where, "pretrain.sparsity_target", self.sparsity_target,
-               "a number in [0, 1) (0: no sparsity penalty)")
-        _check(self.sparsity_cost >= 0, where, "pretrain.sparsity_cost", self.sparsity_cost, "a number >= 0")
-        for key in ("monitor_rows", "pll_max_visible"):
-            _check(getattr(self, key) >= 0, where, f"pretrain.{key}", getattr(self, key), "an integer >= 0")
+        ok = all(isinstance(units, int) and not isinstance(units, bool) and 1 <= units <= MAX_UNITS
+                 for units in self.layers)
+        _check(ok, where, "pretrain.layers", self.layers,
+               f"a list of hidden-unit counts in [1, {MAX_UNITS}], e.g. [500, 500, 2000]")
+        self.check_domains(where, "pretrain.")
         return dataclasses.replace(self, sync=self.sync.validate(where, "pretrain.sync"))
 
 
 @dataclass(frozen=True)
 class CheckpointConfig(Section):
-    every: int = option(1, "Checkpoint every this many units.")
+    every: int = option(1, "Checkpoint every this many units.", domain="[1, 1e9]")
     unit: str = option("epoch", "What `every` counts: epochs or steps (a mid-epoch checkpoint resumes at its step).",
                        ("epoch", "step", "steps"))
-    keep: int = option(3, "Keep the newest this many checkpoints (the last one of a run is always written).")
+    keep: int = option(3, "Keep the newest this many checkpoints (the last one of a run is always written).",
+                       domain="[1, 1e6]")
 
     def validate(self, where):
-        _check(self.every >= 1, where, "checkpoint.every", self.every, "an integer >= 1")
-        self.check_choices(where, "checkpoint.")
-        _check(self.keep >= 1, where, "checkpoint.keep", self.keep, "an integer >= 1")
+        self.check_domains(where, "checkpoint.")
         return dataclasses.replace(self, unit="step" if self.unit == "steps" else self.unit)
 
 
@@ -330,7 +329,7 @@ class CommConfig(Section):
                 "through pinned host memory.", ("auto", True, False))
 
     def validate(self, where):
-        self.check_choices(where, "comm.")
+        self.check_domains(where, "comm.")
         return self
 
 
@@ -354,8 +353,9 @@ class Config(Section):
     def validate(self, where) -> Config:
         """The config with every section checked against its domain and normalized (a new object: configs are
         frozen); a value out of its domain is a ConfigError naming `where` and the key."""
+        _check_finite(self, where, "")
         config = dataclasses.replace(self, **{name: getattr(self, name).validate(where) for name in SECTIONS})
-        config.check_choices(where, "")
+        config.check_domains(where, "")
         model, pretrain = config.model, config.pretrain
         _check(len(model.layers) > 0 or len(pretrain.layers) > 0 or len(model.graph) > 0, where, "model.layers",
                model.layers, "a non-empty list of layers (or model.graph's nodes, or pretrain.layers, from which a "
@@ -529,6 +529,22 @@ def _options(value, defaults: dict, where: str, key: str):
     for name, item in value.items():
         merged[name] = _coerce(item, type(defaults[name]), where, f"{key}.{name}")
     return merged
+
+
+def _check_finite(value, where: str, key: str) -> None:
+    """Every number anywhere in a config (sections, option mappings, layer and node entries) must be finite: the
+    range checks beside each key compare with <, which .inf passes and .nan fails silently."""
+    if dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            _check_finite(getattr(value, f.name), where, f"{key}{f.name}.")
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            _check_finite(item, where, f"{key}{name}.")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_finite(item, where, f"{key[:-1]}[{i}].")
+    elif isinstance(value, float):
+        _check(math.isfinite(value), where, key[:-1], value, "a finite number (not .inf or .nan)")
 
 
 def _check(ok: bool, where: str, key: str, value, expected: str) -> None:

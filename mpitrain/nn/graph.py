@@ -24,13 +24,16 @@ as in a `Sequential` (`grads_ready` reports it) and the tables' rows go by a spa
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from mpitrain.errors import ConfigError
 from mpitrain.nn.embedding import Embedding
 from mpitrain.nn.merge import Add, Concat, Merge
 from mpitrain.nn.model import (LAYER_ARGUMENTS, LAYER_TYPES, Network, _fuse_activations, _with_activation_layers,
-                                build_model)
+                                build_model, check_memory)
 
 GRAPH_TYPES = {**LAYER_TYPES, "embedding": Embedding, "concat": Concat, "add": Add}
 MERGES = ("concat", "add")
@@ -189,10 +192,13 @@ def check_node_spec(spec, key: str) -> None:
                 raise ConfigError(f"{key}.{name} is {value!r}, expected {expected}")
 
 
-def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_name: str = "classes") -> Graph:
+def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_name: str = "classes",
+                budget: tuple[int, int] | None = None) -> Graph:
     """The Graph of `config.model.graph` (a ModelConfig's) for a dataset of input `groups`, giving `outputs` values;
-    a node that reads an unknown name, does not fit its input, or leads nowhere is a ConfigError naming it."""
+    a node that reads an unknown name, does not fit its input, or leads nowhere is a ConfigError naming it. With
+    `budget`, a graph estimated to need more than a rank has is refused before allocating (`check_memory`)."""
     nodes, shapes, read = [], {name: group.shape for name, group in groups.items()}, set()
+    params, activations = 0, sum(math.prod(shape) for shape in shapes.values())
     for i, spec in enumerate(config.graph):
         key = f"model.graph[{i}]"
         check_node_spec(spec, key)
@@ -217,8 +223,10 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
             shape = layer.merged_shape([shapes[s] for s in inputs]) if isinstance(layer, Merge) else shapes[inputs[0]]
             if not isinstance(layer, Merge):
                 for each in layers:
-                    each.param_shapes(shape)
+                    params += sum(map(math.prod, [*each.param_shapes(shape).values(),
+                                                  *each.stat_shapes(shape).values()]))
                     shape = each.output_shape(shape)
+                    activations += math.prod(shape)
         except ValueError as e:
             raise ConfigError(f"{key} ({name}, {spec['type']}) on inputs of shape "
                               f"{[list(shapes[s]) for s in inputs]}: {e}") from None
@@ -234,17 +242,20 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
         raise ConfigError(f"model.graph: the last node {nodes[-1].name!r} gives outputs of shape "
                           f"{list(shapes[nodes[-1].name])}, expected [{outputs}] for the dataset's {outputs} "
                           f"{outputs_name}")
+    check_memory("model.graph", params, activations, np.dtype(config.dtype).itemsize, budget)
     return Graph(nodes, groups, input_shape, config.loss, xp, config.dtype, config.loss_options)
 
 
-def build_network(config, manifest, xp) -> Network:
+def build_network(config, manifest, xp, budget: tuple[int, int] | None = None) -> Network:
     """The model `config.model` (a ModelConfig) describes for the dataset of `manifest`: a Graph of `graph`, or a
-    Sequential of `layers` (which reads a row as numbers, so not a table with categorical ids)."""
+    Sequential of `layers` (which reads a row as numbers, so not a table with categorical ids); `budget` as
+    `check_memory`'s."""
     outputs_name = "classes" if manifest.target == "class" else f"{manifest.target} target columns"
     if config.graph:
-        return build_graph(config, manifest.input_groups, manifest.feature_shape, manifest.outputs, xp, outputs_name)
+        return build_graph(config, manifest.input_groups, manifest.feature_shape, manifest.outputs, xp, outputs_name,
+                           budget)
     if "categorical" in manifest.input_groups:
         raise ConfigError(f"model.layers reads a row as numbers, but the dataset has categorical columns "
                           f"{[c['name'] for c in manifest.columns['categorical']]} (ids); expected model.graph with "
                           "an embedding of `categorical` (docs/tables.md)")
-    return build_model(config, manifest.feature_shape, manifest.outputs, xp, outputs_name)
+    return build_model(config, manifest.feature_shape, manifest.outputs, xp, outputs_name, budget)

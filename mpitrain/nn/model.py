@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 
 import numpy as np
 
@@ -171,23 +172,27 @@ def _plain(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def build_model(config, input_shape, num_classes: int, xp, outputs: str = "classes") -> Sequential:
+def build_model(config, input_shape, num_classes: int, xp, outputs: str = "classes",
+                budget: tuple[int, int] | None = None) -> Sequential:
     """Build the model of `config.model` (a ModelConfig) for inputs of `input_shape`.
 
     Each layer is `{type: NAME, ...keyword arguments}`; a dense or conv2d layer's
     `activation` adds that activation layer after it. The last layer must give
     `num_classes` outputs (one per class, or per target column: `outputs` names them for the
-    error). A layer that does not fit its input shape is named.
+    error). A layer that does not fit its input shape is named. With `budget` (rows per step, bytes a rank has),
+    a model estimated to need more is refused before anything is allocated (`check_memory`).
     """
-    layers, shape = [], tuple(input_shape)
+    layers, shape, sizes = [], tuple(input_shape), [[], [math.prod(input_shape)]]
     for i, spec in enumerate(config.layers):
         for layer in _with_activation_layers([_layer_from_spec(spec, f"model.layers[{i}]")]):
             try:
-                layer.param_shapes(shape)
+                sizes[0] += [*layer.param_shapes(shape).values(), *layer.stat_shapes(shape).values()]
                 shape = layer.output_shape(shape)
             except ValueError as e:
                 raise ConfigError(f"model.layers[{i}] ({spec['type']}) on inputs of shape {list(shape)}: {e}") from None
+            sizes[1].append(math.prod(shape))
             layers.append(layer)
+    check_memory("model.layers", sum(map(math.prod, sizes[0])), sum(sizes[1]), np.dtype(config.dtype).itemsize, budget)
     model = Sequential(layers, input_shape, config.loss, xp, config.dtype, config.loss_options)
     if model.output_shape != (num_classes,):
         raise ConfigError(f"model.layers: the last layer gives outputs of shape {list(model.output_shape)}, "
@@ -197,6 +202,35 @@ def build_model(config, input_shape, num_classes: int, xp, outputs: str = "class
         raise ConfigError(f"model.loss_options.class_weights has {len(weights)} weights, expected {num_classes}: "
                           "one per class of the dataset")
     return model
+
+
+def rank_memory_bytes(ranks_on_node: int) -> int:
+    """The bytes one rank may use: the node's physical memory, or the cgroup's limit when one is set (a Slurm job's
+    or a container's, cgroup v2 or v1), shared equally by the `ranks_on_node` ranks on the node."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit():  # "max": no limit
+            total = min(total, int(limit))
+    return total // max(1, ranks_on_node)
+
+
+def check_memory(key: str, params: int, activations: int, itemsize: int, budget: tuple[int, int] | None) -> None:
+    """Refuse a model whose estimated bytes exceed a rank's: `params` numbers four times (values, gradients and up
+    to two updater moments) plus, per row of a step, its `activations` (input and every layer's output) twice
+    (forward, backward). `budget` is (rows per step on a rank, bytes a rank has); None checks nothing."""
+    if budget is None:
+        return
+    rows, limit = budget
+    estimate = itemsize * (4 * params + 2 * rows * activations)
+    if estimate > limit:
+        raise ConfigError(f"{key}: the model needs about {estimate:,} bytes per rank ({params:,} parameters x 4 "
+                          f"copies, {rows} rows x {activations:,} activations x 2), expected at most the {limit:,} "
+                          "bytes a rank has (the node's memory, or its cgroup limit, / the ranks on the node)")
 
 
 def check_layer_spec(spec, key: str) -> None:
@@ -218,23 +252,34 @@ def check_layer_spec(spec, key: str) -> None:
             raise ConfigError(f"{key}.{name} is {value!r}, expected {expected}")
 
 
-def _count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+# Sane upper bounds of layer sizes: beyond them a config is a typo (a 16M-unit layer on 784 inputs alone is 50 GB),
+# refused when the config is read; what is left is sized against a rank's memory by `check_memory`.
+MAX_UNITS = 2**24
+MAX_WINDOW = 1024
+
+
+def _count(value, most: int = MAX_UNITS) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most
+
+
+def _window(value) -> bool:
+    return _count(value, MAX_WINDOW) or isinstance(value, list) and len(value) == 2 and \
+        all(_count(v, MAX_WINDOW) for v in value)
 
 
 def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # Every layer argument a config may set, with the check it must pass and what is expected.
 LAYER_ARGUMENTS = {
-    "units": (_count, "an integer >= 1"),
-    "filters": (_count, "an integer >= 1"),
-    "kernel": (lambda v: _count(v) or isinstance(v, list) and len(v) == 2 and all(map(_count, v)),
-               "an integer >= 1 or [height, width]"),
-    "pool": (lambda v: _count(v) or isinstance(v, list) and len(v) == 2 and all(map(_count, v)),
-             "an integer >= 1 or [height, width]"),
-    "stride": (lambda v: v is None or _count(v), "an integer >= 1"),
+    "units": (_count, f"an integer in [1, {MAX_UNITS}]"),
+    "filters": (_count, f"an integer in [1, {MAX_UNITS}]"),
+    "dim": (lambda v: v == "auto" or _count(v) or isinstance(v, list) and v and all(map(_count, v)),
+            f"an integer in [1, {MAX_UNITS}], a list of them (one per column) or 'auto'"),
+    "kernel": (_window, f"an integer in [1, {MAX_WINDOW}] or [height, width]"),
+    "pool": (_window, f"an integer in [1, {MAX_WINDOW}] or [height, width]"),
+    "stride": (lambda v: v is None or _count(v, MAX_WINDOW), f"an integer in [1, {MAX_WINDOW}]"),
     "padding": (lambda v: v in PADDINGS, f"one of {PADDINGS}"),
     "rate": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
     "momentum": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),

@@ -23,7 +23,7 @@ from mpitrain.data.storage import is_url
 from mpitrain.errors import ConfigError, describe
 from mpitrain.nn.losses import check_loss_fits
 from mpitrain.nn.graph import build_network
-from mpitrain.nn.model import Network
+from mpitrain.nn.model import Network, rank_memory_bytes
 from mpitrain.training.pretrain import dbn_layers
 from mpitrain.rundir.directory import FileLock, RunDir
 
@@ -140,7 +140,8 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
         config = resolve(config, decided, "the config")
         check_loss_fits(config.model.loss, manifest.target, reader.path)
         if model is None:
-            model = build_network(config.model, manifest, comm.backend.xp)
+            budget = (config.train.global_batch(comm.size) // comm.size, rank_memory_bytes(comm.local_size))
+            model = build_network(config.model, manifest, comm.backend.xp, budget)
         else:
             _check_fits(model, manifest, comm.backend)
     checkpointer = Checkpointer(config.run_dir, comm, comm.backend, reader.manifest_sha256, reader.path,

@@ -151,7 +151,7 @@ def test_shipped_dbn_config_and_pretrain_sync_defaults(tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("pretrain: {layers: [500, 0]}", r"pretrain.layers is \[500, 0\], expected a list of hidden-unit counts"),
-    ("pretrain: {layers: [8], cd_k: 0}", r"pretrain.cd_k is 0, expected an integer >= 1"),
+    ("pretrain: {layers: [8], cd_k: 0}", r"pretrain.cd_k is 0, expected an integer in \[1, 1000\]"),
     ("pretrain: {layers: [8], cdk: 2}", r"unknown key 'pretrain.cdk'; did you mean 'pretrain.cd_k'\?"),
     ("pretrain: {layers: [8], visible: binary}", r"pretrain.visible is 'binary', expected one of"),
     ("pretrain: {layers: [8], propagate: sampled}", r"pretrain.propagate is 'sampled', expected one of"),
