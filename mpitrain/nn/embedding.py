@@ -106,15 +106,12 @@ class Embedding(Layer):
     def _check_ids(self) -> None:
         """Ids outside a table would read (and, in backward, write) memory beyond it: a DataError naming the column
         instead. The ETL writes ids below each column's count; a dataset edited by hand may not."""
-        xp = array_module(self.rows)
-        low, high = (int(v) for v in (xp.min(self.rows), xp.max(self.rows)))
-        if low < 0 or high >= min(self.ids):
-            for j, ids in enumerate(self.ids):
-                column = self.rows[:, j]
-                if int(column.min()) < 0 or int(column.max()) >= ids:
-                    bad = int(column.min()) if int(column.min()) < 0 else int(column.max())
-                    raise DataError(f"categorical column {j} holds id {bad}, expected 0..{ids - 1} (the manifest's "
-                                    "ids of that column); the dataset's rows do not match its manifest")
+        low, high = self.rows.min(axis=0).tolist(), self.rows.max(axis=0).tolist()  # per column, on the host
+        for j, ids in enumerate(self.ids):
+            if low[j] < 0 or high[j] >= ids:
+                raise DataError(f"categorical column {j} holds id {low[j] if low[j] < 0 else high[j]}, expected "
+                                f"0..{ids - 1} (the manifest's ids of that column); the dataset's rows do not match "
+                                "its manifest")
 
     def backward(self, dy, input_grad=True):
         xp = array_module(dy)

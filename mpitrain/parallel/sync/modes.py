@@ -94,7 +94,7 @@ class AveragingSync(Synchronizer):
     def start(self, model, updater) -> None:
         super().start(model, updater)
         self.changed = [None] * len(model.sparse_tables)  # rows changed since the last averaging; None: any
-        self.track_rows = not updater.state.size and self.config.embeddings != "dense"
+        self.track_rows = updater.steps_rows_alone and self.config.embeddings != "dense"
 
     def step(self, model, updater) -> None:
         apply_update(model, updater)

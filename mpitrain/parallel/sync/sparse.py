@@ -38,7 +38,8 @@ def exchange_tables(comm, model, dense: bool = False) -> None:
         return
     grads, xp = model.grads, array_module(model.grads)
     counts = np.array(comm.allgather_obj([int(table.touched.size) for table in tables]), np.int64)  # (ranks, tables)
-    sparse = [not dense and sparse_is_smaller(counts[:, t], (1 + table.dim) * grads.itemsize, table.rows * table.dim * grads.itemsize)
+    sparse = [not dense and sparse_is_smaller(counts[:, t], (1 + table.dim) * grads.itemsize,
+                                              table.rows * table.dim * grads.itemsize)
               for t, table in enumerate(tables)]
     for table, chosen in zip(tables, sparse):
         if not chosen:
@@ -78,22 +79,20 @@ def _part(message, counts, chosen, tables, position):
     return ids, message[offset + n:offset + n * (1 + dim)].reshape(n, dim)
 
 
-def average_table_rows(comm, model, changed: list) -> list[bool]:
+def average_table_rows(comm, model, changed: list) -> None:
     """Average `model.sparse_tables`' parameters over the ranks where any rank changed them: `changed[t]` are the
     rows of table t this rank changed since the tables were last identical (an int64 array), or None when any row
     may differ (the whole table is averaged). For each table, the union of every rank's rows is allgathered and then
     those rows' values, when that costs fewer bytes than an Allreduce of the table; otherwise it is averaged whole.
-    Every rank adds the values in rank order: identical replicas. Returns, per table, whether it went sparse. A
-    collective (`averaging` mode)."""
+    Every rank adds the values in rank order: identical replicas. A collective (`averaging` mode)."""
     tables, params = model.sparse_tables, model.params
     if comm.size == 1:
-        return [True] * len(tables)
+        return
     xp = array_module(params)
-    known = [rows is not None for rows in changed]
-    ids = comm.allgatherv(xp.concatenate([changed[t].astype(np.int64) for t in range(len(tables)) if known[t]]
-                                         or [xp.zeros(0, np.int64)]))
     counts = comm.allgather_obj([int(rows.size) if rows is not None else -1 for rows in changed])
-    went_sparse = []
+    ids = comm.allgatherv(xp.concatenate([rows.astype(np.int64) for rows in changed if rows is not None]
+                                         or [xp.zeros(0, np.int64)]),
+                          np.array([sum(c for c in each if c >= 0) for each in counts], np.int64))
     for t, table in enumerate(tables):
         matrix = params[table.start:table.stop].reshape(table.rows, table.dim)
         every = [c[t] for c in counts]
@@ -106,8 +105,5 @@ def average_table_rows(comm, model, changed: list) -> list[bool]:
                 for each in values:  # rank order: the same sums on every rank
                     matrix[union] += each.reshape(union.size, table.dim)
                 matrix[union] /= comm.size
-                went_sparse.append(True)
                 continue
         comm.average_(matrix.reshape(-1))
-        went_sparse.append(False)
-    return went_sparse
