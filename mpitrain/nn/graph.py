@@ -64,25 +64,17 @@ class Graph(Network):
                  loss_options: dict | None = None):
         self.nodes, self.groups, self.input_shape = nodes, groups, tuple(input_shape)
         shapes = {name: group.shape for name, group in groups.items()}
-        layers, names, param_shapes, stat_shapes, self.node_of = [], [], [], [], []
-        for index, node in enumerate(nodes):
+        layers, names, param_shapes, stat_shapes, self.first_layer = [], [], [], [], []
+        for node in nodes:
+            self.first_layer.append(len(layers))  # where the node's layers begin in `layers`
             inputs = [shapes[name] for name in node.inputs]
-            if node.merge:
-                shape = node.merge.merged_shape(inputs)
-                param_shapes.append({})
-                stat_shapes.append({})
-                layers.append(node.merge)
-                names.append(node.name)
-                self.node_of.append(index)
-            else:
-                shape = inputs[0]
-                for k, layer in enumerate(node.layers):
-                    param_shapes.append(layer.param_shapes(shape))
-                    stat_shapes.append(layer.stat_shapes(shape))
-                    shape = layer.output_shape(shape)
-                    layers.append(layer)
-                    names.append(node.name if k == 0 else f"{node.name}.{type(layer).__name__.lower()}")
-                    self.node_of.append(index)
+            shape = node.merge.merged_shape(inputs) if node.merge else inputs[0]
+            for k, layer in enumerate(node.layers):  # a merge has no parameters and gives the merged shape
+                param_shapes.append(layer.param_shapes(shape))
+                stat_shapes.append(layer.stat_shapes(shape))
+                shape = shape if node.merge else layer.output_shape(shape)
+                layers.append(layer)
+                names.append(node.name if k == 0 else f"{node.name}.{type(layer).__name__.lower()}")
             shapes[node.name] = shape
         self.output_shape = shapes[nodes[-1].name]
         tables = [i for i, layer in enumerate(layers) if isinstance(layer, Embedding)]
@@ -95,6 +87,8 @@ class Graph(Network):
                 table.start, start = start, start + table.rows * table.dim
                 self.sparse_tables.append(table)
         self.dense_start = max((table.stop for table in self.sparse_tables), default=0)
+        # the one input is the whole row when the dataset has no column groups (an image stays an image)
+        self.whole_row = len(groups) == 1 and next(iter(groups.values())).shape == self.input_shape
         self.needs_grad = {name: False for name in groups}
         for node in nodes:
             self.needs_grad[node.name] = any(layer.params for layer in node.layers) or \
@@ -104,8 +98,7 @@ class Graph(Network):
 
     def forward(self, x, training: bool = False, key: tuple = (0,)):
         """The output of rows `x` (batch, *input_shape); `key` (seed, rank, epoch, step) seeds dropout."""
-        values = {name: x if len(self.groups) == 1 and group.shape == self.input_shape
-                  else x[:, group.start:group.stop].reshape(len(x), *group.shape)
+        values = {name: x if self.whole_row else x[:, group.start:group.stop].reshape(len(x), *group.shape)
                   for name, group in self.groups.items()}
         layer_index = 0
         for node in self.nodes:
@@ -126,9 +119,6 @@ class Graph(Network):
         """Backpropagate through the nodes in reverse; after a node with dense parameters, `grads_ready(start)`
         (if given) learns that `grads[start:]` are final."""
         grads = {self.nodes[-1].name: dy}
-        first_layer = {}
-        for i, index in enumerate(self.node_of):
-            first_layer.setdefault(index, i)
         for index in range(len(self.nodes) - 1, -1, -1):
             node = self.nodes[index]
             if not self.needs_grad[node.name]:
@@ -144,7 +134,7 @@ class Graph(Network):
             for name, gradient in zip(node.inputs, outputs):
                 if gradient is not None:
                     self._accumulate(grads, name, gradient)
-            start = self.grads_start[first_layer[index]]
+            start = self.grads_start[self.first_layer[index]]
             if grads_ready is not None and start >= self.dense_start and any(layer.params for layer in node.layers):
                 grads_ready(start)
 

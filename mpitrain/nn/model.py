@@ -36,7 +36,7 @@ class Network(FlatModel):
 
     def __init__(self, layers: list[Layer], names: list[str], shapes: list[dict], stat_shapes: list[dict],
                  loss: str, xp, dtype, loss_options: dict | None, param_order: list[int] | None = None):
-        self.layers, self.loss = layers, loss
+        self.layers, self.names, self.loss = layers, names, loss
         self.loss_options = check_loss_options(loss, loss_options or {})
         self.loss_fn = loss_with_options(loss, self.loss_options, xp)
         order = list(range(len(layers))) if param_order is None else param_order

@@ -182,10 +182,9 @@ def emit_nodes(graph: OnnxGraph, model, x: str) -> str:
     per column), concat a Concat along the last axis, add a chain of Adds; the output node's output name."""
     values, shapes = {}, {}
     for name, group in model.groups.items():
-        whole = len(model.groups) == 1 and group.shape == model.input_shape
-        values[name] = x if whole else _columns(graph, x, group.start, group.stop, f"input/{name}")
+        values[name] = x if model.whole_row else _columns(graph, x, group.start, group.stop, f"input/{name}")
         shapes[name] = group.shape
-    for node in model.nodes:
+    for index, node in enumerate(model.nodes):
         inputs = [values[name] for name in node.inputs]
         if isinstance(node.merge, Concat):
             value = graph.node("Concat", inputs, node.name, axis=-1)
@@ -198,8 +197,7 @@ def emit_nodes(graph: OnnxGraph, model, x: str) -> str:
         else:
             value, shape = inputs[0], shapes[node.inputs[0]]
             for k, layer in enumerate(node.layers):  # named as the model's layout names them
-                value = emit_layer(graph, layer, value, node.name if k == 0 else
-                                   f"{node.name}.{type(layer).__name__.lower()}", shape)
+                value = emit_layer(graph, layer, value, model.names[model.first_layer[index] + k], shape)
                 shape = layer.output_shape(shape)
         values[node.name], shapes[node.name] = value, shape
     return values[model.nodes[-1].name]
@@ -240,8 +238,8 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
         x = emit_nodes(graph, model, x)
     else:
         shape = tuple(model.input_shape)
-        for index, layer in enumerate(model.layers):
-            x = emit_layer(graph, layer, x, f"{index:02d}_{type(layer).__name__.lower()}", shape)
+        for layer, name in zip(model.layers, model.names):
+            x = emit_layer(graph, layer, x, name, shape)
             shape = layer.output_shape(shape)
     output = emit_output_head(graph, x, manifest.target)
     inputs = [helper.make_tensor_value_info(INPUT, helper.np_dtype_to_tensor_dtype(np.dtype(manifest.feature_dtype)),
