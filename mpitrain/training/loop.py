@@ -4,8 +4,9 @@
     summary = mpitrain.train(config, comm)                       # the same, from Python
 
 `train` is a collective: every rank calls it. Rank 0 writes the run directory (config.yaml,
-checkpoints/, metrics.jsonl, summary.json, the report). SIGUSR1 or SIGTERM on any rank stops
-every rank at a step boundary with a checkpoint (`mpitrain.training.preemption`: `Stopped`, exit 3).
+checkpoints/, metrics.jsonl, summary.json, the report). SIGUSR1 or SIGTERM on any rank, at any moment, stops
+every rank (`mpitrain.training.preemption`: `Stopped`, exit 3): before the first step with nothing to save, at a
+step boundary with a checkpoint, after the last step once the summary and the report are written.
 """
 from __future__ import annotations
 
@@ -43,10 +44,14 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
 
     `reader` (a DatasetReader), `model` (a Sequential) and `sync` (a Synchronizer built on
     the run's communicator) replace the parts the config would build (the Python API).
+    SIGUSR1 or SIGTERM on any rank while it runs raises `Stopped` on every rank, with a checkpoint of the step it
+    stopped at when there is one (`mpitrain.training.preemption`). For the call's duration mpitrain's handlers
+    replace the caller's, which come back when it returns, unless `hold_stop_signals()` holds them for the
+    whole process, as the command line does.
     """
     started = time.perf_counter()
-    with Watchdog(config.train.watchdog_s, comm.rank, comm.abort) as watchdog:  # all of it: a stuck rank anywhere
-        watchdog.beat("start-up (the dataset's manifest, the model, the run directory)")
+    with StopSignals(comm) as stop, Watchdog(config.train.watchdog_s, comm.rank, comm.abort) as watchdog:
+        watchdog.beat("start-up (the dataset's manifest, the model, the run directory)")  # a stuck rank anywhere
         run = setup_run(config, comm, reader=reader, model=model, sync=sync)
         try:
             with run.comm.agreed_errors():  # before the run directory is touched: a setting that does not fit
@@ -56,11 +61,14 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
             with run.owned():  # no other job writes this run directory meanwhile
                 watchdog.beat("start-up (resuming, pretraining, the first broadcast)")
                 loop = _set_up_training(run, batches, test_rows, sync, watchdog)
+                _stop_before_first_step(run, stop)
                 if loop is None:
                     return _summary_of_finished_run(run)
-                done = _train_epochs(run, loop, watchdog)
+                done = _train_epochs(run, loop, watchdog, stop)
                 watchdog.beat("the summary (every rank's figures, summary.json, the report)")
-                return _finish(run, loop, done, started)
+                summary = _finish(run, loop, done, started)
+                _stop_after_last_step(run, stop)
+                return summary
         finally:
             run.reader.close()  # the shards' files (and a remote store's connections) before the interpreter ends
 
@@ -170,16 +178,35 @@ def _continue_order(run: Run, batches: Batches, start) -> Batches:
     return run.train_batches(window=saved_window)
 
 
-def _train_epochs(run: Run, loop: _Loop, watchdog: Watchdog) -> _Done:
+def _train_epochs(run: Run, loop: _Loop, watchdog: Watchdog, stop: StopSignals) -> _Done:
     """The epochs from where the run starts, each its steps (`_train_epoch`) then its end (`_end_epoch`)."""
-    config, comm = run.config, run.comm
     done, start_step = _Done(), loop.step
-    with StopSignals(comm) as stop:
-        for epoch in range(loop.epoch, config.train.epochs):
-            totals = _train_epoch(run, loop, epoch, start_step, watchdog, stop)
-            _end_epoch(run, loop, epoch, totals, done, watchdog, stop)
-            start_step = 0
+    for epoch in range(loop.epoch, run.config.train.epochs):
+        totals = _train_epoch(run, loop, epoch, start_step, watchdog, stop)
+        _end_epoch(run, loop, epoch, totals, done, watchdog, stop)
+        start_step = 0
     return done
+
+
+def _stop_before_first_step(run: Run, stop: StopSignals) -> None:
+    """A signal on any rank from the process's start until now (set-up: dataset, model, resuming, pretraining)
+    stops every rank before the first step, with nothing new to save (a collective: one blocking agreement)."""
+    signal_name = stop.agree_now()
+    if signal_name:
+        then = requeue(run.config.train.requeue, signal_name, "it starts again (from the run's newest checkpoint, "
+                       "if it has one)") if run.comm.is_root else "resume with the same command"
+        raise Stopped(f"stopped by {signal_name} before the first step, nothing to save; {then}")
+
+
+def _stop_after_last_step(run: Run, stop: StopSignals) -> None:
+    """A signal on any rank since the last step's agreement (the final evaluation, the final checkpoint, the
+    summary, the report: all of them finished first) stops every rank now, naming what was written (a collective:
+    one blocking agreement). Training is complete, so the job is not requeued."""
+    signal_name = stop.agree_now()
+    if signal_name:
+        report = " and the report" if run.config.report else ""
+        raise Stopped(f"stopped by {signal_name} after the last step, training complete: the final checkpoint is "
+                      f"{run.checkpointer.paths()[-1]}; wrote summary.json{report}; nothing left to resume")
 
 
 def _train_epoch(run: Run, loop: _Loop, epoch: int, start_step: int, watchdog: Watchdog, stop: StopSignals) -> Totals:

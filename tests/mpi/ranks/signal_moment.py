@@ -1,0 +1,122 @@
+"""`mpitrain ARGS...` (through `mpitrain.cli.main`, as the command runs) with every rank held at MOMENT until the
+test says go, so a signal reaches it there and nowhere else.
+
+    mpiexec -n 2 python signal_moment.py BARRIER_DIR MOMENT train CONFIG
+
+At start each rank writes BARRIER_DIR/pid-R (R from the launcher's PMI_RANK: MPI has not started yet); at MOMENT
+it writes BARRIER_DIR/ready-R, JSON of its pid, whether MPI has started and whether SIGUSR1 is blocked, and waits
+for BARRIER_DIR/go; at its end it writes BARRIER_DIR/exit-R with main's return value. Moments (a rank with no such
+moment, like rank 1 at `report`, just runs):
+
+    before-mpi-init    main's first line installed mpitrain's handlers; mpi4py is not imported yet
+    mpi-init           MPI has started, its own SIGUSR1 handler installed, mpitrain's not yet back
+    set-up             the start of `train`: the dataset, the model, the run directory are still to come
+    first-step         the first training step, before its forward pass
+    mid-epoch          the 6th step of the first epoch
+    stopping           mid-epoch, then again (ready-stopped-R, go-stopped) as the stop leaves `train`
+    final-evaluation   the last epoch's evaluation (train.epochs of them)
+    report             rank 0 drawing the report, summary.json written, rank 1 waiting in the collective after
+    eval               `mpitrain eval`'s evaluation
+"""
+import contextlib
+import json
+import os
+import sys
+import time
+
+import mpitrain.cli
+import mpitrain.training.loop
+import mpitrain.training.trained
+import mpitrain.rundir.report
+
+folder, moment, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+rank = int(os.environ["PMI_RANK"])
+
+
+def write(name: str, text: str) -> None:
+    with open(os.path.join(folder, name + ".tmp"), "w") as f:
+        f.write(text)
+    os.replace(os.path.join(folder, name + ".tmp"), os.path.join(folder, name))
+
+
+def blocked(number: int) -> bool:
+    with open("/proc/thread-self/status") as f:
+        return bool(int(next(line for line in f if line.startswith("SigBlk")).split()[1], 16) >> (number - 1) & 1)
+
+
+def pause(name: str = "") -> None:
+    """Say ready, then wait for go (a signal meanwhile runs mpitrain's handler, or stays pending where blocked);
+    `name` tells a second pause apart (ready-NAME-R, go-NAME)."""
+    write(f"ready{name}-{rank}", json.dumps({"pid": os.getpid(), "mpi_started": "mpi4py.MPI" in sys.modules,
+                                             "sigusr1_blocked": blocked(10)}))
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(folder, f"go{name}")):
+        if time.monotonic() > deadline:
+            raise RuntimeError("no go from the test within 60 s")
+        time.sleep(0.005)
+
+
+def pausing_at(function, call: int = 1, ranks=(0, 1)):
+    """`function`, pausing before its `call`-th call on `ranks`."""
+    calls = 0
+
+    def paused(*a, **kw):
+        nonlocal calls
+        calls += 1
+        if calls == call and rank in ranks:
+            pause()
+        return function(*a, **kw)
+    return paused
+
+
+def pausing_inside(blocking):
+    """The context manager `blocking` (the CLI's signals_blocked_while_mpi_starts), pausing at the end of its body:
+    MPI has started and mpitrain's handlers are not back yet."""
+    @contextlib.contextmanager
+    def paused():
+        with blocking():
+            yield
+            pause()
+    return paused
+
+
+def epochs() -> int:
+    import yaml
+    with open(args[1]) as f:
+        return yaml.safe_load(f)["train"]["epochs"]
+
+
+write(f"pid-{rank}", str(os.getpid()))
+if moment == "before-mpi-init":
+    hold = mpitrain.cli.hold_stop_signals
+
+    def held_then_paused():
+        hold()
+        pause()
+    mpitrain.cli.hold_stop_signals = held_then_paused
+elif moment == "mpi-init":
+    mpitrain.cli.signals_blocked_while_mpi_starts = pausing_inside(mpitrain.cli.signals_blocked_while_mpi_starts)
+elif moment == "set-up":
+    mpitrain.training.loop.setup_run = pausing_at(mpitrain.training.loop.setup_run)
+elif moment in ("first-step", "mid-epoch", "stopping"):
+    mpitrain.training.loop._step = pausing_at(mpitrain.training.loop._step, 1 if moment == "first-step" else 6)
+    if moment == "stopping":
+        train = mpitrain.cli._train
+
+        def train_then_paused(*a):
+            try:
+                return train(*a)
+            finally:
+                pause("-stopped")
+        mpitrain.cli._train = train_then_paused
+elif moment == "final-evaluation":
+    mpitrain.training.loop._evaluate = pausing_at(mpitrain.training.loop._evaluate, epochs())
+elif moment == "report":
+    mpitrain.rundir.report.write_report = pausing_at(mpitrain.rundir.report.write_report, ranks=(0,))
+elif moment == "eval":
+    mpitrain.training.trained.evaluate = pausing_at(mpitrain.training.trained.evaluate)
+else:
+    raise SystemExit(f"unknown moment {moment}")
+code = mpitrain.cli.main(args)
+write(f"exit-{rank}", str(code))
+sys.exit(code)
