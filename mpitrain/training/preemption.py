@@ -23,7 +23,8 @@ collective every rank reaches, so a rank that got a signal never leaves the othe
 - **Before the first step** (`agree_now`): one blocking Allreduce (MAX) after set-up (the dataset, the
   model, resuming, config.yaml, pretraining). A signal from the process's start until then stops every rank with
   "nothing to save" (a resumed run keeps the checkpoint it resumed from). Set-up is not interrupted half way:
-  every part of it is bounded, and stopping inside it would need an agreement in each.
+  stopping inside it would need an agreement in each of its parts. A deep belief net's pretraining is part of
+  it, so a signal there stops the job when pretraining ends (its layers saved, `pretrain/layer-LL.h5`).
 - **At each step** (`agreed`): a non-blocking Allreduce (MAX) of the flag, waited for a step later, when it has
   long arrived; every rank learns of a signal in the same step, at most two steps after it came, for one tiny
   message per step, and the ranks checkpoint that step.
@@ -36,17 +37,20 @@ collective every rank reaches, so a rank that got a signal never leaves the othe
 **Where the handlers are.** The command line (`mpitrain.cli.main`) installs them in its first line, before
 mpi4py is imported, and keeps them until the process ends: `hold_stop_signals`. Before that line the interpreter
 is starting and the signals' default applies (the process ends); that is the earliest point mpitrain controls.
-MPI_Init (MPICH's) installs a SIGUSR1 handler of its own, which would swallow the signal, and a signal in the
-middle of MPI_Init crashed the rank: `signals_blocked_while_mpi_starts` blocks both signals while MPI starts,
-puts mpitrain's handlers back, then unblocks them, so a signal that came meanwhile is delivered to mpitrain's.
-The threads MPI starts inherit the blocked mask, so the main thread is the one that takes the signals.
+MPI_Init installs a SIGUSR1 handler of its own (MPICH's passes the signal on to a handler installed before it,
+but a signal that came with only MPI's handler in place was lost, and one in the middle of MPI_Init crashed the
+rank): `signals_blocked_while_mpi_starts` blocks both signals in the starting thread while MPI starts, puts
+mpitrain's handlers back over the library's, then unblocks them, so a signal that came meanwhile is delivered to
+mpitrain's, whatever the MPI library does. The threads MPI starts inherit the blocked mask.
 
 **From Python** (`mpitrain.train` in a script), mpitrain does not take the process's signals for longer than a
 call: `StopSignals` installs the handlers while `train` runs and puts the caller's back when it returns (also
 when it raises `Stopped`). A signal outside `train` is the caller's to handle. A script that wants the command
 line's whole-process rule calls `hold_stop_signals()` first (then `train` leaves the handlers as they are).
 `mpitrain eval` and `predict` hold them too: they finish their (bounded) work and then, after one agreement,
-exit 3 saying their output was written before the stop.
+exit 3 saying their output was written before the stop. The commands without ranks to agree (etl, score, export,
+report, info) give the signals their defaults back once the command is known (`release_stop_signals`): a signal
+ends them as it ends any program.
 
 The process ends with exit status 3 on every rank (`Stopped`, caught by the command line). A signal that comes
 after the last agreement point, in the last instants before `main` returns, ends that rank with exit 3 as well

@@ -184,3 +184,16 @@ def test_a_signal_during_eval_stops_after_its_output_is_written(data, tmp_path):
     assert_stopped(result, "mpitrain eval: stopped by SIGTERM after its work was done: its output above is complete")
     assert "test: accuracy" in result.stdout
     assert (tmp_path / "run" / "eval-test.json").exists()
+
+
+def test_a_script_gets_stopped_from_train_and_its_own_handlers_back(data, tmp_path):
+    config = train_config(tmp_path, data)
+    result = signal_at(tmp_path, "mid-epoch", ["script", config], 1, signal.SIGTERM)
+    assert result.returncode == 3 and result.exits == {0: "3", 1: "3"}, result.stderr
+    assert "Traceback" not in result.stderr and "BAD TERMINATION" not in result.stdout + result.stderr
+    for rank in (0, 1):  # the same Stopped on every rank, and train again from the same process resumes
+        assert re.search(rf"rank {rank}: Stopped: stopped by SIGTERM at epoch 1 step 7: wrote \S+ckpt-0000-000007.h5; "
+                         "resume with the same command; the script's handlers are back; trained again to the end",
+                         result.stderr), result.stderr
+    assert "own handler" not in result.stderr  # mpitrain's took the signal while train ran
+    assert "resuming from" in result.stderr and (tmp_path / "run" / "summary.json").exists()

@@ -2,6 +2,10 @@
 test says go, so a signal reaches it there and nowhere else.
 
     mpiexec -n 2 python signal_moment.py BARRIER_DIR MOMENT train CONFIG
+    mpiexec -n 2 python signal_moment.py BARRIER_DIR MOMENT script CONFIG   # mpitrain.train from a script
+
+A script (`script CONFIG`) has SIGUSR1 and SIGTERM handlers of its own, trains, and when a signal stops it, says
+whether its handlers are back and trains again (a resume), printing a line per rank on stderr.
 
 At start each rank writes BARRIER_DIR/pid-R (R from the launcher's PMI_RANK: MPI has not started yet); at MOMENT
 it writes BARRIER_DIR/ready-R, JSON of its pid, whether MPI has started and whether SIGUSR1 is blocked, and waits
@@ -117,6 +121,29 @@ elif moment == "eval":
     mpitrain.training.trained.evaluate = pausing_at(mpitrain.training.trained.evaluate)
 else:
     raise SystemExit(f"unknown moment {moment}")
-code = mpitrain.cli.main(args)
+
+
+def train_from_a_script(config: str) -> int:
+    import signal
+    import mpitrain
+    from mpitrain.training.preemption import Stopped
+
+    def own(number, frame):
+        print(f"rank {rank}: the script's own handler got {signal.Signals(number).name}", file=sys.stderr)
+    for number in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(number, own)
+    comm = mpitrain.init(backend="numpy")
+    try:
+        mpitrain.train(mpitrain.load_config(config), comm)
+        return 0
+    except Stopped as e:
+        back = all(signal.getsignal(number) is own for number in (signal.SIGUSR1, signal.SIGTERM))
+        mpitrain.train(mpitrain.load_config(config), comm)
+        print(f"rank {rank}: Stopped: {e}; the script's handlers {'are back' if back else 'are not back'}; trained "
+              "again to the end", file=sys.stderr)
+        return 3
+
+
+code = train_from_a_script(args[1]) if args[0] == "script" else mpitrain.cli.main(args)
 write(f"exit-{rank}", str(code))
 sys.exit(code)
