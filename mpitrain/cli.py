@@ -45,10 +45,10 @@ def main(argv=None) -> int:
         _setup_logging(0)
         return args.run(args)
     except MpitrainError as e:
-        stopped = getattr(e, "exit_status", None)  # preemption.Stopped: not an error, a stop asked for
+        stopped = isinstance(e, Stopped)  # not an error: a stop asked for
         if rank == 0:
             print(f"mpitrain {args.command}: {'' if stopped else 'error: '}{e}", file=sys.stderr)
-        return stopped or 2
+        return Stopped.exit_status if stopped else 2
 
 
 def _ended(command: str, comm) -> int:

@@ -176,6 +176,16 @@ def test_a_signal_after_the_last_step_stops_once_the_summary_is_written(data, tm
     assert (tmp_path / "run" / "report.png").exists() is report
 
 
+def test_a_signal_after_the_last_agreement_ends_that_rank_with_exit_3_and_its_own_line(data, tmp_path):
+    config = train_config(tmp_path, data)
+    result = signal_at(tmp_path, "ended", ["train", config], 1, signal.SIGTERM)
+    assert result.returncode == 3 and result.exits == {0: "0", 1: "3"}, result.stderr  # no rank is left to agree with
+    assert "Traceback" not in result.stderr and "BAD TERMINATION" not in result.stdout + result.stderr
+    assert [text for text in result.stderr.splitlines() if "SIGTERM" in text] == \
+        ["mpitrain train: stopped by SIGTERM as rank 1 ended, after its work was done"]
+    assert (tmp_path / "run" / "summary.json").exists()
+
+
 def test_a_signal_during_eval_stops_after_its_output_is_written(data, tmp_path):
     config = train_config(tmp_path, data)
     trained = mpiexec(2, MPITRAIN, "train", config, timeout=120)

@@ -20,6 +20,7 @@ moment, like rank 1 at `report`, just runs):
     stopping           mid-epoch, then again (ready-stopped-R, go-stopped) as the stop leaves `train`
     final-evaluation   the last epoch's evaluation (train.epochs of them)
     report             rank 0 drawing the report, summary.json written, rank 1 waiting in the collective after
+    ended              `train` returned: its last agreement is behind it
     eval               `mpitrain eval`'s evaluation
 """
 import contextlib
@@ -73,6 +74,16 @@ def pausing_at(function, call: int = 1, ranks=(0, 1)):
     return paused
 
 
+def then_pausing(function, name: str = ""):
+    """`function`, pausing when it has returned or raised."""
+    def paused(*a, **kw):
+        try:
+            return function(*a, **kw)
+        finally:
+            pause(name)
+    return paused
+
+
 def pausing_inside(blocking):
     """The context manager `blocking` (the CLI's signals_blocked_while_mpi_starts), pausing at the end of its body:
     MPI has started and mpitrain's handlers are not back yet."""
@@ -92,12 +103,7 @@ def epochs() -> int:
 
 write(f"pid-{rank}", str(os.getpid()))
 if moment == "before-mpi-init":
-    hold = mpitrain.cli.hold_stop_signals
-
-    def held_then_paused():
-        hold()
-        pause()
-    mpitrain.cli.hold_stop_signals = held_then_paused
+    mpitrain.cli.hold_stop_signals = then_pausing(mpitrain.cli.hold_stop_signals)
 elif moment == "mpi-init":
     mpitrain.cli.signals_blocked_while_mpi_starts = pausing_inside(mpitrain.cli.signals_blocked_while_mpi_starts)
 elif moment == "set-up":
@@ -105,14 +111,9 @@ elif moment == "set-up":
 elif moment in ("first-step", "mid-epoch", "stopping"):
     mpitrain.training.loop._step = pausing_at(mpitrain.training.loop._step, 1 if moment == "first-step" else 6)
     if moment == "stopping":
-        train = mpitrain.cli._train
-
-        def train_then_paused(*a):
-            try:
-                return train(*a)
-            finally:
-                pause("-stopped")
-        mpitrain.cli._train = train_then_paused
+        mpitrain.cli._train = then_pausing(mpitrain.cli._train, "-stopped")
+elif moment == "ended":
+    mpitrain.cli._train = then_pausing(mpitrain.cli._train)
 elif moment == "final-evaluation":
     mpitrain.training.loop._evaluate = pausing_at(mpitrain.training.loop._evaluate, epochs())
 elif moment == "report":
