@@ -17,7 +17,8 @@ rank with exit status 3 and one line: the checkpoint of the step training stoppe
         final evaluation, summary, report; stop.agree_now()
 
 A signal only sets a flag in the rank that got it (the handler does nothing else: no logging, no MPI), so a
-second signal, at any moment, changes nothing. The flag counts at three kinds of agreement point, each a
+second signal, at any moment, changes nothing. Ranks that got different signals agree on the larger number:
+SIGTERM (the job is to end) over SIGUSR1 (requeue it). The flag counts at three kinds of agreement point, each a
 collective every rank reaches, so a rank that got a signal never leaves the others waiting:
 
 - **Before the first step** (`agree_now`): one blocking Allreduce (MAX) after set-up (the dataset, the
