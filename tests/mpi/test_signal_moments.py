@@ -62,8 +62,8 @@ def wait_for(paths: list[Path], job: subprocess.Popen) -> None:
 def signal_at(tmp_path: Path, moment: str, args: list, rank: int, number: int, paused=(0, 1), again: str = "") \
         -> Stopped:
     """Run `mpitrain ARGS` on 2 ranks held at `moment`; send `number` to `rank` there, then let them go. `again`
-    sends it a second time: "now" right after go, within 10 ms of the first; "stopped" when the ranks pause again
-    as the stop leaves `train` (the `stopping` moment)."""
+    sends it a second time: "now" right after the first, within 10 ms; "stopped" when the ranks pause again as the
+    stop leaves `train` (the `stopping` moment), where a handler given back to MPI or the default used to kill them."""
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     job = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, os.path.join(RANK_SCRIPTS, "signal_moment.py"),
@@ -75,11 +75,11 @@ def signal_at(tmp_path: Path, moment: str, args: list, rank: int, number: int, p
         pid = int((barrier / f"pid-{rank}").read_text())
         first = time.monotonic()
         os.kill(pid, number)
-        (barrier / "go").touch()
         if again == "now":
             os.kill(pid, number)
             assert time.monotonic() - first < 0.01
-        elif again == "stopped":
+        (barrier / "go").touch()
+        if again == "stopped":
             wait_for([barrier / f"ready-stopped-{r}" for r in paused], job)
             os.kill(pid, number)
             (barrier / "go-stopped").touch()
