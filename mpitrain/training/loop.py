@@ -60,7 +60,7 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
                 test_rows = run.reader.eval_rows(run.config.data.test_split)
             with run.owned():  # no other job writes this run directory meanwhile
                 watchdog.beat("start-up (resuming, pretraining, the first broadcast)")
-                loop = _set_up_training(run, batches, test_rows, sync, watchdog)
+                loop = _set_up_training(run, batches, test_rows, sync, watchdog, stop)
                 _stop_before_first_step(run, stop)
                 if loop is None:
                     return _summary_of_finished_run(run)
@@ -114,9 +114,9 @@ def _check_setup(run: Run, sync: Synchronizer | None) -> None:
 
 
 def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Synchronizer | None,
-                     watchdog: Watchdog) -> _Loop:
+                     watchdog: Watchdog, stop: StopSignals) -> _Loop:
     """Updater and synchronizer; resume (in the epoch order the checkpoint stopped in) or start (pretraining first
-    when asked); config.yaml."""
+    when asked, its steps agreeing on `stop`); config.yaml."""
     config, comm, model = run.config, run.comm, run.model
     updater = create_updater(config.optimizer, model.params, model.decay_mask)
     sync = sync or create_synchronizer(config.sync, comm)
@@ -136,7 +136,7 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
             log.warning("ignored: %s", option)
     if config.pretrain.layers and (start.epoch, start.step) == (0, 0):  # fine-tuning has not begun
         pretrain(config, comm, model, batches, run.reader.eval_rows(config.data.train_split), run.checkpointer,
-                 watchdog)
+                 watchdog, stop)
     sync.start(model, updater)  # every rank starts from rank 0's parameters and updater state
     sync.load_numbers(start.sync_numbers)
     sync.load_arrays(start.sync_arrays)  # e.g. sharing's mean residual, saved by rank 0
@@ -193,8 +193,8 @@ def _stop_before_first_step(run: Run, stop: StopSignals) -> None:
     stops every rank before the first step, with nothing new to save (a collective: one blocking agreement)."""
     signal_name = stop.agree_now()
     if signal_name:
-        then = requeue(run.config.train.requeue, signal_name, "it starts again (from the run's newest checkpoint, "
-                       "if it has one)") if run.comm.is_root else "resume with the same command"
+        then = requeue(run.config.train.requeue, signal_name, run.comm.is_root, "it starts again (from the run's "
+                       "newest checkpoint, if it has one)")
         raise Stopped(f"stopped by {signal_name} before the first step, nothing to save; {then}")
 
 
@@ -285,7 +285,7 @@ def _stop_with_checkpoint(run: Run, loop: _Loop, epoch: int, step: int, signal_n
     SIGUSR1 (rank 0), and raise Stopped (exit status 3)."""
     watchdog.beat(f"the checkpoint of {signal_name} at epoch {epoch + 1} step {step + 1}")
     path = _save(run, loop, epoch, step + 1, stop)
-    then = requeue(run.config.train.requeue, signal_name) if run.comm.is_root else "resume with the same command"
+    then = requeue(run.config.train.requeue, signal_name, run.comm.is_root)
     raise Stopped(f"stopped by {signal_name} at epoch {epoch + 1} step {step + 1}: wrote {path}; {then}")
 
 

@@ -22,13 +22,13 @@ SIGTERM (the job is to end) over SIGUSR1 (requeue it). The flag counts at three 
 collective every rank reaches, so a rank that got a signal never leaves the others waiting:
 
 - **Before the first step** (`agree_now`): one blocking Allreduce (MAX) after set-up (the dataset, the
-  model, resuming, config.yaml, pretraining). A signal from the process's start until then stops every rank with
-  "nothing to save" (a resumed run keeps the checkpoint it resumed from). Set-up is not interrupted half way:
-  stopping inside it would need an agreement in each of its parts. A deep belief net's pretraining is part of
-  it, so a signal there stops the job when pretraining ends (its layers saved, `pretrain/layer-LL.h5`).
+  model, resuming, config.yaml). A signal from the process's start until then stops every rank with "nothing to
+  save" (a resumed run keeps the checkpoint it resumed from). Set-up is not interrupted half way: it is short,
+  and stopping inside it would need an agreement in each of its parts.
 - **At each step** (`agreed`): a non-blocking Allreduce (MAX) of the flag, waited for a step later, when it has
   long arrived; every rank learns of a signal in the same step, at most two steps after it came, for one tiny
-  message per step, and the ranks checkpoint that step.
+  message per step, and the ranks checkpoint that step. A deep belief net's pretraining steps agree the same
+  way; they stop with the finished layers kept (`pretrain/layer-LL.h5`), the interrupted one to start again.
 - **After the last step** (`agree_now` again): the last epoch's end (its evaluation and the final checkpoint), the
   summary and the report run to their end, then one blocking Allreduce. A signal in that time (or in the last two
   steps, whose per-step agreement no later step reads) ends every rank with exit 3, naming the final checkpoint
@@ -198,13 +198,14 @@ class StopSignals:
         return self._signal_name()
 
 
-def requeue(setting, signal_name: str, resumes: str = "it resumes from this checkpoint") -> str:
-    """After a stop (rank 0): ask Slurm to requeue this job when `train.requeue` says so (auto, true or false;
-    auto: inside a Slurm job) and the signal was SIGUSR1, the time limit's warning. SIGTERM is `scancel` (the user
-    wants the job to end) or preemption (Slurm requeues it itself when its PreemptMode says so): it is never
-    requeued here. Returns what happened, for the stop's message (`resumes`: what the requeued job does)."""
+def requeue(setting, signal_name: str, is_root: bool, resumes: str = "it resumes from this checkpoint") -> str:
+    """After a stop, on rank 0 (`is_root`; the other ranks' lines are not printed, and they ask nothing): ask Slurm
+    to requeue this job when `train.requeue` says so (auto, true or false; auto: inside a Slurm job) and the
+    signal was SIGUSR1, the time limit's warning. SIGTERM is `scancel` (the user wants the job to end) or
+    preemption (Slurm requeues it itself when its PreemptMode says so): it is never requeued here. Returns what
+    happened, for the stop's message (`resumes`: what the requeued job does)."""
     job = os.environ.get("SLURM_JOB_ID")
-    if setting is False or (setting == "auto" and not job) or signal_name != "SIGUSR1":
+    if not is_root or setting is False or (setting == "auto" and not job) or signal_name != "SIGUSR1":
         return "resume with the same command"
     if not job:
         return "train.requeue is true, but this is no Slurm job: resume with the same command"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from mpitrain.rundir.checkpoint import list_checkpoints, load_checkpoint
-from mpitrain.testing.datasets import make_dataset, write_config
+from mpitrain.testing.datasets import make_dataset, make_digits_dataset, write_config
 from mpitrain.testing.launch import MPIEXEC, MPITRAIN, RANK_SCRIPTS, mpiexec
 
 TRAIN = {"epochs": 2, "batch_size": 16, "seed": 1, "log_every": 5}  # 600 rows, 2 ranks: 18 steps per epoch
@@ -139,6 +139,21 @@ def test_a_signal_before_the_first_step_stops_every_rank_with_nothing_to_save(da
     assert all(ready["mpi_started"] is started for ready in result.ready.values())
     if moment == "mpi-init":  # MPI's SIGUSR1 handler is installed, so the signal must wait for mpitrain's
         assert all(ready["sigusr1_blocked"] for ready in result.ready.values())
+
+
+def test_a_signal_in_pretraining_stops_every_rank_keeping_the_finished_layers(tmp_path):
+    make_digits_dataset(tmp_path / "digits")
+    config = write_config(tmp_path / "exp.yaml", tmp_path / "digits", run_dir=str(tmp_path / "run"), train=TRAIN,
+                          data={"normalize": False}, model={"layers": []},
+                          pretrain={"layers": [16, 8], "epochs": 1, "sync": {"mode": "averaging"}})
+    result = signal_at(tmp_path, "pretraining", ["train", config], 1, signal.SIGTERM)
+    first = tmp_path / "run" / "pretrain" / "layer-00.h5"
+    assert_stopped(result, rf"mpitrain train: stopped by SIGTERM in pretraining at layer 2 epoch 1 step 4, before "
+                           rf"the first step, kept {first}; layer 2 starts again; resume with the same command")
+    assert sorted(os.listdir(tmp_path / "run" / "pretrain")) == ["layer-00.h5"]
+    assert list_checkpoints(str(tmp_path / "run")) == []
+    resumed = mpiexec(2, MPITRAIN, "train", config, timeout=120)
+    assert resumed.returncode == 0 and f"pretrain layer 1/2: loaded {first}" in resumed.stderr, resumed.stderr
 
 
 @pytest.mark.parametrize("moment, rank, number, again, step",

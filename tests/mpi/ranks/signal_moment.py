@@ -15,6 +15,7 @@ moment, like rank 1 at `report`, just runs):
     before-mpi-init    main's first line installed mpitrain's handlers; mpi4py is not imported yet
     mpi-init           MPI has started, its own SIGUSR1 handler installed, mpitrain's not yet back
     set-up             the start of `train`: the dataset, the model, the run directory are still to come
+    pretraining        the 3rd step of a deep belief net's second RBM
     first-step         the first training step, before its forward pass
     mid-epoch          the 6th step of the first epoch
     stopping           mid-epoch, then again (ready-stopped-R, go-stopped) as the stop leaves `train`
@@ -108,6 +109,20 @@ elif moment == "mpi-init":
     mpitrain.cli.signals_blocked_while_mpi_starts = pausing_inside(mpitrain.cli.signals_blocked_while_mpi_starts)
 elif moment == "set-up":
     mpitrain.training.loop.setup_run = pausing_at(mpitrain.training.loop.setup_run)
+elif moment == "pretraining":
+    from mpitrain.nn.rbm import RBM
+    trained, steps = [], 0
+
+    def train_batch(self, *a, **kw):
+        global steps
+        if self not in trained:
+            trained.append(self)
+            steps = 0
+        steps += 1
+        if len(trained) == 2 and steps == 3:
+            pause()
+        return train_rbm_batch(self, *a, **kw)
+    train_rbm_batch, RBM.train_batch = RBM.train_batch, train_batch
 elif moment in ("first-step", "mid-epoch", "stopping"):
     mpitrain.training.loop._step = pausing_at(mpitrain.training.loop._step, 1 if moment == "first-step" else 6)
     if moment == "stopping":
