@@ -3,8 +3,9 @@ are caught.
 
 Multi-rank commands run the same under `mpiexec -n N`, `srun`, or alone (1 rank). An
 uncaught exception on any rank aborts the whole job (see `launch.install_abort_hook`);
-a user error (bad config, bad data) prints one line on rank 0 and exits 2 on every rank; a
-training stopped by SIGUSR1/SIGTERM, its checkpoint written, exits 3.
+a user error (bad config, bad data) prints one line on rank 0 and exits 2 on every rank. SIGUSR1 or SIGTERM
+ends `train`, `eval` and `predict` on every rank with one line and exit 3, at any moment from `main`'s first line
+(`mpitrain.training.preemption`: the handlers are held from there, before mpi4py is imported).
 The commands are thin: `train` is `mpitrain.train`, and `eval`/`predict` build their run
 with the same `mpitrain.training.run.setup_run`, as a Python script would (`mpitrain.api`).
 """
@@ -16,6 +17,8 @@ import os
 import sys
 
 from mpitrain.errors import MpitrainError
+from mpitrain.training.preemption import (StopSignals, Stopped, hold_stop_signals, release_stop_signals,
+                                          signal_received, signals_blocked_while_mpi_starts)
 
 log = logging.getLogger("mpitrain")
 OVERWRITE_HELP = ("replace an existing --out file (never one in a run's checkpoints/ or a dataset folder; the file is "
@@ -23,25 +26,45 @@ OVERWRITE_HELP = ("replace an existing --out file (never one in a run's checkpoi
 
 
 def main(argv=None) -> int:
+    hold_stop_signals()  # first: a signal from here on is one to stop at (mpitrain.training.preemption)
     parser = _parser()
     args = parser.parse_args(argv)
     rank = 0
     try:
         if args.command in ("train", "eval", "predict"):
-            from mpitrain.parallel.comm import Communicator
-            from mpitrain.parallel.launch import install_abort_hook
-            install_abort_hook()
-            comm = Communicator()
+            with signals_blocked_while_mpi_starts():  # MPI_Init installs a SIGUSR1 handler of its own
+                from mpitrain.parallel.comm import Communicator
+                from mpitrain.parallel.launch import install_abort_hook
+                install_abort_hook()
+                comm = Communicator()
             rank = comm.rank
             _setup_logging(rank)
-            return args.run(args, comm)
+            args.run(args, comm)
+            return _ended(args.command, comm)
+        release_stop_signals()  # no agreement to stop at: a signal ends these commands as it would any program
         _setup_logging(0)
         return args.run(args)
     except MpitrainError as e:
-        stopped = getattr(e, "exit_status", None)  # preemption.Stopped: not an error, a checkpoint to resume
+        stopped = isinstance(e, Stopped)  # not an error: a stop asked for
         if rank == 0:
             print(f"mpitrain {args.command}: {'' if stopped else 'error: '}{e}", file=sys.stderr)
-        return stopped or 2
+        return Stopped.exit_status if stopped else 2
+
+
+def _ended(command: str, comm) -> int:
+    """0, or 3 after a signal: `eval` and `predict` finish their work, then agree on one (a collective; `train`
+    agreed after its report). A signal after that agreement, as the process ends, is this rank's alone: it says so
+    itself."""
+    if command != "train":
+        signal_name = StopSignals(comm).agree_now()
+        if signal_name:
+            raise Stopped(f"stopped by {signal_name} after its work was done: its output above is complete")
+    late = signal_received()
+    if late:
+        print(f"mpitrain {command}: stopped by {late} as rank {comm.rank} ended, after its work was done",
+              file=sys.stderr)
+        return Stopped.exit_status
+    return 0
 
 
 def _parser() -> argparse.ArgumentParser:

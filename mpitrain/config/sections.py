@@ -191,7 +191,8 @@ class TrainConfig(Section):
     watchdog_s: float = option(1800.0, "Abort the job when a rank makes no progress for this many seconds, printing "
                                        "where it is and every thread's stack.", domain="(0, 1e7]")
     requeue: typing.Union[bool, str] = option(
-        "auto", "After SIGUSR1 (the time limit's warning) stopped training with a checkpoint, rank 0 runs "
+        "auto", "After SIGUSR1 (the time limit's warning) stopped training (at a step with a checkpoint, or "
+                "before the first step), rank 0 runs "
                 "`scontrol requeue $SLURM_JOB_ID`: auto does so inside a Slurm job. Never after SIGTERM (scancel, "
                 "or preemption, which Slurm requeues itself).", ("auto", True, False))
     trace_allocations: bool = option(False, "Measure with tracemalloc what each training step and each evaluation "

@@ -4,8 +4,9 @@
     summary = mpitrain.train(config, comm)                       # the same, from Python
 
 `train` is a collective: every rank calls it. Rank 0 writes the run directory (config.yaml,
-checkpoints/, metrics.jsonl, summary.json, the report). SIGUSR1 or SIGTERM on any rank stops
-every rank at a step boundary with a checkpoint (`mpitrain.training.preemption`: `Stopped`, exit 3).
+checkpoints/, metrics.jsonl, summary.json, the report). SIGUSR1 or SIGTERM on any rank, at any moment, stops
+every rank (`mpitrain.training.preemption`: `Stopped`, exit 3): before the first step with nothing to save, at a
+step boundary with a checkpoint, after the last step once the summary and the report are written.
 """
 from __future__ import annotations
 
@@ -43,10 +44,14 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
 
     `reader` (a DatasetReader), `model` (a Sequential) and `sync` (a Synchronizer built on
     the run's communicator) replace the parts the config would build (the Python API).
+    SIGUSR1 or SIGTERM on any rank while it runs raises `Stopped` on every rank, with a checkpoint of the step it
+    stopped at when there is one (`mpitrain.training.preemption`). For the call's duration mpitrain's handlers
+    replace the caller's, which come back when it returns, unless `hold_stop_signals()` holds them for the
+    whole process, as the command line does.
     """
     started = time.perf_counter()
-    with Watchdog(config.train.watchdog_s, comm.rank, comm.abort) as watchdog:  # all of it: a stuck rank anywhere
-        watchdog.beat("start-up (the dataset's manifest, the model, the run directory)")
+    with StopSignals(comm) as stop, Watchdog(config.train.watchdog_s, comm.rank, comm.abort) as watchdog:
+        watchdog.beat("start-up (the dataset's manifest, the model, the run directory)")  # a stuck rank anywhere
         run = setup_run(config, comm, reader=reader, model=model, sync=sync)
         try:
             with run.comm.agreed_errors():  # before the run directory is touched: a setting that does not fit
@@ -55,12 +60,15 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
                 test_rows = run.reader.eval_rows(run.config.data.test_split)
             with run.owned():  # no other job writes this run directory meanwhile
                 watchdog.beat("start-up (resuming, pretraining, the first broadcast)")
-                loop = _set_up_training(run, batches, test_rows, sync, watchdog)
+                loop = _set_up_training(run, batches, test_rows, sync, watchdog, stop)
+                _stop_before_first_step(run, stop)
                 if loop is None:
                     return _summary_of_finished_run(run)
-                done = _train_epochs(run, loop, watchdog)
+                done = _train_epochs(run, loop, watchdog, stop)
                 watchdog.beat("the summary (every rank's figures, summary.json, the report)")
-                return _finish(run, loop, done, started)
+                summary = _finish(run, loop, done, started)
+                _stop_after_last_step(run, stop)
+                return summary
         finally:
             run.reader.close()  # the shards' files (and a remote store's connections) before the interpreter ends
 
@@ -106,9 +114,9 @@ def _check_setup(run: Run, sync: Synchronizer | None) -> None:
 
 
 def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Synchronizer | None,
-                     watchdog: Watchdog) -> _Loop:
+                     watchdog: Watchdog, stop: StopSignals) -> _Loop:
     """Updater and synchronizer; resume (in the epoch order the checkpoint stopped in) or start (pretraining first
-    when asked); config.yaml."""
+    when asked, its steps agreeing on `stop`); config.yaml."""
     config, comm, model = run.config, run.comm, run.model
     updater = create_updater(config.optimizer, model.params, model.decay_mask)
     sync = sync or create_synchronizer(config.sync, comm)
@@ -128,7 +136,7 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
             log.warning("ignored: %s", option)
     if config.pretrain.layers and (start.epoch, start.step) == (0, 0):  # fine-tuning has not begun
         pretrain(config, comm, model, batches, run.reader.eval_rows(config.data.train_split), run.checkpointer,
-                 watchdog)
+                 watchdog, stop)
     sync.start(model, updater)  # every rank starts from rank 0's parameters and updater state
     sync.load_numbers(start.sync_numbers)
     sync.load_arrays(start.sync_arrays)  # e.g. sharing's mean residual, saved by rank 0
@@ -170,16 +178,35 @@ def _continue_order(run: Run, batches: Batches, start) -> Batches:
     return run.train_batches(window=saved_window)
 
 
-def _train_epochs(run: Run, loop: _Loop, watchdog: Watchdog) -> _Done:
+def _train_epochs(run: Run, loop: _Loop, watchdog: Watchdog, stop: StopSignals) -> _Done:
     """The epochs from where the run starts, each its steps (`_train_epoch`) then its end (`_end_epoch`)."""
-    config, comm = run.config, run.comm
     done, start_step = _Done(), loop.step
-    with StopSignals(comm) as stop:
-        for epoch in range(loop.epoch, config.train.epochs):
-            totals = _train_epoch(run, loop, epoch, start_step, watchdog, stop)
-            _end_epoch(run, loop, epoch, totals, done, watchdog, stop)
-            start_step = 0
+    for epoch in range(loop.epoch, run.config.train.epochs):
+        totals = _train_epoch(run, loop, epoch, start_step, watchdog, stop)
+        _end_epoch(run, loop, epoch, totals, done, watchdog, stop)
+        start_step = 0
     return done
+
+
+def _stop_before_first_step(run: Run, stop: StopSignals) -> None:
+    """A signal on any rank from the process's start until now (set-up: dataset, model, resuming, pretraining)
+    stops every rank before the first step, with nothing new to save (a collective: one blocking agreement)."""
+    signal_name = stop.agree_now()
+    if signal_name:
+        then = requeue(run.config.train.requeue, signal_name, run.comm.is_root, "it starts again (from the run's "
+                       "newest checkpoint, if it has one)")
+        raise Stopped(f"stopped by {signal_name} before the first step, nothing to save; {then}")
+
+
+def _stop_after_last_step(run: Run, stop: StopSignals) -> None:
+    """A signal on any rank since the last step's agreement (the final evaluation, the final checkpoint, the
+    summary, the report: all of them finished first) stops every rank now, naming what was written (a collective:
+    one blocking agreement). Training is complete, so the job is not requeued."""
+    signal_name = stop.agree_now()
+    if signal_name:
+        report = " and the report" if run.config.report else ""
+        raise Stopped(f"stopped by {signal_name} after the last step, training complete: the final checkpoint is "
+                      f"{run.checkpointer.paths()[-1]}; wrote summary.json{report}; nothing left to resume")
 
 
 def _train_epoch(run: Run, loop: _Loop, epoch: int, start_step: int, watchdog: Watchdog, stop: StopSignals) -> Totals:
@@ -258,7 +285,7 @@ def _stop_with_checkpoint(run: Run, loop: _Loop, epoch: int, step: int, signal_n
     SIGUSR1 (rank 0), and raise Stopped (exit status 3)."""
     watchdog.beat(f"the checkpoint of {signal_name} at epoch {epoch + 1} step {step + 1}")
     path = _save(run, loop, epoch, step + 1, stop)
-    then = requeue(run.config.train.requeue, signal_name) if run.comm.is_root else "resume with the same command"
+    then = requeue(run.config.train.requeue, signal_name, run.comm.is_root)
     raise Stopped(f"stopped by {signal_name} at epoch {epoch + 1} step {step + 1}: wrote {path}; {then}")
 
 

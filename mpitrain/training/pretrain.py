@@ -10,7 +10,9 @@ is gathered. Finally RBM k's weights and hidden biases become the k-th dense lay
 of the supervised model, which `mpitrain.training.loop` fine-tunes with backpropagation.
 
 Each finished layer is checkpointed to RUN_DIR/pretrain/layer-LL.h5 (atomically, by rank 0),
-so a resumed run skips finished layers; a layer interrupted half way starts again. A
+so a resumed run skips finished layers; a layer interrupted half way starts again. Every step agrees on the
+stop signals like a training step (`mpitrain.training.preemption`): SIGUSR1 or SIGTERM ends pretraining on every
+rank one or two steps later, with exit status 3, the finished layers kept. A
 checkpoint taken on another dataset or of another shape is refused, saying what differs.
 After every epoch, metrics.jsonl gets a `pretrain` record: reconstruction error (mean
 squared error per visible unit of the mean-field reconstruction, on `monitor_rows` rows per
@@ -26,7 +28,9 @@ import numpy as np
 
 from mpitrain.config.sections import OptimizerConfig
 from mpitrain.errors import ConfigError, MpitrainError
+from mpitrain.rundir.directory import RunDir
 from mpitrain.training.metrics import MetricsLog
+from mpitrain.training.preemption import Stopped, requeue
 from mpitrain.nn.layers import Dense, Sigmoid
 from mpitrain.nn.rbm import RBM, bernoulli
 from mpitrain.nn.updaters import create_updater
@@ -41,11 +45,12 @@ def dbn_layers(sizes: list[int], num_classes: int) -> list[dict]:
            [{"type": "dense", "units": num_classes}]
 
 
-def pretrain(config, comm, model, batches, rows, checkpointer, watchdog) -> None:
+def pretrain(config, comm, model, batches, rows, checkpointer, watchdog, stop) -> None:
     """Pretrain the RBMs of `config.pretrain.layers` greedily (resuming finished ones, which `checkpointer`
     keeps) and copy them into `model`'s hidden layers. A collective: every rank calls it with its own
     training batches and its share of the training split in order (`rows`, an EvalRows: the monitor rows are
-    its first `pretrain.monitor_rows`); the run's `watchdog` hears of every step."""
+    its first `pretrain.monitor_rows`); the run's `watchdog` hears of every step, and every step agrees on the
+    stop signals (`stop`, a StopSignals): a signal ends pretraining on every rank, the finished layers kept."""
     p = config.pretrain
     hidden = _hidden_layers(model, p.layers)
     sizes = [hidden[0].params["W"].shape[0], *p.layers]
@@ -66,7 +71,7 @@ def pretrain(config, comm, model, batches, rows, checkpointer, watchdog) -> None
             rbm.params[...] = model.xp.asarray(finished[index])
             log.info("pretrain layer %d/%d: loaded %s", index + 1, len(stack), checkpointer.files.pretrained_layer(index))
         else:
-            _train_layer(config, comm, stack, index, batches, monitor, watchdog)
+            _train_layer(config, comm, stack, index, batches, monitor, watchdog, stop)
             if comm.is_root:  # the replicas agree after the last epoch's sync
                 path = checkpointer.save_layer(index, _layout(rbm, index), batches.backend.to_host(rbm.params),
                                                config.pretrain.epochs)
@@ -114,8 +119,9 @@ def _layout(rbm: RBM, index: int) -> list:
     return [(f"{index:02d}_rbm/{name}", shape) for name, shape in rbm.layout]
 
 
-def _train_layer(config, comm, stack: list[RBM], index: int, batches, monitor, watchdog) -> None:
-    """Train RBM `index` for pretrain.epochs epochs on the layers below's activations of this rank's batches."""
+def _train_layer(config, comm, stack: list[RBM], index: int, batches, monitor, watchdog, stop) -> None:
+    """Train RBM `index` for pretrain.epochs epochs on the layers below's activations of this rank's batches; stop
+    every rank (`Stopped`) one or two steps after a signal (`stop.agreed`)."""
     p, rbm, below = config.pretrain, stack[index], stack[:index]
     updater = create_updater(OptimizerConfig(type="sgd", lr=p.lr, momentum=p.momentum, l2=p.weight_decay),
                              rbm.params, rbm.decay_mask)
@@ -134,6 +140,9 @@ def _train_layer(config, comm, stack: list[RBM], index: int, batches, monitor, w
             v = propagate(below, x.reshape(len(x), -1), rng if p.propagate == "sample" else None)
             error += rbm.train_batch(v, rng)
             sync.step(rbm, updater)
+            signal_name = stop.agreed()  # the same answer on every rank, in the same step
+            if signal_name:
+                raise _stopped(config, comm, index, f"epoch {epoch + 1} step {step + 1}", signal_name)
             samples += len(x)
             seconds += time.perf_counter() - tick
             bytes_sent += comm.bytes_sent - bytes_before
@@ -147,6 +156,16 @@ def _train_layer(config, comm, stack: list[RBM], index: int, batches, monitor, w
         record = _epoch_record(config, comm, rbm, index, epoch, monitor, float(to_host(error)), samples, seconds,
                                bytes_sent / max(batches.steps_per_epoch, 1))
         _write_record(config, comm, metrics, {**record, "replica_hashes": hashes}, len(stack))
+
+
+def _stopped(config, comm, index: int, where: str, signal_name: str) -> Stopped:
+    """The stop of pretraining RBM `index` at `where`, before fine-tuning's first step: the layers below it are
+    saved, it starts again on resume."""
+    kept = [RunDir(config.run_dir).pretrained_layer(i) for i in range(index)]
+    saved = f"kept {', '.join(kept)}" if kept else "nothing to save"
+    then = requeue(config.train.requeue, signal_name, comm.is_root, "it resumes with the layers kept")
+    return Stopped(f"stopped by {signal_name} in pretraining at layer {index + 1} {where}, before the first step, "
+                   f"{saved}; layer {index + 1} starts again; {then}")
 
 
 def propagate(below: list[RBM], v, rng=None):

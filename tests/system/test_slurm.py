@@ -155,7 +155,7 @@ def test_usr1_mid_epoch_checkpoints_requeues_and_ends_where_an_uninterrupted_run
     stopped = re.search(r"mpitrain train: stopped by SIGUSR1 at epoch (\d+) step (\d+): wrote (\S+); Slurm job "
                         rf"{job} requeued: it resumes from this checkpoint", text)
     assert stopped, text
-    assert text.count("got SIGUSR1: training stops with a checkpoint at the next step boundary") == 2  # both ranks
+    assert text.count("stopped by SIGUSR1") == 1  # one line about the stop, however many ranks got the signal
     assert f"resuming from {stopped.group(3)} at epoch {stopped.group(1)} step {stopped.group(2)}" in text
     assert "(restart 1)" in log.read_text()
 
