@@ -24,6 +24,7 @@ import json
 from mpitrain.config.sections import AT_EPOCH_END, REFUSED, Config
 
 BY_GLOBAL_BATCH = ("train.batch_size", "train.global_batch_size")  # compared by the global batch they give
+UNSET = type("Unset", (), {"__repr__": lambda self: "unset"})()  # an option mapping's entry one side lacks
 
 
 def resume_rules(section=Config, prefix: str = "") -> dict[str, str]:
@@ -68,8 +69,8 @@ def global_batch_change(saved: dict, now: dict, saved_batch: int, batch: int, ra
 
 
 def shown(value) -> str:
-    """A config value as one short line of YAML flow style (JSON is a subset)."""
-    text = json.dumps(value)
+    """A config value as one short line of YAML flow style (JSON is a subset); `UNSET` as "unset"."""
+    text = repr(value) if value is UNSET else json.dumps(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -87,7 +88,7 @@ def _difference(key: str, saved, now) -> tuple[str, object, object] | None:
     """The first entry where `saved` and `now` differ, named from `key` down (a list's item, a mapping's key)."""
     if isinstance(saved, dict) and isinstance(now, dict):
         for name in list(saved) + [name for name in now if name not in saved]:
-            found = _difference(f"{key}.{name}", saved.get(name), now.get(name))
+            found = _difference(f"{key}.{name}", saved.get(name, UNSET), now.get(name, UNSET))
             if found:
                 return found
         return None
@@ -98,3 +99,8 @@ def _difference(key: str, saved, now) -> tuple[str, object, object] | None:
                 return found
         return None
     return None if saved == now else (key, saved, now)
+
+
+def set_back(key: str, saved) -> str:
+    """What to do to keep `key` as a checkpoint recorded it (`saved`)."""
+    return f"remove {key}" if saved is UNSET else f"set it back to {shown(saved)}"

@@ -35,7 +35,7 @@ import yaml
 
 from mpitrain.rundir.checkpoint import Checkpoint, check_fits, list_checkpoints, load_checkpoint, save_checkpoint, \
     write_checkpoint
-from mpitrain.config.on_resume import first_change, global_batch_change, shown
+from mpitrain.config.on_resume import first_change, global_batch_change, set_back, shown
 from mpitrain.config.sections import REFUSED, Config, config_yaml, load_config, recorded_config
 from mpitrain.parallel.sync.base import parameter_hash
 from mpitrain.errors import ConfigError, DataError, MpitrainError
@@ -108,12 +108,12 @@ def _refuse_changes(ckpt: Checkpoint, config, ranks: int) -> None:
         key, before, after, _ = change
         raise ConfigError(f"{ckpt.path}: was trained with {key} {shown(before)}, this config has {shown(after)}; "
                           f"{key} gives the checkpoint's numbers their meaning and may not change on resume "
-                          f"(docs/configuration.md): set it back to {shown(before)}, or train a new run in another "
+                          f"(docs/configuration.md): {set_back(key, before)}, or train a new run in another "
                           "run_dir")
     if change:
         key, before, after, _ = change
         raise ConfigError(f"{where} {key} {shown(before)}, this config has {shown(after)}; {key} sets the epoch's "
-                          f"order and may change only at an epoch's end: set it back to {shown(before)} to finish "
+                          f"order and may change only at an epoch's end: {set_back(key, before)} to finish "
                           "the epoch, or resume from a checkpoint at an epoch's end (ckpt-EEEE-000000.h5)")
     batch = global_batch_change(saved, now, ckpt.order[0], config.train.global_batch(ranks), ranks) \
         if ckpt.step else None
