@@ -64,8 +64,11 @@ def global_batch_change(saved: dict, now: dict, saved_batch: int, batch: int, ra
     changed = [key for key in BY_GLOBAL_BATCH if _get(saved, key)[0] and _get(saved, key)[1] != train[key]]
     how = f"train.global_batch_size {train['train.global_batch_size']}" if train["train.global_batch_size"] else \
         f"train.batch_size {train['train.batch_size']} x {ranks} ranks"
-    what = f"{changed[-1]} was {_get(saved, changed[-1])[1]}" if changed else "the number of ranks changed"
-    return f"a global batch of {saved_batch} rows; {what}, so this run's is {batch} ({how})"
+    if changed:
+        what = f"{changed[-1]} was {_get(saved, changed[-1])[1]}, so this run's is"
+    else:  # the same keys on another number of ranks, or a checkpoint that recorded no config
+        what = "the number of ranks changed, so this run's is" if _get(saved, "train")[0] else "this run's is"
+    return f"a global batch of {saved_batch} rows; {what} {batch} ({how})"
 
 
 def shown(value) -> str:

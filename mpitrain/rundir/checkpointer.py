@@ -19,9 +19,9 @@ next one) are dropped; a checkpoint is never written with NaN or Inf parameters;
 left with set-aside checkpoints and none to resume is refused, on every start, until the user says
 `resume: never` (or puts a good checkpoint in checkpoints/). A fresh start never overwrites an earlier
 run's records: config.yaml, metrics.jsonl, summary.json, the report, eval's and predict's outputs and
-the set-aside checkpoints move to RUN_DIR/earlier-N, with a log line saying so. Pretraining's finished layers
-(RUN_DIR/pretrain/layer-LL.h5) are checkpoints of this kind too, one per RBM, so a resumed run skips
-them.
+the set-aside checkpoints move to RUN_DIR/earlier-N, with a log line saying so. Pretraining's finished
+layers (RUN_DIR/pretrain/layer-LL.h5) are checkpoints of this kind too, one per RBM, so a resumed run
+skips them.
 """
 from __future__ import annotations
 
@@ -98,20 +98,18 @@ def checkpoint_config(run_dir: str, ckpt: Checkpoint, overrides: tuple = ()) -> 
 def _refuse_changes(ckpt: Checkpoint, config, ranks: int) -> None:
     """Refuse to resume `ckpt` under `config` (on `ranks` ranks) where it changes a key that may not change on resume
     (`mpitrain.config.on_resume`; mid-epoch also the epoch's order and its global batch), naming the first such key,
-    both values and what to do. A checkpoint that recorded no config (older versions) is not compared."""
-    if not ckpt.config_yaml:
-        return
-    saved, now = yaml.safe_load(ckpt.config_yaml), yaml.safe_load(config_yaml(config))
+    both values and what to do. Of a checkpoint that recorded no config (older versions) only the global batch is
+    compared."""
+    saved, now = yaml.safe_load(ckpt.config_yaml or "{}"), yaml.safe_load(config_yaml(config))
     change = first_change(saved, now, mid_epoch=ckpt.step > 0)
     where = f"{ckpt.path}: stopped at step {ckpt.step} of epoch {ckpt.epoch + 1} with"
-    if change and change[3] == REFUSED:
-        key, before, after, _ = change
-        raise ConfigError(f"{ckpt.path}: was trained with {key} {shown(before)}, this config has {shown(after)}; "
-                          f"{key} gives the checkpoint's numbers their meaning and may not change on resume "
-                          f"(docs/configuration.md): {set_back(key, before)}, or train a new run in another "
-                          "run_dir")
     if change:
-        key, before, after, _ = change
+        key, before, after, rule = change
+        if rule == REFUSED:
+            raise ConfigError(f"{ckpt.path}: was trained with {key} {shown(before)}, this config has {shown(after)}; "
+                              f"{key} gives the checkpoint's numbers their meaning and may not change on resume "
+                              f"(docs/configuration.md): {set_back(key, before)}, or train a new run in another "
+                              "run_dir")
         raise ConfigError(f"{where} {key} {shown(before)}, this config has {shown(after)}; {key} sets the epoch's "
                           f"order and may change only at an epoch's end: {set_back(key, before)} to finish "
                           "the epoch, or resume from a checkpoint at an epoch's end (ckpt-EEEE-000000.h5)")

@@ -55,6 +55,8 @@ def test_the_global_batch_is_compared_by_what_it_gives_on_any_number_of_ranks():
     assert global_batch_change(saved, as_recorded(), 0, 64, 1) is None  # a checkpoint that recorded no order
     assert global_batch_change(saved, as_recorded(), 128, 192, 3) == \
         "a global batch of 128 rows; the number of ranks changed, so this run's is 192 (train.batch_size 64 x 3 ranks)"
+    assert global_batch_change({}, as_recorded(), 128, 192, 3) == \
+        "a global batch of 128 rows; this run's is 192 (train.batch_size 64 x 3 ranks)"  # it recorded no config
     bigger = as_recorded(train=dataclasses.replace(Config().train, batch_size=32))
     assert global_batch_change(saved, bigger, 128, 64, 2) == \
         "a global batch of 128 rows; train.batch_size was 64, so this run's is 64 (train.batch_size 32 x 2 ranks)"
