@@ -54,13 +54,23 @@ def copy_run(trained: Path, case: Path, keep: tuple = ()) -> Path:
     return case / "run"
 
 
+def on_2_ranks(*args):
+    """`mpiexec -n 2 ARGS...`, each rank's exit status read from its own line: `returncode` is the status both ranks
+    ended with, -1 when they differ."""
+    result = mpiexec(2, "sh", "-c", '"$@"; echo "rank exit status $?" >&2', "sh", *args, timeout=120)
+    codes = set(re.findall(r"^rank exit status (\d+)$", result.stderr, re.MULTILINE))
+    result.returncode = int(codes.pop()) if result.stderr.count("rank exit status") == 2 and len(codes) == 1 else -1
+    return result
+
+
 def train(case: Path, *overrides: str):
     """`mpitrain train case/exp.yaml --set OVERRIDE...` on 2 ranks."""
-    return mpiexec(2, MPITRAIN, "train", case / "exp.yaml", *[f"--set={o}" for o in overrides], timeout=120)
+    return on_2_ranks(MPITRAIN, "train", case / "exp.yaml", *[f"--set={o}" for o in overrides])
 
 
 def assert_refused_and_nothing_changed(result, before: dict, folder: Path, pattern: str) -> str:
-    """Exit 2, exactly one error line matching `pattern`, no traceback, and `folder` as it was; the error line."""
+    """Exit 2 on every rank, exactly one error line matching `pattern`, no traceback, and `folder` as it was; the
+    error line."""
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     errors = [line for line in result.stderr.splitlines() if ": error: " in line]
@@ -119,19 +129,19 @@ def test_eval_predict_and_export_of_a_checkpoint_use_its_own_config_not_todays(t
     baseline = tmp_path / "baseline"
     baseline.mkdir()
     assert command(MPITRAIN, "export", run_dir, "--out", baseline / "model.onnx").returncode == 0
-    assert mpiexec(2, MPITRAIN, "predict", run_dir, "--out", baseline / "predictions.h5").returncode == 0
+    assert on_2_ranks(MPITRAIN, "predict", run_dir, "--out", baseline / "predictions.h5").returncode == 0
     config = run_dir / "config.yaml"  # edited after the checkpoints: they were trained with normalized inputs
     config.write_text(config.read_text().replace("normalize: true", "normalize: false"))
     assert "normalize: false" in config.read_text()
     before = checksums(tmp_path)
 
-    result = mpiexec(2, MPITRAIN, "eval", run_dir, timeout=120)
+    result = on_2_ranks(MPITRAIN, "eval", run_dir)
     assert result.returncode == 0, result.stderr
     evaluation = json.loads((run_dir / "eval-test.json").read_text())
     assert evaluation["loss"] == pytest.approx(summary["test_loss"], rel=1e-6)  # what the run measured at its end
     assert evaluation["accuracy"] == pytest.approx(summary["test_accuracy"], rel=1e-6)
 
-    result = mpiexec(2, MPITRAIN, "predict", run_dir, "--out", tmp_path / "predictions.h5", timeout=120)
+    result = on_2_ranks(MPITRAIN, "predict", run_dir, "--out", tmp_path / "predictions.h5")
     assert result.returncode == 0, result.stderr
     with h5py.File(tmp_path / "predictions.h5") as now, h5py.File(baseline / "predictions.h5") as then:
         np.testing.assert_array_equal(now["probabilities"][...], then["probabilities"][...])
@@ -180,7 +190,7 @@ def test_a_run_left_with_only_damaged_checkpoints_refuses_until_resume_never(tra
 
 def test_a_start_from_scratch_moves_an_earlier_runs_records_aside(trained, tmp_path):
     run_dir = copy_run(trained, tmp_path)
-    assert mpiexec(2, MPITRAIN, "eval", run_dir, timeout=120).returncode == 0
+    assert on_2_ranks(MPITRAIN, "eval", run_dir).returncode == 0
     shutil.rmtree(run_dir / "checkpoints")  # the user deleted them: nothing to resume, but records to keep
     before = checksums(tmp_path)
     result = train(tmp_path)
