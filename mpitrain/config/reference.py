@@ -11,6 +11,7 @@ import dataclasses
 import sys
 import typing
 
+from mpitrain.config.on_resume import resume_rules
 from mpitrain.config.sections import Config
 from mpitrain.nn.model import MAX_UNITS, MAX_WINDOW
 
@@ -33,7 +34,14 @@ bytes from the config and the dataset's shapes (parameters x 4: values, gradient
 row's input and layer outputs x 2, forward and backward, times the rows of a step on a rank) and refuses a model
 (`model.layers` or `model.graph`) that needs more than the memory a rank has: the node's physical memory, or its
 cgroup limit when one is set, divided by the ranks on the node.
-What may change when a run is resumed is in [sync-modes.md](sync-modes.md#what-may-change-on-resume).
+"on resume" says whether a key may change when a run resumes from a checkpoint: **refused** for what gives a
+checkpoint's numbers their meaning (the model, its loss and dtype, the input transforms, the optimizer's type),
+**at an epoch's end** for what sets an epoch's order (a mid-epoch checkpoint continues that order; the batch
+size is compared by the global batch it gives, so another number of ranks with the same global batch is fine),
+**allowed** for the rest. A resume that changes a refused key is one line naming the key, both values and what to
+do, exit status 2; `eval`, `predict`, `export` and `score` build the model and its input transforms from the
+config the checkpoint recorded, not from today's config.yaml. More in
+[sync-modes.md](sync-modes.md#what-may-change-on-resume).
 """
 
 
@@ -58,12 +66,14 @@ def _section(instance, prefix: str, doc: str) -> list[str]:
 
 
 def _table(instance, fields: list, prefix: str) -> list[str]:
-    rows = ["| key | type | default | allowed | meaning |", "| --- | --- | --- | --- | --- |"]
+    rows = ["| key | type | default | allowed | on resume | meaning |", "| --- | --- | --- | --- | --- | --- |"]
+    rules = resume_rules()
     for f in fields:
         choices = f.metadata.get("choices")
         allowed = ", ".join(_yaml(c) for c in choices) if choices else f.metadata.get("domain") or ""
         rows.append(f"| `{prefix}{f.name}` | {_type_name(_type(type(instance), f))} | "
-                    f"`{_yaml(getattr(instance, f.name))}` | {allowed} | {f.metadata['doc'].replace('|', '/')} |")
+                    f"`{_yaml(getattr(instance, f.name))}` | {allowed} | {rules[prefix + f.name]} | "
+                    f"{f.metadata['doc'].replace('|', '/')} |")
     return rows
 
 

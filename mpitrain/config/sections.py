@@ -42,11 +42,22 @@ RESIDUAL_CLIP_DEFAULTS = {"factor": 5.0, "every": 5}
 PROPAGATE = ("mean", "sample")
 
 
-def option(default, doc: str, choices: typing.Iterable | None = None, domain: str | None = None):
+# Whether a key may change when a run resumes (`option(on_resume=...)`, else its section's `ON_RESUME`):
+REFUSED = "refused"  # it gives a checkpoint's numbers their meaning: a resume that changes it is refused
+AT_EPOCH_END = "at an epoch's end"  # it sets the epoch's order: refused when resuming a mid-epoch checkpoint
+ALLOWED = "allowed"  # it takes effect from the resumed step
+ON_RESUME = (REFUSED, AT_EPOCH_END, ALLOWED)
+
+
+def option(default, doc: str, choices: typing.Iterable | None = None, domain: str | None = None,
+           on_resume: str | None = None):
     """A config field: its default, what it means, and its domain: for a choice the allowed values, for a number
     the interval it must lie in, e.g. "(0, 1]" ("[" and "]" include an end, "(" and ")" exclude it; every number
-    must also be finite, and every interval has a finite upper end: a sane bound)."""
-    metadata = {"doc": doc, "choices": tuple(choices) if choices is not None else None, "domain": domain}
+    must also be finite, and every interval has a finite upper end: a sane bound); and whether it may change on
+    resume (one of `ON_RESUME`; None: as its section's `ON_RESUME` says)."""
+    assert on_resume in (None, *ON_RESUME), on_resume
+    metadata = {"doc": doc, "choices": tuple(choices) if choices is not None else None, "domain": domain,
+                "on_resume": on_resume}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -66,7 +77,11 @@ def in_domain(value, domain: str) -> bool:
 
 
 class Section:
-    """Base of the config sections: checks each field against the domain its `option` declares."""
+    """Base of the config sections: checks each field against the domain its `option` declares. `ON_RESUME` is
+    whether a key of the section may change on resume where its `option` does not say: refused unless a section
+    says otherwise, so a new key is kept until someone decides it may change."""
+
+    ON_RESUME: typing.ClassVar[str] = REFUSED
 
     def check_domains(self, where: str, prefix: str) -> None:
         for f in dataclasses.fields(self):
@@ -81,31 +96,34 @@ class Section:
 class DataConfig(Section):
     path: str = option("", "The dataset written by `mpitrain etl` (it holds manifest.json): a folder, relative to "
                            "the current folder, or a URL read through fsspec (s3://bucket/prefix, https://...; "
-                           "`pip install 'mpitrain[remote]'`).")
+                           "`pip install 'mpitrain[remote]'`).", on_resume=ALLOWED)
     storage_options: dict = option({}, "Options of the fsspec filesystem of a URL data.path, as they are (s3: "
                                        "{endpoint_url, key, secret, ...}); empty: the standard AWS variables "
-                                       "(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).")
+                                       "(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).",
+                                   on_resume=ALLOWED)
     buffer_mb: float = option(256.0, "The memory, in MB (2**20 bytes), that training rows may take on one rank: "
                                      "two shuffle windows (the one in use, the next being read) when one rank "
                                      "trains, a 1/N share of them on each of N ranks. It sets the shuffle window, "
                                      "so it is part of the epoch order (docs/architecture.md, Data order).",
-                                     domain="(0, 1e7]")
-    train_split: str = option("train", "The split trained on.")
-    test_split: str = option("test", "The split evaluated after every epoch.")
+                                     domain="(0, 1e7]", on_resume=ALLOWED)
+    train_split: str = option("train", "The split trained on.", on_resume=AT_EPOCH_END)
+    test_split: str = option("test", "The split evaluated after every epoch.", on_resume=ALLOWED)
     normalize: bool = option(True, "Standardize inputs with the manifest's mean and std (after its scale and offset); "
                                    "false keeps scale * stored + offset.")
     verify_checksums: bool = option(True, "Verify the rows read: shards with per-chunk Fletcher-32 checksums are "
                                           "checked chunk by chunk as they arrive (always, by HDF5); older shards "
-                                          "by their whole file's sha256 when first opened (this switch).")
+                                          "by their whole file's sha256 when first opened (this switch).",
+                                   on_resume=ALLOWED)
     shuffle: bool = option(True, "Shuffle the training rows every epoch across all shards: blocks in a random "
                                  "order, then a stratified shuffle inside each window, seeded by (seed, epoch); "
-                                 "false: a fixed order.")
-    max_rows: int = option(0, "Use only the first max_rows rows of each split (0: all rows).", domain="[0, 1e15]")
-    prefetch: bool = option(True, "Prepare the next batch in a thread while this one trains.")
+                                 "false: a fixed order.", on_resume=AT_EPOCH_END)
+    max_rows: int = option(0, "Use only the first max_rows rows of each split (0: all rows).", domain="[0, 1e15]",
+                           on_resume=AT_EPOCH_END)
+    prefetch: bool = option(True, "Prepare the next batch in a thread while this one trains.", on_resume=ALLOWED)
     augment: typing.Union[bool, dict] = option(
         False, "Training images only: false, true (the defaults) or a mapping {flip, shift}: mirror each image "
                "left-right with probability 1/2 (flip: true) and move it by up to `shift` pixels (default 2), "
-               "drawn by (seed, epoch, rank, step) so a resume sees the same images.")
+               "drawn by (seed, epoch, rank, step) so a resume sees the same images.", on_resume=ALLOWED)
 
     def validate(self, where):
         _check(self.path != "", where, "data.path", self.path, "the dataset folder written by `mpitrain etl`")
@@ -140,7 +158,7 @@ class ModelConfig(Section):
         "numbers, one per class) weigh each row by its label's weight (the mean is sum w * loss / sum w); delta "
         "(> 0, default 1) is where Huber's loss turns from quadratic to linear.")
     init: str = option("xavier", "Initial weights: Glorot uniform (xavier) or He normal (he); a layer's own "
-                                 "`init` wins.", INIT_SCHEMES)
+                                 "`init` wins.", INIT_SCHEMES, on_resume=ALLOWED)
     dtype: str = option("float32", "The floating-point type of parameters and activations.", ("float32", "float64"))
 
     def validate(self, where):
@@ -158,8 +176,10 @@ class ModelConfig(Section):
 
 @dataclass(frozen=True)
 class OptimizerConfig(Section):
+    ON_RESUME = ALLOWED
+
     type: str = option("sgd", "The updater: SGD (with momentum or Nesterov momentum), AdaGrad, Adam or RMSProp.",
-                       UPDATERS)
+                       UPDATERS, on_resume=REFUSED)
     lr: float = option(0.01, "The learning rate.", domain="(0, 1000]")
     lr_decay: float = option(1.0, "Per-epoch decay: epoch e (from 0) runs at lr * lr_decay**e.", domain="(0, 1]")
     momentum: float = option(0.0, "SGD's momentum (0: plain SGD).", domain="[0, 1)")
@@ -177,15 +197,17 @@ class OptimizerConfig(Section):
 
 @dataclass(frozen=True)
 class TrainConfig(Section):
+    ON_RESUME = ALLOWED
+
     epochs: int = option(1, "Epochs to train (a resumed run continues up to this many).", domain="[1, 1e6]")
     batch_size: int = option(64, "Rows per step on each rank: N ranks train on N x batch_size rows per step (when "
-                                 "global_batch_size is 0).", domain="[1, 16777216]")
+                                 "global_batch_size is 0).", domain="[1, 16777216]", on_resume=AT_EPOCH_END)
     global_batch_size: int = option(0, "Rows per step over all ranks; N ranks (N must divide it) train on "
                                        "global_batch_size / N rows each, and step k's rows are the same on any "
                                        "number of ranks. 0: batch_size x the number of ranks.",
-                                       domain="[0, 1073741824]")
+                                       domain="[0, 1073741824]", on_resume=AT_EPOCH_END)
     seed: int = option(0, "Seeds initial weights, shuffling, dropout and augmentation.",
-                       domain="[0, 1e18]")
+                       domain="[0, 1e18]", on_resume=AT_EPOCH_END)
     log_every: int = option(50, "Steps per metrics window (a record in metrics.jsonl, a log line on rank 0).",
                             domain="[1, 1e9]")
     watchdog_s: float = option(1800.0, "Abort the job when a rank makes no progress for this many seconds, printing "
@@ -211,6 +233,8 @@ class TrainConfig(Section):
 
 @dataclass(frozen=True)
 class SyncConfig(Section):
+    ON_RESUME = ALLOWED
+
     mode: str = option("allreduce", "How the ranks keep one model: allreduce (gradients every step), averaging "
                                     "(parameters every `frequency` steps), sharing (threshold-encoded updates) or "
                                     "none. See docs/sync-modes.md.", SYNCHRONIZERS)
@@ -279,7 +303,10 @@ class SyncConfig(Section):
 class PretrainConfig(Section):
     """Greedy layer-wise RBM pretraining of a deep belief net (mpitrain.training.pretrain); off while `layers` is empty."""
 
-    layers: list = option([], "Hidden units per RBM, e.g. [500, 500, 2000]; empty: no pretraining.")
+    ON_RESUME = ALLOWED
+
+    layers: list = option([], "Hidden units per RBM, e.g. [500, 500, 2000]; empty: no pretraining.",
+                          on_resume=REFUSED)
     epochs: int = option(10, "Epochs per layer.", domain="[1, 1e6]")
     cd_k: int = option(1, "Gibbs steps of contrastive divergence (CD-k).", domain="[1, 1000]")
     persistent: bool = option(False, "Persistent CD: fantasy particles kept between batches.")
@@ -312,6 +339,8 @@ class PretrainConfig(Section):
 
 @dataclass(frozen=True)
 class CheckpointConfig(Section):
+    ON_RESUME = ALLOWED
+
     every: int = option(1, "Checkpoint every this many units.", domain="[1, 1e9]")
     unit: str = option("epoch", "What `every` counts: epochs or steps (a mid-epoch checkpoint resumes at its step).",
                        ("epoch", "step", "steps"))
@@ -325,6 +354,8 @@ class CheckpointConfig(Section):
 
 @dataclass(frozen=True)
 class CommConfig(Section):
+    ON_RESUME = ALLOWED
+
     cuda_aware: typing.Union[bool, str] = option(
         "auto", "Whether MPI reads device (GPU) buffers itself: auto asks the MPI library; false stages collectives "
                 "through pinned host memory.", ("auto", True, False))
@@ -336,6 +367,8 @@ class CommConfig(Section):
 
 @dataclass(frozen=True)
 class Config(Section):
+    ON_RESUME = ALLOWED
+
     data: DataConfig = section(DataConfig, "The dataset and how batches are made of it.")
     model: ModelConfig = section(ModelConfig, "The network.")
     optimizer: OptimizerConfig = section(OptimizerConfig, "The updater (each rank's step from its gradient).")
@@ -347,8 +380,11 @@ class Config(Section):
     backend: str = option("numpy", "The array backend: numpy (CPU), cupy (GPU), or auto (cupy when a GPU is "
                                    "available).", BACKENDS)
     run_dir: str = option("", "The run directory (default: runs/NAME for a config file NAME.yaml).")
-    resume: str = option("auto", "auto: continue from the run directory's newest checkpoint; never: refuse a run "
-                                 "directory that holds checkpoints.", ("auto", "never"))
+    resume: str = option("auto", "auto: continue from the run directory's newest good checkpoint (damaged ones are "
+                                 "set aside as *.damaged; left with only those, the run is refused until you say "
+                                 "never); never: start from scratch, refusing a run directory that holds good "
+                                 "checkpoints. A start from scratch moves an earlier run's records to "
+                                 "RUN_DIR/earlier-N.", ("auto", "never"))
     report: bool = option(True, "Rank 0 draws RUN_DIR/report.png and report.html at the end of training.")
 
     def validate(self, where) -> Config:
@@ -453,6 +489,20 @@ def ignored_options(config: Config) -> list[str]:
                     for key, mode in SYNC_OPTION_MODES.items()
                     if mode != sync.mode and getattr(sync, key) != getattr(default, key)]
     return ignored
+
+
+def recorded_config(text: str, where: str, overrides: typing.Sequence[str] = ()) -> Config:
+    """The config a checkpoint records (`config_yaml`'s text: resolved, its paths absolute), with `overrides`
+    (`section.key=value`) applied, validated; a record that does not read back is a ConfigError naming `where`."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: its recorded config is not valid YAML ({e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: its recorded config is not a mapping of sections")
+    for override in overrides:
+        _apply_override(raw, override, where)
+    return _build(Config, raw, where, "").validate(where)
 
 
 def config_yaml(config: Config) -> str:

@@ -1,32 +1,42 @@
 """The one owner of a run's checkpoints: it saves them, finds the newest, validates it and resumes from it.
 
     checkpointer = Checkpointer(run_dir, comm, backend, manifest_sha256, data_path, keep=3)
-    start = checkpointer.resume(model, updater)           # where to begin: a Position (a collective)
+    start = checkpointer.resume(model, updater, config)   # where to begin: a Position (a collective)
     checkpointer.write_config(config)                     # RUN_DIR/config.yaml, carried by every checkpoint too
     ...
     checkpointer.save(epoch, step, model, updater, sync)  # a collective; rank 0 writes
 
 The file format is `mpitrain.rundir.checkpoint`'s. Here is the policy: `resume: never` refuses a run
 directory that holds checkpoints; a checkpoint of another model, optimizer or dataset is refused,
-saying what differs; a save changes no rank's training state, and a resume on as many ranks as wrote
+saying what differs, and so is a resume whose config changes a key the checkpoint's config recorded
+otherwise where that key may not change (`mpitrain.config.on_resume`: the model, loss, dtype, input
+transforms, the optimizer's type; mid-epoch also the epoch's order: its split, shuffling, rows,
+seed and global batch); a save changes no rank's training state, and a resume on as many ranks as wrote
 the checkpoint gives each rank its own (bit for bit the run that stopped), on another number the
 merged one; records of metrics.jsonl written after the checkpoint (by a job that ended before its
-next one) are dropped, a fresh start begins a fresh file; a checkpoint is never written with NaN or
-Inf parameters; only the newest `keep` are kept. Pretraining's finished layers
-(RUN_DIR/pretrain/layer-LL.h5) are checkpoints of this kind too, one per RBM, so a resumed run skips
-them.
+next one) are dropped; a checkpoint is never written with NaN or Inf parameters; only the newest
+`keep` are kept. A damaged checkpoint is set aside (PATH.damaged), never deleted; a run directory
+left with set-aside checkpoints and none to resume is refused, on every start, until the user says
+`resume: never` (or puts a good checkpoint in checkpoints/). A fresh start never overwrites an earlier
+run's records: config.yaml, metrics.jsonl, summary.json, the report, eval's and predict's outputs and
+the set-aside checkpoints move to RUN_DIR/earlier-N, with a log line saying so. Pretraining's finished
+layers (RUN_DIR/pretrain/layer-LL.h5) are checkpoints of this kind too, one per RBM, so a resumed run
+skips them.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
 
 import numpy as np
+import yaml
 
 from mpitrain.rundir.checkpoint import Checkpoint, check_fits, list_checkpoints, load_checkpoint, save_checkpoint, \
     write_checkpoint
-from mpitrain.config.sections import config_yaml
+from mpitrain.config.on_resume import first_change, global_batch_change, set_back, shown
+from mpitrain.config.sections import REFUSED, Config, config_yaml, load_config, recorded_config
 from mpitrain.parallel.sync.base import parameter_hash
 from mpitrain.errors import ConfigError, DataError, MpitrainError
 from mpitrain.files import write_file
@@ -60,6 +70,57 @@ def _unused(path: str) -> str:
     return name
 
 
+def chosen_checkpoint(run_dir: str, path: str | None = None) -> Checkpoint:
+    """Checkpoint `path`, by default the newest of `run_dir`, loaded without each rank's own arrays (eval, predict,
+    export and score use the merged model). Not a collective."""
+    if path is None:
+        checkpoints = list_checkpoints(run_dir)
+        if not checkpoints:
+            raise DataError(f"{run_dir}/checkpoints: no checkpoint; train first or pass --checkpoint")
+        path = checkpoints[-1]
+    return load_checkpoint(path, rank_arrays=False)
+
+
+def checkpoint_config(run_dir: str, ckpt: Checkpoint, overrides: tuple = ()) -> Config:
+    """The config `ckpt` was trained with, from which eval, predict, export and score build its model and input
+    transforms: the checkpoint's own record, whatever RUN_DIR/config.yaml says now, but for what a checkpoint cannot
+    know: the run directory (`run_dir`) and where its dataset lies now (data.path and data.storage_options of
+    RUN_DIR/config.yaml: the dataset's identity, its manifest's sha256, is checked by `restore`). `overrides` go
+    last. A checkpoint without a record (older versions) gives RUN_DIR/config.yaml. Not a collective."""
+    run_dir = os.path.abspath(run_dir)
+    now = load_config(RunDir(run_dir).config, [f"run_dir={run_dir}", *overrides])
+    if not ckpt.config_yaml:
+        return now
+    where = [f"data.path={json.dumps(now.data.path)}", f"data.storage_options={json.dumps(now.data.storage_options)}"]
+    return recorded_config(ckpt.config_yaml, ckpt.path, [f"run_dir={json.dumps(run_dir)}", *where, *overrides])
+
+
+def _refuse_changes(ckpt: Checkpoint, config, ranks: int) -> None:
+    """Refuse to resume `ckpt` under `config` (on `ranks` ranks) where it changes a key that may not change on resume
+    (`mpitrain.config.on_resume`; mid-epoch also the epoch's order and its global batch), naming the first such key,
+    both values and what to do. Of a checkpoint that recorded no config (older versions) only the global batch is
+    compared."""
+    saved, now = yaml.safe_load(ckpt.config_yaml or "{}"), yaml.safe_load(config_yaml(config))
+    change = first_change(saved, now, mid_epoch=ckpt.step > 0)
+    where = f"{ckpt.path}: stopped at step {ckpt.step} of epoch {ckpt.epoch + 1} with"
+    if change:
+        key, before, after, rule = change
+        if rule == REFUSED:
+            raise ConfigError(f"{ckpt.path}: was trained with {key} {shown(before)}, this config has {shown(after)}; "
+                              f"{key} gives the checkpoint's numbers their meaning and may not change on resume "
+                              f"(docs/configuration.md): {set_back(key, before)}, or train a new run in another "
+                              "run_dir")
+        raise ConfigError(f"{where} {key} {shown(before)}, this config has {shown(after)}; {key} sets the epoch's "
+                          f"order and may change only at an epoch's end: {set_back(key, before)} to finish "
+                          "the epoch, or resume from a checkpoint at an epoch's end (ckpt-EEEE-000000.h5)")
+    batch = global_batch_change(saved, now, ckpt.order[0], config.train.global_batch(ranks), ranks) \
+        if ckpt.step else None
+    if batch:
+        raise ConfigError(f"{where} {batch}; the rest of the epoch needs its global batch: resume with "
+                          f"train.global_batch_size: {ckpt.order[0]} (on any number of ranks dividing it), or from "
+                          "a checkpoint at an epoch's end (ckpt-EEEE-000000.h5)")
+
+
 def meaning(model, updater=None) -> dict:
     """What a checkpoint's arrays mean, beyond their shapes: the model's layer types (activations
     included) and loss, and the optimizer and what each slot of its state holds."""
@@ -84,14 +145,16 @@ class Checkpointer:
         """The run's complete checkpoints, oldest first."""
         return list_checkpoints(self.run_dir)
 
-    def resume(self, model, updater, pretraining: bool = False) -> Position:
-        """Load the newest checkpoint on rank 0 into `model` and `updater` and say where to continue.
+    def resume(self, model, updater, config, pretraining: bool = False) -> Position:
+        """Load the newest checkpoint on rank 0 into `model` and `updater` and say where to continue, refusing it when
+        `config` (this run's, resolved) changes what may not change on resume (`mpitrain.config.on_resume`).
 
         A collective: every rank calls it and gets the same Position (the sync arrays and each rank's own arrays on
         rank 0 only; `Synchronizer.load_arrays` and `load_rank_arrays` hand them on). The model and updater get the
         checkpoint's merged state; a checkpoint written by as many ranks as this run has also gives each rank's own
         arrays (an exact resume), one of another number of ranks does not, and that is logged. With `pretraining`,
-        a fresh start keeps metrics.jsonl for `finished_layers` to sort out.
+        a fresh start keeps metrics.jsonl for `finished_layers` to sort out while pretraining has finished layers.
+        Without a checkpoint, see `_start_afresh`.
         """
         position = Position()
         with self.comm.agreed_errors():
@@ -101,6 +164,7 @@ class Checkpointer:
                 ckpt = self._newest_good(checkpoints)
                 check_fits(ckpt, model.layout + model.stats_layout, updater.state.size, self.manifest_sha256,
                            self.data_path, meaning(model, updater))
+                _refuse_changes(ckpt, config, self.comm.size)
                 self._restore(ckpt, model)
                 updater.state[...] = self.backend.to_device(ckpt.updater_state)
                 same_ranks = ckpt.ranks == self.comm.size
@@ -112,8 +176,8 @@ class Checkpointer:
                     log.info("the checkpoint holds each of its %d ranks' own %s; this run has %d ranks, so every rank "
                              "starts from their merged state (not bit for bit the run it stopped)", ckpt.ranks,
                              ", ".join(sorted(ckpt.rank_arrays)), self.comm.size)
-            elif self.comm.is_root and os.path.exists(self.files.metrics) and not pretraining:
-                os.remove(self.files.metrics)
+            elif self.comm.is_root:
+                self._start_afresh(pretraining)
         numbers = self.comm.bcast_obj((position.epoch, position.step, position.iteration, position.sync_numbers,
                                        position.order, position.ranks))
         return Position(*numbers[:4], sync_arrays=position.sync_arrays, order=tuple(numbers[4]), ranks=numbers[5],
@@ -168,6 +232,25 @@ class Checkpointer:
                     self.keep)
         return self.files.checkpoint(epoch, step)
 
+    def _start_afresh(self, pretraining: bool) -> None:
+        """(Rank 0) A run directory without a checkpoint to resume: refused while it holds checkpoints set aside as
+        damaged, unless `resume: never`; else the files of an earlier run move to RUN_DIR/earlier-N (but while
+        pretraining resumes from its finished layers, whose records `finished_layers` keeps)."""
+        damaged = self.files.damaged_checkpoints()
+        if damaged and self.policy != "never":
+            raise DataError(f"{self.files.checkpoints}: holds only checkpoints set aside as damaged "
+                            f"({', '.join(os.path.basename(p) for p in damaged)}), none to resume; to start this run "
+                            "again from scratch use --set resume=never (the earlier run's files move to "
+                            f"{self.run_dir}/earlier-N), or put a good checkpoint (a backup) in checkpoints/ to resume "
+                            "from it")
+        if pretraining and os.path.exists(self.files.pretrained_layer(0)):
+            return
+        records = self.files.records()
+        if records:
+            folder = self.files.move_aside(records)
+            log.info("starting %s from scratch: the earlier run's %s are moved to %s", self.run_dir,
+                     ", ".join(os.path.relpath(p, self.run_dir) for p in records), folder)
+
     def _newest_good(self, paths: list[str]) -> Checkpoint:
         """(Rank 0) The newest of `paths` that reads back whole (its checksums hold) with finite values. Each damaged
         one is renamed PATH.damaged, never deleted (nor pruned), with a warning naming it and what is wrong."""
@@ -187,20 +270,17 @@ class Checkpointer:
         raise DataError(f"{self.run_dir}/checkpoints: none of its {len(paths)} checkpoints can be resumed (they are "
                         f"kept aside as *.damaged): {'; '.join(problems)}")
 
-    def restore(self, model, path: str | None = None, other_dataset: bool = False) -> Checkpoint:
-        """Load checkpoint `path` (default: the run's newest) into `model` on this rank and return it.
+    def restore(self, model, checkpoint: str | Checkpoint | None = None, other_dataset: bool = False) -> Checkpoint:
+        """Load `checkpoint` (a path, default the run's newest, or one `chosen_checkpoint` loaded) into `model` on this
+        rank and return it.
 
         Not a collective: each rank reads the file (evaluation and prediction). A checkpoint
         trained on another dataset than the run's `data.path` holds now (re-written by the
         ETL, say: scores could then count rows the model trained on) is refused unless
         `other_dataset`.
         """
-        if path is None:
-            checkpoints = self.paths()
-            if not checkpoints:
-                raise DataError(f"{self.run_dir}/checkpoints: no checkpoint; train first or pass --checkpoint")
-            path = checkpoints[-1]
-        ckpt = load_checkpoint(path, rank_arrays=False)
+        ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else chosen_checkpoint(self.run_dir, checkpoint)
+        path = ckpt.path
         check_fits(ckpt, model.layout + model.stats_layout, meaning=meaning(model))
         if ckpt.manifest_sha256 != self.manifest_sha256 and not other_dataset:
             raise DataError(f"{path}: trained on a dataset whose manifest.json had sha256 {ckpt.manifest_sha256[:16]}..., "

@@ -41,7 +41,7 @@ class RunDir:
     pretrain/layer-LL.h5 (pretraining's finished layers), metrics.jsonl, summary.json, .lock, and
     the outputs of `mpitrain eval` (eval-SPLIT.json and by target kind confusion-, curves- or
     scatter-SPLIT.png), `predict` (predictions-SPLIT.h5) and `report` (report.png, report.html; also in
-    any other folder).
+    any other folder); earlier-N/ holds the files of an earlier run that a fresh start moved aside.
     """
 
     path: str
@@ -75,6 +75,32 @@ class RunDir:
 
     def predictions(self, split: str) -> str:
         return os.path.join(self.path, f"predictions-{split}.h5")
+
+    def damaged_checkpoints(self) -> list[str]:
+        """The checkpoints set aside as damaged (checkpoints/ckpt-EEEE-SSSSSS.h5.damaged, or .damaged.N), sorted."""
+        return sorted(glob.glob(os.path.join(glob.escape(self.checkpoints), "ckpt-*.h5.damaged*")))
+
+    def records(self) -> list[str]:
+        """The files that record a run, those that exist: config.yaml, metrics.jsonl, summary.json, the report, the
+        outputs of eval and predict, and the checkpoints set aside as damaged."""
+        here = glob.escape(self.path)
+        outputs = [*glob.glob(os.path.join(here, "eval-*.json")), *self.eval_pngs(),
+                   *glob.glob(os.path.join(here, "predictions-*.h5"))]
+        paths = [self.config, self.metrics, self.summary, self.report_png, self.report_html, *sorted(outputs)]
+        return [path for path in paths if os.path.exists(path)] + self.damaged_checkpoints()
+
+    def move_aside(self, paths: list[str]) -> str:
+        """Move `paths` (files in this run directory) into RUN_DIR/earlier-N, the first N no folder has, each at its
+        place relative to the run directory (renames: nothing is copied or lost); returns that folder."""
+        number = 1
+        while os.path.exists(os.path.join(self.path, f"earlier-{number}")):
+            number += 1
+        folder = os.path.join(self.path, f"earlier-{number}")
+        for path in paths:
+            moved = os.path.join(folder, os.path.relpath(path, self.path))
+            os.makedirs(os.path.dirname(moved), exist_ok=True)
+            os.rename(path, moved)
+        return folder
 
     def holds_a_run(self) -> bool:
         """Whether the folder holds a run's files (checkpoints, metrics or a summary)."""

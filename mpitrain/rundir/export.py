@@ -269,23 +269,23 @@ def export_onnx(model, manifest, path: str, normalize: bool = True, metadata: di
 def export_run(run_dir: str, checkpoint: str | None = None):
     """The ONNX model of a run's checkpoint (default: its newest), built on one process with numpy.
 
-    The run's config.yaml rebuilds the model as `mpitrain eval` does; the checkpoint must have
-    been taken on the run's dataset as it is now, since the graph bakes in its manifest.
+    The config the checkpoint recorded rebuilds its model and input scaling as `mpitrain eval` does
+    (`mpitrain.rundir.checkpointer.checkpoint_config`); the checkpoint must have been taken on the
+    run's dataset as it is now, since the graph bakes in its manifest.
     """
     from mpitrain.parallel.backend import Backend
-    from mpitrain.rundir.checkpointer import Checkpointer
-    from mpitrain.config.sections import load_config
-    from mpitrain.rundir.directory import RunDir
+    from mpitrain.rundir.checkpointer import Checkpointer, checkpoint_config, chosen_checkpoint
     from mpitrain.nn.graph import build_network
     from mpitrain.data.shards import MANIFEST_NAME, read_manifest, sha256_file
 
     run_dir = os.path.abspath(run_dir)
-    config = load_config(RunDir(run_dir).config, [f"run_dir={run_dir}"])
+    chosen = chosen_checkpoint(run_dir, checkpoint)
+    config = checkpoint_config(run_dir, chosen)
     manifest = read_manifest(config.data.path)
     sha256 = sha256_file(os.path.join(config.data.path, MANIFEST_NAME))
-    model = build_network(config.model, manifest, np)  # config.yaml: resolved
+    model = build_network(config.model, manifest, np)  # the recorded config: resolved
     checkpoint = Checkpointer(run_dir, None, Backend("numpy", np), sha256, config.data.path) \
-        .restore(model, checkpoint).path
+        .restore(model, chosen).path
     return onnx_model(model, manifest, config.data.normalize,
                       {"run_dir": run_dir, "checkpoint": os.path.abspath(checkpoint), "manifest_sha256": sha256,
                        "dataset": config.data.path})

@@ -122,7 +122,7 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
     sync = sync or create_synchronizer(config.sync, comm)
 
     model.init_params(config.train.seed, config.model.init)
-    start = run.checkpointer.resume(model, updater, pretraining=bool(config.pretrain.layers))
+    start = run.checkpointer.resume(model, updater, config, pretraining=bool(config.pretrain.layers))
     if start.epoch >= config.train.epochs and comm.bcast_obj(os.path.exists(RunDir(config.run_dir).summary)):
         if comm.is_root:
             log.info("%s is finished: %d epochs trained, train.epochs is %d; its files are left as they are (a "
@@ -155,8 +155,8 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
 
 def _continue_order(run: Run, batches: Batches, start) -> Batches:
     """The batches a resumed run continues with: a checkpoint taken mid-epoch continues that epoch's order, so it
-    needs the same global batch (on any number of ranks) and keeps its window; at an epoch's end the config's
-    apply. The same on every rank (the Position is broadcast)."""
+    keeps its window (its global batch and the other keys of the order were checked by `Checkpointer.resume`); at
+    an epoch's end the config's apply. The same on every rank (the Position is broadcast)."""
     saved_batch, saved_window = start.order
     plan = batches.rows.plan
     if not start.step or (saved_batch, saved_window) == (plan.global_batch, plan.window_rows):
@@ -167,11 +167,6 @@ def _continue_order(run: Run, batches: Batches, start) -> Batches:
                         "of today's order, so some of its rows may be seen twice and others not at all",
                         start.epoch + 1, start.step)
         return batches
-    if saved_batch != plan.global_batch:
-        raise ConfigError(f"the checkpoint stopped at step {start.step} of epoch {start.epoch + 1} with a global batch "
-                          f"of {saved_batch} rows, but this run's is {plan.global_batch}; resume mid-epoch with "
-                          f"train.global_batch_size: {saved_batch} (on any number of ranks dividing it), or from a "
-                          "checkpoint at an epoch's end")
     if run.comm.is_root:
         log.info("the rest of epoch %d keeps its checkpoint's shuffle window of %d rows (data.buffer_mb now gives %d)",
                  start.epoch + 1, saved_window, plan.window_rows)

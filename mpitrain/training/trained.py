@@ -9,8 +9,10 @@ The picture is the confusion matrix (confusion-SPLIT.png) for class targets, ROC
 regression. Predictions are probabilities or values by target kind (`mpitrain.rundir.outputs`).
 
 Both are collectives: every rank scores its own rows of the split (all of them: no max_rows)
-with the run's newest checkpoint (or `checkpoint`), set up from the run's config.yaml exactly as
-training set it up; rank 0 writes the outputs (`mpitrain.rundir.outputs`).
+with the run's newest checkpoint (or `checkpoint`), set up from the config that checkpoint recorded
+exactly as training set it up (its model, loss, dtype and input transforms, whatever the run's
+config.yaml says now: `mpitrain.rundir.checkpointer.checkpoint_config`); rank 0 writes the outputs
+(`mpitrain.rundir.outputs`).
 """
 from __future__ import annotations
 
@@ -18,9 +20,9 @@ import os
 
 import numpy as np
 
-from mpitrain.config.sections import load_config
 from mpitrain.errors import MpitrainError
 from mpitrain.files import check_output
+from mpitrain.rundir.checkpointer import checkpoint_config, chosen_checkpoint
 from mpitrain.rundir.directory import RunDir
 from mpitrain.rundir.outputs import names_of, target_names, write_evaluation, write_predictions
 from mpitrain.training.evaluation import EVAL_BATCH_SIZE, evaluate, predict
@@ -34,20 +36,20 @@ class Trained:
 
     def __init__(self, run_dir: str, comm, split: str, checkpoint: str | None, batch_size: int | None,
                  allow_other_dataset: bool):
-        """Restore the run of `run_dir` (a collective): its config.yaml, its checkpoint, this rank's rows of `split`;
-        `batch_size` None is EVAL_BATCH_SIZE."""
+        """Restore the run of `run_dir` (a collective): its checkpoint, the config that checkpoint recorded, this rank's
+        rows of `split`; `batch_size` None is EVAL_BATCH_SIZE."""
         batch_size = EVAL_BATCH_SIZE if batch_size is None else batch_size
         with comm.agreed_errors():
             if batch_size < 1:
                 raise MpitrainError(f"--batch-size is {batch_size}, expected an integer >= 1")
             if not os.path.isdir(run_dir):
                 raise MpitrainError(f"{run_dir}: no such run directory; expected a folder written by `mpitrain train`")
+            chosen = chosen_checkpoint(run_dir, checkpoint)
             # the run's own folder, wherever it was trained; eval and predict score every row of the split
-            config = load_config(RunDir(run_dir).config, [f"run_dir={os.path.abspath(run_dir)}", "data.max_rows=0"])
+            config = checkpoint_config(run_dir, chosen, ("data.max_rows=0",))
         self.run = setup_run(config, comm)
         with self.run.comm.agreed_errors():
-            self.checkpoint = self.run.checkpointer.restore(self.run.model, checkpoint,
-                                                            other_dataset=allow_other_dataset)
+            self.checkpoint = self.run.checkpointer.restore(self.run.model, chosen, other_dataset=allow_other_dataset)
             self.rows = self.run.reader.eval_rows(split)
         self.split, self.batch_size = split, batch_size
         self.manifest = self.run.reader.manifest

@@ -78,6 +78,8 @@ def test_a_mid_epoch_resume_with_another_global_batch_is_refused(data, tmp_path)
                           **{**ORDER, "train": {**ORDER["train"], "global_batch_size": 24}})
     result = mpiexec(2, MPITRAIN, "train", config, timeout=120)
     assert result.returncode == 2
-    assert result.stderr.count("the checkpoint stopped at step 7 of epoch 1 with a global batch of 12 rows, but this "
-                               "run's is 24; resume mid-epoch with train.global_batch_size: 12") == 1
+    assert result.stderr.count("ckpt-0000-000007.h5: stopped at step 7 of epoch 1 with a global batch of 12 rows; "
+                               "train.global_batch_size was 12, so this run's is 24 (train.global_batch_size 24); "
+                               "the rest of the epoch needs its global batch: resume with train.global_batch_size: "
+                               "12") == 1
     assert list_checkpoints(str(run_dir)) == [str(run_dir / "checkpoints" / "ckpt-0000-000007.h5")]

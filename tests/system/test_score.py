@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +105,22 @@ def test_run_dir_on_the_digits_source_gives_predict_probabilities_and_replaces_o
     (tmp_path / "notes" / "keep.txt").write_text("mine")
     with pytest.raises(DataError, match="is not a predictions folder \\(no _metrics.json\\); refusing to replace it"):
         plan_scoring(str(run_dir), "digits:", str(tmp_path / "notes"), overwrite=True)
+
+
+def test_a_run_dir_scores_with_its_checkpoints_own_config_not_an_edited_config_yaml(spark, digits_run, tmp_path):
+    run_dir, order = digits_run
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    config = copy / "config.yaml"  # edited after training: the checkpoint was trained on normalized inputs
+    assert "normalize: true" in config.read_text()
+    config.write_text(config.read_text().replace("normalize: true", "normalize: false")
+                      .replace(str(run_dir), str(copy)))
+    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in copy.rglob("*") if p.is_file()}
+    out = tmp_path / "p.parquet"
+    score(spark, plan_scoring(str(copy), "digits:", str(out)))
+    expected, _ = predictions(run_dir)  # `mpitrain predict` before config.yaml was edited
+    np.testing.assert_allclose(read_output(out, "row")["probabilities"][order], expected, rtol=0, atol=1e-5)
+    assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in copy.rglob("*") if p.is_file()} == before
 
 
 def write_csv(path: Path, lines: list[str]) -> None:
