@@ -16,13 +16,17 @@ from mpitrain.parallel.sync.buckets import gradient_buckets, layer_ranges
 LAYOUT = [("00_dense/W", (784, 500)), ("00_dense/b", (500,)), ("01_dense/W", (500, 10)), ("01_dense/b", (10,))]
 
 
-def trained(sync_config: SyncConfig, steps: int = 6) -> np.ndarray:
-    """The parameters of a small MLP after `steps` momentum steps on fixed batches, synchronized by `sync_config`."""
-    comm = Communicator(MPI.COMM_SELF).for_backend(create_backend("numpy"), False)
+def one_rank():
+    return Communicator(MPI.COMM_SELF).for_backend(create_backend("numpy"), False)
+
+
+def trained(sync_config: SyncConfig, steps: int = 6, sync=None) -> np.ndarray:
+    """The parameters of a small MLP after `steps` momentum steps on fixed batches, synchronized by `sync_config`
+    (or by `sync`, a synchronizer built before)."""
     model = Sequential([Dense(8, activation="relu"), Dense(3)], (5,))
     model.init_params(0, "xavier")
     updater = create_updater(OptimizerConfig(lr=0.1, momentum=0.9), model.params, model.decay_mask)
-    sync = create_synchronizer(sync_config, comm)
+    sync = sync or create_synchronizer(sync_config, one_rank())
     sync.start(model, updater)
     rng = np.random.default_rng(1)
     for step in range(steps):
@@ -40,6 +44,14 @@ def trained(sync_config: SyncConfig, steps: int = 6) -> np.ndarray:
 def test_one_rank_trains_exactly_as_without_a_synchronizer(config):
     alone = trained(SyncConfig(mode="none"))
     assert np.array_equal(trained(config), alone)
+
+
+def test_a_sharing_synchronizer_given_to_a_second_run_starts_it_as_a_new_one():
+    config = SyncConfig(mode="sharing", threshold=0.01)
+    sync = create_synchronizer(config, one_rank())
+    trained(config, steps=7, sync=sync)
+    assert sync.tau != 0.01 and sync.steps == 7  # the first run's state, which the second must not inherit
+    assert np.array_equal(trained(config, steps=7, sync=sync), trained(config, steps=7))
 
 
 @pytest.mark.parametrize("cap", [0, 4 * 5010, 1e6, 1e9])
