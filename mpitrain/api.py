@@ -20,6 +20,13 @@ loss="binary_cross_entropy"), reader.manifest, comm.backend.xp)`.
 a part built here replaces the config's, and the run directory's config.yaml records it, so
 `mpitrain eval RUN_DIR` and `predict` work on a scripted run as on any other. Every call
 that takes `comm` is a collective: every rank makes it, in the same order.
+
+Each entry point checks its arguments first (`mpitrain.arguments`): `train(config, None)` says
+to call `mpitrain.init()` first, in one MpitrainError line. Parts that hold a run's state are
+reset, not refused, when another run gets them: `train` re-initializes the model from the seed
+(or resumes it from the run directory), a synchronizer resets its run state (sharing's tau and
+residual) when a run starts it, and a reader that a run closed opens its shards again. So one
+script may train several runs with one reader, model and synchronizer, each as with fresh ones.
 """
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ import yaml
 from mpitrain.data.augment import AUGMENT_DEFAULTS
 from mpitrain.data.storage import is_url
 from mpitrain.parallel.backend import BACKENDS
+from mpitrain.config.domains import in_domain
 from mpitrain.config.yaml_input import read_yaml
 from mpitrain.errors import ConfigError
 from mpitrain.kernels.threshold.message import ENCODINGS as MESSAGE_ENCODINGS
@@ -56,14 +57,6 @@ def option(default, doc: str, choices: typing.Iterable | None = None, domain: st
 def section(cls, doc: str, factory=None):
     """A config section (a nested dataclass) and what it is for."""
     return field(default_factory=factory or cls, metadata={"doc": doc, "choices": None, "domain": None})
-
-
-def in_domain(value, domain: str) -> bool:
-    """Whether the number `value` lies in the interval `domain` ("(0, 1]"); NaN lies in none."""
-    low, high = (float(end) for end in domain[1:-1].split(","))
-    above = value > low if domain[0] == "(" else value >= low
-    below = value < high if domain[-1] == ")" else value <= high
-    return above and below
 
 
 class Section:

@@ -198,7 +198,7 @@ class Checkpointer:
         if path is None:
             checkpoints = self.paths()
             if not checkpoints:
-                raise DataError(f"{self.run_dir}/checkpoints: no checkpoint; train first or pass --checkpoint")
+                raise DataError(f"{self.run_dir}/checkpoints: no checkpoint; train the run first")
             path = checkpoints[-1]
         ckpt = load_checkpoint(path, rank_arrays=False)
         check_fits(ckpt, model.layout + model.stats_layout, meaning=meaning(model))
