@@ -442,11 +442,15 @@ class ParquetSource(TableSource):
         files = _local_files(self.paths["train"])
         if not files:
             raise DataError(f"{self.spec}: no files at {self.paths['train']}")
-        for split, path in self.paths.items():
-            _check_rows(files if split == "train" else _local_files(path), path, self.options.header)
         try:
             dataset = ds.dataset(files, format="parquet")
             schema = dataset.schema
+            for split, path in self.paths.items():  # the files' footers count their rows
+                split_files = files if split == "train" else _local_files(path)
+                if split_files and not ds.dataset(split_files, format="parquet").count_rows():
+                    raise DataError(f"{split_files[0]}: no data rows; expected Parquet records" if len(split_files) == 1
+                                    else f"{path}: no data rows in its {len(split_files)} files; expected Parquet "
+                                         "records")
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
             raise DataError(f"{self.spec}: not a readable Parquet file ({str(e)[:200]})") from None
         kinds = {f.name: column_kind(f.type) for f in schema}

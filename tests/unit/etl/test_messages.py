@@ -65,17 +65,25 @@ def test_a_number_out_of_its_range_is_refused_before_spark_naming_the_option(tmp
             pattern=rf"^mpitrain etl: error: {option} {value}: expected {domain}$")
 
 
-@pytest.mark.parametrize("where", ["inside", "same", "holds", "glob"])
+@pytest.mark.parametrize("where", ["inside", "same", "holds", "glob", "inside-glob"])
 def test_an_out_the_job_would_read_as_its_own_data_is_refused_before_spark(tmp_path, where):
     source = csv_folder(tmp_path)
     spec, out, words = {
         "inside": (f"csv:{source}", source / "out", "lies inside the source folder"),
         "same": (f"csv:{source}", source, "is the source itself"),
         "holds": (f"csv:{source}", tmp_path, "holds the source"),
-        "glob": (f"csv:{tmp_path}/*", tmp_path / "out", "matches the source's pattern"),
+        "glob": (f"csv:{tmp_path}/*", tmp_path / "out", "lies in what the source.s pattern"),
+        "inside-glob": (f"csv:{tmp_path}/c*", source / "out", "lies in what the source.s pattern"),
     }[where]
     refused(tmp_path, "etl", "--source", spec, "--out", out, "--shards", "2", "--overwrite",
             pattern=rf"^mpitrain etl: error: --out {re.escape(str(out))}: {words}")
+
+
+def test_an_out_beside_the_source_is_not_refused(tmp_path):
+    from mpitrain.etl.output import check_apart
+    (tmp_path / "csv").mkdir()
+    for source in (tmp_path / "csv", tmp_path / "csv" / "part-*.csv", tmp_path / "*.parquet", tmp_path / "c*"):
+        check_apart(str(tmp_path / "ds"), [str(source)], "etl")
 
 
 @pytest.mark.parametrize("header, words", [(True, "only a header line"), (False, "empty")])
@@ -91,6 +99,15 @@ def test_a_csv_test_split_without_data_rows_says_so(tmp_path):
     (tmp_path / "test.csv").write_text("label,a,b\n")
     refused(tmp_path, "etl", "--source", f"csv:{source}", "--test", tmp_path / "test.csv", "--out", tmp_path / "out",
             "--shards", "1", pattern=r"test.csv: no data rows \(only a header line\)")
+
+
+def test_a_parquet_source_without_records_says_so_naming_the_file(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"label": pa.array([], pa.int64()), "a": pa.array([], pa.float64())}),
+                   tmp_path / "empty.parquet")
+    refused(tmp_path, "etl", "--source", f"parquet:{tmp_path / 'empty.parquet'}", "--out", tmp_path / "out",
+            "--shards", "1", pattern=rf"{re.escape(str(tmp_path / 'empty.parquet'))}: no data rows; expected Parquet")
 
 
 def foreign_onnx(path: pathlib.Path) -> None:
