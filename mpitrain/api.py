@@ -35,8 +35,9 @@ import sys
 
 from mpitrain import arguments as a
 from mpitrain.parallel.comm import Communicator
+from mpitrain.config import sections
 from mpitrain.config.sections import (CheckpointConfig, CommConfig, Config, DataConfig, ModelConfig, OptimizerConfig,
-                             PretrainConfig, SyncConfig, TrainConfig, load_config)
+                             PretrainConfig, SyncConfig, TrainConfig)
 from mpitrain.data.reader import DatasetReader
 from mpitrain.training import evaluation, loop, run, trained
 from mpitrain.rundir import export
@@ -54,6 +55,7 @@ from mpitrain.parallel import sync
 # The entry points, each checking its arguments first (`mpitrain.arguments`): what they take, what to call first.
 RUN_PARTS = {"config": a.CONFIG, "comm": a.COMM, "reader": a.READER.or_none(), "model": a.MODEL.or_none(),
              "sync": a.SYNC.or_none()}
+load_config = a.checked(sections.load_config, "load_config", path=a.PATH, overrides=a.OVERRIDES)
 train = a.checked(loop.train, "train", **RUN_PARTS)
 setup_run = a.checked(run.setup_run, "setup_run", **RUN_PARTS)
 create_synchronizer = a.checked(sync.create_synchronizer, "create_synchronizer", config=a.SYNC_CONFIG, comm=a.COMM)

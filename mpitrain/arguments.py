@@ -58,6 +58,7 @@ ROWS = Expected((EvalRows,), "a split's rows", "reader.eval_rows(split)")
 TO_INPUT = Expected((ModelInput,), "the rows' ModelInput", "mpitrain.setup_run(config, comm).model_input()")
 BACKEND = Expected((Backend,), "an array Backend", "comm.backend, after mpitrain.init()")
 PATH = Expected((str, os.PathLike), "a path", "a str or pathlib.Path")
+OVERRIDES = Expected((list, tuple), "a list of overrides", "e.g. ['train.epochs=3'], as --set takes them")
 
 
 def checked(function, name: str, **expected: Expected):

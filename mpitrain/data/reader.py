@@ -78,11 +78,10 @@ class DatasetReader:
         self.opened: list[ShardFiles] = []
 
     def close(self) -> None:
-        """Close every shard this reader opened (a remote file's connection among them). The reader stays usable: a
-        later run (`mpitrain.train` again with this reader) opens the shards it reads anew."""
+        """Close every shard this reader opened (a remote file's connection among them). The reader and the rows it
+        gave stay usable: a later run (`mpitrain.train` again with this reader) opens the shards it reads anew."""
         for shards in self.opened:
             shards.close()
-        self.opened.clear()
 
     @property
     def row_bytes(self) -> int:

@@ -58,6 +58,8 @@ CASES = [
      r"mpitrain.export_onnx: manifest is None; expected a dataset's Manifest \(reader.manifest\)"),
     ("build_network(Config)", lambda p: mpitrain.build_network(p.config, p.reader.manifest, np),
      r"mpitrain.build_network: config is Config\(.*; expected a ModelConfig"),
+    ("load_config(path, str)", lambda p: mpitrain.load_config("exp.yaml", "train.epochs=3"),
+     r"mpitrain.load_config: overrides is 'train.epochs=3' \(a str\); expected a list of overrides \(e.g. "),
     ("build_model(None)", lambda p: mpitrain.build_model(None, (16,), 3, np), "mpitrain.build_model: config is None"),
     ("DatasetReader(path, None)", lambda p: mpitrain.DatasetReader(str(p.folder / "data"), None),
      r"DatasetReader\('.*data', comm\): comm is None; " + COMM_FIRST),
