@@ -64,8 +64,10 @@ build_network = a.checked(graph.build_network, "build_network", config=a.MODEL_C
 evaluate = a.checked(evaluation.evaluate, "evaluate", model=a.MODEL, rows=a.ROWS, to_input=a.TO_INPUT, comm=a.COMM,
                      backend=a.BACKEND)
 predict = a.checked(evaluation.predict, "predict", model=a.MODEL, rows=a.ROWS, to_input=a.TO_INPUT, backend=a.BACKEND)
-evaluate_run = a.checked(trained.evaluate_run, "evaluate_run", run_dir=a.PATH, comm=a.COMM)
-predict_run = a.checked(trained.predict_run, "predict_run", run_dir=a.PATH, comm=a.COMM, out=a.PATH.or_none())
+evaluate_run = a.checked(trained.evaluate_run, "evaluate_run", run_dir=a.PATH, comm=a.COMM,
+                         checkpoint=a.PATH.or_none())
+predict_run = a.checked(trained.predict_run, "predict_run", run_dir=a.PATH, comm=a.COMM, out=a.PATH.or_none(),
+                        checkpoint=a.PATH.or_none())
 export_onnx = a.checked(export.export_onnx, "export_onnx", model=a.MODEL, manifest=a.MANIFEST, path=a.PATH)
 
 __all__ = ["init", "setup_logging", "Communicator", "Config", "DataConfig", "ModelConfig", "OptimizerConfig",

@@ -1,6 +1,8 @@
 """Run configuration: YAML sections validated into dataclasses, with `--set section.key=value` overrides.
 
-Every error names the config file and the dotted key, and says what was expected. Each
+Every error names the config file (or, for a key a `--set` gave, that `--set`: `Origin`) and the dotted key, and
+says what was expected; a misspelt key gets the nearest of every dotted key. The YAML itself is read by
+`mpitrain.config.yaml_input.read_yaml`, the one reader of a user's YAML. Each
 field carries its meaning and its domain (a choice's allowed values, taken from the registry
 that implements them, or a number's interval) in its metadata: `mpitrain.config.reference`
 turns them into docs/configuration.md, and `validate` checks them when the config is loaded,
