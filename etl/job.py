@@ -28,13 +28,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mpitrain.config.domains import check_number
 from mpitrain.errors import ConfigError, DataError
-from mpitrain.etl.output import atomic_folder, check_out
+from mpitrain.etl.output import atomic_folder, check_apart, check_out
 from mpitrain.etl.records import BadRecords, ReadBatch
 from mpitrain.etl.remote import RemoteDataset, check_remote_out, write_shard_to
 from mpitrain.etl.shuffle import (ORDERS, Placement, key_partition, label_keys, plan_placement, row_keys, shard_of,
                                   strata)
-from mpitrain.etl.sources import Source, SourceOptions, carved_rows, open_source
+from mpitrain.etl.sources import Source, SourceOptions, carved_rows, open_source, source_paths
 from mpitrain.etl.tables import TableOptions, TableTransforms, fit_columns
 from mpitrain.etl.transforms import FeatureStats, TransformOptions, Transforms
 from mpitrain.data.encoding import TableRows
@@ -44,6 +45,12 @@ from mpitrain.kernels.rows import flat_rows
 
 STATS_SPLIT = "train"  # mean/std and fitted transforms come from this split only, so test data never leaks
 log = logging.getLogger(__name__)
+
+
+# The domain of each fraction of EtlOptions (its command-line option: --test-fraction, ...). 0 test rows carve
+# nothing; a fraction that leaves a split empty for the source's rows is refused once they are known (`carved_rows`).
+FRACTIONS = {"test_fraction": "[0, 1)", "validation_fraction": "[0, 1)", "max_bad_fraction": "[0, 1]"}
+MAX_SHARDS = 1_000_000  # shards per split: a sane bound
 
 
 @dataclass(frozen=True)
@@ -60,10 +67,8 @@ class EtlOptions:
     tables: TableOptions = TableOptions()  # how a table's categorical columns become ids
 
     def __post_init__(self):
-        if not 0 <= self.validation_fraction < 1:
-            raise ConfigError(f"--validation-fraction {self.validation_fraction}: expected 0 (none) up to below 1")
-        if not 0 <= self.max_bad_fraction <= 1:
-            raise ConfigError(f"--max-bad-fraction {self.max_bad_fraction}: expected a fraction 0..1")
+        for name, domain in FRACTIONS.items():  # before the source is opened and Spark starts
+            check_number(f"--{name.replace('_', '-')}", getattr(self, name), domain)
         if self.order not in ORDERS:
             raise ConfigError(f"--order {self.order}: expected one of {', '.join(ORDERS)}")
         if self.compression not in COMPRESSIONS:
@@ -113,21 +118,20 @@ def plan_etl(source: str, out: str, shards: int, seed: int = 0, overwrite: bool 
 
     `options` are EtlOptions fields.
     """
-    if seed < 0:
-        raise ConfigError(f"--seed {seed}: expected an integer >= 0")
+    check_number("--seed", seed, "[0, 1e18]", integer=True)
+    check_number("--shards", shards, f"[1, {MAX_SHARDS}]", integer=True)
     options = EtlOptions(**options)
     if is_url(out):  # the store's package is checked here, before Spark starts
         out = check_remote_out(out, overwrite)
     else:
         out = os.path.abspath(out)
+        check_apart(out, source_paths(source, options.source_options), "etl")
         check_out(out, overwrite, MANIFEST_NAME, "dataset")  # --overwrite deletes the old one: it must be a dataset
     plan = EtlPlan(open_source(source, options.test_fraction, options.source_options), out, shards, seed, overwrite, options)
     check_target_options(plan)
     known = plan.source.known_rows()
     if known:
         plan.check_shards(plan.output_rows(known))
-    elif shards < 1:
-        raise ConfigError(f"--shards {shards}: expected at least 1")
     return plan
 
 
@@ -333,8 +337,10 @@ def _write_splits(spark, plan: EtlPlan, tmp: str) -> Manifest:
     for results in summaries.values():
         for _, _, bad in results:
             all_bad.merge(bad)
-    check_bad_records(source.spec, sum(seen for results in summaries.values() for _, seen, _ in results),
-                       all_bad, options.max_bad_fraction)
+    records = sum(seen for results in summaries.values() for _, seen, _ in results)
+    if not records:
+        raise DataError(f"{source.spec}: no data rows; expected records to write")
+    check_bad_records(source.spec, records, all_bad, options.max_bad_fraction)
     if kind == "class":
         num_classes = source.num_classes or max(len(counts) for results in summaries.values()
                                                 for counts, *_ in results)

@@ -14,6 +14,7 @@ others (jobs still running).
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import glob
 import logging
 import os
@@ -25,6 +26,37 @@ from mpitrain.files import refuse_existing
 from mpitrain.rundir.directory import FileLock
 
 log = logging.getLogger(__name__)
+
+
+def check_apart(out: str, sources: list[str], tag: str) -> None:
+    """Refuse an `out` that a job would read as its own data, before it starts: `out` (and so the temporary folder
+    and lock beside it, `OUT.TAG-tmp-*`) inside a source folder or inside what a source's glob matches, `out` that
+    is a source, and a source inside `out` (--overwrite would delete it). `sources` are local paths (globs allowed)."""
+    out = os.path.realpath(out)
+    beside = f"{out}.{tag}-tmp-00000000"
+    for source in sources:
+        if glob.has_magic(source):
+            if any(_within_match(path, source) for path in (out, beside, beside + ".lock")):
+                raise DataError(f"--out {out}: lies in what the source's pattern {source} matches, so the job would "
+                                "read its own output (and its temporary folder) as data; write it elsewhere")
+            source = source[:min(source.find(c) for c in "*?[" if c in source)].rpartition(os.sep)[0] or os.sep
+        else:
+            folder = os.path.realpath(source)
+            if out == folder:
+                raise DataError(f"--out {out}: is the source itself; write the output elsewhere")
+            if out.startswith(folder.rstrip(os.sep) + os.sep):
+                raise DataError(f"--out {out}: lies inside the source folder {folder}, so the job would read its "
+                                "own output (and its temporary folder) as data; write it outside that folder")
+        if os.path.realpath(source).startswith(out + os.sep):
+            raise DataError(f"--out {out}: holds the source {os.path.realpath(source)}, which replacing it would "
+                            "delete; write the output elsewhere")
+
+
+def _within_match(path: str, pattern: str) -> bool:
+    """Whether `path` is, or lies inside, a path the glob `pattern` matches (component by component, as glob
+    matches)."""
+    names, parts = path.split(os.sep), pattern.split(os.sep)
+    return len(names) >= len(parts) and all(fnmatch.fnmatch(n, p) for n, p in zip(names, parts))
 
 
 def check_out(out: str, overwrite: bool, marker: str, kind: str) -> None:

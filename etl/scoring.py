@@ -17,7 +17,8 @@ Parquet folder, written into a temporary sibling and renamed into place: the rec
 for class targets accuracy, loss and the confusion matrix as `mpitrain eval` writes them, for
 other targets the kind's exact metrics (`mpitrain.training.scores.target_metrics`).
 
-Columns by the model's target kind (its `manifest` metadata; class for a model without it), k its outputs:
+Columns by the model's target kind (its `manifest` metadata, which `mpitrain export` records; a model without it is
+refused as not an mpitrain export), k its outputs:
 
     class       predicted int          probabilities array<float> (K)   label int
     binary      predicted array<int>   probabilities array<float> (1)   label array<float> (1)
@@ -37,11 +38,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from mpitrain.config.domains import check_number
 from mpitrain.errors import ConfigError, DataError
-from mpitrain.etl.job import check_bad_records, task_data_errors
-from mpitrain.etl.output import atomic_folder, check_out
+from mpitrain.etl.job import FRACTIONS, check_bad_records, task_data_errors
+from mpitrain.etl.output import atomic_folder, check_apart, check_out
 from mpitrain.etl.records import BadRecords
-from mpitrain.etl.sources import Source, SourceOptions, open_source
+from mpitrain.etl.sources import Source, SourceOptions, open_source, source_paths
 from mpitrain.etl.target_columns import TABLES, TargetColumns, label_columns
 from mpitrain.data.shards import FEATURE_DTYPES
 
@@ -63,12 +65,13 @@ class ScoringModel:
     feature_dtype: str
     feature_shape: tuple[int, ...]
     outputs: int  # classes, or the target's columns
-    description: dict  # the manifest's feature description `mpitrain export` records ({} for another tool's model)
+    description: dict  # the manifest's feature description `mpitrain export` records
     metadata: dict
 
     @property
     def target(self) -> str:
-        """The model's target kind: class, binary, multilabel or regression (class for another tool's model)."""
+        """The model's target kind: class, binary, multilabel or regression (class for an export older than
+        targets)."""
         return self.description.get("target", "class")
 
     @property
@@ -93,11 +96,14 @@ def load_model(path: str) -> ScoringModel:
             raise DataError(f"--model {path}: not a valid ONNX model ({type(e).__name__}: {str(e)[:200]})") from None
     else:
         raise DataError(f"--model {path}: no such file or run directory")
+    props = metadata(proto)
+    if "manifest" not in props:  # what `mpitrain export` records of the dataset; without it rows mean nothing here
+        raise DataError(f"--model {path}: not an mpitrain export (its metadata has no dataset manifest); expected an "
+                        "ONNX file `mpitrain export` wrote, or a run directory")
     dtype, shape = input_rows_shape(proto)
     if dtype not in FEATURE_DTYPES:
         raise ConfigError(f"--model {path}: takes {dtype} rows; scoring reads rows stored as one of {FEATURE_DTYPES}")
-    props = metadata(proto)
-    description = json.loads(props.get("manifest", "{}"))
+    description = json.loads(props["manifest"])
     stored = [t["name"] for t in description.get("transforms", []) if t.get("name") in STORED_TRANSFORMS]
     if stored:
         raise ConfigError(f"--model {path}: its dataset stored rows transformed by --{stored[0]}, but scoring feeds "
@@ -127,9 +133,9 @@ def plan_scoring(model: str, source: str, out: str, split: str = "", overwrite: 
     filling what `options` leaves open (csv/parquet feature shape, image size and color). A model of another
     target than class reads its labels from csv or parquet columns (`TargetColumns`; `options.label` may name
     several, comma-separated). A table model's records are read by its columns and encoded (`_table_source`)."""
-    if not 0 <= max_bad_fraction <= 1:
-        raise ConfigError(f"--max-bad-fraction {max_bad_fraction}: expected a fraction 0..1")
+    check_number("--max-bad-fraction", max_bad_fraction, FRACTIONS["max_bad_fraction"])
     out = os.path.abspath(out)
+    check_apart(out, source_paths(source, options), "score")
     check_out(out, overwrite, METRICS_NAME, "predictions")
     scoring = load_model(model)
     shape, target = scoring.feature_shape, scoring.target

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpitrain.config.domains import check_number
 from mpitrain.errors import ConfigError, DataError
 from mpitrain.etl.idx import find_splits, read_records
 from mpitrain.etl.records import ReadBatch, Target, checked_batch
@@ -28,6 +29,9 @@ KNOWN_SOURCES = ("idx:/folder (MNIST-format IDX files, plain or .gz)",
                  "parquet:PATH (label columns; numeric, numeric-array or categorical feature columns)",
                  "images:/folder (CLASS_NAME/*.png|jpg)")
 READ_ROWS = 10000  # rows per read task of a source read by record ranges
+
+
+MAX_CLASSES = 1 << 24  # --num-classes: a sane bound (a model's output layer has as many units)
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,9 @@ class SourceOptions:
     # csv, parquet: the classes of text labels (default: their sorted distinct values)
     columns: dict | None = None  # csv, parquet (scoring): a table model's columns (its manifest's): the records'
     # columns it reads, encoded into its rows (`mpitrain.data.encoding.TableEncoder`)
+
+    def __post_init__(self):
+        check_number("--num-classes", self.num_classes, f"[0, {MAX_CLASSES}]", integer=True)
 
 
 class Source(ABC):
@@ -149,6 +156,12 @@ def split_paths(spec: str, path: str, options: SourceOptions) -> dict[str, str]:
     if options.test:
         paths["test"] = check_path(f"--test {options.test}", options.test)
     return paths
+
+
+def source_paths(spec: str, options: SourceOptions) -> list[str]:
+    """The local paths (folders, files, globs; absolute) `--source` and `--test` read."""
+    argument = spec.partition(":")[2]
+    return [os.path.abspath(path) for path in (argument, options.test) if path and "://" not in path]
 
 
 def check_path(spec: str, path: str) -> str:

@@ -62,6 +62,24 @@ def _label_kind(values) -> tuple[str, bool]:
     return kind, zero_one
 
 
+HADOOP_CODECS = (".bz2", ".xz", ".zst", ".lz4", ".snappy", ".deflate")  # Spark reads them; Python here does not
+
+
+def _check_rows(files: list[str], path: str, header: bool) -> None:
+    """A DataError naming the file (or `path`, for several) when no local CSV file at `path` holds a line of values
+    (after its header line, with `header`): found before Spark starts, not as "0 classes" after it ran."""
+    def lines(name: str) -> int:  # non-empty lines, up to 2
+        if name.endswith(HADOOP_CODECS):
+            return 2
+        with (gzip.open if name.endswith(".gz") else open)(name, "rt", encoding="utf-8", errors="replace") as f:
+            return len(list(itertools.islice((line for line in f if line.strip()), 2)))
+    found = [lines(name) for name in files]
+    if files and max(found) <= int(header):
+        what = "only a header line" if max(found) else "empty"
+        raise DataError(f"{files[0]}: no data rows ({what}); expected rows of values" if len(files) == 1 else
+                        f"{path}: no data rows in its {len(files)} files ({what}); expected rows of values")
+
+
 def _local_files(path: str) -> list[str]:
     """The files Spark reads at a local path (a file, a folder's visible files at any depth, a glob), sorted."""
     import glob
@@ -287,7 +305,9 @@ class CsvSource(TableSource):
         files = _local_files(self.paths["train"])
         if not files:
             raise DataError(f"{self.spec}: no files at {self.paths['train']}")
-        if files[0].endswith((".bz2", ".xz", ".zst", ".lz4", ".snappy", ".deflate")):
+        for split, path in self.paths.items():
+            _check_rows(files if split == "train" else _local_files(path), path, self.options.header)
+        if files[0].endswith(HADOOP_CODECS):
             return None  # a codec only Hadoop's readers know: Spark reads the first lines
         opener = gzip.open if files[0].endswith(".gz") else open
         with opener(files[0], "rt", encoding="utf-8", errors="replace") as f:
@@ -425,6 +445,12 @@ class ParquetSource(TableSource):
         try:
             dataset = ds.dataset(files, format="parquet")
             schema = dataset.schema
+            for split, path in self.paths.items():  # the files' footers count their rows
+                split_files = files if split == "train" else _local_files(path)
+                if split_files and not ds.dataset(split_files, format="parquet").count_rows():
+                    raise DataError(f"{split_files[0]}: no data rows; expected Parquet records" if len(split_files) == 1
+                                    else f"{path}: no data rows in its {len(split_files)} files; expected Parquet "
+                                         "records")
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
             raise DataError(f"{self.spec}: not a readable Parquet file ({str(e)[:200]})") from None
         kinds = {f.name: column_kind(f.type) for f in schema}

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpitrain.config.domains import check_number
 from mpitrain.errors import ConfigError, DataError
 from mpitrain.kernels.rows import flat_rows
 from mpitrain.kernels.activations import splitmix64
@@ -35,6 +36,7 @@ class TransformOptions:
     one_hot: bool = False
 
     def __post_init__(self):
+        check_number("--threshold", self.threshold, "[-1e30, 1e30]")
         if self.binarize not in ("", *BINARIZE_MODES):
             raise ConfigError(f"--binarize {self.binarize!r}: expected one of {BINARIZE_MODES}")
         if self.binarize and self.standardize:

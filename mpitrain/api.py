@@ -20,30 +20,55 @@ loss="binary_cross_entropy"), reader.manifest, comm.backend.xp)`.
 a part built here replaces the config's, and the run directory's config.yaml records it, so
 `mpitrain eval RUN_DIR` and `predict` work on a scripted run as on any other. Every call
 that takes `comm` is a collective: every rank makes it, in the same order.
+
+Each entry point checks its arguments first (`mpitrain.arguments`): `train(config, None)` says
+to call `mpitrain.init()` first, in one MpitrainError line. Parts that hold a run's state are
+reset, not refused, when another run gets them: `train` re-initializes the model from the seed
+(or resumes it from the run directory), a synchronizer resets its run state (sharing's tau and
+residual) when a run starts it, and a reader that a run closed opens its shards again. So one
+script may train several runs with one reader, model and synchronizer, each as with fresh ones.
 """
 from __future__ import annotations
 
 import logging
 import sys
 
+from mpitrain import arguments as a
 from mpitrain.parallel.comm import Communicator
+from mpitrain.config import sections
 from mpitrain.config.sections import (CheckpointConfig, CommConfig, Config, DataConfig, ModelConfig, OptimizerConfig,
-                             PretrainConfig, SyncConfig, TrainConfig, load_config)
+                             PretrainConfig, SyncConfig, TrainConfig)
 from mpitrain.data.reader import DatasetReader
-from mpitrain.training.evaluation import evaluate, predict
-from mpitrain.rundir.export import export_onnx
+from mpitrain.training import evaluation, loop, run, trained
+from mpitrain.rundir import export
 from mpitrain.parallel.launch import install_abort_hook
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
 from mpitrain.nn.embedding import Embedding
-from mpitrain.nn.graph import Graph, build_network
+from mpitrain.nn import graph, model
+from mpitrain.nn.graph import Graph
 from mpitrain.nn.merge import Add, Concat
-from mpitrain.nn.model import Sequential, build_model
-from mpitrain.training.run import setup_run
-from mpitrain.parallel.sync import create_synchronizer
-from mpitrain.training.loop import train
-from mpitrain.training.trained import evaluate_run, predict_run
+from mpitrain.nn.model import Sequential
+from mpitrain.parallel import sync
+
+# The entry points, each checking its arguments first (`mpitrain.arguments`): what they take, what to call first.
+RUN_PARTS = {"config": a.CONFIG, "comm": a.COMM, "reader": a.READER.or_none(), "model": a.MODEL.or_none(),
+             "sync": a.SYNC.or_none()}
+load_config = a.checked(sections.load_config, "load_config", path=a.PATH, overrides=a.OVERRIDES)
+train = a.checked(loop.train, "train", **RUN_PARTS)
+setup_run = a.checked(run.setup_run, "setup_run", **RUN_PARTS)
+create_synchronizer = a.checked(sync.create_synchronizer, "create_synchronizer", config=a.SYNC_CONFIG, comm=a.COMM)
+build_model = a.checked(model.build_model, "build_model", config=a.MODEL_CONFIG)
+build_network = a.checked(graph.build_network, "build_network", config=a.MODEL_CONFIG, manifest=a.MANIFEST)
+evaluate = a.checked(evaluation.evaluate, "evaluate", model=a.MODEL, rows=a.ROWS, to_input=a.TO_INPUT, comm=a.COMM,
+                     backend=a.BACKEND)
+predict = a.checked(evaluation.predict, "predict", model=a.MODEL, rows=a.ROWS, to_input=a.TO_INPUT, backend=a.BACKEND)
+evaluate_run = a.checked(trained.evaluate_run, "evaluate_run", run_dir=a.PATH, comm=a.COMM,
+                         checkpoint=a.PATH.or_none())
+predict_run = a.checked(trained.predict_run, "predict_run", run_dir=a.PATH, comm=a.COMM, out=a.PATH.or_none(),
+                        checkpoint=a.PATH.or_none())
+export_onnx = a.checked(export.export_onnx, "export_onnx", model=a.MODEL, manifest=a.MANIFEST, path=a.PATH)
 
 __all__ = ["init", "setup_logging", "Communicator", "Config", "DataConfig", "ModelConfig", "OptimizerConfig",
            "TrainConfig", "SyncConfig", "CheckpointConfig", "CommConfig", "PretrainConfig", "load_config",

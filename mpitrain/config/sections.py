@@ -1,6 +1,8 @@
 """Run configuration: YAML sections validated into dataclasses, with `--set section.key=value` overrides.
 
-Every error names the config file and the dotted key, and says what was expected. Each
+Every error names the config file (or, for a key a `--set` gave, that `--set`: `Origin`) and the dotted key, and
+says what was expected; a misspelt key gets the nearest of every dotted key. The YAML itself is read by
+`mpitrain.config.yaml_input.read_yaml`, the one reader of a user's YAML. Each
 field carries its meaning and its domain (a choice's allowed values, taken from the registry
 that implements them, or a number's interval) in its metadata: `mpitrain.config.reference`
 turns them into docs/configuration.md, and `validate` checks them when the config is loaded,
@@ -22,6 +24,8 @@ import yaml
 from mpitrain.data.augment import AUGMENT_DEFAULTS
 from mpitrain.data.storage import is_url
 from mpitrain.parallel.backend import BACKENDS
+from mpitrain.config.domains import in_domain
+from mpitrain.config.yaml_input import read_yaml
 from mpitrain.errors import ConfigError
 from mpitrain.kernels.threshold.message import ENCODINGS as MESSAGE_ENCODINGS
 from mpitrain.nn.layers import INIT_SCHEMES
@@ -66,14 +70,6 @@ def option(default, doc: str, choices: typing.Iterable | None = None, domain: st
 def section(cls, doc: str, factory=None):
     """A config section (a nested dataclass) and what it is for."""
     return field(default_factory=factory or cls, metadata={"doc": doc, "choices": None, "domain": None})
-
-
-def in_domain(value, domain: str) -> bool:
-    """Whether the number `value` lies in the interval `domain` ("(0, 1]"); NaN lies in none."""
-    low, high = (float(end) for end in domain[1:-1].split(","))
-    above = value > low if domain[0] == "(" else value >= low
-    below = value < high if domain[-1] == ")" else value <= high
-    return above and below
 
 
 class Section:
@@ -169,8 +165,8 @@ class ModelConfig(Section):
             for i, spec in enumerate(self.graph):
                 check_node_spec(spec, f"model.graph[{i}]")
             loss_options = check_loss_options(self.loss, self.loss_options, "model.loss_options")
-        except ConfigError as e:
-            raise ConfigError(f"{where}: {e}") from None
+        except ConfigError as e:  # e names the key: model.layers[i]..., model.graph[i]..., model.loss_options...
+            raise ConfigError(f"{_of(where, str(e).split(' ')[0])}: {e}") from None
         return dataclasses.replace(self, loss_options=loss_options)
 
 
@@ -424,7 +420,7 @@ def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
     """
     try:
         with open(path) as f:
-            raw = yaml.load(f, Loader=_UniqueKeyLoader) or {}
+            raw = read_yaml(f, path) or {}
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
     except IsADirectoryError:
@@ -433,10 +429,6 @@ def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
         raise ConfigError(f"{path}: not readable (permission denied)") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file; expected a YAML config file") from None
-    except _DuplicateKey as e:
-        raise ConfigError(f"{path}: {e}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
     own = own_run_dir(path)
@@ -444,31 +436,14 @@ def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
         log.info("%s is the config of the run in %s: run_dir is that folder (the file says %s)", path, own,
                  raw.get("run_dir"))
         raw["run_dir"] = own
+    where = Origin(path)
     for override in overrides:
-        _apply_override(raw, override, path)
-    config = _build(Config, raw, path, "").validate(path)
+        _apply_override(raw, override, where)
+    config = _build(Config, raw, where, "").validate(where)
     run_dir = config.run_dir or os.path.join("runs", os.path.splitext(os.path.basename(path))[0])
     return dataclasses.replace(config, run_dir=os.path.abspath(run_dir),
                                data=dataclasses.replace(config.data, path=config.data.path if is_url(config.data.path)
                                                         else os.path.abspath(config.data.path)))
-
-
-class _DuplicateKey(yaml.YAMLError):
-    pass
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last, silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise _DuplicateKey(f"{key!r} appears twice (line {key_node.start_mark.line + 1}); PyYAML would keep "
-                                    "only the last, so the first would be ignored: merge them")
-            seen.add(key)
-        return super().construct_mapping(node, deep)
 
 
 # Which sync mode reads each of the sync section's options (the others apply to every mode).
@@ -510,35 +485,65 @@ def config_yaml(config: Config) -> str:
     return yaml.safe_dump(config.to_dict(), sort_keys=False)
 
 
-def _apply_override(raw: dict, override: str, where: str) -> None:
+class Origin(str):
+    """A config file's path that knows which keys `--set` overrides gave: a problem with one of those keys names
+    the override (`--set train.epochs=abc: ...`), not the file."""
+
+    def __new__(cls, path: str):
+        origin = super().__new__(cls, path)
+        origin.overrides = {}
+        return origin
+
+    def of(self, key: str) -> str:
+        """Where `key` (dotted) got its value: `--set KEY=VALUE` for a key an override set (or one inside it), else
+        the file."""
+        for set_key, override in reversed(self.overrides.items()):
+            if key == set_key or key.startswith((set_key + ".", set_key + "[")):
+                return f"--set {override}"
+        return str(self)
+
+
+def _apply_override(raw: dict, override: str, where: Origin) -> None:
     key, sep, text = override.partition("=")
     if not sep or not key:
-        raise ConfigError(f"--set {override!r}: expected section.key=value")
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"--set {override!r}: value is not valid YAML ({e})") from None
+        raise ConfigError(f"--set {override}: expected section.key=value")
+    value = read_yaml(text, f"--set {override}", in_file=False)
+    where.overrides.pop(key, None)  # the last override of a key wins, and names it
+    where.overrides[key] = override
     *sections, last = key.split(".")
     node = raw
     for section in sections:
         node = node.setdefault(section, {})
         if not isinstance(node, dict):
-            raise ConfigError(f"{where}: --set {key}: {section!r} is not a section")
+            raise ConfigError(f"--set {override}: {section!r} is not a section")
     node[last] = value
+
+
+def config_keys(cls=None, prefix: str = "") -> list[str]:
+    """Every dotted key of the config (sections and their keys), for did-you-mean."""
+    keys = []
+    for f in dataclasses.fields(cls or Config):
+        keys.append(prefix + f.name)
+        kind = typing.get_type_hints(cls or Config)[f.name]
+        if dataclasses.is_dataclass(kind):
+            keys += config_keys(kind, f"{prefix}{f.name}.")
+    return keys
 
 
 def _build(cls, raw, where: str, prefix: str, base=None):
     """Turn a mapping into dataclass `cls` (keys missing from it keep `base`'s values, or the class defaults),
     rejecting unknown keys and wrong types."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: {prefix or 'config'} is {raw!r}, expected a mapping")
+        raise ConfigError(f"{_of(where, prefix[:-1])}: {prefix or 'config'} is {raw!r}, expected a mapping")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - known)
     if unknown:
-        close = difflib.get_close_matches(str(unknown[0]), known, n=1)
-        hint = f"did you mean {prefix + close[0]!r}? " if close else ""
-        raise ConfigError(f"{where}: unknown key {prefix + str(unknown[0])!r}; {hint}expected one of {sorted(known)}")
+        key = prefix + str(unknown[0])
+        close = difflib.get_close_matches(key, [prefix + name for name in known], n=1) or \
+            difflib.get_close_matches(key, config_keys(), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"{_of(where, key)}: unknown key {key!r}; {hint}expected one of {sorted(known)}")
     base = base if base is not None else cls()
     values = {}
     for name, value in raw.items():
@@ -564,7 +569,7 @@ def _coerce(value, kind, where: str, key: str):
         if isinstance(value, option) and not (option is int and isinstance(value, bool)):
             return value
     names = " or ".join(getattr(a, "__name__", str(a)) for a in allowed)
-    raise ConfigError(f"{where}: {key} is {value!r}, expected {names}")
+    raise ConfigError(f"{_of(where, key)}: {key} is {value!r}, expected {names}")
 
 
 def _options(value, defaults: dict, where: str, key: str):
@@ -575,7 +580,7 @@ def _options(value, defaults: dict, where: str, key: str):
         return dict(defaults)
     unknown = sorted(set(value) - set(defaults))
     if unknown:
-        raise ConfigError(f"{where}: unknown key {key}.{unknown[0]}; expected one of {sorted(defaults)}")
+        raise ConfigError(f"{_of(where, key)}: unknown key {key}.{unknown[0]}; expected one of {sorted(defaults)}")
     merged = dict(defaults)
     for name, item in value.items():
         merged[name] = _coerce(item, type(defaults[name]), where, f"{key}.{name}")
@@ -598,6 +603,11 @@ def _check_finite(value, where: str, key: str) -> None:
         _check(math.isfinite(value), where, key[:-1], value, "a finite number (not .inf or .nan)")
 
 
+def _of(where: str, key: str) -> str:
+    """What gave `key` its value: the override that set it, or `where` (the file, or the caller's words)."""
+    return where.of(key) if isinstance(where, Origin) else where
+
+
 def _check(ok: bool, where: str, key: str, value, expected: str) -> None:
     if not ok:
-        raise ConfigError(f"{where}: {key} is {value!r}, expected {expected}")
+        raise ConfigError(f"{_of(where, key)}: {key} is {value!r}, expected {expected}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 
 import numpy as np
@@ -63,6 +64,12 @@ class DatasetReader:
 
     def __init__(self, path: str, comm, *, verify_checksums: bool = True, max_rows: int = 0,
                  storage_options: dict | None = None):
+        if not isinstance(path, (str, os.PathLike)):
+            raise ConfigError(f"DatasetReader: path is {path!r}; expected the dataset's folder or URL (a str)")
+        if not (isinstance(getattr(comm, "rank", None), int) and isinstance(getattr(comm, "size", None), int)):
+            raise ConfigError(f"DatasetReader({str(path)!r}, comm): comm is {comm!r}; expected the Communicator that "
+                              "mpitrain.init() returns (call comm = mpitrain.init() first, on every rank)")
+        path = os.fspath(path)
         self.storage = Storage(path, storage_options)
         self.path = self.storage.root
         self.rank, self.size = comm.rank, comm.size
@@ -71,7 +78,8 @@ class DatasetReader:
         self.opened: list[ShardFiles] = []
 
     def close(self) -> None:
-        """Close every shard this reader opened (a remote file's connection among them); reading again reopens."""
+        """Close every shard this reader opened (a remote file's connection among them). The reader and the rows it
+        gave stay usable: a later run (`mpitrain.train` again with this reader) opens the shards it reads anew."""
         for shards in self.opened:
             shards.close()
 

@@ -76,7 +76,7 @@ def chosen_checkpoint(run_dir: str, path: str | None = None) -> Checkpoint:
     if path is None:
         checkpoints = list_checkpoints(run_dir)
         if not checkpoints:
-            raise DataError(f"{run_dir}/checkpoints: no checkpoint; train first or pass --checkpoint")
+            raise DataError(f"{run_dir}/checkpoints: no checkpoint; train the run first")
         path = checkpoints[-1]
     return load_checkpoint(path, rank_arrays=False)
 

@@ -21,8 +21,8 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-import yaml
 
+from mpitrain.config.yaml_input import read_yaml
 from mpitrain.errors import MpitrainError
 from mpitrain.files import check_output, write_file
 from mpitrain.rundir.directory import RunDir
@@ -66,13 +66,13 @@ def read_run(run_dir: str) -> Run:
     path = files.config
     try:
         with open(path) as f:
-            mode = yaml.safe_load(f)["sync"]["mode"]
+            mode = read_yaml(f, path)["sync"]["mode"]  # one line for a config.yaml that is not YAML
         path = files.summary
         summary = None
         if os.path.exists(path):
             with open(path) as f:
                 summary = json.load(f)
-    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise MpitrainError(f"{path}: cannot read it ({e}); expected the file `mpitrain train` writes") from None
     return Run(os.path.basename(os.path.normpath(run_dir)), mode, windows, epochs, summary, files.eval_pngs())
 

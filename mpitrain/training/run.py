@@ -135,6 +135,9 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
         if reader is None:
             reader = DatasetReader(decided["data.path"], comm, verify_checksums=config.data.verify_checksums,
                                    max_rows=config.data.max_rows, storage_options=config.data.storage_options)
+        elif (reader.rank, reader.size) != (comm.rank, comm.size):
+            raise ConfigError(f"the DatasetReader was built for rank {reader.rank} of {reader.size}, but this is rank "
+                              f"{comm.rank} of {comm.size}; build it with the communicator mpitrain.init() returned")
         manifest = reader.manifest
         decided["model.layers"] = model_layers(config, manifest)
         config = resolve(config, decided, "the config")

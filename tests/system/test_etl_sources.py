@@ -171,6 +171,17 @@ def test_csv_unknown_label_column_fails_before_spark_starts(csv_data, tmp_path):
     assert siblings(tmp_path / "ds") == []
 
 
+def test_a_source_whose_records_spark_finds_none_of_says_no_data_rows(spark, tmp_path):
+    """A header-only CSV that only Spark can read (a Hadoop codec: no look before Spark, unlike plain CSV files,
+    tests/unit/etl/test_messages.py) reaches the job with 0 records: "no data rows", not "0 classes"."""
+    import bz2
+    path = tmp_path / "head.csv.bz2"
+    path.write_bytes(bz2.compress(b"label,a,b\n"))
+    with pytest.raises(DataError, match=rf"^csv:{path}: no data rows; expected records to write$"):
+        run_etl(spark, f"csv:{path}", str(tmp_path / "ds"), shards=1)
+    assert siblings(tmp_path / "ds") == []
+
+
 # --- Parquet ---
 
 def test_parquet_array_column_chosen_by_name(spark, tmp_path):
@@ -228,10 +239,10 @@ def test_image_folders_resized_rgb_with_a_test_folder(spark, tmp_path):
 
 
 def test_image_folder_needs_a_size(tmp_path):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
+    (tmp_path / "images" / "a").mkdir(parents=True)
+    (tmp_path / "images" / "b").mkdir()
     with pytest.raises(ConfigError, match="--image-size"):
-        run_etl(None, f"images:{tmp_path}", str(tmp_path / "ds"), shards=1)
+        run_etl(None, f"images:{tmp_path / 'images'}", str(tmp_path / "ds"), shards=1)
 
 
 # --- transforms on the digits source ---

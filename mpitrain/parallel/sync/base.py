@@ -49,9 +49,17 @@ class Synchronizer:
 
     def __init__(self, comm: Communicator, config):
         self.comm, self.config = comm, config
+        self.reset()
+
+    def reset(self) -> None:
+        """The mode's run state (sharing's tau and step count, averaging's steps since the last averaging) as a new
+        run starts it. `start` calls it: a synchronizer handed to a second run (`mpitrain.train` twice with one
+        `sync`) starts that run as a new one would, and a resumed run then loads its checkpoint's numbers."""
 
     def start(self, model, updater) -> None:
-        """Make every rank start from rank 0's parameters, running statistics and updater state. A collective."""
+        """Make every rank start from rank 0's parameters, running statistics and updater state, the mode's own state
+        reset (`reset`). A collective."""
+        self.reset()
         self.comm.bcast_(model.params)
         if model.stats.size:
             self.comm.bcast_(model.stats)

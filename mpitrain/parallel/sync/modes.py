@@ -87,8 +87,7 @@ class AveragingSync(Synchronizer):
 
     rank_local = ("params", "stats", "updater_state")
 
-    def __init__(self, comm, config):
-        super().__init__(comm, config)
+    def reset(self) -> None:
         self.steps_since_average = 0
 
     def start(self, model, updater) -> None:

@@ -55,10 +55,12 @@ class SharingSync(Synchronizer):
 
     def __init__(self, comm, config):
         super().__init__(comm, config)
-        self.tau = float(config.threshold)
-        self.residual = None
-        self.steps = 0
         self.network = Network.of(config.latency_us, config.link_gbps)
+
+    def reset(self) -> None:
+        self.tau = float(self.config.threshold)
+        self.residual = None  # `start` allocates it, zero
+        self.steps = 0
         self.last = {"tau": self.tau, "sparsity": 0.0, "sent": 0, "exchange": None}
         self.exchanged = Counter()  # steps of each exchange since the last metrics()
 

@@ -2,6 +2,7 @@
 are a ConfigError naming the key, and a model beyond a rank's memory is refused before anything is allocated."""
 import dataclasses
 import math
+import re
 import typing
 
 import numpy as np
@@ -55,7 +56,7 @@ def test_values_outside_a_keys_domain_name_the_key(tmp_path, key, f):
     path = tmp_path / "exp.yaml"
     path.write_text(BASE)
     for value in bad_values(f):
-        with pytest.raises(ConfigError, match=rf"exp.yaml: {key} is ") as error:
+        with pytest.raises(ConfigError, match=rf"^--set {re.escape(f'{key}={value}')}: {key} is ") as error:
             load_config(str(path), [f"{key}={value}"])
         assert "\n" not in str(error.value)
 

@@ -1,5 +1,6 @@
 """Config loading: defaults, overrides, and one clear error per bad key or value."""
 import os
+import re
 import subprocess
 import sys
 
@@ -7,7 +8,7 @@ import pytest
 
 from mpitrain.testing import launch
 
-from mpitrain.config.sections import ignored_options, load_config
+from mpitrain.config.sections import config_yaml, ignored_options, load_config
 from mpitrain.errors import ConfigError
 
 REPO = launch.REPO
@@ -130,3 +131,59 @@ def test_logging_keeps_other_libraries_info_out():
     assert result.returncode == 0, result.stderr
     assert result.stderr.splitlines() == ["[numba.cuda.cudadrv.driver] a library warning", "[mpitrain] epoch 1/2 done",
                                           "[mpitrain.data.reader] rows"]
+
+
+BASE = "data: {path: d}\nmodel: {layers: [{type: dense, units: 2}]}\n"
+
+
+@pytest.mark.parametrize("text, override, message", [
+    (BASE + "train:\n\tepochs: 2\n", [], r"^{path}:4:1: not valid YAML: found character '\\t' that cannot start any "
+                                         r"token \(YAML indents with spaces, not tabs\)$"),
+    (BASE + "train: {epochs: 2\n", [], r"^{path}:4:1: not valid YAML: expected ',' or '}}', but got '<stream end>', "
+                                      r"while parsing a flow mapping that starts at 3:8$"),
+    (BASE + "train:\n  epochs: 2\n   seed: 3\n", [], r"^{path}:5:8: not valid YAML: mapping values are not allowed "
+                                                    r"here \(a `key: value` where a plain value belongs"),
+    (BASE + "train: {epochs: 2}\ntrain: {seed: 1}\n", [], r"^{path}:4:1: 'train' appears twice \(also at line 3\)"),
+    (BASE, ["x=["], r"^--set x=\[: at character 2 of the value: not valid YAML: expected the node content, but "
+                    r"found '<stream end>', while parsing a flow node that starts at character 2 of the value$"),
+    (BASE, ["train.epochs={a: 1, a: 2}"], r"^--set train.epochs=\{{a: 1, a: 2\}}: at character 8 of the value: 'a' appears twice"),
+    (BASE, ["epochs=3"], r"^--set epochs=3: unknown key 'epochs'; did you mean 'train.epochs'\? expected one of"),
+    (BASE, ["train.epoch=3"], r"^--set train.epoch=3: unknown key 'train.epoch'; did you mean 'train.epochs'\?"),
+    (BASE, ["train.seed=1", "train.epochs=abc"], r"^--set train.epochs=abc: train.epochs is 'abc', expected int$"),
+    (BASE, ["train.epochs=5", "train.epochs=0"], r"^--set train.epochs=0: train.epochs is 0, expected an integer in"),
+    (BASE, ["sync.adaptive={decay: 2}"], r"^--set sync.adaptive=\{{decay: 2\}}: sync.adaptive.decay is 2"),
+    (BASE, ["model.layers=[{type: dense, units: 0}]"], r"^--set model.layers=\[.*\]: model.layers\[0\].units is 0"),
+    (BASE + "train: {epochs: 0}\n", ["train.seed=2"], r"^{path}: train.epochs is 0, expected an integer in"),
+    ("data: {path: d}\nmodel: {layers: [{type: dense, units: 2}]}\nepochs: 3\n", [],
+     r"^{path}: unknown key 'epochs'; did you mean 'train.epochs'\?"),
+], ids=["tab", "unclosed-flow", "bad-indent", "duplicate", "set-unclosed", "set-duplicate", "set-unknown-section",
+        "set-unknown-key", "set-wrong-type", "set-last-wins", "set-nested", "set-layer", "file-blamed-for-its-own",
+        "file-unknown"])
+def test_each_mistake_is_one_line_naming_where_it_was_made(tmp_path, text, override, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=message.format(path=re.escape(path))) as error:
+        load_config(path, override)
+    assert "\n" not in str(error.value)
+
+
+def test_user_yaml_is_read_by_one_function():
+    """Every YAML a user wrote goes through mpitrain.config.yaml_input.read_yaml: its errors are one line."""
+    import pathlib
+    root = pathlib.Path(__file__).parents[3]
+    readers = [str(p.relative_to(root)) for folder in ("mpitrain", "etl") for p in (root / folder).rglob("*.py")
+               if re.search(r"yaml\.(safe_|full_|unsafe_)?load\(", p.read_text())]
+    assert readers == ["mpitrain/config/yaml_input.py"]
+
+
+def test_a_runs_own_config_yaml_warns_only_for_what_the_user_set(tmp_path):
+    user = load_config(write(tmp_path, BASE + "sync: {mode: allreduce, threshold: 0.01}\npretrain: {epochs: 3}\n"))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(config_yaml(user))
+    (run / "metrics.jsonl").write_text("")
+    again = load_config(str(run / "config.yaml"))
+    assert ignored_options(again) == ignored_options(user) == ["sync.threshold (read by sharing only; sync.mode is "
+                                                               "allreduce)"]
+    for mode in ("none", "averaging", "sharing"):
+        assert ignored_options(load_config(str(run / "config.yaml"), [f"sync.mode={mode}", "sync.threshold=0.001"])) \
+            == []

@@ -16,20 +16,25 @@ from mpitrain.parallel.sync.buckets import gradient_buckets, layer_ranges
 LAYOUT = [("00_dense/W", (784, 500)), ("00_dense/b", (500,)), ("01_dense/W", (500, 10)), ("01_dense/b", (10,))]
 
 
-def trained(sync_config: SyncConfig, steps: int = 6) -> np.ndarray:
-    """The parameters of a small MLP after `steps` momentum steps on fixed batches, synchronized by `sync_config`."""
-    comm = Communicator(MPI.COMM_SELF).for_backend(create_backend("numpy"), False)
+def one_rank():
+    return Communicator(MPI.COMM_SELF).for_backend(create_backend("numpy"), False)
+
+
+def trained(sync_config: SyncConfig, steps: int = 6, sync=None, end_epoch: bool = True) -> np.ndarray:
+    """The parameters of a small MLP after `steps` momentum steps on fixed batches, synchronized by `sync_config`
+    (or by `sync`, a synchronizer built before); without `end_epoch`, a run that stopped mid-epoch."""
     model = Sequential([Dense(8, activation="relu"), Dense(3)], (5,))
     model.init_params(0, "xavier")
     updater = create_updater(OptimizerConfig(lr=0.1, momentum=0.9), model.params, model.decay_mask)
-    sync = create_synchronizer(sync_config, comm)
+    sync = sync or create_synchronizer(sync_config, one_rank())
     sync.start(model, updater)
     rng = np.random.default_rng(1)
     for step in range(steps):
         x, y = rng.normal(size=(16, 5)).astype(np.float32), rng.integers(0, 3, 16).astype(np.int32)
         model.train_batch(x, y, key=(0, 0, 0, step), grads_ready=lambda start: sync.grads_ready(model, start))
         sync.step(model, updater)
-    sync.end_epoch(model, updater)
+    if end_epoch:
+        sync.end_epoch(model, updater)
     return model.params.copy()
 
 
@@ -40,6 +45,18 @@ def trained(sync_config: SyncConfig, steps: int = 6) -> np.ndarray:
 def test_one_rank_trains_exactly_as_without_a_synchronizer(config):
     alone = trained(SyncConfig(mode="none"))
     assert np.array_equal(trained(config), alone)
+
+
+@pytest.mark.parametrize("config", [SyncConfig(mode="sharing", threshold=0.01),
+                                    SyncConfig(mode="averaging", frequency=4)], ids=["sharing", "averaging"])
+def test_a_synchronizer_given_to_a_second_run_starts_it_as_a_new_one(config):
+    config = config.validate("test")
+    sync, fresh = create_synchronizer(config, one_rank()), create_synchronizer(config, one_rank())
+    trained(config, steps=3, sync=sync, end_epoch=False)  # a first run that stopped mid-epoch
+    assert sync.numbers() != fresh.numbers()  # its state (tau, steps since an averaging): not the second run's
+    second = trained(config, steps=6, sync=sync, end_epoch=False)
+    assert np.array_equal(second, trained(config, steps=6, sync=fresh, end_epoch=False))
+    assert sync.numbers() == fresh.numbers()
 
 
 @pytest.mark.parametrize("cap", [0, 4 * 5010, 1e6, 1e9])
