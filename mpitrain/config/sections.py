@@ -385,21 +385,7 @@ def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
     the original; `--set run_dir=...` wins over both. `data.path` and `run_dir` become
     absolute, so the saved `RUN_DIR/config.yaml` works from any directory.
     """
-    try:
-        with open(path) as f:
-            raw = yaml.load(f, Loader=_UniqueKeyLoader) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a folder; expected a YAML config file") from None
-    except PermissionError:
-        raise ConfigError(f"{path}: not readable (permission denied)") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text file; expected a YAML config file") from None
-    except _DuplicateKey as e:
-        raise ConfigError(f"{path}: {e}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    raw = read_yaml(path, "config file")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
     own = own_run_dir(path)
@@ -414,6 +400,26 @@ def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
     return dataclasses.replace(config, run_dir=os.path.abspath(run_dir),
                                data=dataclasses.replace(config.data, path=config.data.path if is_url(config.data.path)
                                                         else os.path.abspath(config.data.path)))
+
+
+def read_yaml(path: str, what: str):
+    """The YAML document in `path` (a key given twice refused); every way it cannot be read is one ConfigError
+    naming `path` and `what` it should be ("config file", "study file")."""
+    try:
+        with open(path) as f:
+            return yaml.load(f, Loader=_UniqueKeyLoader) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such {what}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder; expected a YAML {what}") from None
+    except PermissionError:
+        raise ConfigError(f"{path}: not readable (permission denied)") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file; expected a YAML {what}") from None
+    except _DuplicateKey as e:
+        raise ConfigError(f"{path}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
 
 
 class _DuplicateKey(yaml.YAMLError):
@@ -469,11 +475,23 @@ def _apply_override(raw: dict, override: str, where: str) -> None:
         raise ConfigError(f"--set {override!r}: value is not valid YAML ({e})") from None
     *sections, last = key.split(".")
     node = raw
-    for section in sections:
-        node = node.setdefault(section, {})
-        if not isinstance(node, dict):
+    for section in sections:  # a number indexes a list: model.layers.0.units
+        node = _item(node, section, where, key) if isinstance(node, list) else node.setdefault(section, {})
+        if not isinstance(node, (dict, list)):
             raise ConfigError(f"{where}: --set {key}: {section!r} is not a section")
-    node[last] = value
+    if isinstance(node, list):
+        _item(node, last, where, key)
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def _item(items: list, index: str, where: str, key: str):
+    """`items[index]` for a --set key's list index, or a ConfigError saying which indexes there are."""
+    if not index.isdigit() or int(index) >= len(items):
+        raise ConfigError(f"{where}: --set {key}: {index!r} is not an index of a list of {len(items)} items "
+                          f"(expected 0 to {len(items) - 1})")
+    return items[int(index)]
 
 
 def _build(cls, raw, where: str, prefix: str, base=None):
