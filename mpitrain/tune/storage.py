@@ -1,0 +1,206 @@
+"""A study's folder on the shared file system, and the one place that hands out its trials.
+
+    STUDY/study.yaml        the checked study file, absolute paths (what workers read)
+    STUDY/journal.log       Optuna's journal: every trial, parameter, report and state, appended
+    STUDY/journal.log.lock  present only while a process appends to the journal (Optuna's JournalFileOpenLock)
+    STUDY/budget.lock       present only while a worker takes a trial (the same kind of lock)
+    STUDY/trials/trial-NNNN an ordinary run directory per trial (config.yaml, checkpoints/, metrics.jsonl, ...)
+
+No server: Optuna's JournalStorage over JournalFileBackend appends JSON lines under a lock file made with
+`open(O_CREAT | O_EXCL)`, which NFSv3 and later and Lustre make atomic across nodes (flock is not reliable on
+every NFS mount); a lock left by a process that died is broken after its grace period (30 s). Taking a trial
+(reaping stale trials, counting the budget, `study.ask`) happens under STUDY/budget.lock, so two workers never
+take one trial, the budget is never overrun, and a grid's points, enqueued once when the study is created, are
+each run once however many workers there are.
+
+A running trial's rank 0 writes a heartbeat (a trial system attribute, the time) every `heartbeat_s` / 3
+seconds; a RUNNING trial whose heartbeat is older than `heartbeat_s` belongs to a worker that died (SIGKILL, a
+node lost): the next worker to take a trial marks it failed and enqueues its parameters again with Optuna's
+RetryHeartbeatStaleTrialCallback (up to `retries` times), which JournalStorage, having no heartbeat of its own,
+does not call itself. The retry trains in the run directory of the trial it retries, so it resumes from that
+trial's newest checkpoint.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from contextlib import contextmanager
+
+from mpitrain.errors import ConfigError
+from mpitrain.files import write_file
+from mpitrain.tune.studyfile import STUDY_FILE, Study, changed_keys, load_study, study_yaml
+
+STUDY_NAME = "study"
+HEARTBEAT = "heartbeat"   # trial system attribute: time.time() of the last beat
+RETRIED = "retried"       # trial system attribute: this failed trial was enqueued again (not counted in the budget)
+REASON = "failure"        # trial user attribute: why a trial failed, in a line
+
+
+def journal_path(folder: str) -> str:
+    return os.path.join(folder, "journal.log")
+
+
+def trial_run_dir(folder: str, trial) -> str:
+    """The run directory of `trial` (a FrozenTrial): the first trial's of its retries (`retried_trial_number`), so
+    a retry resumes from the checkpoints of the attempt it replaces."""
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    original = RetryHeartbeatStaleTrialCallback.retried_trial_number(trial)
+    return os.path.join(folder, "trials", f"trial-{trial.number if original is None else original:04d}")
+
+
+def _lock(path: str):
+    from optuna.storages.journal import JournalFileOpenLock
+    return JournalFileOpenLock(path)
+
+
+@contextmanager
+def locked(path: str):
+    """Hold the lock file `path`.lock while the block runs (Optuna's O_EXCL lock: see the module docstring)."""
+    lock = _lock(path)
+    lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def open_study(study: Study, create: bool = False):
+    """The Optuna study of `study`'s folder; with `create`, make the folder, record study.yaml and create the study
+    (a grid's points enqueued) if it is not there. A study.yaml recorded with other keys than `trials` is refused:
+    a study keeps its space, objective and algorithms for all its trials."""
+    import optuna
+
+    folder = study.folder
+    recorded_path = os.path.join(folder, STUDY_FILE)
+    if not create and not os.path.exists(journal_path(folder)):
+        raise ConfigError(f"{folder}: no study here (no journal.log); start it with `mpitrain tune STUDY.yaml`")
+    os.makedirs(folder, exist_ok=True)
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
+        journal_path(folder), lock_obj=_lock(journal_path(folder))))
+    with locked(os.path.join(folder, "budget")):
+        if create:
+            if os.path.exists(recorded_path) and os.path.abspath(study.path) != os.path.abspath(recorded_path):
+                changed = changed_keys(load_study(recorded_path), study)
+                if changed:
+                    raise ConfigError(f"{study.path}: {changed[0]} differs from the study in {folder} (its "
+                                      f"{STUDY_FILE}); a study keeps its keys but `trials`: use another folder "
+                                      "(the `folder` key) for another study")
+            write_file(recorded_path, lambda f: f.write(study_yaml(study)))
+        names = [summary.study_name for summary in optuna.get_all_study_summaries(storage)]
+        if STUDY_NAME in names:
+            return optuna.load_study(study_name=STUDY_NAME, storage=storage, sampler=sampler(study),
+                                     pruner=pruner(study))
+        optuna_study = optuna.create_study(study_name=STUDY_NAME, storage=storage, sampler=sampler(study),
+                                           pruner=pruner(study), direction=study.objective.direction)
+        for point in study.grid[:study.trials]:
+            optuna_study.enqueue_trial(point)
+        return optuna_study
+
+
+def sampler(study: Study, taken: int = 0):
+    """The study's sampler, seeded by the study's seed and the number of trials `taken` before this one: workers
+    asking one after another draw different parameters, and the same history draws the same ones."""
+    import optuna
+    seed = study.seed + taken
+    options = {key: value for key, value in study.sampler.items() if key != "type"}
+    kind = study.sampler["type"]
+    if kind == "grid":
+        axes = {key: values for key, values in zip(study.space, zip(*[p.values() for p in study.grid]))}
+        return optuna.samplers.GridSampler({key: sorted(set(v), key=v.index) for key, v in axes.items()},
+                                           seed=seed, **options)
+    return {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}[kind](seed=seed, **options)
+
+
+def pruner(study: Study):
+    import optuna
+    options = {key: value for key, value in study.pruner.items() if key != "type"}
+    return {"median": optuna.pruners.MedianPruner, "asha": optuna.pruners.SuccessiveHalvingPruner,
+            "none": optuna.pruners.NopPruner}[study.pruner["type"]](**options)
+
+
+def take_trial(study: Study, optuna_study):
+    """Under STUDY/budget.lock: fail and re-enqueue stale trials, then (a trial to run, its run directory), a
+    waiting one first (a retry or a grid point), or None once the budget is spent. Rank 0 of a worker calls it."""
+    from optuna.trial import TrialState
+
+    with locked(os.path.join(study.folder, "budget")):
+        reap_stale(study, optuna_study)
+        trials = optuna_study.get_trials(deepcopy=False)
+        counted = sum(1 for t in trials if not (t.state == TrialState.FAIL and t.system_attrs.get(RETRIED)))
+        waiting = any(t.state == TrialState.WAITING for t in trials)
+        if counted >= study.trials and not waiting:
+            return None
+        optuna_study.sampler = sampler(study, len(trials))
+        trial = optuna_study.ask(space_distributions(study))
+        beat(optuna_study, trial._trial_id)
+        return trial, trial_run_dir(study.folder, optuna_study._storage.get_trial(trial._trial_id))
+
+
+def space_distributions(study: Study) -> dict:
+    """The space as Optuna distributions (ask's fixed_distributions: every parameter is sampled at once)."""
+    import optuna.distributions as d
+
+    out = {}
+    for key, entry in study.space.items():
+        if "choice" in entry:
+            out[key] = d.CategoricalDistribution(entry["choice"])
+        elif "int" in entry:
+            out[key] = d.IntDistribution(*entry["int"], log=entry.get("log", False), step=entry.get("step", 1))
+        else:
+            out[key] = d.FloatDistribution(*map(float, entry["float"]), log=entry.get("log", False),
+                                           step=entry.get("step"))
+    return out
+
+
+def beat(optuna_study, trial_id: int) -> None:
+    optuna_study._storage.set_trial_system_attr(trial_id, HEARTBEAT, time.time())
+
+
+def fail_and_retry(study: Study, optuna_study, trial, reason: str) -> None:
+    """Mark `trial` failed for `reason` and enqueue its parameters again (up to `study.retries` times): its worker
+    died or was stopped, which says nothing about the parameters."""
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+    from optuna.trial import TrialState
+
+    storage = optuna_study._storage
+    storage.set_trial_user_attr(trial._trial_id, REASON, reason)
+    storage.set_trial_system_attr(trial._trial_id, RETRIED, True)
+    storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    RetryHeartbeatStaleTrialCallback(max_retry=study.retries)(optuna_study, storage.get_trial(trial._trial_id))
+
+
+def reap_stale(study: Study, optuna_study) -> list[int]:
+    """Fail and retry every RUNNING trial whose heartbeat is older than `heartbeat_s` (under the budget lock);
+    their numbers."""
+    from optuna.trial import TrialState
+
+    now, reaped = time.time(), []
+    for trial in optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        last = trial.system_attrs.get(HEARTBEAT, trial.datetime_start.timestamp() if trial.datetime_start else now)
+        if now - last > study.heartbeat_s:
+            fail_and_retry(study, optuna_study, trial, f"no heartbeat for {now - last:.0f} s (its worker died)")
+            reaped.append(trial.number)
+    return reaped
+
+
+class Heartbeat:
+    """A daemon thread beating for one trial every `heartbeat_s` / 3 seconds while the block runs (rank 0)."""
+
+    def __init__(self, study: Study, optuna_study, trial):
+        self.interval, self.optuna_study, self.trial_id = study.heartbeat_s / 3, optuna_study, trial._trial_id
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="mpitrain-trial-heartbeat", daemon=True)
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            beat(self.optuna_study, self.trial_id)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopped.set()
+        self.thread.join()
