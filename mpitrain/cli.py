@@ -100,6 +100,8 @@ def _parser() -> argparse.ArgumentParser:
                                       "the report there is replaced on every call)")
     report.add_argument("--overwrite", action="store_true", help="replace report.png and report.html in an --out "
                                                                  "folder that holds them")
+    report.add_argument("--tensorboard", action="store_true", help="also write each run's TensorBoard event files "
+                                                                    "again from its metrics.jsonl (tensorboardX)")
     report.set_defaults(run=_report)
 
     tune = commands.add_parser("tune", help="search hyperparameters: run a study's trials as MPI jobs (docs/tuning.md)")
@@ -183,6 +185,10 @@ def _report(args) -> int:
     from mpitrain.rundir.report import write_report
     out = args.out or (args.run_dirs[0] if len(args.run_dirs) == 1 else ".")
     print("wrote {} and {}".format(*write_report(args.run_dirs, out, args.overwrite or not args.out)))
+    if args.tensorboard:
+        from mpitrain.rundir.tensorboard import write_events
+        for run_dir in args.run_dirs:
+            print(f"wrote TensorBoard events in {write_events(run_dir)} (tensorboard --logdir {run_dir})")
     return 0
 
 

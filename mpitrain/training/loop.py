@@ -180,12 +180,15 @@ def _train_epochs(run: Run, loop: _Loop, watchdog: Watchdog, on_epoch=None) -> _
     config, comm = run.config, run.comm
     done, start_step = _Done(), loop.step
     with StopSignals(comm) as stop:
-        for epoch in range(loop.epoch, config.train.epochs):
-            totals = _train_epoch(run, loop, epoch, start_step, watchdog, stop)
-            record = _end_epoch(run, loop, epoch, totals, done, watchdog, stop)
-            if on_epoch is not None:
-                on_epoch(epoch, record)
-            start_step = 0
+        try:
+            for epoch in range(loop.epoch, config.train.epochs):
+                totals = _train_epoch(run, loop, epoch, start_step, watchdog, stop)
+                record = _end_epoch(run, loop, epoch, totals, done, watchdog, stop)
+                if on_epoch is not None:
+                    on_epoch(epoch, record)
+                start_step = 0
+        finally:
+            loop.metrics.close()  # however the epochs end: a worker trains trial after trial in one process
     return done
 
 

@@ -5,6 +5,7 @@
     STUDY/best.yaml      the best trial's full config (its RUN_DIR/config.yaml) training into STUDY/best:
                          `mpitrain train STUDY/best.yaml` on as many ranks reproduces its objective exactly
     STUDY/history.png, STUDY/importances.png, STUDY/parallel.png   Optuna's matplotlib plots
+    STUDY/report.png, STUDY/report.html   the trials side by side (`mpitrain report` of their run directories)
 
 Every file is written under a temporary name and renamed (`mpitrain.files.write_file`), and workers write them
 one at a time (STUDY/results.lock), so a reader always finds whole files.
@@ -14,11 +15,12 @@ from __future__ import annotations
 import csv
 import io
 import os
-import warnings
 
 import yaml
+from optuna.storages import RetryHeartbeatStaleTrialCallback
 
 from mpitrain.files import write_file
+from mpitrain.rundir.report import write_report
 from mpitrain.tune.storage import REASON, locked
 from mpitrain.tune.studyfile import Study
 
@@ -28,8 +30,9 @@ PLOTS = {"history.png": "plot_optimization_history", "importances.png": "plot_pa
 
 def trial_rows(study: Study, optuna_study) -> list[dict]:
     """One row per trial, in trial order: what trials.csv and --status show."""
-    rows = []
-    for trial in optuna_study.get_trials(deepcopy=False):
+    rows, trials = [], optuna_study.get_trials(deepcopy=False)
+    retried_as = {number: t.number for t in trials for number in RetryHeartbeatStaleTrialCallback.retry_history(t)}
+    for trial in trials:
         seconds = (trial.datetime_complete - trial.datetime_start).total_seconds() \
             if trial.datetime_complete and trial.datetime_start else None
         value = trial.value if trial.value is not None else (
@@ -38,8 +41,16 @@ def trial_rows(study: Study, optuna_study) -> list[dict]:
                      **{key: trial.params.get(key) for key in study.space},
                      "run_dir": trial.user_attrs.get("run_dir", ""),
                      "seconds": None if seconds is None else round(seconds, 3),
-                     "failure": trial.user_attrs.get(REASON, "")})
+                     "failure": _failure(trial, retried_as)})
     return rows
+
+
+def _failure(trial, retried_as: dict) -> str:
+    """Why a failed trial failed: its recorded line, else its worker stopped answering; and its retry."""
+    if trial.state.name != "FAIL":
+        return ""
+    reason = trial.user_attrs.get(REASON) or "no heartbeat from its worker (it died)"
+    return reason + (f"; retried as trial {retried_as[trial.number]}" if trial.number in retried_as else "")
 
 
 def write_results(study: Study, optuna_study, plots: bool) -> list[str]:
@@ -62,6 +73,9 @@ def _write_results(study: Study, optuna_study, plots: bool) -> list[str]:
         written.append(write_best(study, optuna_study.best_trial))
     if plots:
         written += write_plots(study, optuna_study)
+        trained = [row["run_dir"] for row in rows if row["state"] in ("complete", "pruned")]
+        if trained:  # the trials side by side: their curves and step times overlaid, a table row each
+            written += write_report(trained, study.folder, overwrite=True)
     return written
 
 
@@ -93,18 +107,16 @@ def write_plots(study: Study, optuna_study) -> list[str]:
         return []
     varied = any(len({repr(t.params.get(key)) for t in complete}) > 1 for key in study.space)
     written = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental, on every call
-        for name, plot in PLOTS.items():
-            if name == "importances.png" and not varied:
-                continue
-            axes = getattr(plots, plot)(optuna_study)
-            figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
-            figure.set_size_inches(9, 5)
-            path = os.path.join(study.folder, name)
-            write_file(path, lambda f: figure.savefig(f, format="png", dpi=100, bbox_inches="tight"), binary=True)
-            plt.close(figure)
-            written.append(path)
+    for name, plot in PLOTS.items():
+        if name == "importances.png" and not varied:
+            continue
+        axes = getattr(plots, plot)(optuna_study)
+        figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
+        figure.set_size_inches(9, 5)
+        path = os.path.join(study.folder, name)
+        write_file(path, lambda f: figure.savefig(f, format="png", dpi=100, bbox_inches="tight"), binary=True)
+        plt.close(figure)
+        written.append(path)
     return written
 
 

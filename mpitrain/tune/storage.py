@@ -13,7 +13,7 @@ every NFS mount); a lock left by a process that died is broken after its grace p
 take one trial, the budget is never overrun, and a grid's points, enqueued once when the study is created, are
 each run once however many workers there are.
 
-A running trial's rank 0 writes a heartbeat (a trial system attribute, the time) every `heartbeat_s` / 3
+A running trial's rank 0 writes a heartbeat (a trial user attribute, the time) every `heartbeat_s` / 3
 seconds; a RUNNING trial whose heartbeat is older than `heartbeat_s` belongs to a worker that died (SIGKILL, a
 node lost): the next worker to take a trial marks it failed and enqueues its parameters again with Optuna's
 RetryHeartbeatStaleTrialCallback (up to `retries` times), which JournalStorage, having no heartbeat of its own,
@@ -32,8 +32,7 @@ from mpitrain.files import write_file
 from mpitrain.tune.studyfile import STUDY_FILE, Study, changed_keys, load_study, study_yaml
 
 STUDY_NAME = "study"
-HEARTBEAT = "heartbeat"   # trial system attribute: time.time() of the last beat
-RETRIED = "retried"       # trial system attribute: this failed trial was enqueued again (not counted in the budget)
+HEARTBEAT = "heartbeat"   # trial user attribute: time.time() of the last beat
 REASON = "failure"        # trial user attribute: why a trial failed, in a line
 
 
@@ -128,14 +127,27 @@ def take_trial(study: Study, optuna_study):
     with locked(os.path.join(study.folder, "budget")):
         reap_stale(study, optuna_study)
         trials = optuna_study.get_trials(deepcopy=False)
-        counted = sum(1 for t in trials if not (t.state == TrialState.FAIL and t.system_attrs.get(RETRIED)))
+        retried = retried_trials(trials)
+        counted = sum(1 for t in trials if t.number not in retried)
         waiting = any(t.state == TrialState.WAITING for t in trials)
         if counted >= study.trials and not waiting:
             return None
         optuna_study.sampler = sampler(study, len(trials))
         trial = optuna_study.ask(space_distributions(study))
-        beat(optuna_study, trial._trial_id)
-        return trial, trial_run_dir(study.folder, optuna_study._storage.get_trial(trial._trial_id))
+        beat(trial)
+        return trial, trial_run_dir(study.folder, frozen(optuna_study, trial.number))
+
+
+def retried_trials(trials) -> set[int]:
+    """The numbers of the failed trials enqueued again (`retry_history` of their retries): the budget counts
+    their retries instead."""
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+    return {number for t in trials for number in RetryHeartbeatStaleTrialCallback.retry_history(t)}
+
+
+def frozen(optuna_study, number: int):
+    """Trial `number` as the study records it now (a FrozenTrial)."""
+    return next(t for t in optuna_study.get_trials(deepcopy=False) if t.number == number)
 
 
 def space_distributions(study: Study) -> dict:
@@ -154,21 +166,19 @@ def space_distributions(study: Study) -> dict:
     return out
 
 
-def beat(optuna_study, trial_id: int) -> None:
-    optuna_study._storage.set_trial_system_attr(trial_id, HEARTBEAT, time.time())
+def beat(trial) -> None:
+    """Record that `trial` (an Optuna Trial this process runs) is alive now."""
+    trial.set_user_attr(HEARTBEAT, time.time())
 
 
-def fail_and_retry(study: Study, optuna_study, trial, reason: str) -> None:
-    """Mark `trial` failed for `reason` and enqueue its parameters again (up to `study.retries` times): its worker
-    died or was stopped, which says nothing about the parameters."""
+def fail_and_retry(study: Study, optuna_study, trial) -> None:
+    """Fail `trial` (a FrozenTrial, RUNNING) and enqueue its parameters again, up to `study.retries` times: its
+    worker died or was stopped, which says nothing about the parameters."""
     from optuna.storages import RetryHeartbeatStaleTrialCallback
     from optuna.trial import TrialState
 
-    storage = optuna_study._storage
-    storage.set_trial_user_attr(trial._trial_id, REASON, reason)
-    storage.set_trial_system_attr(trial._trial_id, RETRIED, True)
-    storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-    RetryHeartbeatStaleTrialCallback(max_retry=study.retries)(optuna_study, storage.get_trial(trial._trial_id))
+    optuna_study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+    RetryHeartbeatStaleTrialCallback(max_retry=study.retries)(optuna_study, trial)
 
 
 def reap_stale(study: Study, optuna_study) -> list[int]:
@@ -178,9 +188,8 @@ def reap_stale(study: Study, optuna_study) -> list[int]:
 
     now, reaped = time.time(), []
     for trial in optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        last = trial.system_attrs.get(HEARTBEAT, trial.datetime_start.timestamp() if trial.datetime_start else now)
-        if now - last > study.heartbeat_s:
-            fail_and_retry(study, optuna_study, trial, f"no heartbeat for {now - last:.0f} s (its worker died)")
+        if now - trial.user_attrs.get(HEARTBEAT, now) > study.heartbeat_s:
+            fail_and_retry(study, optuna_study, trial)
             reaped.append(trial.number)
     return reaped
 
@@ -188,14 +197,14 @@ def reap_stale(study: Study, optuna_study) -> list[int]:
 class Heartbeat:
     """A daemon thread beating for one trial every `heartbeat_s` / 3 seconds while the block runs (rank 0)."""
 
-    def __init__(self, study: Study, optuna_study, trial):
-        self.interval, self.optuna_study, self.trial_id = study.heartbeat_s / 3, optuna_study, trial._trial_id
+    def __init__(self, study: Study, trial):
+        self.interval, self.trial = study.heartbeat_s / 3, trial
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="mpitrain-trial-heartbeat", daemon=True)
 
     def _run(self) -> None:
         while not self.stopped.wait(self.interval):
-            beat(self.optuna_study, self.trial_id)
+            beat(self.trial)
 
     def __enter__(self):
         self.thread.start()

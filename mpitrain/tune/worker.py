@@ -7,7 +7,8 @@
 broadcasts its number, parameters and run directory; every rank trains the trial with `mpitrain.train`, an
 ordinary run in the study folder. After each epoch rank 0 reports the objective to the trial and broadcasts the
 pruner's decision, so every rank stops at the same epoch (`Pruned`, raised on all of them). Rank 0 then tells
-the study the result and writes the study's results (`mpitrain.tune.results`).
+the study the result, records the trial's parameters and objective in its run's TensorBoard events (with
+tensorboardX), and writes the study's results (`mpitrain.tune.results`).
 
 A trial's own user error (training diverged, a value its model cannot take) fails that trial, with its line
 recorded, and the worker goes on. A stop by SIGTERM or SIGUSR1 (preemption) fails the trial for a retry, which
@@ -21,6 +22,7 @@ import logging
 from optuna.trial import TrialState
 
 from mpitrain.errors import MpitrainError
+from mpitrain.rundir import tensorboard
 from mpitrain.training.loop import train
 from mpitrain.training.preemption import Stopped
 from mpitrain.tune import storage
@@ -65,14 +67,19 @@ def run_trial(study, optuna_study, trial, number: int, params: dict, run_dir: st
         trial.set_user_attr("run_dir", run_dir)
         trial.set_user_attr("ranks", comm.size)
     try:
-        with storage.Heartbeat(study, optuna_study, trial) if comm.is_root else contextlib.nullcontext():
+        with storage.Heartbeat(study, trial) if comm.is_root else contextlib.nullcontext():
             state, value = _train_trial(study, trial, number, params, run_dir, comm)
     except Stopped:
         if comm.is_root:
-            storage.fail_and_retry(study, optuna_study, trial, "stopped by a signal; retried from its checkpoint")
+            trial.set_user_attr(storage.REASON, "stopped by a signal; retried from its checkpoint")
+            storage.fail_and_retry(study, optuna_study, storage.frozen(optuna_study, number))
         raise
     if comm.is_root:
         optuna_study.tell(trial, value if state == TrialState.COMPLETE else None, state=state)
+        if value is not None and tensorboard.available():
+            events = tensorboard.EventWriter(run_dir, steps_per_epoch=1)
+            events.hparams(params, {f"hparam/{study.objective.split}.{study.objective.metric}": value})
+            events.close()
         log.info("trial %d %s%s", number, state.name.lower(),
                  f": {study.objective.split}.{study.objective.metric} {value:.6g}" if value is not None else "")
         write_results(study, optuna_study, plots=False)

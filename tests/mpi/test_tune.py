@@ -1,7 +1,8 @@
 """`mpitrain tune`: studies run as ordinary MPI jobs (real `mpiexec`) on scikit-learn's digits with a validation
 split. Every trial is accounted for, workers never share a trial, a grid point runs once, a pruned trial stops
 on every rank at the decision's epoch, a SIGKILLed worker's trial is failed and its parameters run again, a
-study continues to its budget, and best.yaml trains to its trial's objective exactly."""
+study continues to its budget, best.yaml trains to its trial's objective exactly, and each trial's TensorBoard
+events hold its metrics and its hyperparameters."""
 import csv
 import json
 import os
@@ -11,6 +12,7 @@ import time
 
 import pytest
 import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mpitrain.testing.datasets import make_digits_dataset, write_config
 from mpitrain.testing.launch import MPIEXEC, MPITRAIN, command, mpiexec
@@ -62,6 +64,14 @@ def test_a_tpe_study_of_12_trials_on_2_workers_of_2_ranks_and_its_best_config_re
         assert {"config.yaml", "metrics.jsonl", "checkpoints"} <= set(os.listdir(row["run_dir"]))
 
     best = max((row for row in rows if row["state"] == "complete"), key=lambda row: float(row["objective"]))
+    events = EventAccumulator(best["run_dir"])  # rank 0 wrote TensorBoard events beside metrics.jsonl
+    events.Reload()
+    records = [json.loads(line) for line in open(os.path.join(best["run_dir"], "metrics.jsonl"))]
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == \
+        [(r["global_step"], pytest.approx(r["loss"])) for r in records if r["kind"] == "window"]
+    assert [e.value for e in events.Scalars("hparam/validation.accuracy")] == [pytest.approx(float(best["objective"]))]
+    assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")
+
     retrained = mpiexec(2, MPITRAIN, "train", str(folder / "best.yaml"), timeout=120)
     assert retrained.returncode == 0, retrained.stderr
     summary = json.loads((folder / "best" / "summary.json").read_text())
