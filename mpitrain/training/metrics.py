@@ -128,7 +128,7 @@ class MetricsLog:
         self.path = RunDir(run_dir).metrics
         self.bar = None
         self.use_bar = comm.is_root and sys.stderr.isatty()
-        self.events = None  # rank 0's TensorBoard writer, when tensorboardX is installed
+        self.events = None  # rank 0's TensorBoard writer, when the tensorboard package is installed
 
     def start_epoch(self, epoch: int, start_step: int) -> None:
         if self.comm.is_root and self.events is None and tensorboard.available():  # the first epoch this job trains

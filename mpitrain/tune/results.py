@@ -21,9 +21,10 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 
 from mpitrain.files import write_file
 from mpitrain.rundir.report import write_report
-from mpitrain.tune.storage import REASON, locked
+from mpitrain.tune.storage import REASON, locked, retried_trials
 from mpitrain.tune.studyfile import Study
 
+RESULTS_GRACE_S = 600  # drawing a large study's plots and report takes a while: a longer grace before the lock breaks
 PLOTS = {"history.png": "plot_optimization_history", "importances.png": "plot_param_importances",
          "parallel.png": "plot_parallel_coordinate"}
 
@@ -56,7 +57,7 @@ def _failure(trial, retried_as: dict) -> str:
 def write_results(study: Study, optuna_study, plots: bool) -> list[str]:
     """trials.csv, best.yaml once a trial completed, and with `plots` the PNGs; the paths written. Under
     STUDY/results.lock: workers that finish at once write one after the other."""
-    with locked(os.path.join(study.folder, "results")):
+    with locked(os.path.join(study.folder, "results"), grace_s=RESULTS_GRACE_S):
         return _write_results(study, optuna_study, plots)
 
 
@@ -127,11 +128,14 @@ def status_table(study: Study, optuna_study) -> str:
     cells = [columns] + [[_cell(row[c]) for c in columns] for row in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells]
+    retried = retried_trials(optuna_study.get_trials(deepcopy=False))
     counts = {}
     for row in rows:
-        counts[row["state"]] = counts.get(row["state"], 0) + 1
-    lines.append(f"{study.folder}: {len(rows)} trials of a budget of {study.trials} ("
-                 + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) + ")")
+        if row["trial"] not in retried:
+            counts[row["state"]] = counts.get(row["state"], 0) + 1
+    lines.append(f"{study.folder}: {sum(counts.values())} of {study.trials} trials ("
+                 + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) + ")"
+                 + (f"; {len(retried)} failed attempt{'s' * (len(retried) > 1)} retried" if retried else ""))
     complete = [row for row in rows if row["state"] == "complete"]
     if complete:
         best = (max if study.objective.direction == "maximize" else min)(complete, key=lambda row: row["objective"])

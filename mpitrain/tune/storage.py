@@ -4,6 +4,7 @@
     STUDY/journal.log       Optuna's journal: every trial, parameter, report and state, appended
     STUDY/journal.log.lock  present only while a process appends to the journal (Optuna's JournalFileOpenLock)
     STUDY/budget.lock       present only while a worker takes a trial (the same kind of lock)
+    STUDY/results.lock      present only while a worker writes the results (`mpitrain.tune.results`)
     STUDY/trials/trial-NNNN an ordinary run directory per trial (config.yaml, checkpoints/, metrics.jsonl, ...)
 
 No server: Optuna's JournalStorage over JournalFileBackend appends JSON lines under a lock file made with
@@ -22,6 +23,7 @@ trial's newest checkpoint.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
@@ -29,11 +31,12 @@ from contextlib import contextmanager
 
 from mpitrain.errors import ConfigError
 from mpitrain.files import write_file
-from mpitrain.tune.studyfile import STUDY_FILE, Study, changed_keys, load_study, study_yaml
+from mpitrain.tune.studyfile import STUDY_FILE, Study, changed_keys, grid_values, load_study, study_yaml
 
 STUDY_NAME = "study"
 HEARTBEAT = "heartbeat"   # trial user attribute: time.time() of the last beat
 REASON = "failure"        # trial user attribute: why a trial failed, in a line
+BASE_SHA256 = "base_sha256"  # study user attribute: the base config file's sha256 when the study began
 
 
 def journal_path(folder: str) -> str:
@@ -49,15 +52,17 @@ def trial_run_dir(folder: str, trial) -> str:
     return os.path.join(folder, "trials", f"trial-{trial.number if original is None else original:04d}")
 
 
-def _lock(path: str):
+def _lock(path: str, grace_s: int = 30):
     from optuna.storages.journal import JournalFileOpenLock
-    return JournalFileOpenLock(path)
+    return JournalFileOpenLock(path, grace_period=grace_s)
 
 
 @contextmanager
-def locked(path: str):
-    """Hold the lock file `path`.lock while the block runs (Optuna's O_EXCL lock: see the module docstring)."""
-    lock = _lock(path)
+def locked(path: str, grace_s: int = 30):
+    """Hold the lock file `path`.lock while the block runs (Optuna's O_EXCL lock: see the module docstring); a
+    lock file older than `grace_s` seconds is taken as left by a process that died, so the block must be
+    shorter."""
+    lock = _lock(path, grace_s)
     lock.acquire()
     try:
         yield
@@ -67,8 +72,9 @@ def locked(path: str):
 
 def open_study(study: Study, create: bool = False):
     """The Optuna study of `study`'s folder; with `create`, make the folder, record study.yaml and create the study
-    (a grid's points enqueued) if it is not there. A study.yaml recorded with other keys than `trials` is refused:
-    a study keeps its space, objective and algorithms for all its trials."""
+    (a grid's points enqueued, the base config's sha256 recorded) if it is not there. A study.yaml recorded with
+    other keys than `trials`, or a base config changed since, is refused: a study keeps its space, objective,
+    algorithms and base for all its trials."""
     import optuna
 
     folder = study.folder
@@ -88,14 +94,25 @@ def open_study(study: Study, create: bool = False):
                                       "(the `folder` key) for another study")
             write_file(recorded_path, lambda f: f.write(study_yaml(study)))
         names = [summary.study_name for summary in optuna.get_all_study_summaries(storage)]
-        if STUDY_NAME in names:
-            return optuna.load_study(study_name=STUDY_NAME, storage=storage, sampler=sampler(study),
-                                     pruner=pruner(study))
-        optuna_study = optuna.create_study(study_name=STUDY_NAME, storage=storage, sampler=sampler(study),
-                                           pruner=pruner(study), direction=study.objective.direction)
-        for point in study.grid[:study.trials]:
-            optuna_study.enqueue_trial(point)
+        if STUDY_NAME not in names:
+            optuna_study = optuna.create_study(study_name=STUDY_NAME, storage=storage, sampler=sampler(study),
+                                               pruner=pruner(study), direction=study.objective.direction)
+            optuna_study.set_user_attr(BASE_SHA256, file_sha256(study.base))
+            for point in study.grid[:study.trials]:
+                optuna_study.enqueue_trial(point)
+            return optuna_study
+        optuna_study = optuna.load_study(study_name=STUDY_NAME, storage=storage, sampler=sampler(study),
+                                         pruner=pruner(study))
+        if create and optuna_study.user_attrs.get(BASE_SHA256) != file_sha256(study.base):
+            raise ConfigError(f"{study.base}: changed since the study in {folder} began (its sha256 is recorded); "
+                              "its trials would not compare: put the old file back, or start another study (the "
+                              "`folder` key)")
         return optuna_study
+
+
+def file_sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def sampler(study: Study, taken: int = 0):
@@ -105,9 +122,8 @@ def sampler(study: Study, taken: int = 0):
     seed = study.seed + taken
     options = {key: value for key, value in study.sampler.items() if key != "type"}
     kind = study.sampler["type"]
-    if kind == "grid":
-        axes = {key: values for key, values in zip(study.space, zip(*[p.values() for p in study.grid]))}
-        return optuna.samplers.GridSampler({key: sorted(set(v), key=v.index) for key, v in axes.items()},
+    if kind == "grid":  # its points are enqueued when the study is created: the sampler only names the space
+        return optuna.samplers.GridSampler({key: grid_values(entry) for key, entry in study.space.items()},
                                            seed=seed, **options)
     return {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}[kind](seed=seed, **options)
 

@@ -8,7 +8,7 @@ broadcasts its number, parameters and run directory; every rank trains the trial
 ordinary run in the study folder. After each epoch rank 0 reports the objective to the trial and broadcasts the
 pruner's decision, so every rank stops at the same epoch (`Pruned`, raised on all of them). Rank 0 then tells
 the study the result, records the trial's parameters and objective in its run's TensorBoard events (with
-tensorboardX), and writes the study's results (`mpitrain.tune.results`).
+the tensorboard package), and writes the study's results (`mpitrain.tune.results`).
 
 A trial's own user error (training diverged, a value its model cannot take) fails that trial, with its line
 recorded, and the worker goes on. A stop by SIGTERM or SIGUSR1 (preemption) fails the trial for a retry, which
@@ -54,8 +54,9 @@ def run_worker(path: str, comm) -> int:
         number, params, run_dir = assignment
         run_trial(study, optuna_study, trial, number, params, run_dir, comm)
         ran += 1
-    if comm.is_root:
-        write_results(study, optuna_study, plots=True)
+    with comm.agreed_errors():  # a results file that cannot be written is an error on every rank
+        if comm.is_root:
+            write_results(study, optuna_study, plots=True)
     return ran
 
 
@@ -74,15 +75,16 @@ def run_trial(study, optuna_study, trial, number: int, params: dict, run_dir: st
             trial.set_user_attr(storage.REASON, "stopped by a signal; retried from its checkpoint")
             storage.fail_and_retry(study, optuna_study, storage.frozen(optuna_study, number))
         raise
-    if comm.is_root:
-        optuna_study.tell(trial, value if state == TrialState.COMPLETE else None, state=state)
-        if value is not None and tensorboard.available():
-            events = tensorboard.EventWriter(run_dir, steps_per_epoch=1)
-            events.hparams(params, {f"hparam/{study.objective.split}.{study.objective.metric}": value})
-            events.close()
-        log.info("trial %d %s%s", number, state.name.lower(),
-                 f": {study.objective.split}.{study.objective.metric} {value:.6g}" if value is not None else "")
-        write_results(study, optuna_study, plots=False)
+    with comm.agreed_errors():
+        if comm.is_root:
+            optuna_study.tell(trial, value if state == TrialState.COMPLETE else None, state=state)
+            if value is not None and tensorboard.available():
+                events = tensorboard.EventWriter(run_dir, steps_per_epoch=1)
+                events.hparams(params, {f"hparam/{study.objective.split}.{study.objective.metric}": value})
+                events.close()
+            log.info("trial %d %s%s", number, state.name.lower(),
+                     f": {study.objective.split}.{study.objective.metric} {value:.6g}" if value is not None else "")
+            write_results(study, optuna_study, plots=False)
 
 
 def _train_trial(study, trial, number: int, params: dict, run_dir: str, comm) -> tuple:

@@ -58,8 +58,10 @@ def test_a_tpe_study_of_12_trials_on_2_workers_of_2_ranks_and_its_best_config_re
     assert len({row["run_dir"] for row in rows}) == 12  # no trial run twice, none shared
     assert len({(row["optimizer.lr"], row["model.layers.0.units"]) for row in rows}) == 12
     assert not [name for name in os.listdir(folder) if name.endswith(".lock")]  # no lock left behind
-    assert {"history.png", "importances.png", "parallel.png", "best.yaml"} <= set(os.listdir(folder))
-    assert "12 trials of a budget of 12" in done.stdout
+    assert {"history.png", "importances.png", "parallel.png", "best.yaml", "report.png", "report.html"} \
+        <= set(os.listdir(folder))
+    assert (folder / "report.html").read_text().count("<tr><td>trial-") == 12  # the trials side by side
+    assert "12 of 12 trials (" in done.stdout
     for row in rows:  # every trial is an ordinary run directory, trained on 2 ranks
         assert {"config.yaml", "metrics.jsonl", "checkpoints"} <= set(os.listdir(row["run_dir"]))
 
@@ -133,6 +135,31 @@ def test_a_sigkilled_worker_s_trial_is_failed_and_its_parameters_run_again(digit
     assert "resuming from" in done.stderr
 
 
+def test_sigterm_to_tune_stops_the_trial_with_a_checkpoint_and_the_same_command_resumes_it(digits, tmp_path):
+    study = write_study(tmp_path, digits, {"optimizer.lr": {"float": [0.01, 0.1]}}, epochs=30, trials=1,
+                        sampler="random", pruner="none")
+    job = subprocess.Popen([MPITRAIN, "tune", study, "--workers", "1", "--ranks", "2"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "study" / "trials" / "trial-0000" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and '"kind": "epoch"' in metrics.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    job.send_signal(signal.SIGTERM)  # as scancel or a preemption would: it goes on to every worker
+    out, err = job.communicate(timeout=120)
+    assert job.returncode == 3, err[-3000:]
+    assert "mpitrain tune-worker: stopped by SIGTERM" in err
+    rows = trials(tmp_path / "study")
+    assert [row["state"] for row in rows] == ["fail", "waiting"], rows
+    assert rows[0]["failure"] == "stopped by a signal; retried from its checkpoint; retried as trial 1"
+
+    again = tune(study, workers=1, ranks=2)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming from {rows[0]['run_dir']}/checkpoints/" in again.stderr
+    rows = trials(tmp_path / "study")
+    assert [row["state"] for row in rows] == ["fail", "complete"] and rows[1]["run_dir"] == rows[0]["run_dir"]
+    assert "1 of 1 trials (1 complete); 1 failed attempt retried" in again.stdout
+
+
 def test_a_study_stopped_after_5_trials_continues_to_exactly_12_without_repeating(digits, tmp_path):
     space = {"optimizer.lr": {"float": [0.01, 0.3], "log": True}}
     study = write_study(tmp_path, digits, space, trials=5, sampler="random", pruner="none")
@@ -153,3 +180,8 @@ def test_a_study_stopped_after_5_trials_continues_to_exactly_12_without_repeatin
                         pruner="none")
     refused = tune(other, workers=1, ranks=1)
     assert refused.returncode == 2 and "space differs from the study in" in refused.stderr
+    study = write_study(tmp_path, digits, space, trials=12, sampler="random", pruner="none")
+    write_config(tmp_path / "base.yaml", digits, model=DIGITS_MLP, train={"epochs": 2, "batch_size": 64, "seed": 1})
+    refused = tune(study, workers=1, ranks=1)
+    assert refused.returncode == 2 and "base.yaml: changed since the study in" in refused.stderr
+    assert len(trials(tmp_path / "study")) == 12
