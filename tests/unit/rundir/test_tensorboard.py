@@ -52,3 +52,21 @@ def test_only_numbers_become_scalars():
     assert scalars({"kind": "epoch", "epoch": 0, "train_loss": 1.0, "test_accuracy": None, "test_loss": 2.0}, 5) \
         == [("epoch/train_loss", 1.0, 5), ("epoch/test_loss", 2.0, 5)]
     assert scalars({"kind": "pretrain", "epoch": 0}, 5) == []
+
+
+def test_a_resumed_run_hides_the_events_its_stopped_job_logged_past_the_checkpoint(tmp_path):
+    from mpitrain.rundir.tensorboard import EventWriter
+
+    def window(step, loss):
+        return {"kind": "window", "epoch": 0, "step": step, "global_step": step, "loss": loss}
+
+    first = EventWriter(str(tmp_path), STEPS)
+    for step in range(1, 8):  # the stopped job trained to step 7, its checkpoint is at step 4
+        first.write(window(step, 1.0))
+    first.close()
+    resumed = EventWriter(str(tmp_path), STEPS, purge_step=5)
+    for step in range(5, 8):
+        resumed.write(window(step, 2.0))
+    resumed.close()
+    assert read_events(tmp_path)["train/loss"] == [(1, 1.0), (2, 1.0), (3, 1.0), (4, 1.0), (5, 2.0), (6, 2.0),
+                                                   (7, 2.0)]
