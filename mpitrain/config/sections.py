@@ -25,7 +25,7 @@ from mpitrain.data.augment import AUGMENT_DEFAULTS
 from mpitrain.data.storage import is_url
 from mpitrain.parallel.backend import BACKENDS
 from mpitrain.config.domains import in_domain
-from mpitrain.config.yaml_input import read_yaml
+from mpitrain.config.yaml_input import read_yaml, read_yaml_file
 from mpitrain.errors import ConfigError
 from mpitrain.kernels.threshold.message import ENCODINGS as MESSAGE_ENCODINGS
 from mpitrain.nn.layers import INIT_SCHEMES
@@ -418,17 +418,7 @@ def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
     the original; `--set run_dir=...` wins over both. `data.path` and `run_dir` become
     absolute, so the saved `RUN_DIR/config.yaml` works from any directory.
     """
-    try:
-        with open(path) as f:
-            raw = read_yaml(f, path) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a folder; expected a YAML config file") from None
-    except PermissionError:
-        raise ConfigError(f"{path}: not readable (permission denied)") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text file; expected a YAML config file") from None
+    raw = read_yaml_file(path, "config file")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
     own = own_run_dir(path)
@@ -469,15 +459,13 @@ def ignored_options(config: Config) -> list[str]:
 def recorded_config(text: str, where: str, overrides: typing.Sequence[str] = ()) -> Config:
     """The config a checkpoint records (`config_yaml`'s text: resolved, its paths absolute), with `overrides`
     (`section.key=value`) applied, validated; a record that does not read back is a ConfigError naming `where`."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{where}: its recorded config is not valid YAML ({e})") from None
+    origin = Origin(where)
+    raw = read_yaml(text, f"{where}: its recorded config", in_file=False)
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: its recorded config is not a mapping of sections")
     for override in overrides:
-        _apply_override(raw, override, where)
-    return _build(Config, raw, where, "").validate(where)
+        _apply_override(raw, override, origin)
+    return _build(Config, raw, origin, "").validate(origin)
 
 
 def config_yaml(config: Config) -> str:
@@ -512,11 +500,23 @@ def _apply_override(raw: dict, override: str, where: Origin) -> None:
     where.overrides[key] = override
     *sections, last = key.split(".")
     node = raw
-    for section in sections:
-        node = node.setdefault(section, {})
-        if not isinstance(node, dict):
+    for section in sections:  # a number indexes a list: model.layers.0.units
+        node = _item(node, section, override) if isinstance(node, list) else node.setdefault(section, {})
+        if not isinstance(node, (dict, list)):
             raise ConfigError(f"--set {override}: {section!r} is not a section")
-    node[last] = value
+    if isinstance(node, list):
+        _item(node, last, override)
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def _item(items: list, index: str, override: str):
+    """`items[index]` for a --set key's list index, or a ConfigError saying which indexes there are."""
+    if not index.isdigit() or int(index) >= len(items):
+        raise ConfigError(f"--set {override}: {index!r} is not an index of a list of {len(items)} items "
+                          f"(expected 0 to {len(items) - 1})")
+    return items[int(index)]
 
 
 def config_keys(cls=None, prefix: str = "") -> list[str]:

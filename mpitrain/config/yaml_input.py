@@ -5,6 +5,7 @@ refused (PyYAML keeps the last one, silently).
 
     raw = read_yaml(text, "configs/exp.yaml")             # configs/exp.yaml:3:1: found character '\\t' ...
     value = read_yaml("[1, 2", "--set model.units=[1, 2", in_file=False)
+    raw = read_yaml_file("study.yaml", "study file")         # the file's contents; {} for an empty file
 """
 from __future__ import annotations
 
@@ -39,6 +40,22 @@ def read_yaml(text, where: str, in_file: bool = True):
         character = f"#x{e.character:04x}" if isinstance(e.character, int) else repr(e.character)
         raise ConfigError(f"{where}: not valid YAML: the character {character} at byte {e.position} is not "
                           "allowed; expected a YAML text") from None
+
+
+def read_yaml_file(path: str, what: str):
+    """The YAML document in the file `path` ({} for an empty one), read by `read_yaml`; a file that cannot be read is
+    one ConfigError naming `path` and `what` it should be ("config file", "study file")."""
+    try:
+        with open(path) as f:
+            return read_yaml(f, path) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such {what}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder; expected a YAML {what}") from None
+    except PermissionError:
+        raise ConfigError(f"{path}: not readable (permission denied)") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file; expected a YAML {what}") from None
 
 
 def _position(mark, in_file: bool) -> str:

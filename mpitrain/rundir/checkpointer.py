@@ -31,12 +31,12 @@ import os
 from dataclasses import dataclass, field
 
 import numpy as np
-import yaml
 
 from mpitrain.rundir.checkpoint import Checkpoint, check_fits, list_checkpoints, load_checkpoint, save_checkpoint, \
     write_checkpoint
 from mpitrain.config.on_resume import first_change, global_batch_change, set_back, shown
 from mpitrain.config.sections import REFUSED, Config, config_yaml, load_config, recorded_config
+from mpitrain.config.yaml_input import read_yaml
 from mpitrain.parallel.sync.base import parameter_hash
 from mpitrain.errors import ConfigError, DataError, MpitrainError
 from mpitrain.files import write_file
@@ -100,7 +100,8 @@ def _refuse_changes(ckpt: Checkpoint, config, ranks: int) -> None:
     (`mpitrain.config.on_resume`; mid-epoch also the epoch's order and its global batch), naming the first such key,
     both values and what to do. Of a checkpoint that recorded no config (older versions) only the global batch is
     compared."""
-    saved, now = yaml.safe_load(ckpt.config_yaml or "{}"), yaml.safe_load(config_yaml(config))
+    saved = read_yaml(ckpt.config_yaml or "{}", f"{ckpt.path}: its recorded config", in_file=False)
+    now = read_yaml(config_yaml(config), "this run's config", in_file=False)
     change = first_change(saved, now, mid_epoch=ckpt.step > 0)
     where = f"{ckpt.path}: stopped at step {ckpt.step} of epoch {ckpt.epoch + 1} with"
     if change:

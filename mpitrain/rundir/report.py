@@ -124,44 +124,96 @@ def _base64(png: str) -> str:
         return base64.b64encode(f.read()).decode("ascii")
 
 
+def step_time_breakdown(windows: list[dict]) -> dict[str, np.ndarray]:
+    """Where each metrics window's step time went, in ms per step: `step` (the window's wall time per step on its
+    slowest rank), `mpi` (the ranks' mean time inside MPI: communication not hidden behind backward), `input` (the
+    ranks' mean wait for batches), `compute` (the rest: forward, backward, the update), and `comm` (communication
+    from its start to its end, the part behind backward included). `step` at the windows' global steps."""
+    steps = np.diff([0] + [w["global_step"] for w in windows]).astype(np.float64)
+    step_ms = np.array([1e3 * w["samples"] / max(w["samples_per_s"], 1e-12) for w in windows]) / np.maximum(steps, 1)
+    mpi = np.array([w.get("mpi_ms_per_step", 0.0) for w in windows])
+    wait = np.array([w.get("input_wait_ms_per_step", 0.0) for w in windows])
+    return {"global_step": np.array([w["global_step"] for w in windows]), "step": step_ms, "mpi": mpi,
+            "input": wait, "compute": np.maximum(step_ms - mpi - wait, 0.0),
+            "comm": np.array([w.get("comm_ms_per_step", 0.0) for w in windows])}
+
+
+def report_panels(runs: list[Run]) -> list[str]:
+    """The panels that fit these runs: loss always; accuracy when a run has one (not regression); throughput and
+    the step-time breakdown when a run recorded windows; bytes sent when a run sent any (more than one rank); the
+    sharing panels when a run shares."""
+    windows = [w for run in runs for w in run.windows]
+    fits = {"loss": True,
+            "accuracy": any(r["test_accuracy"] is not None for run in runs for r in run.epochs),
+            "throughput": bool(windows),
+            "step time": bool(windows),
+            "bytes": any(w["bytes_sent_per_step"] > 0 for w in windows),
+            "tau": any("tau" in w for w in windows),
+            "sparsity": any("sparsity" in w for w in windows)}
+    return [name for name, fit in fits.items() if fit]
+
+
+PANELS = {"loss": ("loss per epoch: train solid, test dashed", "epoch", "loss"),
+          "accuracy": ("test accuracy per epoch", "epoch", "accuracy"),
+          "throughput": ("throughput (all ranks)", "step", "samples/s"),
+          "step time": ("time per step: compute, MPI not hidden, input wait", "step", "ms per step"),
+          "bytes": ("bytes sent per step per rank", "step", "bytes"),
+          "tau": ("sharing: threshold tau", "step", "tau"),
+          "sparsity": ("sharing: sparsity of all messages", "step", "sent / (ranks x params)")}
+
+
 def _report_figure(runs: list[Run]):
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
+    names = report_panels(runs)
+    columns = 3 if len(names) <= 6 else 4  # at most 7 panels: two rows, the picture's size fixed
     fig = Figure(figsize=REPORT_SIZE, layout="constrained")
-    axes = fig.subplots(2, 3).ravel()
-    panels = [("loss per epoch: train solid, test dashed", "epoch", "loss"),
-              ("test accuracy per epoch", "epoch", "accuracy"),
-              ("throughput (all ranks)", "step", "samples/s"),
-              ("bytes sent per step per rank", "step", "bytes"),
-              ("sharing: threshold tau", "step", "tau"),
-              ("sharing: sparsity of all messages", "step", "sent / (ranks x params)")]
-    for ax, (title, xlabel, ylabel) in zip(axes, panels):
+    axes = dict(zip(names, fig.subplots(2, columns).ravel()))
+    for ax in list(fig.axes)[len(names):]:
+        ax.remove()
+    for name, ax in axes.items():
+        title, xlabel, ylabel = PANELS[name]
         ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
         ax.grid(alpha=0.3)
     for i, run in enumerate(runs):
         color = f"C{i % 10}"
         epoch = [r["epoch"] + 1 for r in run.epochs]
-        axes[0].plot(epoch, [r["train_loss"] for r in run.epochs], "o-", color=color, label=run.label)
-        axes[0].plot(epoch, [r["test_loss"] for r in run.epochs], "s--", color=color)
-        accuracy = [np.nan if r["test_accuracy"] is None else r["test_accuracy"] for r in run.epochs]  # regression
-        axes[1].plot(epoch, accuracy, "o-", color=color, label=run.label)
+        axes["loss"].plot(epoch, [r["train_loss"] for r in run.epochs], "o-", color=color, label=run.label)
+        axes["loss"].plot(epoch, [r["test_loss"] for r in run.epochs], "s--", color=color)
+        if "accuracy" in axes:
+            accuracy = [np.nan if r["test_accuracy"] is None else r["test_accuracy"] for r in run.epochs]
+            axes["accuracy"].plot(epoch, accuracy, "o-", color=color, label=run.label)
         step = [r["global_step"] for r in run.windows]
-        for ax, key in ((axes[2], "samples_per_s"), (axes[3], "bytes_sent_per_step"),
-                        (axes[4], "tau"), (axes[5], "sparsity")):
-            if run.windows and all(key in r for r in run.windows):
-                ax.plot(step, [r[key] for r in run.windows], ".-", color=color, label=run.label)
-    for ax in axes:
-        if ax.lines:
+        for name, key in (("throughput", "samples_per_s"), ("bytes", "bytes_sent_per_step"), ("tau", "tau"),
+                          ("sparsity", "sparsity")):
+            if name in axes and run.windows and all(key in r for r in run.windows):
+                axes[name].plot(step, [r[key] for r in run.windows], ".-", color=color, label=run.label)
+        if "step time" in axes and run.windows:
+            _draw_step_time(axes["step time"], step_time_breakdown(run.windows), run, color, alone=len(runs) == 1)
+    for ax in axes.values():
+        if ax.lines or ax.collections:
             ax.legend(fontsize="small")
-    for ax in axes[4:]:
-        if not ax.lines:
-            ax.text(0.5, 0.5, "no sharing run", ha="center", va="center", transform=ax.transAxes)
-    for ax in axes[:2]:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    for ax in axes[3:]:
-        if any(y > 0 for line in ax.lines for y in line.get_ydata()):
-            ax.set_yscale("log")
+    for name in ("loss", "accuracy"):
+        if name in axes:
+            axes[name].xaxis.set_major_locator(MaxNLocator(integer=True))
+    for name in ("bytes", "tau", "sparsity"):
+        if name in axes and any(y > 0 for line in axes[name].lines for y in line.get_ydata()):
+            axes[name].set_yscale("log")
     return fig
+
+
+def _draw_step_time(ax, parts: dict, run: Run, color: str, alone: bool) -> None:
+    """One run: its step time stacked (compute, MPI not hidden, input wait) under a line of its communication's
+    whole span; several runs: each part a line style in the run's color."""
+    x = parts["global_step"]
+    if alone:
+        ax.stackplot(x, parts["compute"], parts["mpi"], parts["input"], labels=["compute", "MPI (not hidden)",
+                                                                                "input wait"], alpha=0.7)
+        ax.plot(x, parts["comm"], "k--", label="communication, start to end (hidden part included)")
+        return
+    ax.plot(x, parts["compute"], "-", color=color, label=f"{run.label}: compute (MPI dashed, input wait dotted)")
+    ax.plot(x, parts["mpi"], "--", color=color)
+    ax.plot(x, parts["input"], ":", color=color)
 
 
 def _report_html(runs: list[Run], image_base64: str) -> str:

@@ -39,7 +39,8 @@ from mpitrain.training.watchdog import Watchdog
 log = logging.getLogger("mpitrain")
 
 
-def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer | None = None) -> dict:
+def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer | None = None,
+          on_epoch=None) -> dict:
     """Train as `config` says on every rank of `comm` (a collective); returns the summary.
 
     `reader` (a DatasetReader), `model` (a Sequential) and `sync` (a Synchronizer built on
@@ -48,6 +49,9 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
     stopped at when there is one (`mpitrain.training.preemption`). For the call's duration mpitrain's handlers
     replace the caller's, which come back when it returns, unless `hold_stop_signals()` holds them for the
     whole process, as the command line does.
+    `on_epoch(epoch, record)` is called on every rank after each epoch's record (metrics.jsonl's) and
+    checkpoint: a point where all ranks are together, so it may run collectives, and an exception it raises on
+    every rank (a study's prune decision, `mpitrain.tune.worker`) ends training there on all of them.
     """
     started = time.perf_counter()
     with StopSignals(comm) as stop, Watchdog(config.train.watchdog_s, comm.rank, comm.abort) as watchdog:
@@ -64,7 +68,7 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
                 _stop_before_first_step(run, stop)
                 if loop is None:
                     return _summary_of_finished_run(run)
-                done = _train_epochs(run, loop, watchdog, stop)
+                done = _train_epochs(run, loop, watchdog, stop, on_epoch)
                 watchdog.beat("the summary (every rank's figures, summary.json, the report)")
                 summary = _finish(run, loop, done, started)
                 _stop_after_last_step(run, stop)
@@ -173,13 +177,19 @@ def _continue_order(run: Run, batches: Batches, start) -> Batches:
     return run.train_batches(window=saved_window)
 
 
-def _train_epochs(run: Run, loop: _Loop, watchdog: Watchdog, stop: StopSignals) -> _Done:
-    """The epochs from where the run starts, each its steps (`_train_epoch`) then its end (`_end_epoch`)."""
+def _train_epochs(run: Run, loop: _Loop, watchdog: Watchdog, stop: StopSignals, on_epoch=None) -> _Done:
+    """The epochs from where the run starts, each its steps (`_train_epoch`) then its end (`_end_epoch`), then
+    `on_epoch(epoch, record)` when given."""
     done, start_step = _Done(), loop.step
-    for epoch in range(loop.epoch, run.config.train.epochs):
-        totals = _train_epoch(run, loop, epoch, start_step, watchdog, stop)
-        _end_epoch(run, loop, epoch, totals, done, watchdog, stop)
-        start_step = 0
+    try:
+        for epoch in range(loop.epoch, run.config.train.epochs):
+            totals = _train_epoch(run, loop, epoch, start_step, watchdog, stop)
+            record = _end_epoch(run, loop, epoch, totals, done, watchdog, stop)
+            if on_epoch is not None:
+                on_epoch(epoch, record)
+            start_step = 0
+    finally:
+        loop.metrics.close()  # however the epochs end: a worker trains trial after trial in one process
     return done
 
 
@@ -296,9 +306,9 @@ def _epoch_checkpoint_due(config: Config, epoch: int) -> bool:
 
 
 def _end_epoch(run: Run, loop: _Loop, epoch: int, totals: Totals, done: _Done, watchdog: Watchdog,
-               stop: StopSignals) -> None:
+               stop: StopSignals) -> dict:
     """The end of `epoch` (collectives): the sync's epoch work, the replica check, an evaluation, the epoch record
-    and, by the cadence, a checkpoint; what the epoch did is added to `done`."""
+    and, by the cadence, a checkpoint; what the epoch did is added to `done`. Returns the epoch record."""
     config, comm, model, sync = run.config, run.comm, run.model, loop.sync
     watchdog.beat(f"the end of epoch {epoch + 1} (sync, replica check, evaluation, checkpoint)")
     before = Traffic.of(comm)
@@ -312,12 +322,14 @@ def _end_epoch(run: Run, loop: _Loop, epoch: int, totals: Totals, done: _Done, w
         done.hashes = check_replicas(comm, *map(run.backend.to_host, (model.params, model.stats)))
     with loop.allocations.span("evaluation"):
         done.evaluation = _evaluate(run, loop)
-    loop.metrics.end_epoch({"epoch": epoch, "nodes": comm.nodes, "ranks_per_node": comm.local_size,
-                            "train_loss": totals.loss_sum / max(totals.samples, 1),
-                            "test_accuracy": done.evaluation.accuracy, "test_loss": done.evaluation.loss,
-                            "replica_hashes": done.hashes})
+    record = {"epoch": epoch, "nodes": comm.nodes, "ranks_per_node": comm.local_size,
+              "train_loss": totals.loss_sum / max(totals.samples, 1),
+              "test_accuracy": done.evaluation.accuracy, "test_loss": done.evaluation.loss,
+              "replica_hashes": done.hashes}
+    loop.metrics.end_epoch(record)
     if _epoch_checkpoint_due(config, epoch):
         _save(run, loop, epoch + 1, 0, stop)  # the end of training is always kept
+    return record
 
 
 def _evaluate(run: Run, loop: _Loop) -> Evaluation:

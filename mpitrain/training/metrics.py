@@ -15,6 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from mpitrain.errors import MpitrainError, describe
+from mpitrain.rundir import tensorboard
 from mpitrain.rundir.directory import RunDir
 
 log = logging.getLogger("mpitrain")
@@ -127,8 +128,12 @@ class MetricsLog:
         self.path = RunDir(run_dir).metrics
         self.bar = None
         self.use_bar = comm.is_root and sys.stderr.isatty()
+        self.events = None  # rank 0's TensorBoard writer, when the tensorboard package is installed
 
     def start_epoch(self, epoch: int, start_step: int) -> None:
+        if self.comm.is_root and self.events is None and tensorboard.available():  # the first epoch this job trains
+            self.events = tensorboard.EventWriter(os.path.dirname(self.path), self.steps_per_epoch,
+                                                  purge_step=epoch * self.steps_per_epoch + start_step)
         if self.use_bar:
             self.bar = tqdm(total=self.steps_per_epoch, initial=start_step, desc=f"epoch {epoch + 1}/{self.epochs}",
                             unit="step", dynamic_ncols=True)
@@ -190,6 +195,14 @@ class MetricsLog:
         with self.comm.agreed_errors():
             if self.comm.is_root:
                 append_record(self.path, {"time": time.time(), **record})
+                if self.events is not None:
+                    self.events.write(record)
+
+    def close(self) -> None:
+        """End rank 0's TensorBoard event file (the records are in it already)."""
+        if self.events is not None:
+            self.events.close()
+            self.events = None
 
 
 def append_record(path: str, record: dict) -> None:

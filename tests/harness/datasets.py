@@ -66,22 +66,25 @@ def flip_a_byte_in_a_chunk(shard, dataset: str = "x", chunk: int = 0) -> None:
         f.write(bytes([value[0] ^ 0xFF]))
 
 
-def make_digits_dataset(path, shards=2, seed=0, test_fraction=0.2) -> Manifest:
-    """scikit-learn's digits (8x8, values 0..16, scale 1/16) in a seeded train/test split, written without Spark."""
+def make_digits_dataset(path, shards=2, seed=0, test_fraction=0.2, validation_fraction=0.0) -> Manifest:
+    """scikit-learn's digits (8x8, values 0..16, scale 1/16) in a seeded train/test split, written without Spark;
+    `validation_fraction` of all rows also go to a `validation` split (the ETL's --validation-fraction)."""
     from sklearn.datasets import load_digits
     digits = load_digits()
     order = np.random.default_rng(seed).permutation(len(digits.target))
-    n_test = round(test_fraction * len(order))
+    n_test, n_validation = round(test_fraction * len(order)), round(validation_fraction * len(order))
     x_all = digits.images.astype(np.uint8).reshape(-1, 1, 8, 8)
     y_all = digits.target.astype(np.int32)
     splits, counts = {}, {}
-    for split, rows in (("train", order[n_test:]), ("test", order[:n_test])):
+    parts = {"train": order[n_test + n_validation:], "test": order[:n_test],
+             "validation": order[n_test:n_test + n_validation]}
+    for split, rows in ((split, rows) for split, rows in parts.items() if len(rows)):
         x, y = x_all[rows], y_all[rows]
         bounds = [i * len(rows) // shards for i in range(shards + 1)]
         splits[split] = [write_shard(str(path), shard_path(split, i), x[a:b], y[a:b])
                          for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
         counts[split] = np.bincount(y, minlength=10).tolist()
-    scaled = x_all[order[n_test:]] / 16
+    scaled = x_all[parts["train"]] / 16
     manifest = Manifest(feature_shape=(1, 8, 8), feature_dtype="uint8", scale=1 / 16, offset=0.0,
                         mean=float(scaled.mean()), std=float(scaled.std()), num_classes=10,
                         label_counts=counts, splits=splits, source="digits:", seed=seed)

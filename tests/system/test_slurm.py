@@ -222,3 +222,32 @@ def test_a_test_run_killed_by_sigkill_leaves_no_slurm_daemon_behind():
         holder.kill()
         holder.wait()
     assert wait_until_gone(daemons, 10) == [], daemons
+
+
+def test_a_study_s_workers_run_as_a_job_array_until_its_budget_is_spent(slurm, tmp_path):
+    """slurm/tune.sbatch as an array of 3 tasks, 2 at a time, one rank each: the tasks share 4 trials among them
+    (the last task finds the budget spent, or takes what is left), each trial once, no lock left behind."""
+    import csv
+
+    import yaml
+
+    from mpitrain.testing.datasets import make_digits_dataset
+    make_digits_dataset(tmp_path / "data", validation_fraction=0.2)
+    write_mlp_config(tmp_path / "base.yaml", "data", epochs=1)
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump({
+        "base": "base.yaml", "objective": {"metric": "validation.accuracy"}, "trials": 4, "sampler": "random",
+        "pruner": "none", "space": {"optimizer.lr": {"float": [0.01, 0.1], "log": True}}}))
+    submitted = slurm.run("sbatch", "--parsable", "--array=0-2%2", "--ntasks-per-node=1", f"{SLURM}/tune.sbatch",
+                          "study.yaml", cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    array = submitted.stdout.strip()
+    states = [slurm.wait(f"{array}_{task}", 600, tmp_path) for task in range(3)]
+    assert states == ["COMPLETED"] * 3, job_logs(tmp_path)
+    with open(tmp_path / "study" / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and {row["state"] for row in rows} == {"complete"}, rows
+    assert len({row["run_dir"] for row in rows}) == 4
+    assert not glob.glob(str(tmp_path / "study" / "*.lock"))
+    ran = [int(m) for log in glob.glob(str(tmp_path / f"slurm-mpitrain-tune-{array}_*.out"))
+           for m in re.findall(r"this worker ran (\d+) trials", open(log).read())]
+    assert len(ran) == 3 and sum(ran) == 4, job_logs(tmp_path)  # every task ended as a worker whose budget was spent
