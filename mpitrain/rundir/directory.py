@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 CHECKPOINT_NAME = re.compile(r"ckpt-(\d{4})-(\d{6})\.h5$")  # resume at step SSSSSS of epoch EEEE (0-based)
 # `mpitrain eval`'s picture by target kind: the confusion matrix, ROC and precision-recall curves, predicted vs true
+EVENTS_GLOB = "events.out.tfevents.*"  # TensorBoard's event files (mpitrain.rundir.tensorboard), named by its writer
 EVAL_PICTURES = {"class": "confusion", "binary": "curves", "multilabel": "curves", "regression": "scatter"}
 
 
@@ -82,10 +83,10 @@ class RunDir:
 
     def records(self) -> list[str]:
         """The files that record a run, those that exist: config.yaml, metrics.jsonl, summary.json, the report, the
-        outputs of eval and predict, and the checkpoints set aside as damaged."""
+        outputs of eval and predict, TensorBoard's event files, and the checkpoints set aside as damaged."""
         here = glob.escape(self.path)
         outputs = [*glob.glob(os.path.join(here, "eval-*.json")), *self.eval_pngs(),
-                   *glob.glob(os.path.join(here, "predictions-*.h5"))]
+                   *glob.glob(os.path.join(here, "predictions-*.h5")), *glob.glob(os.path.join(here, EVENTS_GLOB))]
         paths = [self.config, self.metrics, self.summary, self.report_png, self.report_html, *sorted(outputs)]
         return [path for path in paths if os.path.exists(path)] + self.damaged_checkpoints()
 

@@ -23,7 +23,8 @@ import json
 import os
 import time
 
-EVENTS_GLOB = "events.out.tfevents.*"
+from mpitrain.rundir.directory import EVENTS_GLOB
+
 WINDOW_SCALARS = {"loss": "train/loss", "accuracy": "train/accuracy", "samples_per_s": "speed/samples_per_s",
                   "mpi_ms_per_step": "time/mpi_ms_per_step", "comm_ms_per_step": "time/comm_ms_per_step",
                   "input_wait_ms_per_step": "time/input_wait_ms_per_step",
