@@ -25,7 +25,7 @@ from mpitrain.parallel.backend import BACKENDS
 from mpitrain.errors import ConfigError
 from mpitrain.kernels.threshold.message import ENCODINGS as MESSAGE_ENCODINGS
 from mpitrain.nn.layers import INIT_SCHEMES
-from mpitrain.nn.losses import LOSS_OPTIONS, LOSS_TARGETS, LOSSES, check_loss_options
+from mpitrain.nn.losses import LOSS_OPTIONS, LOSS_TARGETS, LOSSES, RECONSTRUCTION_LOSSES, check_loss_options
 from mpitrain.nn.graph import GRAPH_TYPES, check_node_spec
 from mpitrain.nn.model import LAYER_TYPES, MAX_UNITS, check_layer_spec
 from mpitrain.nn.rbm import VISIBLE_UNITS
@@ -139,6 +139,10 @@ class ModelConfig(Section):
         "default 1) multiplies the positive term of the sigmoid cross-entropy; class_weights (a list of positive "
         "numbers, one per class) weigh each row by its label's weight (the mean is sum w * loss / sum w); delta "
         "(> 0, default 1) is where Huber's loss turns from quadratic to linear.")
+    target: str = option("labels", "What the model learns to give: `labels`, the dataset's target (its kind from the "
+                                   "manifest); `reconstruction`, its own input (an autoencoder: the last layer gives "
+                                   "one output per input feature, the loss is " + " or ".join(RECONSTRUCTION_LOSSES)
+                                   + "; see docs/models.md).", ("labels", "reconstruction"))
     init: str = option("xavier", "Initial weights: Glorot uniform (xavier) or He normal (he); a layer's own "
                                  "`init` wins.", INIT_SCHEMES)
     dtype: str = option("float32", "The floating-point type of parameters and activations.", ("float32", "float64"))
@@ -151,6 +155,9 @@ class ModelConfig(Section):
             for i, spec in enumerate(self.graph):
                 check_node_spec(spec, f"model.graph[{i}]")
             loss_options = check_loss_options(self.loss, self.loss_options, "model.loss_options")
+            if self.target == "reconstruction" and self.loss not in RECONSTRUCTION_LOSSES:
+                raise ConfigError(f"model.loss is {self.loss}, but model.target is reconstruction (the input is the "
+                                  f"target); expected {' or '.join(RECONSTRUCTION_LOSSES)}")
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
         return dataclasses.replace(self, loss_options=loss_options)

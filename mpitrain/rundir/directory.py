@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 CHECKPOINT_NAME = re.compile(r"ckpt-(\d{4})-(\d{6})\.h5$")  # resume at step SSSSSS of epoch EEEE (0-based)
 # `mpitrain eval`'s picture by target kind: the confusion matrix, ROC and precision-recall curves, predicted vs true
-EVAL_PICTURES = {"class": "confusion", "binary": "curves", "multilabel": "curves", "regression": "scatter"}
+EVAL_PICTURES = {"class": "confusion", "binary": "curves", "multilabel": "curves", "regression": "scatter",
+                 "reconstruction": "scatter"}
 
 
 def _in_run_dir(name: str) -> property:
@@ -75,6 +76,10 @@ class RunDir:
 
     def predictions(self, split: str) -> str:
         return os.path.join(self.path, f"predictions-{split}.h5")
+
+    def embeddings(self, split: str) -> str:
+        """`mpitrain predict --embeddings`'s default output (`mpitrain.training.activations`)."""
+        return os.path.join(self.path, f"embeddings-{split}.h5")
 
     def holds_a_run(self) -> bool:
         """Whether the folder holds a run's files (checkpoints, metrics or a summary)."""
