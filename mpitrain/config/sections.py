@@ -131,6 +131,10 @@ class ModelConfig(Section):
                              "those of `layers` and " + ", ".join(f"`{name}`" for name in GRAPH_TYPES
                                                                   if name not in LAYER_TYPES) + " (see "
                              "docs/tables.md).")
+    target: str = option("labels", "What the model learns to give: `labels`, the dataset's target (its kind from the "
+                                   "manifest); `reconstruction`, its own input (an autoencoder: the last layer gives "
+                                   "one output per input feature, the loss is " + " or ".join(RECONSTRUCTION_LOSSES)
+                                   + "; see docs/models.md).", ("labels", "reconstruction"))
     loss: str = option("softmax_cross_entropy", "The loss on the last layer's outputs; it must fit the dataset's "
                                                 "target kind: " + ", ".join(f"{loss} ({kind})" for loss, kind
                                                                              in LOSS_TARGETS.items()) + ".", LOSSES)
@@ -139,25 +143,21 @@ class ModelConfig(Section):
         "default 1) multiplies the positive term of the sigmoid cross-entropy; class_weights (a list of positive "
         "numbers, one per class) weigh each row by its label's weight (the mean is sum w * loss / sum w); delta "
         "(> 0, default 1) is where Huber's loss turns from quadratic to linear.")
-    target: str = option("labels", "What the model learns to give: `labels`, the dataset's target (its kind from the "
-                                   "manifest); `reconstruction`, its own input (an autoencoder: the last layer gives "
-                                   "one output per input feature, the loss is " + " or ".join(RECONSTRUCTION_LOSSES)
-                                   + "; see docs/models.md).", ("labels", "reconstruction"))
     init: str = option("xavier", "Initial weights: Glorot uniform (xavier) or He normal (he); a layer's own "
                                  "`init` wins.", INIT_SCHEMES)
     dtype: str = option("float32", "The floating-point type of parameters and activations.", ("float32", "float64"))
 
     def validate(self, where):
         self.check_domains(where, "model.")
+        if self.target == "reconstruction" and self.loss not in RECONSTRUCTION_LOSSES:
+            raise ConfigError(f"{where}: model.loss is {self.loss}, but model.target is reconstruction (the input is "
+                              f"the target); expected {' or '.join(RECONSTRUCTION_LOSSES)}")
         try:
             for i, spec in enumerate(self.layers):
                 check_layer_spec(spec, f"model.layers[{i}]")
             for i, spec in enumerate(self.graph):
                 check_node_spec(spec, f"model.graph[{i}]")
             loss_options = check_loss_options(self.loss, self.loss_options, "model.loss_options")
-            if self.target == "reconstruction" and self.loss not in RECONSTRUCTION_LOSSES:
-                raise ConfigError(f"model.loss is {self.loss}, but model.target is reconstruction (the input is the "
-                                  f"target); expected {' or '.join(RECONSTRUCTION_LOSSES)}")
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
         return dataclasses.replace(self, loss_options=loss_options)

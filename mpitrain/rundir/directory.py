@@ -74,12 +74,12 @@ class RunDir:
         return sorted(path for name in set(EVAL_PICTURES.values())
                       for path in glob.glob(os.path.join(glob.escape(self.path), f"{name}-*.png")))
 
-    def predictions(self, split: str) -> str:
-        return os.path.join(self.path, f"predictions-{split}.h5")
-
     def embeddings(self, split: str) -> str:
         """`mpitrain predict --embeddings`'s default output (`mpitrain.training.activations`)."""
         return os.path.join(self.path, f"embeddings-{split}.h5")
+
+    def predictions(self, split: str) -> str:
+        return os.path.join(self.path, f"predictions-{split}.h5")
 
     def holds_a_run(self) -> bool:
         """Whether the folder holds a run's files (checkpoints, metrics or a summary)."""
