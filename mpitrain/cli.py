@@ -94,6 +94,10 @@ def _parser() -> argparse.ArgumentParser:
             sub.add_argument("--out", help="output HDF5 file (default: RUN_DIR/predictions-SPLIT.h5, replaced on "
                                            "every call)")
             sub.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+            sub.add_argument("--embeddings", metavar="NODE",
+                             help="write NODE's activations instead (a graph's node name, or a `layers:` model's "
+                                  "index into model.layers): an autoencoder's code; default --out "
+                                  "RUN_DIR/embeddings-SPLIT.h5 (docs/models.md)")
         else:
             sub.add_argument("--max-exact-rows", type=int, metavar="N",
                              help="score exactly, every prediction gathered on rank 0, up to N rows in all; AUC and "
@@ -184,9 +188,14 @@ def _eval(args, comm) -> int:
 
 
 def _predict(args, comm) -> int:
+    from mpitrain.training.activations import predict_activations
     from mpitrain.training.trained import predict_run
-    path, rows = predict_run(args.run_dir, comm, args.split, args.out, args.checkpoint, args.batch_size,
-                             args.allow_other_dataset, args.overwrite)
+    if args.embeddings is not None:
+        path, rows = predict_activations(args.run_dir, comm, args.embeddings, args.split, args.out, args.checkpoint,
+                                         args.batch_size, args.allow_other_dataset, args.overwrite)
+    else:
+        path, rows = predict_run(args.run_dir, comm, args.split, args.out, args.checkpoint, args.batch_size,
+                                 args.allow_other_dataset, args.overwrite)
     if comm.is_root:
         print(f"wrote {path}: {rows} rows of split {args.split!r}")
     return 0

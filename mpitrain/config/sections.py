@@ -29,7 +29,7 @@ from mpitrain.config.yaml_input import read_yaml, read_yaml_file
 from mpitrain.errors import ConfigError
 from mpitrain.kernels.threshold.message import ENCODINGS as MESSAGE_ENCODINGS
 from mpitrain.nn.layers import INIT_SCHEMES
-from mpitrain.nn.losses import LOSS_OPTIONS, LOSS_TARGETS, LOSSES, check_loss_options
+from mpitrain.nn.losses import LOSS_OPTIONS, LOSS_TARGETS, LOSSES, RECONSTRUCTION_LOSSES, check_loss_options
 from mpitrain.nn.graph import GRAPH_TYPES, check_node_spec
 from mpitrain.nn.model import LAYER_TYPES, MAX_UNITS, check_layer_spec
 from mpitrain.nn.rbm import VISIBLE_UNITS
@@ -145,6 +145,10 @@ class ModelConfig(Section):
                              "those of `layers` and " + ", ".join(f"`{name}`" for name in GRAPH_TYPES
                                                                   if name not in LAYER_TYPES) + " (see "
                              "docs/tables.md).")
+    target: str = option("labels", "What the model learns to give: `labels`, the dataset's target (its kind from the "
+                                   "manifest); `reconstruction`, its own input (an autoencoder: the last layer gives "
+                                   "one output per input feature, the loss is " + " or ".join(RECONSTRUCTION_LOSSES)
+                                   + "; see docs/models.md).", ("labels", "reconstruction"))
     loss: str = option("softmax_cross_entropy", "The loss on the last layer's outputs; it must fit the dataset's "
                                                 "target kind: " + ", ".join(f"{loss} ({kind})" for loss, kind
                                                                              in LOSS_TARGETS.items()) + ".", LOSSES)
@@ -159,6 +163,9 @@ class ModelConfig(Section):
 
     def validate(self, where):
         self.check_domains(where, "model.")
+        if self.target == "reconstruction" and self.loss not in RECONSTRUCTION_LOSSES:
+            raise ConfigError(f"{where}: model.loss is {self.loss}, but model.target is reconstruction (the input is "
+                              f"the target); expected {' or '.join(RECONSTRUCTION_LOSSES)}")
         try:
             for i, spec in enumerate(self.layers):
                 check_layer_spec(spec, f"model.layers[{i}]")

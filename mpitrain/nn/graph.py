@@ -96,8 +96,9 @@ class Graph(Network):
         self.accumulated = self.workspace.part("graph")
         _fuse_activations([layer for node in nodes for layer in node.layers])
 
-    def forward(self, x, training: bool = False, key: tuple = (0,)):
-        """The output of rows `x` (batch, *input_shape); `key` (seed, rank, epoch, step) seeds dropout."""
+    def forward(self, x, training: bool = False, key: tuple = (0,), until: str | None = None):
+        """The output of rows `x` (batch, *input_shape), or with `until` node `until`'s (after its activation); `key`
+        (seed, rank, epoch, step) seeds dropout."""
         values = {name: x if self.whole_row else x[:, group.start:group.stop].reshape(len(x), *group.shape)
                   for name, group in self.groups.items()}
         layer_index = 0
@@ -113,7 +114,9 @@ class Graph(Network):
                     value = layer.forward(value, training)
                     layer_index += 1
             values[node.name] = value
-        return values[self.nodes[-1].name]
+            if node.name == until:
+                break
+        return values[until or self.nodes[-1].name]
 
     def backward(self, dy, grads_ready=None) -> None:
         """Backpropagate through the nodes in reverse; after a node with dense parameters, `grads_ready(start)`
@@ -236,16 +239,31 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
     return Graph(nodes, groups, input_shape, config.loss, xp, config.dtype, config.loss_options)
 
 
+def model_outputs(config, manifest) -> tuple[int, str]:
+    """(how many values the model of `config` (a ModelConfig) gives for the dataset of `manifest`, what they are):
+    one per class or target column, or for an autoencoder (`target: reconstruction`) one per input feature."""
+    if config.target == "reconstruction":
+        return math.prod(manifest.feature_shape), "input features (model.target: reconstruction)"
+    return manifest.outputs, "classes" if manifest.target == "class" else f"{manifest.target} target columns"
+
+
 def build_network(config, manifest, xp, budget: tuple[int, int] | None = None) -> Network:
     """The model `config.model` (a ModelConfig) describes for the dataset of `manifest`: a Graph of `graph`, or a
     Sequential of `layers` (which reads a row as numbers, so not a table with categorical ids); `budget` as
-    `check_memory`'s."""
-    outputs_name = "classes" if manifest.target == "class" else f"{manifest.target} target columns"
+    `check_memory`'s. An autoencoder's (`target: reconstruction`) gives its input back (`Network.reconstruct_inputs`)."""
+    outputs, outputs_name = model_outputs(config, manifest)
+    if config.target == "reconstruction" and "categorical" in manifest.input_groups:
+        raise ConfigError(f"model.target is reconstruction, but the dataset has categorical columns "
+                          f"{[c['name'] for c in manifest.columns['categorical']]} (ids, not values to reconstruct); "
+                          "expected a dataset of numbers or images")
     if config.graph:
-        return build_graph(config, manifest.input_groups, manifest.feature_shape, manifest.outputs, xp, outputs_name,
-                           budget)
-    if "categorical" in manifest.input_groups:
+        model = build_graph(config, manifest.input_groups, manifest.feature_shape, outputs, xp, outputs_name, budget)
+    elif "categorical" in manifest.input_groups:
         raise ConfigError(f"model.layers reads a row as numbers, but the dataset has categorical columns "
                           f"{[c['name'] for c in manifest.columns['categorical']]} (ids); expected model.graph with "
                           "an embedding of `categorical` (docs/tables.md)")
-    return build_model(config, manifest.feature_shape, manifest.outputs, xp, outputs_name, budget)
+    else:
+        model = build_model(config, manifest.feature_shape, outputs, xp, outputs_name, budget)
+    if config.target == "reconstruction":
+        model.reconstruct_inputs()
+    return model

@@ -122,6 +122,9 @@ LOSS_TARGETS = {"softmax_cross_entropy": "class", "binary_cross_entropy": "binar
 TARGET_KINDS = {"class": "integer labels", "binary": "one column of 0/1 labels",
                 "multilabel": "a column of 0/1 labels per label", "regression": "real values"}
 
+# The losses of an autoencoder (`model.target: reconstruction`): its input's values, or their 0..1 intensities.
+RECONSTRUCTION_LOSSES = ("mse", "binary_cross_entropy")
+
 # The options (model.loss_options) each loss takes.
 LOSS_OPTIONS = {"softmax_cross_entropy": ("class_weights",), "binary_cross_entropy": ("pos_weight",),
                 "multilabel_cross_entropy": ("pos_weight",), "mse": (), "l1": (), "huber": ("delta",)}

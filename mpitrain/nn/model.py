@@ -31,8 +31,12 @@ class Network(FlatModel):
 
     `layers` are every layer in the order forward runs them, `names` their names (the layout's `NAME/array`, the
     workspace part's), `shapes`/`stat_shapes` their parameter and statistic shapes; `param_order` the order of the
-    layers' parameters in the flat buffer (default: the layers'). Subclasses define `forward` and `backward`.
+    layers' parameters in the flat buffer (default: the layers'). Subclasses define `forward` and `backward`;
+    `forward(x, until=NODE)` stops at a node (a Sequential's layer index, a Graph's node name) and gives its
+    activations (`mpitrain predict --embeddings`).
     """
+
+    reconstruction = False  # an autoencoder: its loss's target is its own input (`reconstruct_inputs`)
 
     def __init__(self, layers: list[Layer], names: list[str], shapes: list[dict], stat_shapes: list[dict],
                  loss: str, xp, dtype, loss_options: dict | None, param_order: list[int] | None = None):
@@ -65,9 +69,19 @@ class Network(FlatModel):
             for name, value in layer.init_stats().items():
                 layer.stats[name][...] = self.xp.asarray(value, dtype=self.stats.dtype)
 
+    def reconstruct_inputs(self) -> None:
+        """Make this model an autoencoder (`model.target: reconstruction`): the target of its loss is its own input,
+        flattened to (rows, features), and binary cross-entropy takes one sigmoid per feature."""
+        self.reconstruction = True
+        if self.loss == "binary_cross_entropy":  # (rows, 1) only; the same sum over (rows, features)
+            self.loss_fn = loss_with_options("multilabel_cross_entropy", self.loss_options, self.xp)
+
     def train_batch(self, x, y, key: tuple = (0,), grads_ready=None):
         """Forward and backward (`grads_ready` as `backward`'s) on one batch; fills `grads`; returns (mean loss,
-        correct predictions) as 0-d arrays on the model's device, so a step never waits for the host."""
+        correct predictions) as 0-d arrays on the model's device, so a step never waits for the host. An
+        autoencoder's `y` is not read: its target is `x`."""
+        if self.reconstruction:
+            y = x.reshape(len(x), -1)
         loss, correct, dlogits = self.loss_fn(self.forward(x, training=True, key=key), y, self.loss_ws)
         self.backward(dlogits, grads_ready)
         return loss, correct
@@ -96,9 +110,10 @@ class Sequential(Network):
         super().__init__(layers, names, shapes, stat_shapes, loss, xp, dtype, loss_options)
         _fuse_activations(self.layers)
 
-    def forward(self, x, training: bool = False, key: tuple = (0,)):
-        """The logits of `x`; `key` (seed, rank, epoch, step) seeds the step's random layers (dropout)."""
-        for index, layer in enumerate(self.layers):
+    def forward(self, x, training: bool = False, key: tuple = (0,), until: int | None = None):
+        """The logits of `x`, or with `until` the output of layer `until` (an index into `layers`); `key` (seed, rank,
+        epoch, step) seeds the step's random layers (dropout)."""
+        for index, layer in enumerate(self.layers[:None if until is None else until + 1]):
             layer.key = (*key, index)
             x = layer.forward(x, training)
         return x

@@ -24,9 +24,10 @@ import socket
 from dataclasses import dataclass
 
 CHECKPOINT_NAME = re.compile(r"ckpt-(\d{4})-(\d{6})\.h5$")  # resume at step SSSSSS of epoch EEEE (0-based)
-# `mpitrain eval`'s picture by target kind: the confusion matrix, ROC and precision-recall curves, predicted vs true
 EVENTS_GLOB = "events.out.tfevents.*"  # TensorBoard's event files (mpitrain.rundir.tensorboard), named by its writer
-EVAL_PICTURES = {"class": "confusion", "binary": "curves", "multilabel": "curves", "regression": "scatter"}
+# `mpitrain eval`'s picture by target kind: the confusion matrix, ROC and precision-recall curves, predicted vs true
+EVAL_PICTURES = {"class": "confusion", "binary": "curves", "multilabel": "curves", "regression": "scatter",
+                 "reconstruction": "scatter"}
 
 
 def _in_run_dir(name: str) -> property:
@@ -74,6 +75,10 @@ class RunDir:
         return sorted(path for name in set(EVAL_PICTURES.values())
                       for path in glob.glob(os.path.join(glob.escape(self.path), f"{name}-*.png")))
 
+    def embeddings(self, split: str) -> str:
+        """`mpitrain predict --embeddings`'s default output (`mpitrain.training.activations`)."""
+        return os.path.join(self.path, f"embeddings-{split}.h5")
+
     def predictions(self, split: str) -> str:
         return os.path.join(self.path, f"predictions-{split}.h5")
 
@@ -83,10 +88,11 @@ class RunDir:
 
     def records(self) -> list[str]:
         """The files that record a run, those that exist: config.yaml, metrics.jsonl, summary.json, the report, the
-        outputs of eval and predict, TensorBoard's event files, and the checkpoints set aside as damaged."""
+        outputs of eval and predict (predictions and embeddings), TensorBoard's event files, and the checkpoints set aside as damaged."""
         here = glob.escape(self.path)
         outputs = [*glob.glob(os.path.join(here, "eval-*.json")), *self.eval_pngs(),
-                   *glob.glob(os.path.join(here, "predictions-*.h5")), *glob.glob(os.path.join(here, EVENTS_GLOB))]
+                   *glob.glob(os.path.join(here, "predictions-*.h5")),
+                   *glob.glob(os.path.join(here, "embeddings-*.h5")), *glob.glob(os.path.join(here, EVENTS_GLOB))]
         paths = [self.config, self.metrics, self.summary, self.report_png, self.report_html, *sorted(outputs)]
         return [path for path in paths if os.path.exists(path)] + self.damaged_checkpoints()
 

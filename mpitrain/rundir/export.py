@@ -40,7 +40,8 @@ OPSET = 17
 INPUT = "x"
 # The graph's last operator and its output's name, by target kind (`Manifest.target`).
 OUTPUT_HEADS = {"class": ("Softmax", "probabilities"), "binary": ("Sigmoid", "probabilities"),
-                "multilabel": ("Sigmoid", "probabilities"), "regression": (None, "values")}
+                "multilabel": ("Sigmoid", "probabilities"), "regression": (None, "values"),
+                "reconstruction": (None, "reconstruction")}  # an autoencoder's: Sigmoid under binary_cross_entropy
 # The manifest's description of rows and targets, in metadata "manifest".
 MANIFEST_KEYS = ("feature_shape", "feature_dtype", "scale", "offset", "mean", "std", "num_classes", "class_names",
                  "target", "target_names", "source", "seed", "transforms", "columns")
@@ -203,10 +204,13 @@ def emit_nodes(graph: OnnxGraph, model, x: str) -> str:
     return values[model.nodes[-1].name]
 
 
-def emit_output_head(graph: OnnxGraph, x: str, target: str) -> str:
+def emit_output_head(graph: OnnxGraph, x: str, target: str, loss: str = "") -> str:
     """The model's last output `x` as the graph's output for a target kind (`OUTPUT_HEADS`): Softmax, Sigmoid or
-    the values, cast to float32, under the output's name (`probabilities` or `values`)."""
+    the values, cast to float32, under the output's name (`probabilities`, `values` or `reconstruction`: an
+    autoencoder's, through a Sigmoid under its `loss` binary_cross_entropy, as `mpitrain predict` gives it)."""
     op, output = OUTPUT_HEADS[target]
+    if target == "reconstruction" and loss == "binary_cross_entropy":
+        op = "Sigmoid"
     if op is not None:
         x = graph.node(op, [x], "output", **({"axis": -1} if op == "Softmax" else {}))
     if graph.dtype != np.float32:
@@ -228,7 +232,9 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
     onnx = require_onnx()
     helper = onnx.helper
     check_exportable(model.layers)
-    check_loss_fits(model.loss, manifest.target, "ONNX export")
+    target = "reconstruction" if model.reconstruction else manifest.target
+    if not model.reconstruction:
+        check_loss_fits(model.loss, target, "ONNX export")
     if tuple(manifest.feature_shape) != tuple(model.input_shape):
         raise MpitrainError(f"the model takes inputs of shape {list(model.input_shape)}, the manifest's rows have "
                             f"shape {list(manifest.feature_shape)}")
@@ -241,10 +247,10 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
         for layer, name in zip(model.layers, model.names):
             x = emit_layer(graph, layer, x, name, shape)
             shape = layer.output_shape(shape)
-    output = emit_output_head(graph, x, manifest.target)
+    output = emit_output_head(graph, x, target, model.loss)
     inputs = [helper.make_tensor_value_info(INPUT, helper.np_dtype_to_tensor_dtype(np.dtype(manifest.feature_dtype)),
                                             ["N", *manifest.feature_shape])]  # N: any batch size
-    outputs = [helper.make_tensor_value_info(output, onnx.TensorProto.FLOAT, ["N", manifest.outputs])]
+    outputs = [helper.make_tensor_value_info(output, onnx.TensorProto.FLOAT, ["N", model.output_shape[0]])]
     proto = helper.make_model(helper.make_graph(graph.nodes, "mpitrain", inputs, outputs, graph.initializers),
                               opset_imports=[helper.make_opsetid("", OPSET)], producer_name="mpitrain")
     proto.producer_version = __version__

@@ -9,6 +9,10 @@ other targets than class `target_names`, the names of the k columns):
     binary      predicted int32 (n, 1) 0/1         probabilities float32 (n, 1)    label float32 (n, 1)
     multilabel  predicted int32 (n, k) 0/1         probabilities float32 (n, k)    label float32 (n, k)
     regression  predicted float32 (n, k) values                                    label float32 (n, k)
+    reconstruction  predicted float32 (n, f) the reconstructed input               label float32 (n, f) the input
+
+An autoencoder's (`model.target: reconstruction`) f columns are the input's features, flattened, as the model reads
+them (after `data.normalize`); its `target_names` are `feature J`.
 
 `predicted` is `mpitrain.training.scores.decisions` of the probabilities (binary and multilabel: probability
 above 0.5); regression's values are in the target's own units.
@@ -25,11 +29,13 @@ from mpitrain.rundir.report import class_names, write_confusion_png, write_curve
 
 
 def write_evaluation(json_path: str, picture: str, result: dict, provenance: dict, manifest, title: str,
-                     curves: list[dict] | None = None, values: tuple | None = None) -> None:
+                     curves: list[dict] | None = None, values: tuple | None = None,
+                     names: list[str] | None = None) -> None:
     """`result` (Evaluation.to_dict()) and its `provenance` as JSON at `json_path`, and its picture at `picture`
     titled `title`: for class targets the confusion matrix, its classes named as the manifest names them; for
     binary and multilabel targets ROC and precision-recall `curves` (`mpitrain.training.scores.curves`, one per
-    column); for regression the (labels, predictions) `values` drawn against each other."""
+    column); for regression the (labels, predictions) `values` drawn against each other, their columns `names`
+    (default: `target_names`)."""
     write_file(json_path, lambda f: json.dump({**provenance, **result}, f, indent=2))
     with os_errors(picture, "drawing the evaluation's picture"):
         if "confusion" in result:
@@ -37,7 +43,7 @@ def write_evaluation(json_path: str, picture: str, result: dict, provenance: dic
         elif curves is not None:
             write_curves_png(curves, target_names(manifest), result, picture, title)
         elif values is not None:
-            write_scatter_png(*values, target_names(manifest), result, picture, title)
+            write_scatter_png(*values, names or target_names(manifest), result, picture, title)
 
 
 def names_of(manifest) -> list[str]:
@@ -52,6 +58,14 @@ def target_names(manifest) -> list[str]:
                                            [f"output {j}" for j in range(manifest.outputs)])
 
 
+def output_names(manifest, target: str) -> list[str]:
+    """The names of a prediction's columns for a target kind other than class: `target_names`, or an autoencoder's
+    (`reconstruction`) `feature J`, one per input feature."""
+    if target == "reconstruction":
+        return [f"feature {j}" for j in range(int(np.prod(manifest.feature_shape)))]
+    return target_names(manifest)
+
+
 def write_predictions(path: str, target: str, predicted: np.ndarray, outputs: np.ndarray, labels: np.ndarray,
                       provenance: dict, names: list[str] | None = None) -> None:
     """Every row's prediction, the model's outputs and the true labels (see the module docstring for each target
@@ -59,7 +73,7 @@ def write_predictions(path: str, target: str, predicted: np.ndarray, outputs: np
     def write(f):
         with h5py.File(f, "w") as h5:
             h5.create_dataset("predicted", data=predicted)
-            if target != "regression":
+            if target not in ("regression", "reconstruction"):
                 h5.create_dataset("probabilities", data=outputs)
             h5.create_dataset("label", data=labels)
             h5.attrs.update(provenance)

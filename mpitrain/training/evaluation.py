@@ -66,22 +66,40 @@ class Evaluation:
         }
 
 
-def outputs_of(logits, target: str):
+def outputs_of(logits, target: str, loss: str = ""):
     """What the model's outputs mean for a target kind: class probabilities (softmax), probabilities (sigmoid) of
-    binary and multilabel labels, the values themselves for regression."""
+    binary and multilabel labels, the values themselves for regression; an autoencoder's reconstruction of its input
+    (`reconstruction`) is the values, or their sigmoids under the `loss` binary_cross_entropy."""
     if target == "class":
         return softmax(logits)
+    if target == "reconstruction":
+        return sigmoid(logits) if loss == "binary_cross_entropy" else logits
     return logits if target == "regression" else sigmoid(logits)
 
 
-def batched_logits(model, rows, to_input, batch_size: int):
+def scored_as(target: str) -> str:
+    """The kind whose metrics score a target kind (`mpitrain.training.scores.KINDS`): a reconstruction is scored as
+    regression's values (MSE, RMSE, MAE, R²), over every feature of every row."""
+    return "regression" if target == "reconstruction" else target
+
+
+def batched_logits(model, rows, to_input, batch_size: int, until=None):
     """Yield (logits, labels) over this rank's rows (`mpitrain.data.stream.EvalRows`) in order, the last batch possibly
     short. The inputs go into the model's workspace (`to_input(stored, out)`) and the logits are the model's: used
-    before the next; labels are a host array, likewise reused."""
+    before the next; labels are a host array, likewise reused. An autoencoder's (`model.reconstruction`) labels are
+    its inputs, flattened, as training gives them to its loss. `until` (a node: `Network.forward`'s) yields that
+    node's activations instead of the logits, beside the dataset's labels."""
     ws = model.workspace.part("evaluation")
     for stored, labels in rows.batches(batch_size):
         x = to_input(stored, ws("input", (len(stored), *model.input_shape), model.params.dtype))
-        yield model.forward(x, training=False), labels
+        if model.reconstruction and until is None:
+            labels = _host(x).reshape(len(x), -1)
+        yield model.forward(x, training=False, until=until), labels
+
+
+def _host(array):
+    """A numpy array of a numpy or cupy array."""
+    return array.get() if hasattr(array, "get") else array
 
 
 def evaluate(model, rows, to_input, batch_size: int, comm, num_classes: int, backend, target: str = "class",
@@ -138,7 +156,7 @@ def evaluate_targets(model, rows, to_input, batch_size: int, comm, backend, targ
         for logits, batch_labels in batched_logits(model, rows, to_input, batch_size):
             loss, correct, _ = model.loss_fn(logits, backend.to_device(batch_labels), model.loss_ws)
             totals[:3] += (float(loss) * len(batch_labels), float(correct), len(batch_labels))
-            outputs.append(backend.to_host(outputs_of(logits, target)).astype(np.float64))
+            outputs.append(backend.to_host(outputs_of(logits, target, model.loss)).astype(np.float64))
             labels.append(batch_labels.astype(np.float64))
     except DataError as e:
         failure = str(e)
@@ -148,8 +166,9 @@ def evaluate_targets(model, rows, to_input, batch_size: int, comm, backend, targ
         comm.raise_first_failure(failure, DataError)
     width, scored = model.output_shape[0], int(totals[2])  # every rank's rows: all decide the mode alike
     labels, outputs = (np.concatenate(parts or [np.empty((0, width))]).reshape(-1, width) for parts in (labels, outputs))
-    metrics, gathered, found = kind_metrics(comm, target, labels, outputs, scored, max_exact_rows)
-    return Evaluation(None, float(totals[0]), scored, None if target == "regression" else float(totals[1]),
+    kind = scored_as(target)
+    metrics, gathered, found = kind_metrics(comm, kind, labels, outputs, scored, max_exact_rows)
+    return Evaluation(None, float(totals[0]), scored, None if kind == "regression" else float(totals[1]),
                       metrics, gathered if comm.rank == 0 else None, found if comm.rank == 0 else None)
 
 
@@ -177,9 +196,9 @@ def predict(model, rows, to_input, batch_size: int, backend, target: str = "clas
     outputs, labels = [], []
     width = model.output_shape[0]
     for logits, batch_labels in batched_logits(model, rows, to_input, batch_size):
-        outputs.append(backend.to_host(outputs_of(logits, target).astype(np.float32)))
+        outputs.append(backend.to_host(outputs_of(logits, target, model.loss).astype(np.float32)))
         labels.append(batch_labels.copy() if target == "class" else
                       np.array(batch_labels, np.float32).reshape(-1, width))  # a copy: the batch is reused
     empty = np.empty(0, np.int32) if target == "class" else np.empty((0, width), np.float32)
     outputs = np.concatenate(outputs) if outputs else np.empty((0, width), np.float32)
-    return decisions(target, outputs), outputs, np.concatenate(labels or [empty])
+    return decisions(scored_as(target), outputs), outputs, np.concatenate(labels or [empty])

@@ -335,7 +335,7 @@ def _end_epoch(run: Run, loop: _Loop, epoch: int, totals: Totals, done: _Done, w
 def _evaluate(run: Run, loop: _Loop) -> Evaluation:
     manifest = run.reader.manifest
     return evaluate(run.model, loop.test_rows, loop.batches.to_model_input, EVAL_BATCH_SIZE, run.comm,
-                    manifest.num_classes, run.backend, manifest.target)
+                    manifest.num_classes, run.backend, run.target)
 
 
 def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:

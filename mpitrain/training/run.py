@@ -22,7 +22,7 @@ from mpitrain.data.reader import Batches, DatasetReader, ModelInput
 from mpitrain.data.storage import is_url
 from mpitrain.errors import ConfigError, describe
 from mpitrain.nn.losses import check_loss_fits
-from mpitrain.nn.graph import build_network
+from mpitrain.nn.graph import build_network, model_outputs
 from mpitrain.nn.model import Network, rank_memory_bytes
 from mpitrain.training.pretrain import dbn_layers
 from mpitrain.rundir.directory import FileLock, RunDir
@@ -38,6 +38,12 @@ class Run:
     reader: DatasetReader
     model: Network
     checkpointer: Checkpointer
+
+    @property
+    def target(self) -> str:
+        """What the model learns to give: the dataset's target kind (`Manifest.target`), or `reconstruction` (an
+        autoencoder's, `model.target`)."""
+        return "reconstruction" if self.config.model.target == "reconstruction" else self.reader.manifest.target
 
     @contextmanager
     def owned(self):
@@ -141,12 +147,13 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
         manifest = reader.manifest
         decided["model.layers"] = model_layers(config, manifest)
         config = resolve(config, decided, "the config")
-        check_loss_fits(config.model.loss, manifest.target, reader.path)
+        if config.model.target != "reconstruction":  # its losses are checked with the config
+            check_loss_fits(config.model.loss, manifest.target, reader.path)
         if model is None:
             budget = (config.train.global_batch(comm.size) // comm.size, rank_memory_bytes(comm.local_size))
             model = build_network(config.model, manifest, comm.backend.xp, budget)
         else:
-            _check_fits(model, manifest, comm.backend)
+            _check_fits(model, config.model, manifest, comm.backend)
     checkpointer = Checkpointer(config.run_dir, comm, comm.backend, reader.manifest_sha256, reader.path,
                                 keep=config.checkpoint.keep, resume=config.resume)
     return Run(config, comm, comm.backend, reader, model, checkpointer)
@@ -160,12 +167,16 @@ def model_layers(config: Config, manifest) -> list:
     return config.model.layers
 
 
-def _check_fits(model: Network, manifest, backend) -> None:
-    """A caller's model must live on the run's backend and map the dataset's rows to its classes."""
+def _check_fits(model: Network, model_config, manifest, backend) -> None:
+    """A caller's model must live on the run's backend and map the dataset's rows to its classes (an autoencoder's,
+    `model.target: reconstruction`: back to its rows, `model.reconstruct_inputs()` done here)."""
     if model.xp is not backend.xp:
         raise ConfigError(f"the model's arrays are {model.xp.__name__} arrays, but the run's backend is "
                           f"{backend.name}; build it with xp=comm.backend.xp")
-    if model.input_shape != tuple(manifest.feature_shape) or model.output_shape != (manifest.outputs,):
+    outputs, what = model_outputs(model_config, manifest)
+    if model.input_shape != tuple(manifest.feature_shape) or model.output_shape != (outputs,):
         raise ConfigError(f"the model maps inputs of shape {list(model.input_shape)} to {list(model.output_shape)}, "
                           f"but the dataset has rows of shape {list(manifest.feature_shape)} and "
-                          f"{manifest.outputs} outputs (a {manifest.target} target)")
+                          f"{outputs} outputs ({what})")
+    if model_config.target == "reconstruction":
+        model.reconstruct_inputs()

@@ -24,7 +24,7 @@ from mpitrain.errors import MpitrainError
 from mpitrain.files import check_output
 from mpitrain.rundir.checkpointer import checkpoint_config, chosen_checkpoint
 from mpitrain.rundir.directory import RunDir
-from mpitrain.rundir.outputs import names_of, target_names, write_evaluation, write_predictions
+from mpitrain.rundir.outputs import names_of, output_names, write_evaluation, write_predictions
 from mpitrain.training.evaluation import EVAL_BATCH_SIZE, evaluate, predict
 from mpitrain.training.metrics import figure
 from mpitrain.training.scores import curves
@@ -75,7 +75,7 @@ def evaluate_run(run_dir: str, comm, split: str = "test", checkpoint: str | None
     the kind's metrics, exact up to `max_exact_rows` rows, default `MAX_EXACT_ROWS`, and
     in the histogram mode above) with their provenance, the two paths ("json", "picture") and the class names."""
     trained = Trained(run_dir, comm, split, checkpoint, batch_size, allow_other_dataset)
-    run, target = trained.run, trained.manifest.target
+    run, target = trained.run, trained.run.target
     try:
         evaluation = evaluate(run.model, trained.rows, trained.to_input, trained.batch_size, run.comm,
                               trained.manifest.num_classes, run.backend, target, max_exact_rows, class_metrics=True)
@@ -84,15 +84,17 @@ def evaluate_run(run_dir: str, comm, split: str = "test", checkpoint: str | None
     result = evaluation.to_dict()
     files = RunDir(run_dir)
     paths = {"json": files.eval_json(split), "picture": files.eval_png(split, target)}
-    headline = {"class": "accuracy", "binary": "auc", "multilabel": "auc_macro", "regression": "r2"}[target]
+    headline = {"class": "accuracy", "binary": "auc", "multilabel": "auc_macro", "regression": "r2",
+                "reconstruction": "mse"}[target]
     with comm.agreed_errors():
         if comm.is_root:
             drawn = {}
             if target in ("binary", "multilabel"):
                 found = curves(target, *evaluation.predictions) if evaluation.curves is None else evaluation.curves
                 drawn["curves"] = [found] if target == "binary" else found
-            elif target == "regression":
+            elif target in ("regression", "reconstruction"):
                 drawn["values"] = evaluation.predictions
+                drawn["names"] = output_names(trained.manifest, target)
             write_evaluation(paths["json"], paths["picture"], result, trained.provenance(), trained.manifest,
                              f"{os.path.basename(os.path.abspath(run_dir))}, {split}: "
                              f"{headline} {figure(result[headline])}", **drawn)
@@ -113,7 +115,7 @@ def predict_run(run_dir: str, comm, split: str = "test", out: str | None = None,
             raise MpitrainError(f"--out {path}: is a folder; expected an HDF5 file path")
         check_output(path, overwrite)
     trained = Trained(run_dir, comm, split, checkpoint, batch_size, allow_other_dataset)
-    target = trained.manifest.target
+    target = trained.run.target
     try:
         with comm.agreed_errors():
             predicted, outputs, labels = predict(trained.run.model, trained.rows, trained.to_input,
@@ -125,5 +127,5 @@ def predict_run(run_dir: str, comm, split: str = "test", out: str | None = None,
         if comm.is_root:
             check_output(path, overwrite)  # again: something may have appeared there while the ranks predicted
             write_predictions(path, target, *(np.concatenate([p[i] for p in parts]) for i in range(3)),
-                              trained.provenance(), None if target == "class" else target_names(trained.manifest))
+                              trained.provenance(), None if target == "class" else output_names(trained.manifest, target))
     return path, sum(comm.allgather_obj(len(outputs)))

@@ -7,7 +7,7 @@ from mpitrain.config.sections import ModelConfig
 from mpitrain.data.shards import InputGroup, Manifest
 from mpitrain.errors import ConfigError
 from mpitrain.nn.graph import build_graph, build_network
-from mpitrain.nn.losses import binary_cross_entropy
+from mpitrain.nn.losses import binary_cross_entropy, softmax_cross_entropy
 from mpitrain.nn.model import build_model
 from mpitrain.testing.gradients import numeric_grad
 
@@ -49,6 +49,40 @@ def test_add_a_residual_path_and_per_column_dimensions_have_the_gradients_of_cen
                      {"name": "b", "type": "dense", "input": "a", "units": 4},
                      {"name": "sum", "type": "add", "inputs": ["a", "b"]},
                      {"name": "out", "type": "dense", "input": "sum", "units": 1}])
+
+
+RESIDUAL_BLOCKS = [  # configs/fashion_resnet.yaml's kinds of node, small: a stem, an identity block, a widening block
+    {"name": "stem", "type": "conv2d", "input": "numeric", "filters": 2, "kernel": 3, "padding": "same"},
+    {"name": "stem_bn", "type": "batchnorm", "input": "stem"},
+    {"name": "stem_relu", "type": "relu", "input": "stem_bn"},
+    {"name": "b1_conv", "type": "conv2d", "input": "stem_relu", "filters": 2, "kernel": 3, "padding": "same"},
+    {"name": "b1_bn", "type": "batchnorm", "input": "b1_conv"},
+    {"name": "b1_sum", "type": "add", "inputs": ["b1_bn", "stem_relu"]},
+    {"name": "b1_relu", "type": "relu", "input": "b1_sum"},
+    {"name": "b1_pool", "type": "maxpool2d", "input": "b1_relu", "pool": 2},
+    {"name": "b2_conv", "type": "conv2d", "input": "b1_pool", "filters": 3, "kernel": 3, "padding": "same"},
+    {"name": "b2_bn", "type": "batchnorm", "input": "b2_conv"},
+    {"name": "b2_skip", "type": "conv2d", "input": "b1_pool", "filters": 3, "kernel": 1},
+    {"name": "b2_skip_bn", "type": "batchnorm", "input": "b2_skip"},
+    {"name": "b2_sum", "type": "add", "inputs": ["b2_bn", "b2_skip_bn"]},
+    {"name": "b2_relu", "type": "relu", "input": "b2_sum"},
+    {"name": "gap", "type": "avgpool2d", "input": "b2_relu", "pool": 3},
+    {"name": "features", "type": "flatten", "input": "gap"},
+    {"name": "logits", "type": "dense", "input": "features", "units": 3}]
+
+
+def test_residual_blocks_with_batch_norm_on_image_rows_have_the_gradients_of_central_differences():
+    """Conv, batch norm (batch statistics: training) and add skips inside a graph that reads whole image rows."""
+    rng = np.random.default_rng(0)
+    manifest = Manifest((1, 6, 6), "uint8", 1 / 255, 0.0, 0.0, 1.0, 3, {}, {})
+    model = build_network(ModelConfig(graph=RESIDUAL_BLOCKS, dtype="float64"), manifest, np)
+    assert model.whole_row and model.output_shape == (3,)
+    model.init_params(0, "he")
+    model.params += rng.normal(0, 0.1, model.n_params)
+    x, y = rng.normal(size=(5, 1, 6, 6)), rng.integers(0, 3, 5)
+    model.train_batch(x, y)
+    loss = lambda: softmax_cross_entropy(model.forward(x, training=True), y)[0]  # noqa: E731
+    np.testing.assert_allclose(model.grads, numeric_grad(loss, model.params), rtol=1e-4, atol=1e-8)
 
 
 def test_an_embedding_backward_writes_only_the_touched_rows_and_clears_them_next_step():

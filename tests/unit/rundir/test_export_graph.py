@@ -40,3 +40,25 @@ def test_onnx_runtime_gives_the_graph_models_outputs(target):
     session = ort.InferenceSession(onnx_model(model, manifest).SerializeToString(), providers=["CPUExecutionProvider"])
     (got,) = session.run(None, {"x": rows})
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("loss, head", [("mse", lambda z: z), ("binary_cross_entropy", lambda z: 1 / (1 + np.exp(-z)))])
+def test_an_autoencoder_exports_its_reconstruction_as_predict_gives_it(loss, head):
+    """`model.target: reconstruction` on uint8 images: the output `reconstruction` [N, features], through a Sigmoid
+    under binary cross-entropy, equal to `mpitrain.training.evaluation.outputs_of` the model's outputs."""
+    import onnxruntime as ort
+    from mpitrain.training.evaluation import outputs_of
+    manifest = Manifest((1, 4, 4), "uint8", 1 / 255, 0.0, 0.4, 0.2, 10, {}, {})  # a class dataset: labels unread
+    graph = [{"name": "pixels", "type": "flatten", "input": "numeric"},
+             {"name": "code", "type": "dense", "input": "pixels", "units": 3},
+             {"name": "out", "type": "dense", "input": "code", "units": 16}]
+    model = build_network(ModelConfig(graph=graph, loss=loss, target="reconstruction"), manifest, np)
+    model.init_params(0, "xavier")
+    rows = np.random.default_rng(0).integers(0, 256, (20, 1, 4, 4)).astype(np.uint8)
+    proto = onnx_model(model, manifest, normalize=True)
+    assert [o.name for o in proto.graph.output] == ["reconstruction"]
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = ((rows / 255 - 0.4) / 0.2).astype(np.float32)  # the manifest's scaling, data.normalize on
+    expected = outputs_of(model.forward(x), "reconstruction", loss)
+    np.testing.assert_allclose(expected, head(model.forward(x).astype(np.float64)), rtol=1e-6)
+    np.testing.assert_allclose(session.run(["reconstruction"], {"x": rows})[0], expected, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,86 @@
+"""A node's activations for every row of a split: `mpitrain predict RUN --embeddings NODE` (an autoencoder's code).
+
+    path, rows = predict_activations("runs/digits_autoencoder", comm, "code")   # RUN_DIR/embeddings-test.h5
+
+NODE names what to read out (`node_of`):
+
+- a graph model (`model.graph`): a node's name; its output after its activation;
+- a `layers:` model: the index of an entry of `model.layers` as the run's config.yaml lists them (0: the first);
+  that entry's output after its own `activation` (the expanded layer names of the checkpoint's layout, `03_relu`,
+  are not accepted: a dense layer runs its activation fused, so its own output is never held apart).
+
+The HDF5 file holds `embeddings` float32 (rows, *the node's shape), in the order `mpitrain predict` writes its
+rows, and `label`, the dataset's labels as `predict` writes a class target's or a target's columns (not the
+reconstruction's: a code is coloured by what its row is), with the provenance and `node` as attributes. The
+forward pass stops at the node, in evaluation mode (dropout off, batch norm's running statistics).
+"""
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+
+from mpitrain.errors import MpitrainError
+from mpitrain.files import check_output, write_file
+from mpitrain.rundir.directory import RunDir
+from mpitrain.training.evaluation import batched_logits
+from mpitrain.training.trained import Trained
+
+
+def node_of(model, model_config, node: str):
+    """`Network.forward`'s `until` for the NODE a user names (see the module docstring): a graph's node name, or the
+    index into a Sequential's layers of `model_config.layers[NODE]`'s last layer; an MpitrainError naming what there
+    is otherwise."""
+    if hasattr(model, "nodes"):
+        names = [each.name for each in model.nodes]
+        if node not in names:
+            raise MpitrainError(f"--embeddings {node!r}: the model (model.graph) has no such node; expected one of "
+                                f"{names}")
+        return node
+    specs = model_config.layers
+    if not node.isdigit() or int(node) >= len(specs):
+        raise MpitrainError(f"--embeddings {node!r}: expected the index of an entry of the run's model.layers, 0 to "
+                            f"{len(specs) - 1}")
+    return sum(1 + (spec.get("activation", "none") != "none") for spec in specs[:int(node) + 1]) - 1
+
+
+def predict_activations(run_dir: str, comm, node: str, split: str = "test", out: str | None = None,
+                        checkpoint: str | None = None, batch_size: int | None = None,
+                        allow_other_dataset: bool = False, overwrite: bool = False) -> tuple[str, int]:
+    """Write node `node`'s activations for every row of `split` with a run's checkpoint (a collective; arguments as
+    `mpitrain.training.trained.predict_run`'s; `out` default RUN_DIR/embeddings-SPLIT.h5, replaced on every call).
+    Returns the path and the row count."""
+    path, overwrite = (out, overwrite) if out else (RunDir(run_dir).embeddings(split), True)
+    with comm.agreed_errors():
+        if os.path.isdir(path):
+            raise MpitrainError(f"--out {path}: is a folder; expected an HDF5 file path")
+        check_output(path, overwrite)
+    trained = Trained(run_dir, comm, split, checkpoint, batch_size, allow_other_dataset)
+    run = trained.run
+    values, labels = [], []
+    try:
+        with comm.agreed_errors():
+            until = node_of(run.model, run.config.model, node)
+            for activations, batch_labels in batched_logits(run.model, trained.rows, trained.to_input,
+                                                            trained.batch_size, until):
+                values.append(run.backend.to_host(activations).astype(np.float32))
+                labels.append(np.array(batch_labels))  # a copy: the batch is reused
+    finally:
+        run.reader.close()
+    rows = sum(map(len, values))
+    parts = comm.gather_obj((values, labels))
+    with comm.agreed_errors():
+        if comm.is_root:
+            check_output(path, overwrite)  # again: something may have appeared there while the ranks worked
+            embeddings, label = (np.concatenate([array for part in parts for array in part[i]] or [np.empty(0)])
+                                 for i in range(2))
+
+            def write(f):
+                with h5py.File(f, "w") as h5:
+                    h5.create_dataset("embeddings", data=embeddings)
+                    h5.create_dataset("label", data=label)
+                    h5.attrs.update(trained.provenance())
+                    h5.attrs["node"] = node
+            write_file(path, write, binary=True)
+    return path, sum(comm.allgather_obj(rows))
