@@ -1,5 +1,6 @@
 """Training in a Spark barrier stage (mpitrain.spark), with real Spark and MPICH's Hydra: the final parameters
-are `mpiexec -n 2 mpitrain train`'s bit for bit in local[2] and local-cluster[2,1,1024]; a rank that raises or
+are `mpiexec -n 2 mpitrain train`'s bit for bit in local[2], local-cluster[2,1,1024] and on a standalone cluster
+of two simulated nodes (network namespaces, tests/harness/cluster.py; root only); a rank that raises or
 is killed, or a killed proxy, fails the stage with one line naming the rank and host and leaves no process of
 the job; what a barrier stage cannot run is refused up front. Spark starts are few: each costs 10-20 s here."""
 from __future__ import annotations
@@ -16,12 +17,14 @@ import pytest
 
 from mpitrain.errors import MpitrainError
 from mpitrain.rundir.checkpoint import list_checkpoints, load_checkpoint
+from mpitrain.spark.processes import die_with_parent
 from mpitrain.spark.stage import run_mpi_job
 from mpitrain.spark.task import JobFailed, MpiJob
+from mpitrain.testing.cluster import SimulatedCluster, missing_capability
 from mpitrain.testing.datasets import make_dataset, write_config
 from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, REPO, VENV_BIN, command, mpiexec, wait_until_gone
 
-SPARK_SUBMIT = os.path.join(VENV_BIN, "spark-submit")
+SPARK_SUBMIT, SPARK_CLASS = os.path.join(VENV_BIN, "spark-submit"), os.path.join(VENV_BIN, "spark-class")
 
 
 def final_parameters(run_dir) -> tuple[bytes, bytes, int]:
@@ -30,19 +33,19 @@ def final_parameters(run_dir) -> tuple[bytes, bytes, int]:
     return checkpoint.params.tobytes(), checkpoint.stats.tobytes(), checkpoint.epoch
 
 
-def job_processes(marker: str) -> list[int]:
-    """The running processes of a job whose command lines hold `marker` (ranks, mpiexec, guards), and the
-    proxies of this venv's manual launcher (only the Spark jobs start those)."""
+def job_processes(marker: str, pids=None) -> list[int]:
+    """The running processes (of `pids`, default all) of a job whose command lines hold `marker` (ranks, mpiexec,
+    guards), and the proxies of this venv's manual launcher (only the Spark jobs start those)."""
     found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in pids or map(int, filter(str.isdigit, os.listdir("/proc"))):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 line = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
         proxy = line.startswith(os.path.join(VENV_BIN, "hydra_pmi_proxy")) and "--launcher manual" in line
-        if (marker in line or proxy) and int(pid) != os.getpid():
-            found.append(int(pid))
+        if (marker in line or proxy) and pid != os.getpid():
+            found.append(pid)
     return found
 
 
@@ -191,3 +194,63 @@ def test_a_killed_rank_or_proxy_fails_the_stage_and_leaves_nothing_running(spark
     assert outcome["failed"] == (f"rank 1 on {host} ended: Killed (signal 9)" if victim == "rank" else
                                  f"the MPI proxy on {host} (ranks 0, 1) was killed by signal 9")
     assert not left_running(config)
+
+
+def start_in_node(cluster, node: str, log: Path, *args, env: dict) -> subprocess.Popen:
+    """A Spark daemon in `node`, its output in `log`; it dies with this test run (die_with_parent)."""
+    with open(log, "w") as out:
+        return subprocess.Popen(cluster.node_command(node, *args), stdout=out, stderr=subprocess.STDOUT, env=env,
+                                preexec_fn=die_with_parent)
+
+
+def wait_for_line(text: str, *logs: Path, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not all(text in log.read_text() for log in logs):
+        assert time.monotonic() < deadline, f"{text!r} not in every one of {logs}"
+        time.sleep(0.5)
+
+
+def test_a_standalone_cluster_of_two_simulated_nodes_ends_bit_for_bit_where_mpiexec_does(reference, tmp_path):
+    """A master on the first node and a worker of one core on each (tests/harness/cluster.py); spark-submit in
+    the first node: one rank runs on each node, the MPI job crosses the link, the parameters are mpiexec's."""
+    reason = missing_capability()
+    if reason:
+        pytest.fail(reason) if os.environ.get("CI") == "true" else pytest.skip(reason)
+    config, expected = reference
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "spark-defaults.conf").write_text("spark.ui.enabled false\n")
+    with SimulatedCluster(nodes=2, link_gbps=1) as cluster:
+        # seven JVMs share 2 cores: C1 only and a serial GC save about a third of their start-up CPU
+        env = {**cluster.env, **spark_env(), "SPARK_CONF_DIR": str(tmp_path / "conf"),
+               "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+        first = cluster.nodes[0]
+        master = f"spark://{first}:7077"
+        daemons = [start_in_node(cluster, first, tmp_path / "master.log", SPARK_CLASS,
+                                 "org.apache.spark.deploy.master.Master", "--host", first, "--port", "7077",
+                                 "--webui-port", "0", env=env)]
+        try:
+            wait_for_line("I have been elected leader", tmp_path / "master.log")
+            workers = [tmp_path / f"worker-{node}.log" for node in cluster.nodes]
+            daemons += [start_in_node(cluster, node, log, SPARK_CLASS, "org.apache.spark.deploy.worker.Worker",
+                                      "--host", node, "--cores", "1", "--memory", "1024m", "--webui-port", "0",
+                                      "--work-dir", tmp_path / "work", master, env=env)
+                        for node, log in zip(cluster.nodes, workers)]
+            wait_for_line("Successfully registered with master", *workers)
+            done = subprocess.run(cluster.node_command(first, SPARK_SUBMIT, "--master", master,
+                                                       os.path.join(REPO, "etl", "train.py"), config, "--ranks", "2",
+                                                       "--set", f"run_dir={tmp_path / 'run'}"),
+                                  capture_output=True, text=True, timeout=400, env=env)
+            assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+            assert final_parameters(tmp_path / "run") == expected
+            # each rank alone on its node (rank 0's thread plan says so), each node's executor ran a task
+            assert "threads: 1 rank(s) on this node (from MPICH Hydra)" in done.stdout, done.stdout[-3000:]
+            assert f"Spark master {master}" in done.stdout
+            executors = list((tmp_path / "work").glob("*/*/stderr"))
+            assert len(executors) == 2 and all("Running task" in log.read_text() for log in executors)
+            time.sleep(2)  # the guards' last kills, had anything been left
+            assert {node: job_processes(config, pids) for node, pids in cluster.pids().items()} == \
+                {node: [] for node in cluster.nodes}
+        finally:
+            for daemon in daemons:
+                daemon.kill()
+                daemon.wait()
