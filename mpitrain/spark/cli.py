@@ -24,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser, default_master: str) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue from the run's newest checkpoint (the same as --set resume=auto)")
     parser.add_argument("--master", help=f"Spark master (default: {default_master})")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting, as spark-submit's --conf; repeatable")
     parser.add_argument("--mpiexec", help="MPICH Hydra's mpiexec on every node (default: the one beside the "
                                           "executors' Python, else the first on PATH)")
 
@@ -38,19 +40,23 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ranks < 1:
         raise MpitrainError(f"--ranks {args.ranks}: expected a positive number of ranks")
+    settings = dict(setting.partition("=")[::2] for setting in args.conf)
+    if any(not key or not value for key, value in settings.items()):
+        raise MpitrainError(f"--conf {' '.join(args.conf)}: expected KEY=VALUE")
     overrides = [*args.set, *(["resume=auto"] if args.resume else [])]
     config = load_config(args.config, overrides)  # a config error is one line now, not N ranks' later
     check_manual_launcher(find_mpiexec(args.mpiexec))
     python_args = ("-m", "mpitrain", "train", os.path.abspath(args.config), *(f"--set={o}" for o in overrides))
     # the ranks run where `mpiexec` would have been typed: the driver's working directory (it must exist on
     # every node, as under mpiexec), so relative paths in the config and --set mean the same
-    job = MpiJob(python_args, os.getcwd(), ("", 0), args.mpiexec)
+    job = MpiJob(args.ranks, python_args, os.getcwd(), ("", 0), args.mpiexec)
     started = time.monotonic()
     # Spark's console progress bar would cut into the ranks' lines; the driver prints those instead
-    with spark_session(args.master, "mpitrain-spark-train", {"spark.ui.showConsoleProgress": "false"}) as spark:
+    with spark_session(args.master, "mpitrain-spark-train",
+                       {"spark.ui.showConsoleProgress": "false", **settings}) as spark:
         master = spark.sparkContext.master
         try:
-            status = run_mpi_job(spark.sparkContext, args.ranks, job)
+            status = run_mpi_job(spark.sparkContext, job)
         except JobFailed as e:
             print(f"spark-train: the training job failed: {e}; nothing of it is left running; the run "
                   f"directory {config.run_dir} keeps its checkpoints", file=sys.stderr)

@@ -3,10 +3,11 @@ stage itself (`task.run_barrier_task` on each of its N tasks), the ranks' output
 failed stage as one line.
 
     with spark_session(...) as spark:
-        status = run_mpi_job(spark.sparkContext, 2, MpiJob(("-m", "mpitrain", "train", "exp.yaml"), ...))
+        status = run_mpi_job(spark.sparkContext, MpiJob(2, ("-m", "mpitrain", "train", "exp.yaml"), ...))
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import time
@@ -47,24 +48,28 @@ def task_slots(sc) -> int:
     return jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile())
 
 
-def run_mpi_job(sc, ranks: int, job: MpiJob, out=None) -> int:
-    """Run `job` on `ranks` ranks, one per task of a barrier stage, printing its output to `out` (default
-    stderr) as it comes. Returns its exit status: 0, 2 (a rank's user error, whose line the output shows) or 3
+def run_mpi_job(sc, job: MpiJob, out=None) -> int:
+    """Run `job` on its ranks, one per task of a barrier stage, printing its output to `out` (default stderr)
+    as it comes. Returns its exit status: 0, 2 (a rank's user error, whose line the output shows) or 3
     (stopped by a signal, resumable); raises `JobFailed` with one line when the stage fails (a rank raised, a
     rank, proxy or executor was killed). `job.log_address` is replaced by the driver's own."""
+    ranks = job.ranks
     check_cluster(sc, ranks)
     with LineServer(sc.getConf().get("spark.driver.host"), out) as server:
-        job = MpiJob(job.python_args, job.workdir, server.address, job.mpiexec)
+        job = dataclasses.replace(job, log_address=server.address)
+        # Spark reruns a failed barrier stage only when it is a shuffle map stage (a failed barrier result
+        # stage ends the job: its results may have been taken), so the tasks' statuses pass through a shuffle
+        # into one partition, and a rerun's `mpitrain train` resumes from the newest checkpoint.
         stage = sc.parallelize(range(ranks), ranks).barrier().mapPartitions(
-            functools.partial(run_barrier_task, job))
+            functools.partial(run_barrier_task, job)).repartition(1)
         try:
-            return stage.collect()[0]
+            return dict(stage.collect())[0]
         except Exception as e:  # Py4J's or PySpark's wrapper of the stage's failure
             raise JobFailed(failure_line(str(e))) from None
 
 
 def failure_line(spark_error: str) -> str:
-    """The one line of a failed stage: task 0's `JobFailed` message, else the first line of Spark's reason (an
+    """The one line of a failed stage: the tasks' `JobFailed` message, else the first line of Spark's reason (an
     executor lost, a task killed)."""
     ours = re.findall(rf"{JobFailed.__name__}: (.*)", spark_error)
     if ours:

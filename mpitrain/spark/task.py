@@ -9,7 +9,7 @@ N ranks with Hydra's manual launcher (`hydra.py`).
    other tasks of the host only hold their slot (and its cores) until the job ends.
 4. Task 0 streams mpiexec's output (every rank's) to the driver and waits for mpiexec; the other tasks wait
    for their proxy, then all meet in a second allGather, so every task holds its slot until the job ended. A
-   user error or a stop by signal (exit 2 or 3) is returned; any other end makes task 0 raise `JobFailed`
+   user error or a stop by signal (exit 2 or 3) is returned; any other end makes every task raise `JobFailed`
    naming the rank and host, which fails the stage.
 
 mpiexec and the proxies run guarded (`processes.py`): a task that ends, however, takes them and the ranks with
@@ -30,7 +30,8 @@ from mpitrain.spark.logstream import LineSender
 from mpitrain.spark.processes import descendants, start_guarded, stop
 
 RETURNED_STATUSES = (0, 2, 3)  # done; a user error (its one line is in the output); stopped by a signal, resumable
-TAIL_LINES = 200
+TAIL_LINES = 200  # mpiexec's last lines task 0 keeps
+TAIL_REPORTED = 40  # of those, what every task gets to describe a failure from
 
 
 class JobFailed(Exception):
@@ -40,22 +41,28 @@ class JobFailed(Exception):
 
 @dataclass(frozen=True)
 class MpiJob:
-    """What every rank runs (`python` arguments, given to the executor's own Python), where (`workdir`), with
-    which mpiexec (None: the one `find_mpiexec` finds on the executor) and where the output goes."""
+    """What every one of the `ranks` ranks runs (`python` arguments, given to the executor's own Python), where
+    (`workdir`), with which mpiexec (None: the one `find_mpiexec` finds on the executor) and where the output
+    goes."""
 
+    ranks: int
     python_args: tuple[str, ...]
     workdir: str
     log_address: tuple[str, int]
     mpiexec: str | None = None
 
 
-def run_barrier_task(job: MpiJob, _rows) -> list[int]:
-    """The body of each barrier task (`mapPartitions`): [the exit status of what this task started]."""
+def run_barrier_task(job: MpiJob, _rows) -> list[tuple[int, int]]:
+    """The body of each barrier task (`mapPartitions`): [(the task's index, the exit status of what it
+    started)]."""
     from pyspark import BarrierTaskContext
 
     context = BarrierTaskContext.get()
     me = context.partitionId()
-    placement = Placement.of_tasks([info.address.rsplit(":", 1)[0] for info in context.getTaskInfos()])
+    infos = context.getTaskInfos()
+    if len(infos) != job.ranks:  # a stage attempt that reran only some tasks cannot form the job
+        raise JobFailed(f"this attempt of the barrier stage runs {len(infos)} of its {job.ranks} tasks")
+    placement = Placement.of_tasks([info.address.rsplit(":", 1)[0] for info in infos])
     started, watch = [], None
     try:
         if me == 0:
@@ -70,16 +77,18 @@ def run_barrier_task(job: MpiJob, _rows) -> list[int]:
             proxy = start_guarded(proxies[host])
             started.append(proxy)
             watch = RankWatch(proxy.pid, placement.counts[host])
-        if me == 0:
-            status, tail = _follow(launcher, job.log_address)
+        status, tail = _follow(launcher, job.log_address) if me == 0 else (None, [])
         proxy_status = proxy.wait() if watch else 0
-        # every task holds its slot, and its cores, until the job has ended; the reports tell task 0 whose
-        # rank or proxy was killed
-        report = {"proxy_status": proxy_status, "ranks": watch.stop() if watch else {}}
+        # Every task holds its slot, and its cores, until the job has ended. Task 0's report says how mpiexec
+        # ended, the others' whose rank or proxy was killed; every task raises when the job failed, so none of
+        # a failed attempt succeeds (a succeeded task of a barrier shuffle map stage may be left out of its
+        # rerun, which then has too few tasks).
+        report = {"status": status, "tail": tail[-TAIL_REPORTED:], "proxy_status": proxy_status,
+                  "ranks": watch.stop() if watch else {}}
         reports = [json.loads(r) for r in context.allGather(json.dumps(report))]
-        if me == 0 and status not in RETURNED_STATUSES:
-            raise JobFailed(describe_failure(tail, status, placement, reports))
-        return [status if me == 0 else proxy_status]
+        if reports[0]["status"] not in RETURNED_STATUSES:
+            raise JobFailed(describe_failure(reports[0]["tail"], reports[0]["status"], placement, reports))
+        return [(me, reports[0]["status"] if me == 0 else proxy_status)]
     finally:
         if watch:
             watch.stop()

@@ -1,8 +1,10 @@
 """Training in a Spark barrier stage (mpitrain.spark), with real Spark and MPICH's Hydra: the final parameters
 are `mpiexec -n 2 mpitrain train`'s bit for bit in local[2], local-cluster[2,1,1024] and on a standalone cluster
-of two simulated nodes (network namespaces, tests/harness/cluster.py; root only); a rank that raises or
-is killed, or a killed proxy, fails the stage with one line naming the rank and host and leaves no process of
-the job; what a barrier stage cannot run is refused up front. Spark starts are few: each costs 10-20 s here."""
+of two simulated nodes (network namespaces, tests/harness/cluster.py; root only); a rank that raises or is
+killed, or a killed proxy, fails the stage with one line naming the rank and host and leaves no process of the
+job; a killed executor leaves none either, and the stage Spark reruns resumes from the newest checkpoint to
+mpiexec's parameters; what a barrier stage cannot run is refused up front. Spark starts are few: each costs
+10-20 s here."""
 from __future__ import annotations
 
 import os
@@ -17,7 +19,7 @@ import pytest
 
 from mpitrain.errors import MpitrainError
 from mpitrain.rundir.checkpoint import list_checkpoints, load_checkpoint
-from mpitrain.spark.processes import die_with_parent
+from mpitrain.spark.processes import descendants, die_with_parent
 from mpitrain.spark.stage import run_mpi_job
 from mpitrain.spark.task import JobFailed, MpiJob
 from mpitrain.testing.cluster import SimulatedCluster, missing_capability
@@ -38,11 +40,7 @@ def job_processes(marker: str, pids=None) -> list[int]:
     guards), and the proxies of this venv's manual launcher (only the Spark jobs start those)."""
     found = []
     for pid in pids or map(int, filter(str.isdigit, os.listdir("/proc"))):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                line = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
+        line = cmdline(pid)
         proxy = line.startswith(os.path.join(VENV_BIN, "hydra_pmi_proxy")) and "--launcher manual" in line
         if (marker in line or proxy) and pid != os.getpid():
             found.append(pid)
@@ -77,7 +75,8 @@ def spark_env() -> dict:
 def test_spark_train_in_local_mode_ends_bit_for_bit_where_mpiexec_does(reference, tmp_path):
     config, expected = reference
     # a relative run_dir means what it means under mpiexec: under the driver's working directory
-    done = subprocess.run([MPITRAIN, "spark-train", config, "--ranks", "2", "--set", "run_dir=spark-run"],
+    done = subprocess.run([MPITRAIN, "spark-train", config, "--ranks", "2", "--set", "run_dir=spark-run",
+                           "--conf", "spark.ui.enabled=false"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300, env=spark_env())
     assert done.returncode == 0, done.stderr[-3000:]
     assert final_parameters(tmp_path / "spark-run") == expected
@@ -122,21 +121,36 @@ def test_requests_a_barrier_stage_cannot_serve_are_refused_in_one_line(reference
     assert not (tmp_path / "run").exists()
 
 
-def rank_job(config: str, *python_args) -> MpiJob:
-    return MpiJob(python_args or ("-m", "mpitrain", "train", config), os.path.dirname(config), ("", 0))
+def rank_job(ranks: int, config: str, *python_args) -> MpiJob:
+    return MpiJob(ranks, python_args or ("-m", "mpitrain", "train", config), os.path.dirname(config), ("", 0))
+
+
+@pytest.fixture(scope="module")
+def spark():
+    """local[2] for the in-process tests, with one attempt per stage: a failed stage fails the job at once
+    instead of being rerun (the test of a rerun is the killed executor's, with Spark's default of 4)."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = SparkSession.builder.master("local[2]").appName("mpitrain-spark-train-tests") \
+        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false") \
+        .config("spark.stage.maxConsecutiveAttempts", "1").getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
 
 
 def test_more_ranks_than_task_slots_are_refused_before_the_stage(spark, reference):
     config, _ = reference
     with pytest.raises(MpitrainError, match=r"^--ranks 3 needs 3 task slots at once, but Spark master local\[2\] has 2 "):
-        run_mpi_job(spark.sparkContext, 3, rank_job(config))
+        run_mpi_job(spark.sparkContext, rank_job(3, config))
 
 
 def test_a_rank_that_raises_fails_the_stage_naming_it_and_leaves_nothing_running(spark, tmp_path):
     config = train_config(tmp_path)
     with pytest.raises(JobFailed) as failed:
-        run_mpi_job(spark.sparkContext, 2, rank_job(config, os.path.join(RANK_SCRIPTS, "raise_mid_epoch.py"),
-                                                    config, "1", "5"))
+        run_mpi_job(spark.sparkContext, rank_job(2, config, os.path.join(RANK_SCRIPTS, "raise_mid_epoch.py"),
+                                                 config, "1", "5"))
     host = spark.sparkContext.getConf().get("spark.driver.host")
     assert str(failed.value) == f"rank 1 on {host} failed: RuntimeError: injected fault at step 5"
     assert not left_running(config)
@@ -166,7 +180,7 @@ def test_a_killed_rank_or_proxy_fails_the_stage_and_leaves_nothing_running(spark
 
     def train():
         try:
-            outcome["status"] = run_mpi_job(spark.sparkContext, 2, rank_job(config))
+            outcome["status"] = run_mpi_job(spark.sparkContext, rank_job(2, config))
         except JobFailed as e:
             outcome["failed"] = str(e)
 
@@ -254,3 +268,42 @@ def test_a_standalone_cluster_of_two_simulated_nodes_ends_bit_for_bit_where_mpie
             for daemon in daemons:
                 daemon.kill()
                 daemon.wait()
+
+
+def test_a_killed_executor_leaves_nothing_and_the_retried_stage_resumes_to_mpiexec_s_parameters(tmp_path):
+    """local-cluster[2,1,1024]: SIGKILL the executor whose task started the ranks, after the first epoch's
+    checkpoint. Its proxy and ranks go at once; Spark starts another executor and reruns the stage, whose
+    `mpitrain train` resumes from the checkpoint and ends where an uninterrupted mpiexec run does."""
+    config = train_config(tmp_path, epochs=4, n_train=4000)
+    reference = mpiexec(2, MPITRAIN, "train", config, f"--set=run_dir={tmp_path / 'mpiexec-run'}", timeout=300)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    driver = subprocess.Popen([MPITRAIN, "spark-train", config, "--ranks", "2", "--master", "local-cluster[2,1,1024]"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=spark_env())
+    try:
+        deadline = time.monotonic() + 300
+        while not list_checkpoints(str(tmp_path / "run")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ranks = rank_pids(config)
+        assert sorted(ranks) == [0, 1], ranks
+        executors = [pid for pid in descendants(driver.pid) if "CoarseGrainedExecutorBackend" in cmdline(pid)]
+        hosting = [pid for pid in executors if ranks[0] in descendants(pid)]
+        assert len(executors) == 2 and len(hosting) == 1, (executors, hosting)
+        first_attempt = job_processes(config, descendants(hosting[0])) + job_processes("no other marker")
+        os.kill(hosting[0], signal.SIGKILL)
+        assert wait_until_gone(first_attempt, 15) == []
+        newest = list_checkpoints(str(tmp_path / "run"))[-1]
+        out, err = driver.communicate(timeout=400)
+    finally:
+        driver.kill()
+    assert driver.returncode == 0, err[-4000:]
+    assert f"resuming from {newest}" in err, err[-4000:]
+    assert final_parameters(tmp_path / "run") == final_parameters(tmp_path / "mpiexec-run")
+    assert not left_running(config)
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
