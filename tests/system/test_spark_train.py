@@ -3,10 +3,12 @@ are `mpiexec -n 2 mpitrain train`'s bit for bit in local[2], local-cluster[2,1,1
 of two simulated nodes (network namespaces, tests/harness/cluster.py; root only); a rank that raises or is
 killed, or a killed proxy, fails the stage with one line naming the rank and host and leaves no process of the
 job; a killed executor leaves none either, and the stage Spark reruns resumes from the newest checkpoint to
-mpiexec's parameters; what a barrier stage cannot run is refused up front. Spark starts are few: each costs
+mpiexec's parameters; a user error on the ranks is their one line and exit status 2, not a failed stage; what
+a barrier stage cannot run is refused up front. Spark starts are few: each costs
 10-20 s here."""
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -144,6 +146,15 @@ def test_more_ranks_than_task_slots_are_refused_before_the_stage(spark, referenc
     config, _ = reference
     with pytest.raises(MpitrainError, match=r"^--ranks 3 needs 3 task slots at once, but Spark master local\[2\] has 2 "):
         run_mpi_job(spark.sparkContext, rank_job(3, config))
+
+
+def test_a_user_error_on_the_ranks_is_their_one_line_and_status_2_not_a_failed_stage(spark, tmp_path):
+    config = train_config(tmp_path, batch_size=100_000)  # checked where the rows are known: on the ranks
+    out = io.StringIO()
+    assert run_mpi_job(spark.sparkContext, rank_job(2, config), out=out) == 2
+    errors = [line for line in out.getvalue().splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("mpitrain train: error: ") and "batch" in errors[0], errors
+    assert not left_running(config)
 
 
 def test_a_rank_that_raises_fails_the_stage_naming_it_and_leaves_nothing_running(spark, tmp_path):
