@@ -24,7 +24,7 @@ setup(
     description="Data-parallel deep learning on HPC clusters: Spark ETL to HDF5, MPI training",
     python_requires=">=3.10",
     packages=["mpitrain", "mpitrain.config", "mpitrain.parallel", "mpitrain.parallel.sync", "mpitrain.data",
-              "mpitrain.training", "mpitrain.rundir", "mpitrain.nn", "mpitrain.etl", "mpitrain.kernels",
+              "mpitrain.training", "mpitrain.rundir", "mpitrain.nn", "mpitrain.spark", "mpitrain.etl", "mpitrain.kernels",
               "mpitrain.kernels.threshold", "mpitrain.tune", "mpitrain.testing"],
     package_dir={"mpitrain.etl": "etl", "mpitrain.kernels": "kernels", "mpitrain.testing": "tests/harness"},
     package_data={"mpitrain.testing": ["cluster-launcher.sh"]},

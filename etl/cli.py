@@ -170,12 +170,15 @@ def plan_from_args(args: argparse.Namespace):
 
 
 @contextlib.contextmanager
-def spark_session(master: str | None, name: str):
-    """A SparkSession for one job, stopped afterwards; its executors run this Python unless told otherwise."""
+def spark_session(master: str | None, name: str, conf: dict | None = None):
+    """A SparkSession for one job, with the settings `conf`, stopped afterwards; its executors run this Python
+    unless told otherwise."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(name)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     if master:
         builder = builder.master(master)
     # Without --master, Spark's own default applies: spark-submit always sets spark.master

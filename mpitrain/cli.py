@@ -1,5 +1,5 @@
-"""`mpitrain train|eval|predict|export|etl|score|report|info|tune|tune-worker`: the command line, and the one place user errors
-are caught.
+"""`mpitrain train|eval|predict|export|etl|score|spark-train|report|info|tune|tune-worker`: the command line, and
+the one place user errors are caught.
 
 Multi-rank commands run the same under `mpiexec -n N`, `srun`, or alone (1 rank). An
 uncaught exception on any rank aborts the whole job (see `launch.install_abort_hook`);
@@ -120,6 +120,13 @@ def _parser() -> argparse.ArgumentParser:
                                               "(same as spark-submit etl/score.py)")
     add_score_arguments(score)
     score.set_defaults(run=_spark_job(run_score))
+
+    from mpitrain.spark import cli as spark_cli
+    spark_train = commands.add_parser("spark-train", help="train on N ranks inside Spark, one barrier stage (same as "
+                                                          "spark-submit etl/train.py)")
+    spark_cli.add_arguments(spark_train, "local[RANKS]")
+    spark_train.set_defaults(run=_spark_job(lambda args: spark_cli.run(
+        argparse.Namespace(**{**vars(args), "master": args.master or f"local[{args.ranks}]"}))))
 
     report = commands.add_parser("report", help="draw report.png and report.html from one or more run directories")
     report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories, overlaid in one report")

@@ -3,15 +3,17 @@ each command with a timeout so a hang fails instead of stalling CI, and no threa
 (mpitrain sizes its pools itself)."""
 from __future__ import annotations
 
-import ctypes
 import glob
 import os
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
+
+# the tests' daemons (Slurm's, the S3 server) start with it as `preexec_fn`: a test run killed by SIGKILL,
+# which no `finally` survives, leaves none behind
+from mpitrain.spark.processes import die_with_parent  # noqa: F401
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANK_SCRIPTS = os.path.join(REPO, "tests", "mpi", "ranks")  # scripts the MPI tests run on every rank
@@ -38,15 +40,6 @@ def require_fashion_mnist() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"{FASHION} is missing; CI needs Debian's dataset-fashion-mnist (make fashion-mnist)")
         pytest.skip(f"{FASHION} not installed")
-
-
-def die_with_parent() -> None:
-    """In a child before it runs its program (`preexec_fn`): the kernel sends it SIGKILL when its parent dies
-    (Linux's PR_SET_PDEATHSIG, kept across exec, so also by the program that `ip netns exec`, `unshare` and
-    `sh -c exec` become). The tests' daemons (Slurm's, the S3 server) start so: a test run killed by SIGKILL,
-    which no `finally` survives, leaves none behind."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def child_processes(pid: int) -> dict[int, str]:
