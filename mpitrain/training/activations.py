@@ -16,7 +16,6 @@ forward pass stops at the node, in evaluation mode (dropout off, batch norm's ru
 """
 from __future__ import annotations
 
-import os
 
 import h5py
 import numpy as np
@@ -25,7 +24,7 @@ from mpitrain.errors import MpitrainError
 from mpitrain.files import check_output, write_file
 from mpitrain.rundir.directory import RunDir
 from mpitrain.training.evaluation import batched_logits
-from mpitrain.training.trained import Trained
+from mpitrain.training.trained import Trained, checked_output
 
 
 def node_of(model, model_config, node: str):
@@ -51,11 +50,7 @@ def predict_activations(run_dir: str, comm, node: str, split: str = "test", out:
     """Write node `node`'s activations for every row of `split` with a run's checkpoint (a collective; arguments as
     `mpitrain.training.trained.predict_run`'s; `out` default RUN_DIR/embeddings-SPLIT.h5, replaced on every call).
     Returns the path and the row count."""
-    path, overwrite = (out, overwrite) if out else (RunDir(run_dir).embeddings(split), True)
-    with comm.agreed_errors():
-        if os.path.isdir(path):
-            raise MpitrainError(f"--out {path}: is a folder; expected an HDF5 file path")
-        check_output(path, overwrite)
+    path, overwrite = checked_output(comm, out, overwrite, RunDir(run_dir).embeddings(split))
     trained = Trained(run_dir, comm, split, checkpoint, batch_size, allow_other_dataset)
     run = trained.run
     values, labels = [], []

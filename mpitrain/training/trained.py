@@ -101,6 +101,18 @@ def evaluate_run(run_dir: str, comm, split: str = "test", checkpoint: str | None
     return {**trained.provenance(), **result, **paths, "class_names": names_of(trained.manifest)}
 
 
+def checked_output(comm, out: str | None, overwrite: bool, default: str) -> tuple[str, bool]:
+    """(path, overwrite) of an HDF5 output a collective writes: `out` as `overwrite` allows (refused where
+    `mpitrain.files.check_output` refuses it, or a folder), else the tool's own `default`, replaced on every call. A
+    collective: a refusal is an error on every rank."""
+    path, overwrite = (out, overwrite) if out else (default, True)
+    with comm.agreed_errors():
+        if os.path.isdir(path):
+            raise MpitrainError(f"--out {path}: is a folder; expected an HDF5 file path")
+        check_output(path, overwrite)
+    return path, overwrite
+
+
 def predict_run(run_dir: str, comm, split: str = "test", out: str | None = None, checkpoint: str | None = None,
                 batch_size: int | None = None, allow_other_dataset: bool = False,
                 overwrite: bool = False) -> tuple[str, int]:
@@ -109,11 +121,7 @@ def predict_run(run_dir: str, comm, split: str = "test", out: str | None = None,
     RUN_DIR/predictions-SPLIT.h5, the tool's own file, replaced on every call; the layout by target kind:
     `mpitrain.rundir.outputs`). An existing `out` is refused unless `overwrite`, and a path inside a run's
     checkpoints/ or a dataset folder always (`mpitrain.files.check_output`). Returns the path and the row count."""
-    path, overwrite = (out, overwrite) if out else (RunDir(run_dir).predictions(split), True)
-    with comm.agreed_errors():
-        if os.path.isdir(path):
-            raise MpitrainError(f"--out {path}: is a folder; expected an HDF5 file path")
-        check_output(path, overwrite)
+    path, overwrite = checked_output(comm, out, overwrite, RunDir(run_dir).predictions(split))
     trained = Trained(run_dir, comm, split, checkpoint, batch_size, allow_other_dataset)
     target = trained.run.target
     try:
