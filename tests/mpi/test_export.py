@@ -196,6 +196,6 @@ def test_export_refuses_a_dataset_replaced_since_training_and_a_run_without_chec
     assert not (tmp_path / "m.onnx").exists()
     for path in (run_dir / "checkpoints").iterdir():
         path.unlink()
-    with pytest.raises(DataError, match="no checkpoint; train first"):
+    with pytest.raises(DataError, match="no checkpoint; train the run first"):
         from mpitrain.rundir.export import export_run
         export_run(str(run_dir))

@@ -97,7 +97,8 @@ def signal_at(tmp_path: Path, moment: str, args: list, rank: int, number: int, p
 
 def assert_stopped(result: Stopped, line: str) -> re.Match:
     """Exit 3 from mpiexec and every rank, one line about the signal (matching `line`), no banner or traceback, and
-    every file there before the signal unchanged (metrics.jsonl only appended to). Returns the line's match."""
+    every file there before the signal unchanged (the run's logs, metrics.jsonl and TensorBoard's events file, only
+    appended to). Returns the line's match."""
     everything = result.stdout + result.stderr
     assert result.returncode == 3 and result.exits == {0: "3", 1: "3"}, (result.exits, everything)
     for crash in ("BAD TERMINATION", "Traceback", "Segmentation fault", "EXIT STRING"):
@@ -107,7 +108,7 @@ def assert_stopped(result: Stopped, line: str) -> re.Match:
     match = re.fullmatch(line, about[0])
     assert match, result.stderr
     for path, digest in result.before.items():
-        if path.endswith("metrics.jsonl"):
+        if path.endswith("metrics.jsonl") or "events.out.tfevents." in path:
             continue
         assert result.after.get(path) == digest, f"{path} changed"
     return match
