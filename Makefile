@@ -56,9 +56,10 @@ demo: setup fashion-mnist
 	$(BIN)/mpiexec -n $(RANKS) $(BIN)/mpitrain eval runs/fashion_mlp --split test
 
 # Everything, as CI runs it: the linter, then tests/unit, tests/mpi and tests/system (real Spark, MPI, Slurm,
-# simulated nodes; root installs the Debian packages they need).
+# simulated nodes; root installs the Debian packages they need); the 30 slowest tests listed at the end, to keep the
+# whole suite under 25 minutes on 2 cores.
 test: setup fashion-mnist slurm network-tools lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=30 tests
 
 # The unit tests alone: no MPI launcher, no Spark, no root; about 30 s once numba has cached the kernels (the
 # first run on a fresh clone compiles them: about 2 minutes on 2 cores).
