@@ -6,7 +6,10 @@ N ranks with Hydra's manual launcher (`hydra.py`).
 2. Task 0 starts `mpiexec -launcher manual`, reads the proxy command lines it prints and shares them with
    every task (`allGather`; every task calls it at the same points).
 3. The first task on each host starts that host's `hydra_pmi_proxy`, which starts the host's ranks; the
-   other tasks of the host only hold their slot (and its cores) until the job ends.
+   other tasks of the host only hold their slot (and its cores) until the job ends. On a GPU cluster
+   (`spark.task.resource.gpu.amount=1`) the tasks share their GPU (`TaskContext.resources()`) in the same
+   allGather, and the proxy's ranks see only their tasks' GPUs (`visible_devices`): the host's local rank i
+   takes the i-th of them (`mpitrain.parallel.backend`), so each task's GPU serves exactly one rank.
 4. Task 0 streams mpiexec's output (every rank's) to the driver and waits for mpiexec; the other tasks wait
    for their proxy, then all meet in a second allGather, so every task holds its slot until the job ended. A
    user error or a stop by signal (exit 2 or 3) is returned; any other end makes every task raise `JobFailed`
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import re
 import subprocess
 import sys
@@ -62,7 +66,8 @@ def run_barrier_task(job: MpiJob, _rows) -> list[tuple[int, int]]:
     infos = context.getTaskInfos()
     if len(infos) != job.ranks:  # a stage attempt that reran only some tasks cannot form the job
         raise JobFailed(f"this attempt of the barrier stage runs {len(infos)} of its {job.ranks} tasks")
-    placement = Placement.of_tasks([info.address.rsplit(":", 1)[0] for info in infos])
+    task_hosts = [info.address.rsplit(":", 1)[0] for info in infos]
+    placement = Placement.of_tasks(task_hosts)
     started, watch = [], None
     try:
         if me == 0:
@@ -71,10 +76,14 @@ def run_barrier_task(job: MpiJob, _rows) -> list[tuple[int, int]]:
             launcher = start_guarded(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             started.append(launcher)
             proxies = read_proxy_commands(iter(launcher.stdout.readline, ""))
-        proxies = json.loads(context.allGather(json.dumps(proxies) if me == 0 else "")[0])
+        shared = [json.loads(text) for text in context.allGather(json.dumps(
+            {"proxies": proxies if me == 0 else None, "gpus": task_gpus(context)}))]
+        proxies = shared[0]["proxies"]
         if me in placement.proxy_tasks:
             host = placement.proxy_tasks.index(me)
-            proxy = start_guarded(proxies[host])
+            devices = visible_devices(task_hosts, [task["gpus"] for task in shared], placement.hosts[host])
+            proxy = start_guarded(proxies[host], env=None if devices is None else
+                                  {**os.environ, "CUDA_VISIBLE_DEVICES": devices})
             started.append(proxy)
             watch = RankWatch(proxy.pid, placement.counts[host])
         status, tail = _follow(launcher, job.log_address) if me == 0 else (None, [])
@@ -94,6 +103,21 @@ def run_barrier_task(job: MpiJob, _rows) -> list[tuple[int, int]]:
             watch.stop()
         for process in reversed(started):
             stop(process)
+
+
+def task_gpus(context) -> list[str]:
+    """The addresses of the GPUs Spark gave this task (`spark.task.resource.gpu.amount`); [] without."""
+    gpu = context.resources().get("gpu")
+    return list(gpu.addresses) if gpu is not None else []
+
+
+def visible_devices(task_hosts: list[str], task_gpus: list[list[str]], host: str) -> str | None:
+    """CUDA_VISIBLE_DEVICES for `host`'s ranks: the GPU of each of its tasks, in task order; None (the ranks see the
+    executor's GPUs, as under mpiexec) unless each of them has exactly one, the one-rank-per-GPU setting."""
+    gpus = [task_gpus[task] for task, task_host in enumerate(task_hosts) if task_host == host]
+    if not gpus or any(len(addresses) != 1 for addresses in gpus):
+        return None
+    return ",".join(addresses[0] for addresses in gpus)
 
 
 class RankWatch:
