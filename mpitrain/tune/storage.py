@@ -23,14 +23,14 @@ trial's newest checkpoint.
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import threading
 import time
 from contextlib import contextmanager
 
+from mpitrain.data.storage import sha256_of
 from mpitrain.errors import ConfigError
 from mpitrain.files import write_file
+from mpitrain.training.watchdog import Periodic
 from mpitrain.tune.studyfile import STUDY_FILE, Study, changed_keys, grid_values, load_study, study_yaml
 
 STUDY_NAME = "study"
@@ -111,8 +111,9 @@ def open_study(study: Study, create: bool = False):
 
 
 def file_sha256(path: str) -> str:
+    """The sha256 of the file at `path` (`mpitrain.data.storage.sha256_of`)."""
     with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+        return sha256_of(f)
 
 
 def sampler(study: Study, taken: int = 0):
@@ -210,22 +211,12 @@ def reap_stale(study: Study, optuna_study) -> list[int]:
     return reaped
 
 
-class Heartbeat:
+class Heartbeat(Periodic):
     """A daemon thread beating for one trial every `heartbeat_s` / 3 seconds while the block runs (rank 0)."""
 
     def __init__(self, study: Study, trial):
-        self.interval, self.trial = study.heartbeat_s / 3, trial
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="mpitrain-trial-heartbeat", daemon=True)
+        super().__init__(study.heartbeat_s / 3, "mpitrain-trial-heartbeat")
+        self.trial = trial
 
-    def _run(self) -> None:
-        while not self.stopped.wait(self.interval):
-            beat(self.trial)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stopped.set()
-        self.thread.join()
+    def tick(self) -> None:
+        beat(self.trial)
