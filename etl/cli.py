@@ -10,6 +10,7 @@ import sys
 from mpitrain.data.shards import COMPRESSIONS, TARGETS
 from mpitrain.errors import MpitrainError
 from mpitrain.etl.job import plan_etl, write_dataset
+from mpitrain.etl.sequence_columns import DEFAULT_MAX_LENGTH
 from mpitrain.etl.shuffle import ORDERS
 from mpitrain.etl.sources import KNOWN_SOURCES, SourceOptions
 from mpitrain.etl.tables import MAX_VOCABULARY, NUMERIC_MISSING, TableOptions
@@ -129,6 +130,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tables.add_argument("--numeric-missing", default="bad", choices=NUMERIC_MISSING,
                         help="a missing numeric value: a bad record (the default), or imputed by the train mean "
                              "with a COL_missing indicator column")
+    sequences = parser.add_argument_group("sequences (docs/sequences.md)")
+    sequences.add_argument("--sequence", dest="sequences", action="append", default=[], metavar="COL",
+                           help="parquet: a column holding a list of numbers (or of equal-length lists of numbers) "
+                                "per record, stored ragged; give it once per column (then --features are the fixed "
+                                "numeric columns beside it, default none)")
+    sequences.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH,
+                           help="fail, naming the record, on a sequence of more steps "
+                                f"(default {DEFAULT_MAX_LENGTH})")
     transforms = parser.add_argument_group("transforms (recorded in the manifest)")
     transforms.add_argument("--scale", action="store_true",
                             help="map features to [0, 1] by the train split's min and max")
@@ -159,7 +168,8 @@ def add_score_arguments(parser: argparse.ArgumentParser) -> None:
 def plan_from_args(args: argparse.Namespace):
     """The EtlPlan of parsed arguments (checked before Spark starts)."""
     source = source_options(args, test=args.test, feature_dtype=args.feature_dtype, num_classes=args.num_classes,
-                            target=args.target, categorical=args.categorical, numeric_missing=args.numeric_missing)
+                            target=args.target, categorical=args.categorical, numeric_missing=args.numeric_missing,
+                            sequences=tuple(args.sequences), max_length=args.max_length)
     tables = TableOptions(args.hash_buckets, args.min_count, args.max_vocabulary)
     transforms = TransformOptions(scale=args.scale, standardize=args.standardize, binarize=args.binarize,
                                   threshold=args.threshold, one_hot=args.one_hot)

@@ -39,6 +39,7 @@ from mpitrain.etl.sources import Source, SourceOptions, carved_rows, open_source
 from mpitrain.etl.tables import TableOptions, TableTransforms, fit_columns
 from mpitrain.etl.transforms import FeatureStats, TransformOptions, Transforms
 from mpitrain.data.encoding import TableRows
+from mpitrain.data.sequences import SequenceRows
 from mpitrain.data.shards import CHUNK_ROWS, COMPRESSIONS, MANIFEST_NAME, Manifest, shard_path, write_manifest
 from mpitrain.data.storage import is_url
 from mpitrain.kernels.rows import flat_rows
@@ -140,6 +141,12 @@ def check_target_options(plan: EtlPlan) -> None:
     source's columns are known then, and again once the job has connected)."""
     source, options = plan.source, plan.options
     categorical = options.source_options.categorical
+    if options.source_options.sequences:
+        if not getattr(source, "holds_sequences", False):
+            raise ConfigError(f"--sequence: sequence columns are read from a parquet: source, not {source.spec}")
+        if options.transforms.scale or options.transforms.binarize or options.transforms.standardize:
+            raise ConfigError("--scale, --standardize and --binarize: a dataset of sequences stores its values as "
+                              "they are; expected none of them")
     if options.tables.hash_buckets and not categorical:
         raise ConfigError("--hash-buckets: hashes --categorical columns, and there are none")
     options.tables.check(categorical)
@@ -189,7 +196,7 @@ class KeyedRows:
 
 def _join(blocks: list):
     """Row blocks (numpy arrays, or a table's TableRows) joined in order."""
-    return TableRows.concat(blocks) if isinstance(blocks[0], TableRows) else np.concatenate(blocks)
+    return type(blocks[0]).concat(blocks) if isinstance(blocks[0], (TableRows, SequenceRows)) else np.concatenate(blocks)
 
 
 def _as_bytes(values: np.ndarray) -> np.ndarray:
@@ -199,7 +206,7 @@ def _as_bytes(values: np.ndarray) -> np.ndarray:
 def _keys(batch: ReadBatch, seed: int, order: str, target: str) -> np.ndarray:
     """The rows' shuffle keys: a hash of their content (a table's parsed values) and labels, and the seed; with
     `--order label`, the class or binary outcome first."""
-    content = batch.x.content() if isinstance(batch.x, TableRows) else batch.x
+    content = batch.x.content() if isinstance(batch.x, (TableRows, SequenceRows)) else batch.x
     labels = batch.y
     if labels.ndim > 1:  # binary, multilabel, regression: the target's values join the content
         content, labels = np.concatenate([_as_bytes(content), _as_bytes(labels)], axis=1), np.zeros(len(labels))
@@ -288,12 +295,15 @@ def _shard_task(shard: int, pieces, placement: Placement, shards: int, transform
     order = np.argsort(position)
     keys, x, y = keys[order], x[order], y[order]
     split = placement.outputs[shard // shards]
-    stored = transforms.apply(x, keys)
+    sequences = x.sequences if isinstance(x, SequenceRows) else {}
+    stored = transforms.apply(x.x if sequences else x, keys)
     info = write_shard_to(tmp, shard_path(split, shard % shards), stored, y, transforms.one_hot(y, num_classes),
-                          compression)
+                          compression, sequences)
     scale, offset = transforms.scale_offset
     values = stored.astype(np.float64) * scale + offset
-    return [(split, info, _label_counts(y, kind, num_classes), float(values.sum()), float(np.square(values).sum()))]
+    steps = {name: (int(seqs.offsets[-1]), int(seqs.lengths.max(initial=0))) for name, seqs in sequences.items()}
+    return [(split, info, _label_counts(y, kind, num_classes), float(values.sum()), float(np.square(values).sum()),
+             steps)]
 
 
 def _train_rows(parts, placement: Placement, kind: str):
@@ -390,9 +400,10 @@ def _manifest(plan: EtlPlan, transforms: Transforms, num_classes: int, written: 
     stats = written[STATS_SPLIT]
     feature_shape = (sum(map(len, columns.values())),) if columns else tuple(source.feature_shape)
     count = sum(info.rows for info, *_ in stats) * math.prod(feature_shape)
-    mean = sum(total for *_, total, _ in stats) / count
-    std = math.sqrt(max(sum(squares for *_, squares in stats) / count - mean * mean, 0.0))
-    if columns:  # a table's row goes to the model as stored: its ids, its numbers standardized per column (or not)
+    mean = sum(total for _, _, total, _, _ in stats) / max(count, 1)
+    std = math.sqrt(max(sum(squares for _, _, _, squares, _ in stats) / max(count, 1) - mean * mean, 0.0))
+    sequences = _sequence_columns(source, written) if plan.options.source_options.sequences else []
+    if columns or sequences:  # a table's row, a sequence, go to the model as stored (docs/tables.md, sequences.md)
         mean, std = 0.0, 1.0
     if not std > 0:
         raise DataError(f"{source.spec}: every {STATS_SPLIT} feature is {mean}; expected varying values (std > 0)")
@@ -410,4 +421,13 @@ def _manifest(plan: EtlPlan, transforms: Transforms, num_classes: int, written: 
         source=source.spec, seed=plan.seed, transforms=carved + transforms.manifest_entries(),
         class_names=list(source.class_names), bad_records=bad_records,
         compression=plan.options.compression, chunk_rows=CHUNK_ROWS, checksums="fletcher32", target=target.kind,
-        target_names=list(target.columns) if target.kind != "class" else [], columns=columns)
+        target_names=list(target.columns) if target.kind != "class" else [], columns=columns, sequences=sequences)
+
+
+def _sequence_columns(source, written: dict[str, list[tuple]]) -> list[dict]:
+    """The manifest's `sequences`: each column's step features, the longest allowed and written, its steps per
+    split (the reader sizes its windows by their mean)."""
+    return [{"name": name, "features": source.step_features[name], "max_length": source.options.max_length,
+             "longest": max(steps[name][1] for results in written.values() for *_, steps in results),
+             "steps": {split: sum(steps[name][0] for *_, steps in results) for split, results in written.items()}}
+            for name in source.sequences]

@@ -19,9 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpitrain.config.domains import check_number
+from mpitrain.data.sequences import MAX_LENGTH
 from mpitrain.errors import ConfigError, DataError
 from mpitrain.etl.idx import find_splits, read_records
 from mpitrain.etl.records import ReadBatch, Target, checked_batch
+from mpitrain.etl.sequence_columns import DEFAULT_MAX_LENGTH
 
 KNOWN_SOURCES = ("idx:/folder (MNIST-format IDX files, plain or .gz)",
                  "digits: (scikit-learn's bundled 8x8 digits)",
@@ -57,9 +59,12 @@ class SourceOptions:
     # csv, parquet: the classes of text labels (default: their sorted distinct values)
     columns: dict | None = None  # csv, parquet (scoring): a table model's columns (its manifest's): the records'
     # columns it reads, encoded into its rows (`mpitrain.data.encoding.TableEncoder`)
+    sequences: tuple[str, ...] = ()  # parquet: columns of a sequence per record, stored ragged (docs/sequences.md)
+    max_length: int = DEFAULT_MAX_LENGTH  # parquet: the most steps a sequence may have
 
     def __post_init__(self):
         check_number("--num-classes", self.num_classes, f"[0, {MAX_CLASSES}]", integer=True)
+        check_number("--max-length", self.max_length, f"[1, {MAX_LENGTH}]", integer=True)
 
 
 class Source(ABC):

@@ -25,7 +25,9 @@ import numpy as np
 
 from mpitrain.data.encoding import TableEncoder, TableRows, column_kind, numeric_values, parse_table
 from mpitrain.data.shards import FEATURE_DTYPES, TARGETS
+from mpitrain.data.sequences import Ragged, SequenceRows
 from mpitrain.errors import ConfigError, DataError
+from mpitrain.etl.sequence_columns import ragged_column, step_features
 from mpitrain.etl.records import BadRecords, ReadBatch, Target, checked_batch
 from mpitrain.etl.sources import Source, SourceOptions, split_paths
 from mpitrain.etl.tables import NUMERIC_MISSING
@@ -102,6 +104,7 @@ class TableSource(Source):
     """
 
     default_label = "0"
+    holds_sequences = False  # whether the format has list columns (`--sequence`)
 
     def __init__(self, spec: str, path: str, options: SourceOptions):
         self.paths = split_paths(spec, path, options)
@@ -123,6 +126,12 @@ class TableSource(Source):
             raise ConfigError("--feature-shape and --feature-dtype: a table (--categorical, --numeric-missing "
                               "impute) stores one float32 row of its columns, expected neither")
         self.feature_dtype = options.feature_dtype
+        if options.sequences and not self.holds_sequences:
+            raise ConfigError(f"--sequence: sequence columns are read from a parquet: source, not {spec}")
+        if options.sequences and (self.table or options.feature_shape or options.feature_dtype != "float32"):
+            raise ConfigError("--sequence: a dataset of sequences stores its sequences and numeric --features as "
+                              "float32, expected no --categorical, --numeric-missing impute, --feature-shape or "
+                              "--feature-dtype")
         super().__init__(spec, (), 1.0, options.num_classes or None)
         if self.num_classes is not None and self.num_classes < 2:
             raise ConfigError(f"--num-classes {self.num_classes}: expected at least 2")
@@ -174,19 +183,24 @@ class TableSource(Source):
         self.labels = self._names("--label", options.label or self.default_label, columns, True) \
             if options.labeled else []
         self.keys = tuple(self._names("--keys", ",".join(options.keys), columns, False)) if options.keys else ()
+        self.sequences = self._names("--sequence", ",".join(options.sequences), columns, False) \
+            if options.sequences else []
         if self.encoder:
             features, categorical = self._model_columns(columns)
         else:
             categorical = self._names("--categorical", ",".join(options.categorical), columns, False) \
                 if options.categorical else []
             features = self._names("--features", ",".join(options.features), columns, True) if options.features \
-                else [c for c in columns if c not in self.labels and c not in self.keys]
+                else [] if self.sequences else [c for c in columns if c not in self.labels and c not in self.keys]
+        for name in self.sequences:
+            if name in self.labels or name in features or name in categorical:
+                raise ConfigError(f"--sequence {name}: {name!r} is also a label, feature or categorical column")
         for name in categorical:
             if name in self.labels:
                 raise ConfigError(f"--categorical {name}: {name!r} is a --label column")
         self.categorical = categorical
         self.features = [c for c in features if c not in categorical and c not in self.labels]
-        if not self.features and not categorical:
+        if not self.features and not categorical and not self.sequences:
             raise ConfigError(f"{self.spec}: no feature columns besides the labels and keys (columns: {columns})")
         if self.table:
             taken = [f"{c}_missing" for c in self.features if f"{c}_missing" in columns]
@@ -219,11 +233,14 @@ class TableSource(Source):
         strings or integers."""
         if not kinds:
             return
-        wanted = {**{name: NUMERIC_KINDS + (() if self.table else ("array",)) for name in self.features},
-                  **{name: ("string", "integer", "boolean", "null") for name in self.categorical}}
+        wanted = {**{name: NUMERIC_KINDS + (() if self.table or self.sequences else ("array",))
+                     for name in self.features},
+                  **{name: ("string", "integer", "boolean", "null") for name in self.categorical},
+                  **{name: ("array",) for name in self.sequences}}
         for name, allowed in wanted.items():
             if kinds[name] not in allowed:
                 what = "strings or integers (a categorical column)" if name in self.categorical else \
+                    "a list of numbers per record (a --sequence column)" if name in self.sequences else \
                     "numbers" + ("" if self.table else " or arrays of numbers") + \
                     (" (or name it in --categorical)" if kinds[name] == "string" else "")
                 raise ConfigError(f"{self.spec}: column {name!r} is {kinds[name]}; expected {what} "
@@ -270,6 +287,9 @@ class TableSource(Source):
         x, y = super().empty_rows()
         if self.target.kind != "class":
             y = np.empty((0, len(self.labels)), np.float32)
+        if self.sequences:
+            return SequenceRows(np.empty((0, len(self.features)), np.float32),
+                                {name: Ragged.empty(self.step_features[name]) for name in self.sequences}), y
         return (TableRows.empty(len(self.features), len(self.categorical)) if self.table and not self.encoder
                 else x), y
 
@@ -436,6 +456,7 @@ class ParquetSource(TableSource):
     """
 
     default_label = "label"
+    holds_sequences = True
 
     def _inspect_local(self):
         import pyarrow.dataset as ds
@@ -495,6 +516,9 @@ class ParquetSource(TableSource):
         super().connect(spark)
         if self.table:
             return
+        if self.sequences:
+            self._connect_sequences(spark)
+            return
         arrays = [name for name in self.features if self.column_kinds[name] == "array"]
         first = spark.read.parquet(self.paths["train"]).where(" and ".join(f"`{a}` is not null" for a in arrays)) \
             .select(*[F.size(_column(a)) for a in arrays]).first() if arrays else ()
@@ -504,8 +528,23 @@ class ParquetSource(TableSource):
         self.widths = [lengths.get(name, 0) for name in self.features]  # 0: a scalar column
         self.feature_shape = self._shape(sum(max(w, 1) for w in self.widths))
 
+    def _connect_sequences(self, spark) -> None:
+        """The features of each sequence column's steps, from its first non-empty sequence; x holds the numeric
+        --features only ((rows, 0) without any)."""
+        from pyspark.sql import functions as F
+        frame = spark.read.parquet(self.paths["train"])
+        self.step_features = {}
+        for name in self.sequences:
+            first = frame.where(F.size(_column(name)) > 0).select(_column(name)).first()
+            if first is None:
+                raise DataError(f"{self.spec}: column {name!r} holds no non-empty sequence; expected a list of numbers "
+                                "per record (--sequence)")
+            self.step_features[name] = step_features(first[0])
+        self.widths = [0] * len(self.features)
+        self.feature_shape = (len(self.features),)
+
     def frame(self, spark, split):
-        columns = [*self.labels, *self.features, *self.categorical, *self.keys]
+        columns = [*self.labels, *self.features, *self.categorical, *self.sequences, *self.keys]
         return spark.read.parquet(self.paths[split]).select(*map(_column, dict.fromkeys(columns)))
 
     def convert(self, split: str, batch) -> ReadBatch:
@@ -513,6 +552,8 @@ class ParquetSource(TableSource):
         if self.table:
             return self._table_batch(split, batch, labels, batch.num_rows, BadRecords(), np.arange(batch.num_rows),
                                      lambda i: f"{i} of a batch")
+        if self.sequences:
+            return self._sequence_batch(split, batch, labels)
         import pyarrow.compute as pc
         seen, bad = batch.num_rows, BadRecords()
         good = np.ones(seen, bool)
@@ -537,6 +578,24 @@ class ParquetSource(TableSource):
                               self.feature_dtype, positions, self.target)
         batch.seen = seen
         return batch
+
+    def _sequence_batch(self, split: str, batch, labels: list) -> ReadBatch:
+        """A record batch of a sequence dataset: its numeric --features as x, each --sequence column ragged
+        (`etl/sequence_columns.py`: a wrong sequence stops the job), the good records' rows (`SequenceRows`)."""
+        where = self.paths[split]
+        x = np.stack([numeric_values(batch.column(name), name)[0] for name in self.features], axis=1) \
+            if self.features else np.empty((batch.num_rows, 0), np.float32)
+        first = numeric_values(labels[0], self.labels[0])[0] if labels and not self.text_labels else None
+
+        def record(i: int) -> str:
+            return f"{i} of a batch" + ("" if first is None else f" (label {first[i]:g})")
+        sequences = {name: ragged_column(batch.column(name), name, self.step_features[name], self.options.max_length,
+                                         where, record) for name in self.sequences}
+        checked = checked_batch(x, labels or None, self.num_classes, where, record, BadRecords(), "float32",
+                                None, self.target)
+        checked.x = SequenceRows(checked.x, {name: seqs[checked.kept] for name, seqs in sequences.items()})
+        checked.seen = batch.num_rows
+        return checked
 
     def _label_texts(self, spark) -> tuple[str, ...]:
         frames = [spark.read.parquet(self.paths[split]).select(_column(self.labels[0]).cast("string").alias("value"))

@@ -26,6 +26,7 @@ import h5py
 import numpy as np
 
 from mpitrain.data.order import Blocks, Piece
+from mpitrain.data.sequences import MAX_LENGTH, RaggedBuffer
 from mpitrain.data.shards import MANIFEST_NAME, Manifest, check_structure, verify_sha256
 from mpitrain.data.storage import Storage
 from mpitrain.errors import DataError, describe
@@ -47,17 +48,31 @@ class ShardFiles:
         self.rows_read, self.bytes_read = 0, 0
         self.bytes_fetched = 0  # a remote store: every byte its responses carried, HDF5's metadata included
 
-    def read(self, blocks: Blocks, piece: Piece, x_out: np.ndarray, y_out: np.ndarray) -> None:
-        """Rows [piece.lo, piece.hi) of block `piece.block` into x_out and y_out (arrays of piece.hi - piece.lo rows)."""
+    def read(self, blocks: Blocks, piece: Piece, x_out: np.ndarray, y_out: np.ndarray,
+             sequences: dict[str, RaggedBuffer] | None = None, row: int = 0) -> None:
+        """Rows [piece.lo, piece.hi) of block `piece.block` into x_out and y_out (arrays of piece.hi - piece.lo rows)
+        and, for a dataset of sequence columns, their sequences into `sequences` (one `RaggedBuffer` per column) as
+        its rows `row`.. on."""
         index = int(blocks.shard[piece.block])
         start = int(blocks.start[piece.block])
-        x, y, chunk_bytes = self._datasets(index)
+        x, y, chunk_bytes, stored_sequences = self._datasets(index)
         path = self.storage.path(self.shards[index].path)
         lo, hi = start + piece.lo, start + piece.hi
         try:
-            x.read_direct(x_out, np.s_[lo:hi])
+            if x_out.size:  # (rows, 0): a sequence dataset without fixed features
+                x.read_direct(x_out, np.s_[lo:hi])
             y.read_direct(y_out, np.s_[lo:hi])
             self.bytes_read += chunk_bytes(start)
+            for name, (values, offsets) in stored_sequences.items():
+                bounds = offsets[lo:hi + 1]
+                _check_offsets(path, name, bounds, lo, len(values), sequences[name].values.shape[1])
+                out = sequences[name].space(row, bounds)
+                if len(out):
+                    values.read_direct(out, np.s_[bounds[0]:bounds[-1]])
+                if not np.isfinite(out).all():
+                    raise DataError(f"{path}: sequence column {name!r} holds NaN or Inf in rows {lo}..{hi - 1}; "
+                                    "expected finite values")
+                self.bytes_read += out.nbytes + bounds.nbytes
         except (OSError, ValueError) as e:
             raise DataError(f"{path}: rows {lo}..{hi - 1} could not be read ({describe(e) if isinstance(e, OSError) else e}); "
                             "the chunk fails its checksum or the shard is damaged or gone") from None
@@ -69,11 +84,12 @@ class ShardFiles:
             self._close(next(iter(self.open_files)))
 
     def _datasets(self, index: int) -> tuple:
-        """Shard `index`'s datasets x and y and the stored bytes of their chunks (`_chunk_bytes`), opened and checked
-        on first use (h5py objects kept: reading them again creates nothing)."""
+        """Shard `index`'s datasets x and y, the stored bytes of their chunks (`_chunk_bytes`) and its sequence
+        columns' (values, offsets) by name, opened and checked on first use (h5py objects kept: reading them again
+        creates nothing)."""
         if index in self.open_files:
             self.open_files.move_to_end(index)
-            return self.open_files[index][:3]
+            return self.open_files[index][:4]
         shard = self.shards[index]
         path = self.storage.path(shard.path)
         if self.verify_whole_file and index not in self.checked:
@@ -98,10 +114,12 @@ class ShardFiles:
         except DataError:
             f.close()
             raise
-        self.open_files[index] = (f["x"], f["y"], _chunk_bytes(f["x"], f["y"]), f, raw)
+        sequences = {column["name"]: (f[f"sequences/{column['name']}/values"],
+                                      f[f"sequences/{column['name']}/offsets"]) for column in self.manifest.sequences}
+        self.open_files[index] = (f["x"], f["y"], _chunk_bytes(f["x"], f["y"]), sequences, f, raw)
         if len(self.open_files) > OPEN_SHARDS:
             self._close(next(iter(self.open_files)))
-        return self.open_files[index][:3]
+        return self.open_files[index][:4]
 
     def _close(self, index: int) -> None:
         *_, f, raw = self.open_files.pop(index)
@@ -150,6 +168,17 @@ def _chunk_bytes(*datasets):
         return sum(size if dsid is None else int(dsid.get_chunk_info_by_coord((first_row, *tail)).size)
                    for dsid, size, tail in parts)
     return stored
+
+
+def _check_offsets(path: str, name: str, offsets: np.ndarray, first_row: int, steps: int, features: int) -> None:
+    """Offsets of a sequence column that ascend within its stored steps, with every sequence 1..`MAX_LENGTH` long,
+    or one DataError naming the shard, the column and the row."""
+    lengths = np.diff(offsets)
+    bad = (lengths < 1) | (lengths > MAX_LENGTH)
+    if offsets[0] < 0 or offsets[-1] > steps or bad.any():
+        row = first_row + int(np.argmax(bad)) if bad.any() else first_row
+        raise DataError(f"{path}: sequence column {name!r} has offsets out of order or range at row {row} "
+                        f"(stored steps: {steps}); expected ascending offsets, each sequence 1..{MAX_LENGTH} steps")
 
 
 def check_values(path: str, x: np.ndarray, y: np.ndarray, manifest: Manifest) -> None:

@@ -13,6 +13,7 @@ order, block by block.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -23,6 +24,7 @@ import numpy as np
 from mpitrain.data.augment import augment_images
 from mpitrain.data.chunks import ShardFiles
 from mpitrain.data.order import Blocks, EpochPlan
+from mpitrain.data.sequences import SequenceBatch
 from mpitrain.data.shards import Manifest, read_manifest_and_sha256
 from mpitrain.data.storage import Storage
 from mpitrain.data.stream import EvalRows, TrainRows
@@ -85,7 +87,12 @@ class DatasetReader:
 
     @property
     def row_bytes(self) -> int:
-        return int(np.prod(self.manifest.feature_shape)) * np.dtype(self.manifest.feature_dtype).itemsize
+        """A stored row's bytes: its fixed features, and its sequences at their mean length over the train split
+        (a window of longer ones grows its sequence buffers; `mpitrain.data.sequences.RaggedBuffer`)."""
+        fixed = int(np.prod(self.manifest.feature_shape)) * np.dtype(self.manifest.feature_dtype).itemsize
+        rows = max(1, self.manifest.rows("train")) if "train" in self.manifest.splits else 1
+        return fixed + sum(4 * column["features"] * math.ceil(column.get("steps", {}).get("train", 0) / rows) + 16
+                           for column in self.manifest.sequences)
 
     def blocks(self, split: str) -> Blocks:
         """The blocks (chunks) of `split`, its first `max_rows` rows only when max_rows is set; a DataError for an
@@ -143,7 +150,11 @@ class ModelInput:
         self.scale, self.shift = input_scaling(manifest, normalize)
 
     def __call__(self, stored: np.ndarray, out=None):
-        """`stored` as model input: in `out` (a backend array of the right shape) when given, else a new array."""
+        """`stored` as model input: in `out` (a backend array of the right shape) when given, else a new array. A
+        padded `SequenceBatch` goes in as stored (sequences are not rescaled), on the backend's device."""
+        if isinstance(stored, SequenceBatch):
+            return SequenceBatch(self._on_device(stored.values, "sequence.values"),
+                                 self._on_device(stored.lengths, "sequence.lengths"))
         if out is None:
             out = self.backend.xp.empty(stored.shape, dtype=self.dtype)
         if not self.backend.on_gpu:
@@ -154,6 +165,18 @@ class ModelInput:
         scaled(stored, self.scale, self.shift, host)
         self.backend.copy_to_device(host, out)
         return out
+
+    def _on_device(self, host: np.ndarray, name: str):
+        """`host` (in the model's dtype if a float) on the backend: itself on the CPU, else the grow-only device
+        buffer `name` it is copied into."""
+        if host.dtype.kind == "f" and host.dtype != self.dtype:
+            host = host.astype(self.dtype)
+        if not self.backend.on_gpu:
+            self.backend.transfers.count("to_device", host.nbytes)
+            return host
+        device = self.ws.at_least(name, host.size, host.dtype).reshape(host.shape)
+        self.backend.copy_to_device(host, device)
+        return device
 
 
 class Batches:
@@ -193,18 +216,32 @@ class Batches:
             yield from (self._batch(view, epoch, step) for step in steps)
 
     def zeros(self):
-        """A batch of zeros in buffer pair 0: what a rank whose read failed trains on until every rank knows."""
+        """A batch of zeros in buffer pair 0: what a rank whose read failed trains on until every rank knows (a
+        sequence dataset's: sequences of one zero step)."""
         x, y = self._buffers(0)
         x[...], y[...] = 0, 0
+        if self.rows.shards.manifest.sequences:
+            features = self.rows.shards.manifest.sequences[0]["features"]
+            values = np.zeros((self.batch_size, 1, features), self.dtype)
+            return self.to_model_input(SequenceBatch(values, np.ones(self.batch_size, np.int64))), \
+                self._on_device(y, "y0")
         return self._on_device(x, "x0"), self._on_device(y, "y0")
 
     def _batch(self, view, epoch: int, step: int):
         """Step `step`'s rows (ascending within the batch) into buffer pair `step % 2`."""
         slot = step % 2
-        stored_x, stored_y, index = view.step(step)
+        stored_x, stored_y, index, sequences = view.step(step)
         if self.record is not None:
             self.record(epoch, step, view.row_ids(step))
         x, y = self._buffers(slot)
+        if sequences:  # one sequence column (`Manifest.input_shape`), padded to the batch's longest
+            (name, buffer), = sequences.items()
+            y[...] = stored_y[index]
+            values, lengths = buffer.padded(index, self.ws, f"{name}{slot}", self.dtype)
+            with self._device():
+                batch = SequenceBatch(self.to_model_input._on_device(values, f"{name}{slot}.values"),
+                                      self.to_model_input._on_device(lengths, f"{name}{slot}.lengths"))
+            return batch, self._on_device(y, f"y{slot}")
         if self.augment:
             stored = augment_images(stored_x[index], (self.seed, epoch, self.rank, step), **self.augment)
             scaled(stored, self.scale, self.shift, x)
@@ -212,6 +249,10 @@ class Batches:
         else:
             gather_scaled(stored_x, stored_y, index, self.scale, self.shift, x, y)
         return self._on_device(x, f"x{slot}"), self._on_device(y, f"y{slot}")
+
+    def _device(self):
+        """The backend's GPU as the current device (the prefetch thread's current GPU is GPU 0); on the CPU nothing."""
+        return self.backend.xp.cuda.Device(self.backend.device) if self.backend.on_gpu else contextlib.nullcontext()
 
     def _buffers(self, slot: int):
         """Host buffer pair `slot`: a batch's model input and its labels or targets."""
@@ -224,7 +265,7 @@ class Batches:
         if not self.backend.on_gpu:
             self.backend.transfers.count("to_device", host.nbytes)
             return host
-        with self.backend.xp.cuda.Device(self.backend.device):  # the prefetch thread's current GPU is GPU 0
+        with self._device():
             device = self.ws(name, host.shape, host.dtype)
         self.backend.copy_to_device(host, device)
         return device

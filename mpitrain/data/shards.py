@@ -80,6 +80,18 @@ class Manifest:
     # i-th value) or "hash_buckets" (id 0: missing, 1 + hash mod buckets); numeric ones may have "mean"/"std"
     # (standardized) and "impute" (the value a missing one got); an indicator column has "missing_of".
     columns: dict[str, list[dict]] = field(default_factory=dict)
+    # Sequence columns (docs/sequences.md), each {"name", "features": F, "max_length": the longest allowed, "longest":
+    # the longest written}: stored ragged in each shard as `sequences/NAME/values` (steps, F) float32 and
+    # `sequences/NAME/offsets` (rows + 1,) int64. Then x holds the fixed features only ((rows, 0) without any).
+    sequences: list[dict] = field(default_factory=list)
+
+    @property
+    def input_shape(self) -> tuple:
+        """What a model reads of a row: the shape of x, or `(None, F)` for a dataset of one sequence column and no
+        fixed features (a sequence of any length of F-vectors)."""
+        if self.sequences and self.feature_shape == (0,) and len(self.sequences) == 1:
+            return (None, self.sequences[0]["features"])
+        return tuple(self.feature_shape)
 
     @property
     def target_shape(self) -> tuple[int, ...]:
@@ -160,12 +172,14 @@ def _filters(compression: str) -> dict:
 
 
 def write_shard(dataset_dir: str, relative_path: str, x: np.ndarray, y: np.ndarray,
-                extras: dict[str, np.ndarray] | None = None, compression: str = "none") -> ShardInfo:
+                extras: dict[str, np.ndarray] | None = None, compression: str = "none",
+                sequences: dict | None = None) -> ShardInfo:
     """Write one shard and return its manifest entry (rows and sha256 of the file).
 
     `extras` are further per-row datasets (e.g. `y_onehot`), chunked like `x`; readers may ignore them.
     Every chunk gets a Fletcher-32 checksum and is compressed with `compression` (one of COMPRESSIONS);
-    byte shuffling goes before a codec, so float32 features compress too.
+    byte shuffling goes before a codec, so float32 features compress too. `sequences` ({name: `Ragged`}) are stored
+    as `sequences/NAME/values` (chunks of `CHUNK_ROWS` steps) and `sequences/NAME/offsets`.
     """
     if len(x) != len(y):
         raise ValueError(f"{relative_path}: {len(x)} feature rows but {len(y)} labels")
@@ -177,9 +191,13 @@ def write_shard(dataset_dir: str, relative_path: str, x: np.ndarray, y: np.ndarr
     filters = _filters(compression)
     with h5py.File(path, "w") as f:
         labels = y.astype(np.int32) if y.ndim == 1 else y.astype(np.float32)  # class labels, else target columns
-        for name, data in {"x": x, "y": labels, **(extras or {})}.items():
-            if rows:  # an empty dataset cannot be chunked, so it has no filters
-                f.create_dataset(name, data=data, chunks=(min(rows, CHUNK_ROWS), *data.shape[1:]), **filters)
+        stored = {"x": x, "y": labels, **(extras or {})}
+        for name, seqs in (sequences or {}).items():
+            stored[f"sequences/{name}/values"] = seqs.values.astype(np.float32, copy=False)
+            stored[f"sequences/{name}/offsets"] = seqs.offsets.astype(np.int64, copy=False)
+        for name, data in stored.items():
+            if data.size:  # an empty dataset cannot be chunked, so it has no filters
+                f.create_dataset(name, data=data, chunks=(min(len(data), CHUNK_ROWS), *data.shape[1:]), **filters)
             else:
                 f.create_dataset(name, data=data)
         f.attrs["rows"] = rows
@@ -239,7 +257,8 @@ def read_manifest_and_sha256(dataset_dir: str, storage: Storage | None = None) -
     if version != SCHEMA_VERSION:
         raise DataError(f"{path}: schema_version {version}, this mpitrain reads {SCHEMA_VERSION}")
     shape = need("feature_shape", list)
-    if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
+    sequences = _checked_sequences(data.get("sequences", []), path)
+    if (not shape or not all(isinstance(d, int) and d > 0 for d in shape)) and not (sequences and shape == [0]):
         raise DataError(f"{path}: feature_shape {shape!r}, expected a list of positive integers")
     dtype = need("feature_dtype", str)
     if dtype not in FEATURE_DTYPES:
@@ -283,8 +302,20 @@ def read_manifest_and_sha256(dataset_dir: str, storage: Storage | None = None) -
         seed=int(data.get("seed", 0)), transforms=list(data.get("transforms", [])),
         class_names=[str(name) for name in class_names], bad_records=int(data.get("bad_records", 0)),
         compression=compression, chunk_rows=chunk_rows, checksums=checksums, target=target,
-        target_names=[str(name) for name in target_names], columns=columns, **numbers), \
+        target_names=[str(name) for name in target_names], columns=columns, sequences=sequences, **numbers), \
         hashlib.sha256(raw).hexdigest()
+
+
+def _checked_sequences(sequences, path: str) -> list[dict]:
+    """The manifest's `sequences`, checked: a list of {name, features >= 1, max_length >= 1, longest}."""
+    def count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    if not isinstance(sequences, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("name"), str) and count(s.get("features"))
+            and count(s.get("max_length")) and count(s.get("longest", 1)) for s in sequences):
+        raise DataError(f"{path}: sequences {str(sequences)[:200]}, expected [{{name, features, max_length, "
+                        "longest}, ...] with positive integers")
+    return sequences
 
 
 def _checked_columns(columns, path: str, feature_shape: tuple[int, ...], feature_dtype: str) -> dict[str, list[dict]]:
@@ -348,6 +379,13 @@ def check_structure(f: h5py.File, path: str, manifest: Manifest, shard: ShardInf
     if x.shape != expected_x or x.dtype.name != manifest.feature_dtype:
         raise DataError(f"{path}: dataset 'x' is {x.dtype}{list(x.shape)}, "
                         f"expected {manifest.feature_dtype}{list(expected_x)}")
+    for column in manifest.sequences:
+        values, offsets = f.get(f"sequences/{column['name']}/values"), f.get(f"sequences/{column['name']}/offsets")
+        if values is None or offsets is None or values.ndim != 2 or values.shape[1] != column["features"] or \
+                offsets.shape != (shard.rows + 1,):
+            raise DataError(f"{path}: sequence column {column['name']!r} is not stored as the manifest says; expected "
+                            f"datasets sequences/{column['name']}/values (steps, {column['features']}) and "
+                            f"sequences/{column['name']}/offsets ({shard.rows + 1},)")
     expected_y = (shard.rows, *manifest.target_shape)
     if y.shape != expected_y or y.dtype != manifest.target_dtype:
         raise DataError(f"{path}: dataset 'y' is {y.dtype}{list(y.shape)}, expected "

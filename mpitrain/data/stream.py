@@ -1,7 +1,7 @@
 """A rank's rows streamed from storage in bounded memory: window by window for training, in order for evaluation.
 
     rows = TrainRows(shards, plan, rank, ranks)          # training: the epoch order of `mpitrain.data.order`
-    x, y, index = rows.epoch(3).step(k)                  # step k's rows: x[index], y[index]
+    x, y, index, seqs = rows.epoch(3).step(k)            # step k's rows: x[index], y[index] (seqs: sequence columns)
     for x, y in EvalRows(shards, blocks, span).batches(256): ...   # evaluation: this rank's rows in order
 
 Training holds two windows of this rank's rows at most: the one its steps use, and the next,
@@ -10,6 +10,9 @@ so reading overlaps training and memory stays at two windows, whatever the split
 The two buffers are allocated once and alternate by window. An epoch's first window (or the
 window a resumed run starts in) is read whole before its first step: that wait shows up as
 input wait in the step metrics. Evaluation reads one block at a time into one batch buffer.
+
+A dataset of sequence columns (docs/sequences.md) keeps each window's sequences ragged beside its fixed rows, one
+`RaggedBuffer` per column and window buffer; evaluation batches come padded (`SequenceBatch`, host arrays).
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ import numpy as np
 
 from mpitrain.data.chunks import ShardFiles
 from mpitrain.data.order import Blocks, EpochOrder, EpochPlan, Piece
+from mpitrain.data.sequences import RaggedBuffer, SequenceBatch
+from mpitrain.nn.workspace import Workspace
 
 
 class TrainRows:
@@ -29,6 +34,7 @@ class TrainRows:
         self.row_shape = tuple(manifest.feature_shape)
         capacity = min(plan.window_rows, plan.used_rows) // ranks  # np.empty: pages are taken as rows come in
         self.buffers = [row_buffers(manifest, capacity) for _ in range(2)]
+        self.sequence_buffers = [sequence_buffers(manifest, capacity) for _ in range(2)]
 
     @property
     def rank_batch(self) -> int:
@@ -46,6 +52,9 @@ class _Window:
         self.span = order.span(number, rows.rank, rows.ranks)
         self.pieces = order.pieces(self.span.start, self.span.stop)
         self.x, self.y = (buffer[:len(self.span)] for buffer in rows.buffers[number % 2])
+        self.sequences = rows.sequence_buffers[number % 2]
+        for buffer in self.sequences.values():
+            buffer.clear()
         self.read, self.filled = 0, 0  # pieces read, rows filled
 
     def read_until(self, pieces: int, shards: ShardFiles, blocks: Blocks) -> None:
@@ -53,7 +62,8 @@ class _Window:
         while self.read < min(pieces, len(self.pieces)):
             piece = self.pieces[self.read]
             n = piece.hi - piece.lo
-            shards.read(blocks, piece, self.x[self.filled:self.filled + n], self.y[self.filled:self.filled + n])
+            shards.read(blocks, piece, self.x[self.filled:self.filled + n], self.y[self.filled:self.filled + n],
+                        self.sequences, self.filled)
             self.read, self.filled = self.read + 1, self.filled + n
 
 
@@ -65,9 +75,10 @@ class EpochRows:
         self.current: _Window | None = None
         self.next: _Window | None = None
 
-    def step(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(x, y, index): step `step`'s rows of this rank are x[index], y[index] (stored values, host arrays valid
-        until the window after next is read). Reads the step's window if need be, and the next window's share."""
+    def step(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, RaggedBuffer]]:
+        """(x, y, index, sequences): step `step`'s rows of this rank are x[index], y[index] and the rows `index` of
+        each sequence column's buffer (stored values, host arrays valid until the window after next is read). Reads
+        the step's window if need be, and the next window's share."""
         rows, plan = self.rows, self.rows.plan
         number, j = plan.window_of(step)
         if self.current is None or self.current.number != number:
@@ -81,7 +92,8 @@ class EpochRows:
                 self.next = _Window(number + 1, self.order, rows)
             steps = plan.window_size(number) // plan.global_batch
             self.next.read_until(-(-len(self.next.pieces) * (j + 1) // steps), rows.shards, plan.blocks)
-        return self.current.x, self.current.y, self.order.batch_index(step, rows.rank, rows.ranks)
+        return self.current.x, self.current.y, self.order.batch_index(step, rows.rank, rows.ranks), \
+            self.current.sequences
 
     def row_ids(self, step: int) -> np.ndarray:
         """The split's row numbers of this rank's batch at `step` (for the debug hook)."""
@@ -94,6 +106,8 @@ class EvalRows:
     def __init__(self, shards: ShardFiles, blocks: Blocks, span: range):
         self.shards, self.blocks, self.span = shards, blocks, span
         self.buffers: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.sequence_buffers: dict[str, dict[str, RaggedBuffer]] = {}
+        self.padding = Workspace(np).part("evaluation")
         starts = blocks.first_rows
         self.pieces = []
         for block in range(len(blocks)):
@@ -106,23 +120,46 @@ class EvalRows:
 
     def batches(self, batch_size: int):
         """Yield (x, y) of up to `batch_size` rows in order (reused buffers: use each before the next). Each block is
-        read once, whole, into a block buffer, and cut into batches from there."""
+        read once, whole, into a block buffer, and cut into batches from there. A dataset of one sequence column
+        and no fixed features yields its sequences as x, a host `SequenceBatch`."""
         block_x, block_y = self._buffers("block", int(self.blocks.rows.max()))
         x, y = self._buffers("batch", batch_size)
+        block_seqs, seqs = self._sequences("block", int(self.blocks.rows.max())), self._sequences("batch", batch_size)
+        for buffer in seqs.values():
+            buffer.clear()
         filled = 0
         for block, lo, hi in self.pieces:
             n = hi - lo
-            self.shards.read(self.blocks, Piece(block, lo, hi), block_x[:n], block_y[:n])
+            for buffer in block_seqs.values():
+                buffer.clear()
+            self.shards.read(self.blocks, Piece(block, lo, hi), block_x[:n], block_y[:n], block_seqs)
             taken = 0
             while taken < n:
                 k = min(n - taken, batch_size - filled)
                 x[filled:filled + k], y[filled:filled + k] = block_x[taken:taken + k], block_y[taken:taken + k]
+                for name, buffer in seqs.items():
+                    buffer.copy_rows(block_seqs[name], taken, k, filled)
                 taken, filled = taken + k, filled + k
                 if filled == batch_size:
-                    yield x, y
+                    yield self._model_rows(x, seqs, filled), y
                     filled = 0
+                    for buffer in seqs.values():
+                        buffer.clear()
         if filled:
-            yield x[:filled], y[:filled]
+            yield self._model_rows(x[:filled], seqs, filled), y[:filled]
+
+    def _sequences(self, name: str, rows: int) -> dict[str, RaggedBuffer]:
+        """A `RaggedBuffer` per sequence column for `rows` rows, made on the first call and kept."""
+        if name not in self.sequence_buffers or any(len(b.starts) != rows for b in self.sequence_buffers[name].values()):
+            self.sequence_buffers[name] = sequence_buffers(self.shards.manifest, rows)
+        return self.sequence_buffers[name]
+
+    def _model_rows(self, x: np.ndarray, seqs: dict[str, RaggedBuffer], rows: int):
+        """What a model reads of these rows: x, or the one sequence column padded (`Manifest.input_shape`)."""
+        if not seqs:
+            return x
+        (name, buffer), = seqs.items()
+        return SequenceBatch(*buffer.padded(np.arange(rows), self.padding, name, np.float32))
 
     def _buffers(self, name: str, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """(x, y) buffers of `rows` rows, made on the first call and kept: an evaluation allocates nothing."""
@@ -133,6 +170,8 @@ class EvalRows:
     def first(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The first `n` rows of the range (new arrays)."""
         for x, y in self.batches(max(1, min(n, len(self)))):
+            if isinstance(x, SequenceBatch):
+                return SequenceBatch(x.values.copy(), x.lengths.copy()), y.copy()
             return x.copy(), y.copy()
         return row_buffers(self.shards.manifest, 0)
 
@@ -141,3 +180,8 @@ def row_buffers(manifest, rows: int) -> tuple[np.ndarray, np.ndarray]:
     """Empty (x, y) arrays for `rows` stored rows of the dataset of `manifest`."""
     return (np.empty((rows, *manifest.feature_shape), manifest.feature_dtype),
             np.empty((rows, *manifest.target_shape), manifest.target_dtype))
+
+
+def sequence_buffers(manifest, rows: int) -> dict[str, RaggedBuffer]:
+    """An empty `RaggedBuffer` of `rows` rows per sequence column of the dataset of `manifest` (none: {})."""
+    return {column["name"]: RaggedBuffer(rows, column["features"], np.float32) for column in manifest.sequences}

@@ -256,6 +256,11 @@ def build_network(config, manifest, xp, budget: tuple[int, int] | None = None) -
         raise ConfigError(f"model.target is reconstruction, but the dataset has categorical columns "
                           f"{[c['name'] for c in manifest.columns['categorical']]} (ids, not values to reconstruct); "
                           "expected a dataset of numbers or images")
+    if manifest.sequences and (config.target == "reconstruction" or config.graph or manifest.input_shape[0] is not None):
+        raise ConfigError(f"the dataset has sequence columns {[c['name'] for c in manifest.sequences]}"
+                          f"{' and fixed features' if manifest.feature_shape != (0,) else ''}; expected one sequence "
+                          "column alone, read by model.layers (model.graph and model.target: reconstruction do not "
+                          "read sequences yet: docs/sequences.md)")
     if config.graph:
         model = build_graph(config, manifest.input_groups, manifest.feature_shape, outputs, xp, outputs_name, budget)
     elif "categorical" in manifest.input_groups:
@@ -263,7 +268,8 @@ def build_network(config, manifest, xp, budget: tuple[int, int] | None = None) -
                           f"{[c['name'] for c in manifest.columns['categorical']]} (ids); expected model.graph with "
                           "an embedding of `categorical` (docs/tables.md)")
     else:
-        model = build_model(config, manifest.feature_shape, outputs, xp, outputs_name, budget)
+        model = build_model(config, manifest.input_shape, outputs, xp, outputs_name, budget,
+                            max((c["longest"] for c in manifest.sequences), default=1))
     if config.target == "reconstruction":
         model.reconstruct_inputs()
     return model

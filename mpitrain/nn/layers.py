@@ -35,6 +35,7 @@ class Layer:
     """Base: a layer without parameters that passes shapes through."""
 
     _ws: WorkspacePart | None = None
+    lengths = None  # a sequence input's lengths (B,), set by the model before forward (docs/sequences.md)
 
     @property
     def ws(self) -> WorkspacePart:
@@ -55,6 +56,10 @@ class Layer:
 
     def stat_shapes(self, input_shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
         return {}
+
+    def output_lengths(self, lengths):
+        """The lengths of the output sequence of an input sequence of `lengths` (docs/sequences.md): the same."""
+        return lengths
 
     def bind(self, params: dict, grads: dict) -> None:
         self.params, self.grads = params, grads

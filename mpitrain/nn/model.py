@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 
+from mpitrain.data.sequences import SequenceBatch
 from mpitrain.errors import ConfigError
 from mpitrain.kernels.im2col import PADDINGS
 from mpitrain.nn.batchnorm import BatchNorm
@@ -106,16 +107,23 @@ class Sequential(Network):
             stat_shapes.append(layer.stat_shapes(shape))
             shape = layer.output_shape(shape)
         self.output_shape = shape
+        # which layers give a sequence (their output shape's first dimension is None: docs/sequences.md)
+        self.gives_sequence = [_is_sequence(layer.output_shape(s)) for layer, s in
+                               zip(layers, _input_shapes(layers, self.input_shape))]
         names = [f"{index:02d}_{type(layer).__name__.lower()}" for index, layer in enumerate(layers)]
         super().__init__(layers, names, shapes, stat_shapes, loss, xp, dtype, loss_options)
         _fuse_activations(self.layers)
 
     def forward(self, x, training: bool = False, key: tuple = (0,), until: int | None = None):
         """The logits of `x`, or with `until` the output of layer `until` (an index into `layers`); `key` (seed, rank,
-        epoch, step) seeds the step's random layers (dropout)."""
+        epoch, step) seeds the step's random layers (dropout). `x` may be a `SequenceBatch`: each layer is told its
+        input's lengths (`layer.lengths`) and gives its output's (`output_lengths`) while its output is a sequence."""
+        x, lengths = (x.values, x.lengths) if isinstance(x, SequenceBatch) else (x, None)
         for index, layer in enumerate(self.layers[:None if until is None else until + 1]):
-            layer.key = (*key, index)
+            layer.key, layer.lengths = (*key, index), lengths
             x = layer.forward(x, training)
+            if lengths is not None:
+                lengths = layer.output_lengths(lengths) if self.gives_sequence[index] else None
         return x
 
     def backward(self, dy, grads_ready=None) -> None:
@@ -146,6 +154,24 @@ class Sequential(Network):
                          if name != "activation"}  # activations are layers of their own by now
             specs.append({"type": names[type(layer)], **arguments})
         return specs
+
+
+def _is_sequence(shape: tuple) -> bool:
+    """Whether a layer's shape is a sequence's, `(None, F)` (docs/sequences.md)."""
+    return len(shape) > 0 and shape[0] is None
+
+
+def _input_shapes(layers: list[Layer], input_shape: tuple) -> list[tuple]:
+    """Each layer's input shape in a stack of `layers` fed `input_shape`."""
+    shapes = [tuple(input_shape)]
+    for layer in layers[:-1]:
+        shapes.append(layer.output_shape(shapes[-1]))
+    return shapes
+
+
+def estimated_size(shape: tuple, steps: int) -> int:
+    """The numbers of one row of `shape`, a sequence's counted at `steps` steps (its longest)."""
+    return math.prod(steps if d is None else d for d in shape)
 
 
 def _with_activation_layers(layers: list[Layer]) -> list[Layer]:
@@ -188,16 +214,17 @@ def _plain(value):
 
 
 def build_model(config, input_shape, num_classes: int, xp, outputs: str = "classes",
-                budget: tuple[int, int] | None = None) -> Sequential:
+                budget: tuple[int, int] | None = None, steps: int = 1) -> Sequential:
     """Build the model of `config.model` (a ModelConfig) for inputs of `input_shape`.
 
     Each layer is `{type: NAME, ...keyword arguments}`; a dense or conv2d layer's
     `activation` adds that activation layer after it. The last layer must give
     `num_classes` outputs (one per class, or per target column: `outputs` names them for the
     error). A layer that does not fit its input shape is named. With `budget` (rows per step, bytes a rank has),
-    a model estimated to need more is refused before anything is allocated (`check_memory`).
+    a model estimated to need more is refused before anything is allocated (`check_memory`; a sequence input
+    `(None, F)` counted at `steps` steps, its longest).
     """
-    layers, shape, sizes = [], tuple(input_shape), [[], [math.prod(input_shape)]]
+    layers, shape, sizes = [], tuple(input_shape), [[], [estimated_size(input_shape, steps)]]
     for i, spec in enumerate(config.layers):
         for layer in _with_activation_layers([_layer_from_spec(spec, f"model.layers[{i}]")]):
             try:
@@ -205,7 +232,7 @@ def build_model(config, input_shape, num_classes: int, xp, outputs: str = "class
                 shape = layer.output_shape(shape)
             except ValueError as e:
                 raise ConfigError(f"model.layers[{i}] ({spec['type']}) on inputs of shape {list(shape)}: {e}") from None
-            sizes[1].append(math.prod(shape))
+            sizes[1].append(estimated_size(shape, steps))
             layers.append(layer)
     check_memory("model.layers", sum(map(math.prod, sizes[0])), sum(sizes[1]), np.dtype(config.dtype).itemsize, budget)
     model = Sequential(layers, input_shape, config.loss, xp, config.dtype, config.loss_options)

@@ -40,14 +40,15 @@ class Workspace:
             array = self.arrays[key] = (np if host else self.xp).empty(key[2], dtype=key[3])
         return array
 
-    def at_least(self, owner: str, name: str, size: int, dtype):
+    def at_least(self, owner: str, name: str, size: int, dtype, host: bool = False):
         """The first `size` elements of the 1-D array `name` of `owner`, which grows (to twice its size at
         least, so rarely) when `size` outgrows it: buffers whose length varies from step to step (`sharing`'s
-        messages). Make it once at its usual largest size and a step allocates nothing."""
-        key = (owner, name, None, np.dtype(dtype), False)
+        messages, a batch of sequences). Make it once at its usual largest size and a step allocates nothing. `host`: a
+        numpy array whatever the model's array module."""
+        key = (owner, name, None, np.dtype(dtype), host)
         array = self.arrays.get(key)
         if array is None or array.size < size:
-            array = self.arrays[key] = self.xp.empty(max(size, 2 * array.size if array is not None else 0),
+            array = self.arrays[key] = (np if host else self.xp).empty(max(size, 2 * array.size if array is not None else 0),
                                                      dtype=key[3])
         return array[:size]
 
@@ -70,5 +71,5 @@ class WorkspacePart:
     def __call__(self, name: str, shape, dtype, host: bool = False):
         return self.workspace.array(self.owner, name, shape, dtype, host)
 
-    def at_least(self, name: str, size: int, dtype):
-        return self.workspace.at_least(self.owner, name, size, dtype)
+    def at_least(self, name: str, size: int, dtype, host: bool = False):
+        return self.workspace.at_least(self.owner, name, size, dtype, host)

@@ -1,0 +1,170 @@
+"""Variable-length sequences: stored ragged, carried ragged through the ETL and the reader, padded per batch.
+
+    seqs = Ragged(values, offsets)             # sequence i: values[offsets[i]:offsets[i+1]], (steps, F)
+    seqs[index]                                # the sequences at `index`, ragged again
+    batch = pad_batch(window, index, ws)       # a step's sequences as (B, T, F) plus their lengths
+
+On disk and in memory a sequence column is ragged: its steps' values one after another and the offsets
+where each row's begin, never padded to the longest sequence (docs/sequences.md). Only a batch is padded, to its
+own longest sequence rounded up to `PAD_MULTIPLE` steps, so the model's arrays take a handful of shapes instead
+of one per length; its `lengths` say which steps are real. The layers keep the masking contract
+(docs/sequences.md), so what a sequence gives does not depend on its batch's padding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PAD_MULTIPLE = 8  # a batch's padded length is its longest sequence rounded up to a multiple of this
+MAX_LENGTH = 1 << 20  # the most steps a stored sequence may have (the ETL's --max-length is at most this)
+
+
+@dataclass
+class Ragged:
+    """Sequences of F-vectors: `values` (total steps, F) and `offsets` (rows + 1,) int64, offsets[0] == 0."""
+
+    values: np.ndarray
+    offsets: np.ndarray
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @property
+    def features(self) -> int:
+        return self.values.shape[1]
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, index) -> Ragged:
+        """The sequences at `index` (integer positions or a boolean mask), in that order."""
+        index = np.asarray(index)
+        index = np.flatnonzero(index) if index.dtype == bool else index.astype(np.int64, copy=False)
+        starts, lengths = self.offsets[:-1][index], self.lengths[index]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        steps = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return Ragged(self.values[steps], offsets)
+
+    @staticmethod
+    def concat(parts: list[Ragged]) -> Ragged:
+        shifts = np.cumsum([0] + [p.offsets[-1] for p in parts])
+        offsets = np.concatenate([[0]] + [p.offsets[1:] + shift for p, shift in zip(parts, shifts)])
+        return Ragged(np.concatenate([p.values for p in parts]), offsets.astype(np.int64))
+
+    @staticmethod
+    def empty(features: int, dtype="float32") -> Ragged:
+        return Ragged(np.empty((0, features), dtype), np.zeros(1, np.int64))
+
+    def content(self) -> np.ndarray:
+        """Each sequence as two uint64 words (for the ETL's shuffle keys): its length and a hash of its values' bits
+        and their places (a different order of the same values hashes differently)."""
+        words = np.ascontiguousarray(self.values, np.float32).view(np.uint32).astype(np.uint64)
+        words = words.reshape(len(self.values), -1)
+        places = np.arange(words.size, dtype=np.uint64).reshape(words.shape)
+        with np.errstate(over="ignore"):
+            mixed = (words * np.uint64(0x9E3779B97F4A7C15) + places * np.uint64(0xBF58476D1CE4E5B9)).sum(
+                axis=1, dtype=np.uint64) if words.size else np.zeros(len(self.values), np.uint64)
+            positions = np.arange(len(self.values), dtype=np.uint64) - np.repeat(
+                self.offsets[:-1].astype(np.uint64), self.lengths)
+            mixed ^= positions * np.uint64(0x94D049BB133111EB)
+            hashes = np.add.reduceat(mixed, self.offsets[:-1], dtype=np.uint64) if len(mixed) else \
+                np.zeros(len(self), np.uint64)
+        hashes[self.lengths == 0] = 0  # reduceat gives the next value for an empty range
+        return np.stack([self.lengths.astype(np.uint64), hashes], axis=1)
+
+
+@dataclass
+class SequenceRows:
+    """The ETL's rows of a sequence dataset: the fixed features `x` (rows, width; width 0 without `--features`) and
+    each `--sequence` column, ragged. Indexes, concatenates and pickles like a table's `TableRows`."""
+
+    x: np.ndarray
+    sequences: dict[str, Ragged] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index) -> SequenceRows:
+        return SequenceRows(self.x[index], {name: seqs[index] for name, seqs in self.sequences.items()})
+
+    @staticmethod
+    def concat(parts: list[SequenceRows]) -> SequenceRows:
+        return SequenceRows(np.concatenate([p.x for p in parts]),
+                            {name: Ragged.concat([p.sequences[name] for p in parts]) for name in parts[0].sequences})
+
+    def content(self) -> np.ndarray:
+        """The rows' content as bytes per row (for the shuffle keys): the fixed features, then each sequence's."""
+        fixed = np.ascontiguousarray(self.x).view(np.uint8).reshape(len(self.x), -1)
+        return np.concatenate([fixed, *(s.content().view(np.uint8).reshape(len(self), -1)
+                                        for s in self.sequences.values())], axis=1)
+
+
+@dataclass
+class SequenceBatch:
+    """A batch of sequences as a model takes it: `values` (B, T, F) padded after each sequence's end, `lengths` (B,)
+    int64, on the model's device (numpy or cupy arrays)."""
+
+    values: object
+    lengths: object
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.values.shape
+
+
+class RaggedBuffer:
+    """A window's (or an evaluation block's) sequences of one column, read piece by piece: each row's start in
+    `values` and its length. `values` grows (to twice its size at least) when the rows read outgrow it, so a run
+    reallocates it a few times at most."""
+
+    def __init__(self, rows: int, features: int, dtype):
+        self.starts = np.zeros(rows, np.int64)
+        self.lengths = np.zeros(rows, np.int64)
+        self.values = np.empty((0, features), dtype)
+        self.used = 0
+
+    def clear(self) -> None:
+        self.used = 0
+
+    def space(self, row: int, offsets: np.ndarray) -> np.ndarray:
+        """Room for the sequences of rows `row`.. with `offsets` (their stored offsets, rows + 1): records their
+        starts and lengths and returns the (steps, F) array to read their values into."""
+        steps = int(offsets[-1] - offsets[0])
+        if self.used + steps > len(self.values):
+            grown = np.empty((max(self.used + steps, 2 * len(self.values)), self.values.shape[1]), self.values.dtype)
+            grown[:self.used] = self.values[:self.used]
+            self.values = grown
+        n = len(offsets) - 1
+        self.starts[row:row + n] = self.used + offsets[:-1] - offsets[0]
+        self.lengths[row:row + n] = np.diff(offsets)
+        begin, self.used = self.used, self.used + steps
+        return self.values[begin:self.used]
+
+    def copy_rows(self, source: RaggedBuffer, first: int, count: int, row: int) -> None:
+        """Rows `first`.. `first + count - 1` of `source` as this buffer's rows `row`.. on."""
+        starts, lengths = source.starts[first:first + count], source.lengths[first:first + count]
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        out = self.space(row, offsets)
+        steps = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+        out[...] = source.values[steps]
+
+    def padded(self, index: np.ndarray, ws, name: str, dtype) -> tuple[np.ndarray, np.ndarray]:
+        """The sequences of rows `index` as (B, T, F) in `dtype`, zeros after each one's end (T: the longest,
+        rounded up to PAD_MULTIPLE), and their lengths (B,): host arrays of the workspace part `ws` (grow-only
+        buffers `name`, valid until the next call with that name)."""
+        lengths = self.lengths[index]
+        steps = int(-(-lengths.max() // PAD_MULTIPLE) * PAD_MULTIPLE) if len(index) else PAD_MULTIPLE
+        shape = (len(index), steps, self.values.shape[1])
+        out = ws.at_least(f"{name}.values", int(np.prod(shape)), dtype, host=True).reshape(shape)
+        out[...] = 0
+        valid = np.arange(steps)[None, :] < lengths[:, None]
+        rows, times = np.nonzero(valid)
+        out[rows, times] = self.values[self.starts[index][rows] + times]
+        lengths_out = ws.at_least(f"{name}.lengths", len(index), np.int64, host=True)
+        lengths_out[...] = lengths
+        return out, lengths_out

@@ -1,0 +1,109 @@
+"""Sequence columns through `mpitrain etl` (real Spark, local[2]): a Parquet list column per record stored ragged
+(values and offsets, never padded), read back row for row; and the errors a sequence can have, each one line naming
+the record and the column, exit 2, nothing written."""
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+
+import h5py
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from mpitrain import cli
+from mpitrain.data.reader import DatasetReader
+from mpitrain.data.shards import read_manifest
+from mpitrain.etl import cli as etl_cli
+from mpitrain.testing.datasets import siblings
+from mpitrain.testing.sequences import motif_sequences, write_parquet
+
+
+@pytest.fixture
+def etl(spark, monkeypatch, capsys):
+    """`mpitrain etl ARGS...` in this process, on the module's SparkSession: (exit status, stdout, stderr)."""
+    monkeypatch.setattr(etl_cli, "spark_session", lambda master, name: contextlib.nullcontext(spark))
+
+    def run(*args):
+        status = cli.main(["etl", *map(str, args)])
+        printed = capsys.readouterr()
+        return status, printed.out, printed.err
+    return run
+
+
+class _Rank:
+    rank, size = 0, 1
+
+
+def read_back(out) -> Counter:
+    """Every (split, label, sequence bytes) of a written dataset, read by the reader as evaluation reads rows."""
+    reader, found = DatasetReader(str(out), _Rank()), Counter()
+    for split in reader.manifest.splits:
+        for x, y in reader.eval_rows(split).batches(64):
+            for values, length, label in zip(x.values, x.lengths, y):
+                found[int(label), values[:length].tobytes()] += 1
+    return found
+
+
+@pytest.mark.parametrize("features", [1, 3])
+def test_sequences_are_stored_ragged_and_read_back_row_for_row(etl, tmp_path, features):
+    sequences, labels = motif_sequences(300, seed=features, features=features, lengths=(4, 60))
+    write_parquet(tmp_path / "seq.parquet", sequences, labels)
+    status, out, err = etl("--source", f"parquet:{tmp_path / 'seq.parquet'}", "--out", tmp_path / "ds",
+                           "--shards", 2, "--sequence", "readings")
+    assert status == 0, err[-2000:]
+    manifest = read_manifest(str(tmp_path / "ds"))
+    (column,) = manifest.sequences
+    assert column["name"] == "readings" and column["features"] == features
+    assert column["longest"] == max(map(len, sequences)) and manifest.input_shape == (None, features)
+    stored_steps = 0
+    for split in manifest.splits:
+        for shard in manifest.shards(split):
+            with h5py.File(tmp_path / "ds" / shard.path) as f:
+                values, offsets = f["sequences/readings/values"], f["sequences/readings/offsets"][:]
+                assert values.shape == (offsets[-1], features) and offsets[0] == 0 and (np.diff(offsets) >= 1).all()
+                stored_steps += values.shape[0]
+    assert stored_steps == sum(map(len, sequences)) == sum(column["steps"].values())  # no padding on disk
+    assert read_back(tmp_path / "ds") == Counter((int(label), s.tobytes()) for s, label in zip(sequences, labels))
+
+
+def _records(path, readings: list, labels=None) -> str:
+    pq.write_table(pa.table({"label": pa.array(labels or [i % 2 for i in range(len(readings))], pa.int32()),
+                             "readings": readings}), str(path))
+    return f"parquet:{path}"
+
+
+@pytest.mark.parametrize("readings, options, message", [
+    ([[1.0, 2.0]] * 9 + [[1.0, None]], (), "column 'readings' holds a missing or non-finite number"),
+    ([[1.0, 2.0]] * 9 + [[]], (), "column 'readings' holds an empty sequence"),
+    ([[1.0, 2.0]] * 9 + [[0.5] * 7], ("--max-length", 6), "column 'readings' holds a sequence of 7 steps, more than "
+                                                          "--max-length 6"),
+    ([[[1.0, 2.0]]] * 9 + [[[1.0, 2.0], [3.0]]], (), "column 'readings' holds a step that is not a list of 2"),
+    ([["a", "b"]] * 10, (), "column 'readings' holds string values in its sequences; expected numbers"),
+])
+def test_a_wrong_sequence_stops_the_job_naming_the_record_and_column(etl, tmp_path, readings, options, message):
+    source = _records(tmp_path / "bad.parquet", readings)
+    status, _, err = etl("--source", source, "--out", tmp_path / "ds", "--shards", 1, "--sequence", "readings",
+                         *options)
+    errors = [line for line in err.splitlines() if line.startswith("mpitrain etl: error: ")]
+    assert status == 2 and len(errors) == 1, err[-3000:]
+    assert message in errors[0] and ("record" in errors[0] or "expected numbers" in errors[0]), errors[0]
+    assert not (tmp_path / "ds").exists() and not siblings(tmp_path / "ds")
+
+
+@pytest.mark.parametrize("source, options, message", [
+    ("csv", (), "--sequence: sequence columns are read from a parquet: source"),
+    ("parquet", ("--standardize",), "a dataset of sequences stores its values as they are"),
+    ("parquet", ("--max-length", 0), "--max-length 0"),
+    ("parquet", ("--sequence", "label"), "'label' is also a label"),
+])
+def test_sequence_options_are_checked_before_spark_starts(etl, tmp_path, source, options, message):
+    path = _records(tmp_path / "ok.parquet", [[1.0, 2.0]] * 10)
+    if source == "csv":
+        (tmp_path / "t.csv").write_text("label,x\n1,2\n0,3\n")
+        path = f"csv:{tmp_path / 't.csv'}"
+    sequence = () if "--sequence" in options else ("--sequence", "readings")
+    status, _, err = etl("--source", path, "--out", tmp_path / "ds", "--shards", 1, *sequence, *options)
+    errors = [line for line in err.splitlines() if line.startswith("mpitrain etl: error: ")]
+    assert status == 2 and len(errors) == 1 and message in errors[0], err[-3000:]
