@@ -38,13 +38,14 @@ from mpitrain.nn.losses import check_loss_fits
 
 OPSET = 17
 INPUT = "x"
+LENGTHS = "lengths"  # a sequence model's second input: each row's steps (docs/sequences.md)
 # The graph's last operator and its output's name, by target kind (`Manifest.target`).
 OUTPUT_HEADS = {"class": ("Softmax", "probabilities"), "binary": ("Sigmoid", "probabilities"),
                 "multilabel": ("Sigmoid", "probabilities"), "regression": (None, "values"),
                 "reconstruction": (None, "reconstruction")}  # an autoencoder's: Sigmoid under binary_cross_entropy
 # The manifest's description of rows and targets, in metadata "manifest".
 MANIFEST_KEYS = ("feature_shape", "feature_dtype", "scale", "offset", "mean", "std", "num_classes", "class_names",
-                 "target", "target_names", "source", "seed", "transforms", "columns")
+                 "target", "target_names", "source", "seed", "transforms", "columns", "sequences")
 
 
 def require_onnx():
@@ -63,6 +64,7 @@ class OnnxGraph:
     def __init__(self, dtype: np.dtype):
         self.onnx, self.dtype = require_onnx(), np.dtype(dtype)
         self.nodes, self.initializers = [], []
+        self.lengths: str | None = None  # a sequence's (N,) int64 lengths tensor, while the values are a sequence
 
     def constant(self, name: str, value, dtype=None) -> str:
         """An initializer `name` holding `value` (numpy or cupy) in `dtype`, by default the graph's."""
@@ -235,11 +237,16 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
     target = "reconstruction" if model.reconstruction else manifest.target
     if not model.reconstruction:
         check_loss_fits(model.loss, target, "ONNX export")
-    if tuple(manifest.feature_shape) != tuple(model.input_shape):
+    if manifest.input_shape != tuple(model.input_shape):
         raise MpitrainError(f"the model takes inputs of shape {list(model.input_shape)}, the manifest's rows have "
-                            f"shape {list(manifest.feature_shape)}")
+                            f"shape {list(manifest.input_shape)}")
     graph = OnnxGraph(model.params.dtype)
-    x = emit_input_scaling(graph, INPUT, *input_scaling(manifest, normalize))
+    sequence = manifest.input_shape[0] is None  # inputs x (N, T, F) padded and LENGTHS (N,): docs/sequences.md
+    if sequence:
+        graph.lengths = LENGTHS
+        x = INPUT
+    else:
+        x = emit_input_scaling(graph, INPUT, *input_scaling(manifest, normalize))
     if hasattr(model, "nodes"):
         x = emit_nodes(graph, model, x)
     else:
@@ -250,6 +257,9 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
     output = emit_output_head(graph, x, target, model.loss)
     inputs = [helper.make_tensor_value_info(INPUT, helper.np_dtype_to_tensor_dtype(np.dtype(manifest.feature_dtype)),
                                             ["N", *manifest.feature_shape])]  # N: any batch size
+    if sequence:  # T: any padded length
+        inputs = [helper.make_tensor_value_info(INPUT, onnx.TensorProto.FLOAT, ["N", "T", manifest.input_shape[1]]),
+                  helper.make_tensor_value_info(LENGTHS, onnx.TensorProto.INT64, ["N"])]
     outputs = [helper.make_tensor_value_info(output, onnx.TensorProto.FLOAT, ["N", model.output_shape[0]])]
     proto = helper.make_model(helper.make_graph(graph.nodes, "mpitrain", inputs, outputs, graph.initializers),
                               opset_imports=[helper.make_opsetid("", OPSET)], producer_name="mpitrain")
@@ -322,6 +332,9 @@ def input_rows_shape(proto) -> tuple[str, tuple[int, ...]]:
     """(numpy dtype name, feature shape) of the rows an exported graph takes (its one input, less the batch)."""
     onnx = require_onnx()
     graph = proto.graph
+    if [i.name for i in graph.input] == [INPUT, LENGTHS]:
+        raise MpitrainError("the ONNX model reads sequences (inputs x and lengths), which scoring does not read yet; "
+                            "expected a model of fixed-size rows (score sequences with `mpitrain predict`)")
     if len(graph.input) != 1 or len(graph.output) != 1:
         raise MpitrainError(f"the ONNX model has {len(graph.input)} inputs and {len(graph.output)} outputs; "
                             "expected one input (rows) and one output (probabilities or values)")
