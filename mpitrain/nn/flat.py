@@ -12,6 +12,7 @@ third flat buffer of their own.
 | `grads`        | the gradients, same layout as `params`; backward overwrites them                 |
 | `stats`        | running statistics, 1-D (empty when the model has none)                          |
 | `layout`       | `[(name, shape)]` of `params` in buffer order; a weight matrix's name ends "/W"  |
+|                | (a recurrent layer's also "/R", "/W_reverse", "/R_reverse": `DECAYED`)           |
 | `stats_layout` | the same for `stats`                                                             |
 | `decay_mask`   | 1 where L2 weight decay applies (weights), 0 elsewhere (biases, scales)          |
 | `n_params`     | `params.size`                                                                    |
@@ -31,6 +32,11 @@ import numpy as np
 from mpitrain.nn.workspace import Workspace
 
 
+# The weight matrices, which L2 decay applies to: a dense or conv layer's, a recurrent layer's input and recurrent
+# weights in both directions.
+DECAYED = ("W", "R", "W_reverse", "R_reverse")
+
+
 class FlatModel:
     """Allocates the flat buffers of `layout` and `stats_layout` (zeroed) and the L2 mask; see the module docstring."""
 
@@ -45,7 +51,7 @@ class FlatModel:
         self.n_params = self.params.size
         decay, offset = np.zeros(self.n_params, dtype=dtype), 0
         for name, shape in self.layout:
-            decay[offset:offset + math.prod(shape)] = name.rsplit("/", 1)[-1] == "W"
+            decay[offset:offset + math.prod(shape)] = name.rsplit("/", 1)[-1] in DECAYED
             offset += math.prod(shape)
         self.decay_mask = xp.asarray(decay)
         self.workspace = Workspace(xp)

@@ -22,9 +22,11 @@ from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.flat import FlatModel, flat_views
 from mpitrain.nn.layers import ACTIVATIONS, INIT_SCHEMES, Dense, Dropout, Flatten, FusesActivation, Layer
 from mpitrain.nn.losses import check_loss_options, loss_with_options
+from mpitrain.nn.recurrent import GRU, LSTM
 
 LAYER_TYPES = {"dense": Dense, "flatten": Flatten, "conv2d": Conv2D, "maxpool2d": MaxPool2D,
-               "avgpool2d": AvgPool2D, "dropout": Dropout, "batchnorm": BatchNorm, **ACTIVATIONS}
+               "avgpool2d": AvgPool2D, "dropout": Dropout, "batchnorm": BatchNorm, **ACTIVATIONS,
+               "lstm": LSTM, "gru": GRU}
 
 
 class Network(FlatModel):
@@ -328,6 +330,8 @@ LAYER_ARGUMENTS = {
     "eps": (lambda v: _number(v) and v > 0, "a positive number"),
     "activation": (lambda v: v == "none" or v in ACTIVATIONS, f"'none' or one of {sorted(ACTIVATIONS)}"),
     "init": (lambda v: v is None or v in INIT_SCHEMES, f"one of {INIT_SCHEMES}"),
+    "return_sequences": (lambda v: isinstance(v, bool), "true or false"),
+    "bidirectional": (lambda v: isinstance(v, bool), "true or false"),
 }
 
 

@@ -33,6 +33,7 @@ from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.embedding import Embedding
 from mpitrain.nn.merge import Add, Concat
+from mpitrain.nn.recurrent import GRU, LSTM
 from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
 from mpitrain.nn.losses import check_loss_fits
 
@@ -60,6 +61,8 @@ def require_onnx():
 class OnnxGraph:
     """An ONNX graph under construction: nodes and initializers appended in order, each node's output named
     `NAME/OP` after the node. Every emitter takes the graph and its input's name and returns its output's name."""
+
+    lengths: str | None = None  # the name of the current (N,) int64 lengths tensor of a sequence input
 
     def __init__(self, dtype: np.dtype):
         self.onnx, self.dtype = require_onnx(), np.dtype(dtype)
@@ -144,6 +147,38 @@ def _embedding(graph, layer, x, name, input_shape):
     return graph.node("Flatten", [graph.node("Concat", rows, name, axis=2)], name, axis=1)
 
 
+def _recurrent(op: str, **attributes):
+    """ONNX `LSTM`/`GRU` (layout 0: time-major, so the sequences are transposed in and out) on (N, T, F) rows, with
+    `sequence_lens` from `graph.lengths`: (N, T, H * directions) with `return_sequences` (ONNX's Y, zero at padded
+    steps), else the last states (N, H * directions) (Y_h: forward after lengths-1, backward after step 0).
+    The layer's weights are ONNX's transposed, stacked by direction; B is the input bias then the recurrent
+    bias (zero for an LSTM, whose one bias is the input side's)."""
+    def emit(graph, layer, x, name, input_shape):
+        directions = layer.directions
+        weights = [graph.constant(f"{name}/{w}", np.stack([_host(layer.params[f"{w}{d}"]).T for d in directions]))
+                   for w in ("W", "R")]
+        def biases(d):
+            recurrent = layer.params[f"{layer.recurrent_bias}{d}"] if layer.recurrent_bias else \
+                np.zeros(layer.gates * layer.units)
+            return np.concatenate([_host(layer.params[f"{layer.input_bias}{d}"]), _host(recurrent)])
+
+        bias = graph.constant(f"{name}/B", np.stack([biases(d) for d in directions]))
+        lengths = "" if graph.lengths is None else \
+            graph.node("Cast", [graph.lengths], f"{name}/lengths", to=graph.onnx.TensorProto.INT32)
+        time_major = graph.node("Transpose", [x], name, perm=[1, 0, 2])
+        output = f"{name}/{op}"
+        outputs = [output, ""] if layer.return_sequences else ["", output]  # Y (T, D, N, H) or Y_h (D, N, H)
+        graph.nodes.append(graph.onnx.helper.make_node(
+            op, [time_major, *weights, bias, lengths], outputs, name=output, hidden_size=layer.units,
+            direction="bidirectional" if layer.bidirectional else "forward", **attributes))
+        if layer.return_sequences:
+            rows = graph.node("Transpose", [output], f"{name}/rows", perm=[2, 0, 1, 3])
+            return graph.node("Reshape", [rows, graph.constant(f"{name}/shape", [0, 0, -1], np.int64)], name)
+        rows = graph.node("Transpose", [output], f"{name}/rows", perm=[1, 0, 2])
+        return graph.node("Reshape", [rows, graph.constant(f"{name}/shape", [0, -1], np.int64)], name)
+    return emit
+
+
 def _same(op: str):
     return lambda graph, layer, x, name, input_shape: graph.node(op, [x], name)
 
@@ -154,7 +189,8 @@ LAYER_EMITTERS = {Dense: _dense, Conv2D: _conv, MaxPool2D: _pool("MaxPool"),
                   AvgPool2D: _pool("AveragePool", count_include_pad=1), BatchNorm: _batchnorm,
                   ReLU: _same("Relu"), Tanh: _same("Tanh"), Sigmoid: _same("Sigmoid"),
                   Flatten: lambda graph, layer, x, name, input_shape: graph.node("Flatten", [x], name, axis=1),
-                  Dropout: _same("Identity"), Embedding: _embedding}  # dropout is the identity at inference
+                  Dropout: _same("Identity"), Embedding: _embedding,  # dropout is the identity at inference
+                  LSTM: _recurrent("LSTM"), GRU: _recurrent("GRU", linear_before_reset=1)}
 
 
 def check_exportable(layers, where: str = "layer") -> None:

@@ -1,0 +1,331 @@
+"""Recurrent layers on sequences: `lstm` and `gru` (docs/sequences.md, "Recurrent layers").
+
+    LSTM(64)                                             # (None, F) -> (64,): each sequence's last state
+    GRU(32, return_sequences=True, bidirectional=True)   # (None, F) -> (None, 64): forward then backward states
+
+Both keep the sequence layer contract (docs/sequences.md): `forward` gets `x` (B, T, F) and the model's
+`lengths` (B,); a sequence's state stops changing after its last valid step, so its outputs at valid steps, its
+last state and every gradient depend only on its valid steps. Without `lengths` (a layer used on its own) every
+sequence has all T steps.
+
+Parameters are per direction, in ONNX's gate order so that export copies them (transposed): LSTM gates i, o, f, c
+in `W` (F, 4H), `R` (H, 4H), `b` (4H,); GRU gates z, r, h in `W` (F, 3H), `R` (H, 3H), `bW` (3H,), `bR` (3H,),
+with ONNX's `linear_before_reset` (PyTorch's and cuDNN's GRU). A bidirectional layer has a second set whose names
+end `_reverse`. Initialization: `W` by the model's scheme (or `init`) with fan-in F and fan-out the gates' columns,
+each gate's block of `R` an orthogonal (H, H) matrix, biases zero but the LSTM's forget gate's, 1.0 (Jozefowicz et
+al. 2015: a new LSTM then keeps its cell state instead of forgetting it at every step).
+
+Speed: the input projections of all steps and the parameter gradients are one matmul each over (T*B) rows per
+direction; each time step is one (B, H) x (H, gates*H) matmul plus element-wise gate work, numpy or cupy ufuncs
+with `out=` into workspace arrays (`ws.at_least`, reshaped to the batch's T). A Python loop runs over time steps,
+never over samples. The gate work is a dozen passes over (B, H) arrays per step: at the sizes where it would
+matter the step's matmul dominates, so there is no numba kernel (and one body serves numpy and cupy).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mpitrain.nn.layers import Layer, initial_weights
+from mpitrain.parallel.backend import array_module
+
+
+class Recurrent(Layer):
+    """What LSTM and GRU share: the parameters per direction, the masked loop over time steps forward and backward,
+    the batched input projection and parameter gradients. A subclass gives the gates (`gates`, `states`, `saved`,
+    the bias names) and one time step each way (`step`, `step_backward`), on (B, ...) arrays of one step.
+
+    Arrays of the loop, per direction, time-major: `gates` (T, B, G*H) the input projections plus input bias, turned
+    in place into the gates' activations by `step`; each state (T+1, B, H) (state `k` before time step `k` going
+    forward, after time step `k` going backward: the reverse direction runs from T-1 down to 0); `saved` (T, B, H)
+    what `step_backward` needs besides. Padded steps of `x` are zeroed first (padding may hold NaN), and the states
+    are carried over them unchanged.
+    """
+
+    gates = 0
+    states: tuple[str, ...] = ("h",)
+    saved: tuple[str, ...] = ()
+    input_bias = "b"
+    recurrent_bias: str | None = None
+    lengths = None  # (B,) ints, set by the model before each forward
+
+    def __init__(self, units: int, return_sequences: bool = False, bidirectional: bool = False,
+                 init: str | None = None):
+        self.units, self.return_sequences, self.bidirectional, self.init = units, return_sequences, bidirectional, init
+        self.directions = ("", "_reverse") if bidirectional else ("",)
+
+    def param_shapes(self, input_shape):
+        if len(input_shape) != 2 or input_shape[0] is not None:
+            raise ValueError(f"expected sequences, of shape [None, features], not {list(input_shape)}")
+        features, columns = input_shape[1], self.gates * self.units
+        shapes = {}
+        for d in self.directions:
+            shapes |= {f"W{d}": (features, columns), f"R{d}": (self.units, columns), f"{self.input_bias}{d}": (columns,)}
+            if self.recurrent_bias:
+                shapes[f"{self.recurrent_bias}{d}"] = (columns,)
+        return shapes
+
+    def output_shape(self, input_shape):
+        self.param_shapes(input_shape)  # the same check
+        width = self.units * len(self.directions)
+        return (None, width) if self.return_sequences else (width,)
+
+    def init_params(self, rng, scheme):
+        values = {}
+        for d in self.directions:
+            features, columns = self.params[f"W{d}"].shape
+            values[f"W{d}"] = initial_weights(rng, self.init or scheme, features, columns, (features, columns))
+            values[f"R{d}"] = np.concatenate([orthogonal(rng, self.units) for _ in range(self.gates)], axis=1)
+            values[f"{self.input_bias}{d}"] = self.initial_bias()
+            if self.recurrent_bias:
+                values[f"{self.recurrent_bias}{d}"] = np.zeros(columns)
+        return values
+
+    def initial_bias(self) -> np.ndarray:
+        return np.zeros(self.gates * self.units)
+
+    def _array(self, name: str, shape: tuple, dtype):
+        """Workspace array `name` of `shape`: the front of a grow-only buffer, since T changes from batch to batch."""
+        return self.ws.at_least(name, math.prod(shape), dtype).reshape(shape)
+
+    def forward(self, x, training):
+        xp = array_module(x)
+        batch, steps, features = x.shape
+        units, columns = self.units, self.gates * self.units
+        self.x = self._array("x", (steps, batch, features), x.dtype)  # time-major, padding zeroed
+        xp.copyto(self.x, x.transpose(1, 0, 2))
+        self.padded = self._padded(xp, batch, steps)
+        xp.copyto(self.x, 0, where=self.padded)
+        width = units * len(self.directions)
+        y = self._array("y", (batch, steps, width) if self.return_sequences else (batch, width), x.dtype)
+        self.loops = []
+        for k, d in enumerate(self.directions):
+            p = {name: self.params[f"{name}{d}"] for name in ("W", "R", self.input_bias, self.recurrent_bias) if name}
+            gates = self._array(f"gates{d}", (steps, batch, columns), x.dtype)
+            xp.matmul(self.x.reshape(-1, features), p["W"], out=gates.reshape(-1, columns))
+            gates += p[self.input_bias]
+            states = {s: self._array(f"{s}{d}", (steps + 1, batch, units), x.dtype) for s in self.states}
+            saved = {s: self._array(f"{s}{d}", (steps, batch, units), x.dtype) for s in self.saved}
+            reverse = bool(d)
+            for state in states.values():
+                state[steps if reverse else 0] = 0
+            for t in _time_steps(steps, reverse):
+                before, after = t + reverse, t + 1 - reverse
+                self.step(xp, p, gates[t], {s: a[before] for s, a in states.items()},
+                          {s: a[after] for s, a in states.items()}, {s: a[t] for s, a in saved.items()})
+                for state in states.values():
+                    xp.copyto(state[after], state[before], where=self.padded[t])
+            h = states["h"]
+            if self.return_sequences:
+                xp.copyto(y[:, :, k * units:(k + 1) * units], h[1 - reverse:steps + 1 - reverse].transpose(1, 0, 2))
+            else:
+                xp.copyto(y[:, k * units:(k + 1) * units], h[0 if reverse else steps])
+            self.loops.append((d, p, gates, states, saved))
+        return y
+
+    def _padded(self, xp, batch: int, steps: int):
+        """(T, B, 1) bools: step t of sequence b is padding (t >= lengths[b])."""
+        padded = self.ws.at_least("padded", steps * batch, bool).reshape(steps, batch, 1)
+        if self.lengths is None:
+            padded[...] = False
+        else:
+            xp.greater_equal(xp.arange(steps)[:, None], self.lengths[None, :], out=padded[:, :, 0])
+        return padded
+
+    def backward(self, dy, input_grad=True):
+        xp = array_module(dy)
+        steps, batch, features = self.x.shape
+        units, columns = self.units, self.gates * self.units
+        dx = self._array("dx_time", (steps, batch, features), dy.dtype) if input_grad else None
+        for k, (d, p, gates, states, saved) in enumerate(self.loops):
+            reverse = bool(d)
+            grad_in = self._array("grad_in", (steps, batch, columns), dy.dtype)  # d loss / d pre-activations, x side
+            grad_rec = grad_in if self.recurrent_bias is None else \
+                self._array("grad_rec", (steps, batch, columns), dy.dtype)  # ... recurrent side (GRU's differ)
+            carry = {s: self._array(f"d{s}", (batch, units), dy.dtype) for s in self.states}
+            into = {s: self._array(f"d{s}_before", (batch, units), dy.dtype) for s in self.states}
+            for g in carry.values():
+                g[...] = 0
+            if not self.return_sequences:
+                carry["h"][...] = dy[:, k * units:(k + 1) * units]
+            for t in reversed(_time_steps(steps, reverse)):
+                before = t + reverse
+                if self.return_sequences:
+                    carry["h"] += dy[:, t, k * units:(k + 1) * units]
+                self.step_backward(xp, p, gates[t], {s: a[before] for s, a in states.items()},
+                                   {s: a[t] for s, a in saved.items()}, carry, into, grad_in[t], grad_rec[t])
+                xp.copyto(grad_in[t], 0, where=self.padded[t])
+                xp.copyto(grad_rec[t], 0, where=self.padded[t])
+                for s in self.states:
+                    xp.copyto(into[s], carry[s], where=self.padded[t])
+                carry, into = into, carry
+            previous = states["h"][reverse:steps + reverse].reshape(-1, units)  # h before each time step
+            xp.matmul(self.x.reshape(-1, features).T, grad_in.reshape(-1, columns), out=self.grads[f"W{d}"])
+            xp.matmul(previous.T, grad_rec.reshape(-1, columns), out=self.grads[f"R{d}"])
+            grad_in.reshape(-1, columns).sum(axis=0, out=self.grads[f"{self.input_bias}{d}"])
+            if self.recurrent_bias:
+                grad_rec.reshape(-1, columns).sum(axis=0, out=self.grads[f"{self.recurrent_bias}{d}"])
+            if input_grad:
+                if k == 0:
+                    xp.matmul(grad_in.reshape(-1, columns), p["W"].T, out=dx.reshape(-1, features))
+                else:
+                    dx_reverse = self._array("dx_reverse", (steps, batch, features), dy.dtype)
+                    xp.matmul(grad_in.reshape(-1, columns), p["W"].T, out=dx_reverse.reshape(-1, features))
+                    dx += dx_reverse
+        if not input_grad:
+            return None
+        out = self._array("dx", (batch, steps, features), dy.dtype)
+        xp.copyto(out, dx.transpose(1, 0, 2))
+        return out
+
+    def step(self, xp, p: dict, g, before: dict, after: dict, saved: dict) -> None:
+        """One time step forward: `g` (B, G*H) holds the input projection plus input bias and becomes the gates'
+        activations; the states `before` (B, H) give the states `after`; `saved` what `step_backward` needs."""
+        raise NotImplementedError
+
+    def step_backward(self, xp, p: dict, g, before: dict, saved: dict, carry: dict, into: dict, grad_in,
+                      grad_rec) -> None:
+        """One time step backward: from `carry` (the loss's gradients of the states after the step) write the
+        gradients of the pre-activations (`grad_in` on the input side, `grad_rec` on the recurrent side: the same
+        array for an LSTM) and of the states before the step (`into`). `carry` is only read: at padded steps the
+        loop carries it over unchanged."""
+        raise NotImplementedError
+
+    def _scratch(self, name: str, like):
+        return self._array(name, like.shape, like.dtype)
+
+
+class LSTM(Recurrent):
+    """Long short-term memory, gates i, o, f, c (ONNX's order), no peepholes:
+
+        z = x W + h R + b;  i, o, f = sigmoid(z_i, z_o, z_f);  g = tanh(z_c)
+        c' = f * c + i * g;  h' = o * tanh(c')
+    """
+
+    gates = 4
+    states = ("h", "c")
+    saved = ("tanh_c",)
+
+    def initial_bias(self):
+        bias = np.zeros(self.gates * self.units)
+        bias[2 * self.units:3 * self.units] = 1.0  # the forget gate
+        return bias
+
+    def step(self, xp, p, g, before, after, saved):
+        h = self.units
+        recurrent = self._scratch("recurrent", g)
+        xp.matmul(before["h"], p["R"], out=recurrent)
+        g += recurrent
+        _sigmoid(xp, g[:, :3 * h])
+        xp.tanh(g[:, 3 * h:], out=g[:, 3 * h:])
+        i, o, f, cell = g[:, :h], g[:, h:2 * h], g[:, 2 * h:3 * h], g[:, 3 * h:]
+        product = self._scratch("product", after["c"])
+        xp.multiply(f, before["c"], out=after["c"])
+        xp.multiply(i, cell, out=product)
+        after["c"] += product
+        xp.tanh(after["c"], out=saved["tanh_c"])
+        xp.multiply(o, saved["tanh_c"], out=after["h"])
+
+    def step_backward(self, xp, p, g, before, saved, carry, into, grad_in, grad_rec):
+        h = self.units
+        i, o, f, cell = g[:, :h], g[:, h:2 * h], g[:, 2 * h:3 * h], g[:, 3 * h:]
+        dh, tanh_c = carry["h"], saved["tanh_c"]
+        d_i, d_o, d_f, d_cell = grad_in[:, :h], grad_in[:, h:2 * h], grad_in[:, 2 * h:3 * h], grad_in[:, 3 * h:]
+        scratch, dc = self._scratch("scratch", dh), self._scratch("dc_total", dh)
+        xp.multiply(dh, tanh_c, out=d_o)
+        _times_sigmoid_derivative(xp, d_o, o, scratch)
+        xp.multiply(dh, o, out=dc)
+        _times_tanh_derivative(xp, dc, tanh_c, scratch)
+        dc += carry["c"]  # the cell state's whole gradient: through h' and from the next step
+        xp.multiply(dc, cell, out=d_i)
+        _times_sigmoid_derivative(xp, d_i, i, scratch)
+        xp.multiply(dc, before["c"], out=d_f)
+        _times_sigmoid_derivative(xp, d_f, f, scratch)
+        xp.multiply(dc, i, out=d_cell)
+        _times_tanh_derivative(xp, d_cell, cell, scratch)
+        xp.multiply(dc, f, out=into["c"])
+        xp.matmul(grad_in, p["R"].T, out=into["h"])
+
+
+class GRU(Recurrent):
+    """Gated recurrent unit, gates z, r, h (ONNX's order), the reset gate applied after the recurrent product
+    (ONNX's `linear_before_reset=1`, as PyTorch and cuDNN):
+
+        z, r = sigmoid(x W_zr + bW_zr + h R_zr + bR_zr);  n = tanh(x W_h + bW_h + r * (h R_h + bR_h))
+        h' = (1 - z) * n + z * h
+    """
+
+    gates = 3
+    saved = ("recurrent_h",)  # h R_h + bR_h, which the reset gate multiplied
+    input_bias = "bW"
+    recurrent_bias = "bR"
+
+    def step(self, xp, p, g, before, after, saved):
+        h = self.units
+        recurrent = self._scratch("recurrent", g)
+        xp.matmul(before["h"], p["R"], out=recurrent)
+        recurrent += p["bR"]
+        g[:, :2 * h] += recurrent[:, :2 * h]
+        _sigmoid(xp, g[:, :2 * h])
+        z, r, n = g[:, :h], g[:, h:2 * h], g[:, 2 * h:]
+        xp.copyto(saved["recurrent_h"], recurrent[:, 2 * h:])
+        xp.multiply(r, saved["recurrent_h"], out=recurrent[:, 2 * h:])
+        n += recurrent[:, 2 * h:]
+        xp.tanh(n, out=n)
+        xp.subtract(before["h"], n, out=after["h"])
+        after["h"] *= z
+        after["h"] += n
+
+    def step_backward(self, xp, p, g, before, saved, carry, into, grad_in, grad_rec):
+        h = self.units
+        z, r, n = g[:, :h], g[:, h:2 * h], g[:, 2 * h:]
+        dh = carry["h"]
+        d_z, d_r, d_n = grad_in[:, :h], grad_in[:, h:2 * h], grad_in[:, 2 * h:]
+        scratch = self._scratch("scratch", dh)
+        xp.subtract(1, z, out=scratch)
+        xp.multiply(dh, scratch, out=d_n)
+        _times_tanh_derivative(xp, d_n, n, scratch)
+        xp.subtract(before["h"], n, out=d_z)
+        d_z *= dh
+        _times_sigmoid_derivative(xp, d_z, z, scratch)
+        xp.multiply(d_n, saved["recurrent_h"], out=d_r)
+        _times_sigmoid_derivative(xp, d_r, r, scratch)
+        xp.copyto(grad_rec[:, :2 * h], grad_in[:, :2 * h])
+        xp.multiply(d_n, r, out=grad_rec[:, 2 * h:])
+        xp.matmul(grad_rec, p["R"].T, out=into["h"])
+        xp.multiply(dh, z, out=scratch)
+        into["h"] += scratch
+
+
+def _time_steps(steps: int, reverse: bool) -> range:
+    """The time steps in the order a direction runs them."""
+    return range(steps - 1, -1, -1) if reverse else range(steps)
+
+
+def _sigmoid(xp, a) -> None:
+    """a = sigmoid(a) in place, as (1 + tanh(a / 2)) / 2: no overflow for large |a|."""
+    a *= 0.5
+    xp.tanh(a, out=a)
+    a += 1
+    a *= 0.5
+
+
+def _times_sigmoid_derivative(xp, d, y, scratch) -> None:
+    """d *= y (1 - y), the derivative of the sigmoid whose output is y."""
+    xp.subtract(1, y, out=scratch)
+    scratch *= y
+    d *= scratch
+
+
+def _times_tanh_derivative(xp, d, y, scratch) -> None:
+    """d *= 1 - y^2, the derivative of the tanh whose output is y."""
+    xp.multiply(y, y, out=scratch)
+    xp.subtract(1, scratch, out=scratch)
+    d *= scratch
+
+
+def orthogonal(rng: np.random.Generator, n: int) -> np.ndarray:
+    """A random (n, n) orthogonal matrix (Q of a Gaussian matrix's QR, signs fixed so that it is uniformly drawn)."""
+    q, r = np.linalg.qr(rng.normal(size=(n, n)))
+    return q * np.sign(np.diag(r))
