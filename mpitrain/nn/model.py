@@ -21,9 +21,11 @@ from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.flat import FlatModel, flat_views
 from mpitrain.nn.layers import ACTIVATIONS, INIT_SCHEMES, Dense, Dropout, Flatten, FusesActivation, Layer
 from mpitrain.nn.losses import check_loss_options, loss_with_options
+from mpitrain.nn.sequence import SEQUENCE_PADDINGS, Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
 
 LAYER_TYPES = {"dense": Dense, "flatten": Flatten, "conv2d": Conv2D, "maxpool2d": MaxPool2D,
-               "avgpool2d": AvgPool2D, "dropout": Dropout, "batchnorm": BatchNorm, **ACTIVATIONS}
+               "avgpool2d": AvgPool2D, "dropout": Dropout, "batchnorm": BatchNorm, **ACTIVATIONS,
+               "conv1d": Conv1D, "global_max_pool": GlobalMaxPool1D, "global_avg_pool": GlobalAvgPool1D}
 
 
 class Network(FlatModel):
@@ -197,7 +199,7 @@ def build_model(config, input_shape, num_classes: int, xp, outputs: str = "class
     error). A layer that does not fit its input shape is named. With `budget` (rows per step, bytes a rank has),
     a model estimated to need more is refused before anything is allocated (`check_memory`).
     """
-    layers, shape, sizes = [], tuple(input_shape), [[], [math.prod(input_shape)]]
+    layers, shape, sizes = [], tuple(input_shape), [[], [_row_size(input_shape)]]
     for i, spec in enumerate(config.layers):
         for layer in _with_activation_layers([_layer_from_spec(spec, f"model.layers[{i}]")]):
             try:
@@ -205,7 +207,7 @@ def build_model(config, input_shape, num_classes: int, xp, outputs: str = "class
                 shape = layer.output_shape(shape)
             except ValueError as e:
                 raise ConfigError(f"model.layers[{i}] ({spec['type']}) on inputs of shape {list(shape)}: {e}") from None
-            sizes[1].append(math.prod(shape))
+            sizes[1].append(_row_size(shape))
             layers.append(layer)
     check_memory("model.layers", sum(map(math.prod, sizes[0])), sum(sizes[1]), np.dtype(config.dtype).itemsize, budget)
     model = Sequential(layers, input_shape, config.loss, xp, config.dtype, config.loss_options)
@@ -217,6 +219,11 @@ def build_model(config, input_shape, num_classes: int, xp, outputs: str = "class
         raise ConfigError(f"model.loss_options.class_weights has {len(weights)} weights, expected {num_classes}: "
                           "one per class of the dataset")
     return model
+
+
+def _row_size(shape: tuple) -> int:
+    """Numbers per row of an activation of `shape`; of a sequence (None, F), per step."""
+    return math.prod(1 if n is None else n for n in shape)
 
 
 def rank_memory_bytes(ranks_on_node: int) -> int:
@@ -295,7 +302,10 @@ LAYER_ARGUMENTS = {
     "kernel": (_window, f"an integer in [1, {MAX_WINDOW}] or [height, width]"),
     "pool": (_window, f"an integer in [1, {MAX_WINDOW}] or [height, width]"),
     "stride": (lambda v: v is None or _count(v, MAX_WINDOW), f"an integer in [1, {MAX_WINDOW}]"),
-    "padding": (lambda v: v in PADDINGS, f"one of {PADDINGS}"),
+    "dilation": (lambda v: _count(v, MAX_WINDOW), f"an integer in [1, {MAX_WINDOW}]"),
+    # each layer checks its own paddings too: conv2d and the 2-D pools PADDINGS, conv1d SEQUENCE_PADDINGS
+    "padding": (lambda v: v in PADDINGS or v in SEQUENCE_PADDINGS,
+                f"one of {PADDINGS} (conv2d, pools) or {SEQUENCE_PADDINGS} (conv1d)"),
     "rate": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
     "momentum": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
     "eps": (lambda v: _number(v) and v > 0, "a positive number"),
