@@ -68,11 +68,11 @@ def valid_steps(lengths, steps: int, n: int) -> np.ndarray:
     return (np.arange(steps) < np.asarray(lengths)[:, None])[:, :, None].astype(float)
 
 
-def sequence_model(layers, features: int, seed: int = 0) -> Sequential:
-    """A float64 model of `layers` on sequences (None, features), parameters drawn from `seed` (biases non-zero)."""
-    model = Sequential(layers, (None, features), "softmax_cross_entropy", np, "float64")
+def sequence_model(layers, features: int, seed: int = 0, dtype: str = "float64") -> Sequential:
+    """A model of `layers` on sequences (None, features), parameters drawn from `seed` (biases non-zero)."""
+    model = Sequential(layers, (None, features), "softmax_cross_entropy", np, dtype)
     model.init_params(seed, "xavier")
-    model.params += np.random.default_rng(seed).normal(0, 0.1, model.n_params)
+    model.params += np.random.default_rng(seed).normal(0, 0.1, model.n_params).astype(dtype)
     return model
 
 
