@@ -31,24 +31,31 @@ def _check_sequence(input_shape, layer: str) -> None:
         raise ValueError(f"a {layer} layer takes sequences (None, features), got inputs of shape {list(input_shape)}")
 
 
-def step_index(ws, steps: int):
-    """0 .. steps-1 (int64) in the workspace: a cumulative sum of ones, so nothing is allocated. Not a collective."""
+def step_index(ws, steps: int, dtype=np.int64):
+    """0 .. steps-1 in the workspace: a cumulative sum of ones, so nothing is allocated. Not a collective."""
     xp = ws.workspace.xp
-    ones = ws.at_least("step_ones", steps, np.int64)
+    ones = ws.at_least("step_ones", steps, dtype)
     ones.fill(1)
-    index = ws.at_least("step_index", steps, np.int64)
-    xp.cumsum(ones, out=index)
+    index = ws.at_least("step_index", steps, dtype)
+    xp.cumsum(ones, dtype=dtype, out=index)
     index -= 1
     return index
 
 
 def padded_steps(ws, lengths, steps: int):
     """(B, steps) bool, True at each sequence's padded steps (t >= lengths[b]); None when `lengths` is None (every
-    step valid). A workspace array. Not a collective."""
+    step valid). A workspace array. Not a collective.
+
+    The step index and the lengths are first copied out to (B, steps) (a broadcasting copy needs no buffer), so the
+    comparison runs on arrays of one shape: numpy's broadcasting ufuncs take a 64 KB buffer per operand each call."""
     if lengths is None:
         return None
-    mask = varying(ws, "padded_steps", (len(lengths), steps), bool)
-    array_module(lengths).greater_equal(step_index(ws, steps), lengths[:, None], out=mask)
+    xp, shape = array_module(lengths), (len(lengths), steps)
+    index, bound = varying(ws, "step_of", shape, lengths.dtype), varying(ws, "length_of", shape, lengths.dtype)
+    xp.copyto(index, step_index(ws, steps, lengths.dtype))
+    xp.copyto(bound, lengths[:, None])
+    mask = varying(ws, "padded_steps", shape, bool)
+    xp.greater_equal(index, bound, out=mask)
     return mask
 
 
@@ -187,7 +194,10 @@ class _GlobalPool1D(Layer):
 
 
 class GlobalMaxPool1D(_GlobalPool1D):
-    """Each feature's largest value over a sequence's valid steps; its gradient goes to that (first largest) step."""
+    """Each feature's largest value over a sequence's valid steps; its gradient goes to that (first largest) step.
+
+    numpy's argmax over the middle (time) axis copies its input to a temporary first (cupy's does not); the rest
+    runs in the workspace."""
 
     def forward(self, x, training):
         xp = array_module(x)
