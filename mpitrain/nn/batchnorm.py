@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from mpitrain.kernels import batchnorm as kernels
-from mpitrain.nn.layers import Layer
+from mpitrain.nn.layers import Layer, refuse_sequence
 
 
 class BatchNorm(Layer):
@@ -26,6 +26,7 @@ class BatchNorm(Layer):
         self.momentum, self.eps = momentum, eps
 
     def param_shapes(self, input_shape):
+        refuse_sequence(input_shape, "batchnorm", "its batch statistics would count the padded steps")
         if len(input_shape) not in (1, 3):
             raise ValueError(f"a batchnorm layer takes features (F,) or images (C, H, W), got inputs of shape "
                              f"{list(input_shape)}")

@@ -94,42 +94,54 @@ class FusesActivation(Layer):
 
 
 class Dense(FusesActivation):
-    """y = x W + b on the flattened input; `activation` is expanded by the model builder (and then fused here)."""
+    """y = x W + b on the flattened input; `activation` is expanded by the model builder (and then fused here).
+
+    On a sequence `(None, F)` it is applied to each step's F features (W is (F, units), the output `(None, units)`):
+    the batch's (B, T, F) as B*T rows of one GEMM, its arrays from the grow-only workspace (`varying`). Padded steps
+    give values nobody reads, and their gradient rows are zero, so they add nothing to W's and b's gradients."""
+
+    sequence = False  # whether the input is a sequence (None, F): set by `param_shapes`
 
     def __init__(self, units: int, activation: str = "none", init: str | None = None):
         self.units, self.activation, self.init = units, activation, init
 
     def param_shapes(self, input_shape):
-        return {"W": (math.prod(input_shape), self.units), "b": (self.units,)}
+        self.sequence = is_sequence(input_shape)
+        return {"W": (input_shape[-1] if self.sequence else math.prod(input_shape), self.units), "b": (self.units,)}
 
     def output_shape(self, input_shape):
-        return (self.units,)
+        return (None, self.units) if is_sequence(input_shape) else (self.units,)
 
     def init_params(self, rng, scheme):
         fan_in, fan_out = self.params["W"].shape
         return {"W": initial_weights(rng, self.init or scheme, fan_in, fan_out, (fan_in, fan_out)),
                 "b": np.zeros(fan_out)}
 
+    def _array(self, name: str, shape, dtype):
+        """The workspace array `name`: grow-only for a sequence (its rows change with T), else one per shape."""
+        return varying(self.ws, name, shape, dtype) if self.sequence else self.ws(name, shape, dtype)
+
     def forward(self, x, training):
         xp = array_module(x)
         self.input_shape = x.shape
-        self.x = x.reshape(len(x), -1)
-        self.y = self.ws("y", (len(x), self.units), x.dtype)
+        self.x = x.reshape(-1, x.shape[-1]) if self.sequence else x.reshape(len(x), -1)
+        self.y = self._array("y", (len(self.x), self.units), x.dtype)
         xp.matmul(self.x, self.params["W"], out=self.y)
         bias_activation(self.y, self.params["b"], self.kind, self.y)
-        return self.y
+        return self.y.reshape(*self.input_shape[:2], self.units) if self.sequence else self.y
 
     def backward(self, dy, input_grad=True):
         xp = array_module(dy)
+        dy = dy.reshape(self.y.shape)
         if self.kind != "none":
-            dz = self.ws("dz", dy.shape, dy.dtype)
+            dz = self._array("dz", dy.shape, dy.dtype)
             activation_backward(dy, self.y, self.kind, dz)
             dy = dz
         xp.matmul(self.x.T, dy, out=self.grads["W"])
         dy.sum(axis=0, out=self.grads["b"])
         if not input_grad:
             return None
-        dx = self.ws("dx", self.x.shape, dy.dtype)
+        dx = self._array("dx", self.x.shape, dy.dtype)
         xp.matmul(dy, self.params["W"].T, out=dx)
         return dx.reshape(self.input_shape)
 
@@ -170,6 +182,7 @@ class Sigmoid(_Activation):
 
 class Flatten(Layer):
     def output_shape(self, input_shape):
+        refuse_sequence(input_shape, "flatten", "its size would change with the batch's padded length")
         return (math.prod(input_shape),)
 
     def forward(self, x, training):
@@ -226,6 +239,24 @@ def keyed_bits(xp, key: tuple, shape):
     generator state, and numpy and cupy give the same numbers (`kernels.activations`).
     """
     return keyed_bits_reference(xp, key_seed(key), shape)
+
+
+def is_sequence(shape: tuple) -> bool:
+    """Whether a layer's input shape (less the batch) is a sequence `(None, F)` (docs/sequences.md)."""
+    return len(shape) == 2 and shape[0] is None
+
+
+def refuse_sequence(shape: tuple, layer: str, why: str) -> None:
+    """A ValueError (the model builder names the layer's key) when a layer that cannot take a sequence gets one."""
+    if is_sequence(shape):
+        raise ValueError(f"a {layer} layer cannot take a sequence (None, {shape[1]}): {why}; turn the sequence into "
+                         "one vector per row first (global_avg_pool, global_max_pool, or an lstm's last state)")
+
+
+def varying(ws: WorkspacePart, name: str, shape: tuple, dtype):
+    """A workspace array of `shape` whose size changes from batch to batch (a sequence's padded length): the first
+    elements of the grow-only buffer `name` (`WorkspacePart.at_least`), reshaped. Not a collective."""
+    return ws.at_least(name, math.prod(shape), dtype).reshape(shape)
 
 
 ACTIVATIONS = {"relu": ReLU, "tanh": Tanh, "sigmoid": Sigmoid}

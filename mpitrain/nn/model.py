@@ -20,12 +20,15 @@ from mpitrain.kernels.im2col import PADDINGS
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.flat import FlatModel, flat_views
-from mpitrain.nn.layers import ACTIVATIONS, INIT_SCHEMES, Dense, Dropout, Flatten, FusesActivation, Layer
+from mpitrain.nn.layers import (ACTIVATIONS, INIT_SCHEMES, Dense, Dropout, Flatten, FusesActivation, Layer,
+                                is_sequence)
 from mpitrain.nn.losses import check_loss_options, loss_with_options
 from mpitrain.nn.recurrent import GRU, LSTM
+from mpitrain.nn.sequence import SEQUENCE_PADDINGS, Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
 
 LAYER_TYPES = {"dense": Dense, "flatten": Flatten, "conv2d": Conv2D, "maxpool2d": MaxPool2D,
                "avgpool2d": AvgPool2D, "dropout": Dropout, "batchnorm": BatchNorm, **ACTIVATIONS,
+               "conv1d": Conv1D, "global_max_pool": GlobalMaxPool1D, "global_avg_pool": GlobalAvgPool1D,
                "lstm": LSTM, "gru": GRU}
 
 
@@ -110,7 +113,7 @@ class Sequential(Network):
             shape = layer.output_shape(shape)
         self.output_shape = shape
         # which layers give a sequence (their output shape's first dimension is None: docs/sequences.md)
-        self.gives_sequence = [_is_sequence(layer.output_shape(s)) for layer, s in
+        self.gives_sequence = [is_sequence(layer.output_shape(s)) for layer, s in
                                zip(layers, _input_shapes(layers, self.input_shape))]
         names = [f"{index:02d}_{type(layer).__name__.lower()}" for index, layer in enumerate(layers)]
         super().__init__(layers, names, shapes, stat_shapes, loss, xp, dtype, loss_options)
@@ -156,11 +159,6 @@ class Sequential(Network):
                          if name != "activation"}  # activations are layers of their own by now
             specs.append({"type": names[type(layer)], **arguments})
         return specs
-
-
-def _is_sequence(shape: tuple) -> bool:
-    """Whether a layer's shape is a sequence's, `(None, F)` (docs/sequences.md)."""
-    return len(shape) > 0 and shape[0] is None
 
 
 def _input_shapes(layers: list[Layer], input_shape: tuple) -> list[tuple]:
@@ -324,7 +322,10 @@ LAYER_ARGUMENTS = {
     "kernel": (_window, f"an integer in [1, {MAX_WINDOW}] or [height, width]"),
     "pool": (_window, f"an integer in [1, {MAX_WINDOW}] or [height, width]"),
     "stride": (lambda v: v is None or _count(v, MAX_WINDOW), f"an integer in [1, {MAX_WINDOW}]"),
-    "padding": (lambda v: v in PADDINGS, f"one of {PADDINGS}"),
+    "dilation": (lambda v: _count(v, MAX_WINDOW), f"an integer in [1, {MAX_WINDOW}]"),
+    # each layer checks its own paddings too: conv2d and the 2-D pools PADDINGS, conv1d SEQUENCE_PADDINGS
+    "padding": (lambda v: v in PADDINGS or v in SEQUENCE_PADDINGS,
+                f"one of {PADDINGS} (conv2d, pools) or {SEQUENCE_PADDINGS} (conv1d)"),
     "rate": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
     "momentum": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
     "eps": (lambda v: _number(v) and v > 0, "a positive number"),

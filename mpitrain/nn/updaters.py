@@ -18,14 +18,16 @@ class Updater:
 
     `slot_names` says what each slot of `state` holds, in order: with the updater's type it is
     what a checkpoint's updater state means (a resume under another updater is refused).
-    Subclasses implement `_step`, one call of their fused kernel.
+    Subclasses implement `_step`, one call of their fused kernel. `clip_norm` (`train.clip_norm`; 0: none) is
+    the largest L2 norm of a step's gradient: the synchronizer clips to it before the step
+    (`mpitrain.parallel.sync.base.clip_gradients`).
     """
 
     slot_names: tuple = ()
 
-    def __init__(self, config, params, decay_mask):
+    def __init__(self, config, params, decay_mask, clip_norm: float = 0.0):
         xp = array_module(params)
-        self.config = config
+        self.config, self.clip_norm = config, clip_norm
         self.n = params.size
         self.n_slots = len(self.slot_names)
         self.state = xp.zeros(self.n_slots * self.n, dtype=params.dtype)
@@ -68,10 +70,10 @@ class Updater:
 class SGD(Updater):
     """Plain SGD (delta = -lr g), momentum v = mu v - lr g (delta = v), or Nesterov (delta = mu v - lr g)."""
 
-    def __init__(self, config, params, decay_mask):
+    def __init__(self, config, params, decay_mask, clip_norm: float = 0.0):
         self.slot_names = ("velocity",) if config.momentum else ()
         self.steps_rows_alone = not config.momentum
-        super().__init__(config, params, decay_mask)
+        super().__init__(config, params, decay_mask, clip_norm)
 
     def row_delta(self, grads, out=None):
         """Plain SGD's step of rows without L2 (an embedding table's touched rows): -lr g, as `sgd_step` computes
@@ -125,6 +127,7 @@ class Adam(Updater):
 UPDATERS = {"sgd": SGD, "adagrad": AdaGrad, "rmsprop": RMSProp, "adam": Adam}
 
 
-def create_updater(config, params, decay_mask) -> Updater:
-    """The updater named by `config.type` (an OptimizerConfig) for a flat parameter buffer."""
-    return UPDATERS[config.type](config, params, decay_mask)
+def create_updater(config, params, decay_mask, clip_norm: float = 0.0) -> Updater:
+    """The updater named by `config.type` (an OptimizerConfig) for a flat parameter buffer; its gradients clipped to
+    L2 norm `clip_norm` (0: not clipped)."""
+    return UPDATERS[config.type](config, params, decay_mask, clip_norm)

@@ -34,7 +34,8 @@ from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.embedding import Embedding
 from mpitrain.nn.merge import Add, Concat
 from mpitrain.nn.recurrent import GRU, LSTM
-from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
+from mpitrain.nn.sequence import Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
+from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh, is_sequence
 from mpitrain.nn.losses import check_loss_fits
 
 OPSET = 17
@@ -60,7 +61,11 @@ def require_onnx():
 
 class OnnxGraph:
     """An ONNX graph under construction: nodes and initializers appended in order, each node's output named
-    `NAME/OP` after the node. Every emitter takes the graph and its input's name and returns its output's name."""
+    `NAME/OP` after the node. Every emitter takes the graph and its input's name and returns its output's name.
+    `lengths` is the name of the (N,) int64 lengths tensor of the current input when it is a sequence (N, T, F)
+    (docs/sequences.md): a sequence layer's emitter reads it and sets its output's (None: not a sequence)."""
+
+    lengths: str | None = None
 
     lengths: str | None = None  # the name of the current (N,) int64 lengths tensor of a sequence input
 
@@ -96,6 +101,9 @@ def _pads(g) -> list[int]:
 
 
 def _dense(graph, layer, x, name, input_shape):
+    if is_sequence(input_shape):  # each step's features: MatMul on (N, T, F)
+        product = graph.node("MatMul", [x, graph.constant(f"{name}/W", layer.params["W"])], name)
+        return graph.node("Add", [product, graph.constant(f"{name}/b", layer.params["b"])], name)
     if len(input_shape) > 1:
         x = graph.node("Flatten", [x], name, axis=1)
     return graph.node("Gemm", [x, graph.constant(f"{name}/W", layer.params["W"]),
@@ -179,6 +187,61 @@ def _recurrent(op: str, **attributes):
     return emit
 
 
+def _valid_steps(graph, x, name: str) -> str:
+    """(N, T, 1) bool: True at the valid steps of the sequences `x` (N, T, F) of lengths `graph.lengths`."""
+    steps = graph.node("Gather", [graph.node("Shape", [x], f"{name}/steps"), graph.constant(f"{name}/time_axis", 1,
+                                                                                              np.int64)],
+                       f"{name}/steps", axis=0)
+    index = graph.node("Range", [graph.constant(f"{name}/zero", 0, np.int64), steps,
+                                 graph.constant(f"{name}/one", 1, np.int64)], f"{name}/steps")
+    lengths = graph.node("Unsqueeze", [graph.lengths, graph.constant(f"{name}/row_axis", [1], np.int64)],
+                         f"{name}/lengths")
+    return graph.node("Unsqueeze", [graph.node("Less", [index, lengths], f"{name}/valid"),
+                                    graph.constant(f"{name}/feature_axis", [2], np.int64)], f"{name}/valid")
+
+
+def _masked(graph, x, name: str, fill: float) -> str:
+    """`x` (N, T, F) with its padded steps set to `fill` (Where, so whatever the padding holds); `x` itself without
+    lengths (every step valid)."""
+    if graph.lengths is None:
+        return x
+    return graph.node("Where", [_valid_steps(graph, x, name), x, graph.constant(f"{name}/fill", fill)], name)
+
+
+def _conv1d(graph, layer, x, name, input_shape):
+    """Mask, then Conv over (N, F, T) with the layer's pads, stride and dilation (`Conv1D`: the same for every
+    sequence, so one Conv serves ragged batches); the output lengths from `graph.lengths` as `output_lengths`."""
+    x = graph.node("Transpose", [_masked(graph, x, f"{name}/input", 0.0)], f"{name}/input", perm=[0, 2, 1])
+    y = graph.node("Conv", [x, graph.constant(f"{name}/W", _host(layer.params["W"]).transpose(2, 1, 0)),
+                            graph.constant(f"{name}/b", layer.params["b"])], name,
+                   kernel_shape=[layer.kernel], strides=[layer.stride], dilations=[layer.dilation],
+                   pads=[layer.pad_left, layer.pad_right])
+    if graph.lengths is not None:
+        shift = graph.constant(f"{name}/shift", layer.pad_left + layer.pad_right - layer.span + layer.stride, np.int64)
+        graph.lengths = graph.node("Div", [graph.node("Add", [graph.lengths, shift], f"{name}/lengths"),
+                                           graph.constant(f"{name}/stride", layer.stride, np.int64)], f"{name}/lengths")
+    return graph.node("Transpose", [y], name, perm=[0, 2, 1])
+
+
+def _global_max_pool(graph, layer, x, name, input_shape):
+    x = _masked(graph, x, f"{name}/input", -np.inf)
+    graph.lengths = None
+    return graph.node("ReduceMax", [x], name, axes=[1], keepdims=0)
+
+
+def _global_avg_pool(graph, layer, x, name, input_shape):
+    """The valid steps' sum over the lengths (as floats); without lengths, ReduceMean over all steps."""
+    if graph.lengths is None:
+        return graph.node("ReduceMean", [x], name, axes=[1], keepdims=0)
+    total = graph.node("ReduceSum", [_masked(graph, x, f"{name}/input", 0.0),
+                                     graph.constant(f"{name}/time_axis", [1], np.int64)], name, keepdims=0)
+    lengths = graph.node("Cast", [graph.lengths], f"{name}/lengths",
+                         to=graph.onnx.helper.np_dtype_to_tensor_dtype(graph.dtype))
+    graph.lengths = None
+    return graph.node("Div", [total, graph.node("Unsqueeze", [lengths, graph.constant(f"{name}/row_axis", [1], np.int64)],
+                                                f"{name}/lengths")], name)
+
+
 def _same(op: str):
     return lambda graph, layer, x, name, input_shape: graph.node(op, [x], name)
 
@@ -190,7 +253,8 @@ LAYER_EMITTERS = {Dense: _dense, Conv2D: _conv, MaxPool2D: _pool("MaxPool"),
                   ReLU: _same("Relu"), Tanh: _same("Tanh"), Sigmoid: _same("Sigmoid"),
                   Flatten: lambda graph, layer, x, name, input_shape: graph.node("Flatten", [x], name, axis=1),
                   Dropout: _same("Identity"), Embedding: _embedding,  # dropout is the identity at inference
-                  LSTM: _recurrent("LSTM"), GRU: _recurrent("GRU", linear_before_reset=1)}
+                  LSTM: _recurrent("LSTM"), GRU: _recurrent("GRU", linear_before_reset=1),
+                  Conv1D: _conv1d, GlobalMaxPool1D: _global_max_pool, GlobalAvgPool1D: _global_avg_pool}
 
 
 def check_exportable(layers, where: str = "layer") -> None:

@@ -122,7 +122,7 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
     """Updater and synchronizer; resume (in the epoch order the checkpoint stopped in) or start (pretraining first
     when asked, its steps agreeing on `stop`); config.yaml."""
     config, comm, model = run.config, run.comm, run.model
-    updater = create_updater(config.optimizer, model.params, model.decay_mask)
+    updater = create_updater(config.optimizer, model.params, model.decay_mask, config.train.clip_norm)
     sync = sync or create_synchronizer(config.sync, comm)
 
     model.init_params(config.train.seed, config.model.init)

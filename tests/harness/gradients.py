@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpitrain.data.sequences import SequenceBatch
+
 from mpitrain.nn.losses import softmax_cross_entropy
+from mpitrain.nn.layers import is_sequence
 from mpitrain.nn.model import Sequential
 
 
@@ -83,3 +86,89 @@ def assert_relative_error(analytic, numeric, most: float = 1e-3) -> None:
     error = np.abs(analytic - numeric)
     bound = most * (np.abs(analytic) + np.abs(numeric)) + 1e-8
     assert (error <= bound).all(), f"largest relative error {np.max(error / (bound / most))}"
+
+
+def set_sequence_lengths(layers, input_shape, lengths):
+    """Set each layer's `lengths` as the model does (docs/sequences.md): its input's lengths when its input is a
+    sequence, else None; `output_lengths` (where a layer has one) carries them on. Returns the last output's."""
+    shape = tuple(input_shape)
+    for layer in layers:
+        sequence_in = is_sequence(shape)
+        layer.lengths = lengths if sequence_in else None
+        shape = layer.output_shape(shape)
+        if not is_sequence(shape):
+            lengths = None
+        elif sequence_in and lengths is not None and hasattr(layer, "output_lengths"):
+            lengths = layer.output_lengths(lengths)
+    return lengths
+
+
+def sequences(x, lengths):
+    """What a model takes: `x` alone (every step valid) when `lengths` is None, else a `SequenceBatch`."""
+    return x if lengths is None else SequenceBatch(x, np.asarray(lengths))
+
+
+def valid_steps(lengths, steps: int, n: int) -> np.ndarray:
+    """(n, steps, 1) float: 1 at each sequence's valid steps, 0 at its padding (every step valid when lengths is None)."""
+    if lengths is None:
+        return np.ones((n, steps, 1))
+    return (np.arange(steps) < np.asarray(lengths)[:, None])[:, :, None].astype(float)
+
+
+def sequence_model(layers, features: int, seed: int = 0, dtype: str = "float64") -> Sequential:
+    """A model of `layers` on sequences (None, features), parameters drawn from `seed` (biases non-zero)."""
+    model = Sequential(layers, (None, features), "softmax_cross_entropy", np, dtype)
+    model.init_params(seed, "xavier")
+    model.params += np.random.default_rng(seed).normal(0, 0.1, model.n_params).astype(dtype)
+    return model
+
+
+def padded_batch(sequences: list, steps: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(x, lengths): `sequences` (each (L, F)) right-padded to `steps` with large random garbage in the padding."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0, 100, size=(len(sequences), steps, sequences[0].shape[1]))
+    for b, sequence in enumerate(sequences):
+        x[b, :len(sequence)] = sequence
+    return x, np.array([len(s) for s in sequences], dtype=np.int64)
+
+
+def weighted_loss(model, x, lengths, weights):
+    """The loss sum(weights * output) over the output's valid steps (a sequence) or over its vectors, and its
+    gradient with respect to the output (zero at padded steps, as a masked loss makes it). Sets the lengths.
+    `weights` has the output's dimensions, each at least as long (its leading part is used)."""
+    out_lengths = set_sequence_lengths(model.layers, model.input_shape, lengths)
+    y = model.forward(sequences(x, lengths), training=True)
+    dy = weights[tuple(slice(0, n) for n in y.shape)].copy()
+    if y.ndim == 3:
+        dy *= valid_steps(out_lengths, y.shape[1], len(y))
+    return float((dy * y).sum()), dy
+
+
+def sequence_gradients(model, x, lengths, weights):
+    """Backward of `weighted_loss`: (parameter gradients, input gradient), copies."""
+    _, dy = weighted_loss(model, x, lengths, weights)
+    for layer in reversed(model.layers):
+        dy = layer.backward(dy)
+    return model.grads.copy(), dy.copy()
+
+
+def check_sequence_gradients(layers, features: int, lengths, steps: int, n: int = 3, seed: int = 0,
+                             rtol: float = 1e-3):
+    """A float64 model of `layers` on `n` sequences (None, features) of `lengths` ((n,); None: all `steps` valid),
+    padded to `steps` with garbage: its parameter and input gradients equal central differences within `rtol`, and
+    the input gradient is exactly zero at padded steps. The loss weighs the output's valid steps at random."""
+    rng = np.random.default_rng(seed)
+    model = sequence_model(layers, features, seed)
+    x = rng.normal(size=(n, steps, features))
+    if lengths is not None:
+        x = x * valid_steps(lengths, steps, n) + rng.normal(0, 100, size=x.shape) * (1 - valid_steps(lengths, steps, n))
+    weights = rng.normal(size=(n, 4 * steps, 64) if is_sequence(model.output_shape) else (n, 64))  # cut to the output
+
+    def loss():
+        return weighted_loss(model, x, lengths, weights)[0]
+
+    params, dx = sequence_gradients(model, x, lengths, weights)
+    np.testing.assert_allclose(params, numeric_grad(loss, model.params), rtol=rtol, atol=1e-7)
+    np.testing.assert_allclose(dx, numeric_grad(loss, x), rtol=rtol, atol=1e-7)
+    assert (dx * (1 - valid_steps(lengths, steps, n)) == 0).all()
+    return model

@@ -144,12 +144,40 @@ class Synchronizer:
         return {}
 
 
+def clip_gradients(model, clip_norm: float) -> None:
+    """Scale `model.grads` in place so that their L2 norm over all parameters is at most `clip_norm` (PyTorch's
+    clip_grad_norm_: times clip_norm / (norm + 1e-6) when that is below 1, else untouched); nothing when it is 0.
+
+    Every mode clips the gradient it hands to the updater, here and nowhere else (`apply_update`, sharing's step):
+    in `allreduce` the ranks' average, the same on every rank, so the replicas stay identical; in the other modes
+    each rank's own. An embedding table is read and scaled at the rows that may be non-zero (`TableGrad.written`),
+    so a step still costs its batch's rows. The factor stays on the device (no wait for the host). Not a
+    collective."""
+    if not clip_norm:
+        return
+    xp = model.xp
+    parts = [model.grads[model.dense_start:]]
+    for table in model.sparse_tables:
+        grads = model.grads[table.start:table.stop].reshape(table.rows, table.dim)
+        parts.append(grads if table.written is None else grads[table.written])
+    squares = sum(xp.vdot(part.ravel(), part.ravel()) for part in parts)
+    factor = xp.minimum(clip_norm / (xp.sqrt(squares) + 1e-6), 1.0).astype(model.grads.dtype)
+    parts[0] *= factor
+    for table, part in zip(model.sparse_tables, parts[1:]):
+        if table.written is None:
+            part *= factor
+        else:
+            model.grads[table.start:table.stop].reshape(table.rows, table.dim)[table.written] = part * factor
+
+
 def apply_update(model, updater) -> None:
-    """`model.params += updater.delta(model.grads, model.params)`; where the model has embedding tables and the
+    """`model.params += updater.delta(model.grads, model.params)`, the gradient clipped first (`clip_gradients`);
+    where the model has embedding tables and the
     updater moves only parameters with a gradient (plain SGD; tables get no L2), the tables' steps are taken on
     the rows that hold gradients (`TableGrad.written`) and the rest of the tables is skipped: a step of a 10^6-row
     table costs its batch's rows, not the table (a step's rows are small new arrays; a whole table, after a dense
     exchange, goes through the updater's own delta buffer). The same values either way. Not a collective."""
+    clip_gradients(model, updater.clip_norm)
     if not model.sparse_tables or not updater.steps_rows_alone:
         model.params += updater.delta(model.grads, model.params)
         return

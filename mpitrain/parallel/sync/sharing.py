@@ -43,7 +43,7 @@ from mpitrain.parallel.costmodel import Network, allreduce_bytes
 from mpitrain.errors import MpitrainError
 from mpitrain.kernels.threshold import NaNResidual, add_to_residual, message_capacity, threshold_encode, warm_up
 from mpitrain.kernels.threshold.message import HEADER_SIZE
-from mpitrain.parallel.sync.base import Synchronizer
+from mpitrain.parallel.sync.base import Synchronizer, clip_gradients
 from mpitrain.parallel.sync.exchange import EXCHANGES, INT32_BYTES, choose_exchange
 
 
@@ -79,6 +79,7 @@ class SharingSync(Synchronizer):
         self.steps += 1
         clip = self.config.residual_clip
         limit = clip["factor"] * self.tau if clip and self.steps % clip["every"] == 0 else None
+        clip_gradients(model, updater.clip_norm)
         add_to_residual(self.residual, updater.delta(model.grads, model.params), limit)  # one pass
         sent_tau = self.tau
         try:
