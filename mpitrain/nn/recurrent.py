@@ -49,6 +49,7 @@ class Recurrent(Layer):
     input_bias = "b"
     recurrent_bias: str | None = None
     lengths = None  # (B,) ints, set by the model before each forward
+    _step_numbers = None  # 0, 1, ... on the layer's device, as long as the longest batch yet
 
     def __init__(self, units: int, return_sequences: bool = False, bidirectional: bool = False,
                  init: str | None = None):
@@ -130,7 +131,9 @@ class Recurrent(Layer):
         if self.lengths is None:
             padded[...] = False
         else:
-            xp.greater_equal(xp.arange(steps)[:, None], self.lengths[None, :], out=padded[:, :, 0])
+            if self._step_numbers is None or len(self._step_numbers) < steps:  # made again only for a longer batch
+                self._step_numbers = xp.arange(steps)
+            xp.greater_equal(self._step_numbers[:steps, None], self.lengths[None, :], out=padded[:, :, 0])
         return padded
 
     def backward(self, dy, input_grad=True):
@@ -155,8 +158,8 @@ class Recurrent(Layer):
                     carry["h"] += dy[:, t, k * units:(k + 1) * units]
                 self.step_backward(xp, p, gates[t], {s: a[before] for s, a in states.items()},
                                    {s: a[t] for s, a in saved.items()}, carry, into, grad_in[t], grad_rec[t])
-                xp.copyto(grad_in[t], 0, where=self.padded[t])
-                xp.copyto(grad_rec[t], 0, where=self.padded[t])
+                for grad in (grad_in,) if grad_rec is grad_in else (grad_in, grad_rec):
+                    xp.copyto(grad[t], 0, where=self.padded[t])
                 for s in self.states:
                     xp.copyto(into[s], carry[s], where=self.padded[t])
                 carry, into = into, carry
