@@ -12,7 +12,7 @@ h R (+ bR for the GRU). Nothing is allocated: each writes into the arrays it is 
 Forward is ufuncs with `out=` on any array module: its sigmoids and tanhs run in numpy's SIMD loops, and a numba
 kernel, calling libm's scalar exp and tanh per element, was 3 to 13 times slower (one thread; B = H = 64 and 256).
 Backward has no transcendental function: its numba kernels (numpy arrays; cupy's take the `*_reference` ufuncs,
-which the tests compare them with) make one pass instead of about fifteen, 7 to 9 times faster than the ufuncs.
+which the tests compare them with) make one pass instead of about fifteen, 6 to 9 times faster than the ufuncs.
 """
 from __future__ import annotations
 
