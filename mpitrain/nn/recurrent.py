@@ -16,10 +16,9 @@ each gate's block of `R` an orthogonal (H, H) matrix, biases zero but the LSTM's
 al. 2015: a new LSTM then keeps its cell state instead of forgetting it at every step).
 
 Speed: the input projections of all steps and the parameter gradients are one matmul each over (T*B) rows per
-direction; each time step is one (B, H) x (H, gates*H) matmul plus element-wise gate work, numpy or cupy ufuncs
-with `out=` into workspace arrays (`ws.at_least`, reshaped to the batch's T). A Python loop runs over time steps,
-never over samples. The gate work is a dozen passes over (B, H) arrays per step: at the sizes where it would
-matter the step's matmul dominates, so there is no numba kernel (and one body serves numpy and cupy).
+direction; each time step is one (B, H) x (H, gates*H) matmul plus the gate work (`mpitrain.kernels.recurrent`:
+ufuncs forward, a numba kernel backward), into workspace arrays (`ws.at_least`, reshaped to the batch's T). A Python
+loop runs over time steps, never over samples.
 """
 from __future__ import annotations
 
@@ -27,6 +26,7 @@ import math
 
 import numpy as np
 
+from mpitrain.kernels.recurrent import gru_step, gru_step_backward, lstm_step, lstm_step_backward
 from mpitrain.nn.layers import Layer, initial_weights
 from mpitrain.parallel.backend import array_module
 
@@ -49,6 +49,7 @@ class Recurrent(Layer):
     input_bias = "b"
     recurrent_bias: str | None = None
     lengths = None  # (B,) ints, set by the model before each forward
+    _step_numbers = None  # 0, 1, ... on the layer's device, as long as the longest batch yet
 
     def __init__(self, units: int, return_sequences: bool = False, bidirectional: bool = False,
                  init: str | None = None):
@@ -130,7 +131,9 @@ class Recurrent(Layer):
         if self.lengths is None:
             padded[...] = False
         else:
-            xp.greater_equal(xp.arange(steps)[:, None], self.lengths[None, :], out=padded[:, :, 0])
+            if self._step_numbers is None or len(self._step_numbers) < steps:  # made again only for a longer batch
+                self._step_numbers = xp.arange(steps)
+            xp.greater_equal(self._step_numbers[:steps, None], self.lengths[None, :], out=padded[:, :, 0])
         return padded
 
     def backward(self, dy, input_grad=True):
@@ -155,8 +158,8 @@ class Recurrent(Layer):
                     carry["h"] += dy[:, t, k * units:(k + 1) * units]
                 self.step_backward(xp, p, gates[t], {s: a[before] for s, a in states.items()},
                                    {s: a[t] for s, a in saved.items()}, carry, into, grad_in[t], grad_rec[t])
-                xp.copyto(grad_in[t], 0, where=self.padded[t])
-                xp.copyto(grad_rec[t], 0, where=self.padded[t])
+                for grad in (grad_in,) if grad_rec is grad_in else (grad_in, grad_rec):
+                    xp.copyto(grad[t], 0, where=self.padded[t])
                 for s in self.states:
                     xp.copyto(into[s], carry[s], where=self.padded[t])
                 carry, into = into, carry
@@ -213,38 +216,12 @@ class LSTM(Recurrent):
         return bias
 
     def step(self, xp, p, g, before, after, saved):
-        h = self.units
         recurrent = self._scratch("recurrent", g)
         xp.matmul(before["h"], p["R"], out=recurrent)
-        g += recurrent
-        _sigmoid(xp, g[:, :3 * h])
-        xp.tanh(g[:, 3 * h:], out=g[:, 3 * h:])
-        i, o, f, cell = g[:, :h], g[:, h:2 * h], g[:, 2 * h:3 * h], g[:, 3 * h:]
-        product = self._scratch("product", after["c"])
-        xp.multiply(f, before["c"], out=after["c"])
-        xp.multiply(i, cell, out=product)
-        after["c"] += product
-        xp.tanh(after["c"], out=saved["tanh_c"])
-        xp.multiply(o, saved["tanh_c"], out=after["h"])
+        lstm_step(g, recurrent, before["c"], after["c"], after["h"], saved["tanh_c"])
 
     def step_backward(self, xp, p, g, before, saved, carry, into, grad_in, grad_rec):
-        h = self.units
-        i, o, f, cell = g[:, :h], g[:, h:2 * h], g[:, 2 * h:3 * h], g[:, 3 * h:]
-        dh, tanh_c = carry["h"], saved["tanh_c"]
-        d_i, d_o, d_f, d_cell = grad_in[:, :h], grad_in[:, h:2 * h], grad_in[:, 2 * h:3 * h], grad_in[:, 3 * h:]
-        scratch, dc = self._scratch("scratch", dh), self._scratch("dc_total", dh)
-        xp.multiply(dh, tanh_c, out=d_o)
-        _times_sigmoid_derivative(xp, d_o, o, scratch)
-        xp.multiply(dh, o, out=dc)
-        _times_tanh_derivative(xp, dc, tanh_c, scratch)
-        dc += carry["c"]  # the cell state's whole gradient: through h' and from the next step
-        xp.multiply(dc, cell, out=d_i)
-        _times_sigmoid_derivative(xp, d_i, i, scratch)
-        xp.multiply(dc, before["c"], out=d_f)
-        _times_sigmoid_derivative(xp, d_f, f, scratch)
-        xp.multiply(dc, i, out=d_cell)
-        _times_tanh_derivative(xp, d_cell, cell, scratch)
-        xp.multiply(dc, f, out=into["c"])
+        lstm_step_backward(g, before["c"], saved["tanh_c"], carry["h"], carry["c"], grad_in, into["c"])
         xp.matmul(grad_in, p["R"].T, out=into["h"])
 
 
@@ -262,67 +239,21 @@ class GRU(Recurrent):
     recurrent_bias = "bR"
 
     def step(self, xp, p, g, before, after, saved):
-        h = self.units
         recurrent = self._scratch("recurrent", g)
         xp.matmul(before["h"], p["R"], out=recurrent)
         recurrent += p["bR"]
-        g[:, :2 * h] += recurrent[:, :2 * h]
-        _sigmoid(xp, g[:, :2 * h])
-        z, r, n = g[:, :h], g[:, h:2 * h], g[:, 2 * h:]
-        xp.copyto(saved["recurrent_h"], recurrent[:, 2 * h:])
-        xp.multiply(r, saved["recurrent_h"], out=recurrent[:, 2 * h:])
-        n += recurrent[:, 2 * h:]
-        xp.tanh(n, out=n)
-        xp.subtract(before["h"], n, out=after["h"])
-        after["h"] *= z
-        after["h"] += n
+        gru_step(g, recurrent, before["h"], after["h"], saved["recurrent_h"])
 
     def step_backward(self, xp, p, g, before, saved, carry, into, grad_in, grad_rec):
-        h = self.units
-        z, r, n = g[:, :h], g[:, h:2 * h], g[:, 2 * h:]
-        dh = carry["h"]
-        d_z, d_r, d_n = grad_in[:, :h], grad_in[:, h:2 * h], grad_in[:, 2 * h:]
-        scratch = self._scratch("scratch", dh)
-        xp.subtract(1, z, out=scratch)
-        xp.multiply(dh, scratch, out=d_n)
-        _times_tanh_derivative(xp, d_n, n, scratch)
-        xp.subtract(before["h"], n, out=d_z)
-        d_z *= dh
-        _times_sigmoid_derivative(xp, d_z, z, scratch)
-        xp.multiply(d_n, saved["recurrent_h"], out=d_r)
-        _times_sigmoid_derivative(xp, d_r, r, scratch)
-        xp.copyto(grad_rec[:, :2 * h], grad_in[:, :2 * h])
-        xp.multiply(d_n, r, out=grad_rec[:, 2 * h:])
+        direct = self._scratch("direct", carry["h"])
+        gru_step_backward(g, before["h"], saved["recurrent_h"], carry["h"], grad_in, grad_rec, direct)
         xp.matmul(grad_rec, p["R"].T, out=into["h"])
-        xp.multiply(dh, z, out=scratch)
-        into["h"] += scratch
+        into["h"] += direct
 
 
 def _time_steps(steps: int, reverse: bool) -> range:
     """The time steps in the order a direction runs them."""
     return range(steps - 1, -1, -1) if reverse else range(steps)
-
-
-def _sigmoid(xp, a) -> None:
-    """a = sigmoid(a) in place, as (1 + tanh(a / 2)) / 2: no overflow for large |a|."""
-    a *= 0.5
-    xp.tanh(a, out=a)
-    a += 1
-    a *= 0.5
-
-
-def _times_sigmoid_derivative(xp, d, y, scratch) -> None:
-    """d *= y (1 - y), the derivative of the sigmoid whose output is y."""
-    xp.subtract(1, y, out=scratch)
-    scratch *= y
-    d *= scratch
-
-
-def _times_tanh_derivative(xp, d, y, scratch) -> None:
-    """d *= 1 - y^2, the derivative of the tanh whose output is y."""
-    xp.multiply(y, y, out=scratch)
-    xp.subtract(1, scratch, out=scratch)
-    d *= scratch
 
 
 def orthogonal(rng: np.random.Generator, n: int) -> np.ndarray:

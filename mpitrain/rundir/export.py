@@ -159,25 +159,20 @@ def _recurrent(op: str, **attributes):
     """ONNX `LSTM`/`GRU` (layout 0: time-major, so the sequences are transposed in and out) on (N, T, F) rows, with
     `sequence_lens` from `graph.lengths`: (N, T, H * directions) with `return_sequences` (ONNX's Y, zero at padded
     steps), else the last states (N, H * directions) (Y_h: forward after lengths-1, backward after step 0).
-    The layer's weights are ONNX's transposed, stacked by direction; B is the input bias then the recurrent
-    bias (zero for an LSTM, whose one bias is the input side's)."""
+    The layer's weights are ONNX's transposed, stacked by direction (`_onnx_biases`). Without `graph.lengths`
+    every sequence is T steps long."""
     def emit(graph, layer, x, name, input_shape):
         directions = layer.directions
-        weights = [graph.constant(f"{name}/{w}", np.stack([_host(layer.params[f"{w}{d}"]).T for d in directions]))
+        inputs = [graph.node("Transpose", [x], name, perm=[1, 0, 2])]
+        inputs += [graph.constant(f"{name}/{w}", np.stack([_host(layer.params[f"{w}{d}"]).T for d in directions]))
                    for w in ("W", "R")]
-        def biases(d):
-            recurrent = layer.params[f"{layer.recurrent_bias}{d}"] if layer.recurrent_bias else \
-                np.zeros(layer.gates * layer.units)
-            return np.concatenate([_host(layer.params[f"{layer.input_bias}{d}"]), _host(recurrent)])
-
-        bias = graph.constant(f"{name}/B", np.stack([biases(d) for d in directions]))
-        lengths = "" if graph.lengths is None else \
-            graph.node("Cast", [graph.lengths], f"{name}/lengths", to=graph.onnx.TensorProto.INT32)
-        time_major = graph.node("Transpose", [x], name, perm=[1, 0, 2])
+        inputs.append(graph.constant(f"{name}/B", np.stack([_onnx_biases(layer, d) for d in directions])))
+        if graph.lengths is not None:
+            inputs.append(graph.node("Cast", [graph.lengths], f"{name}/lengths", to=graph.onnx.TensorProto.INT32))
         output = f"{name}/{op}"
         outputs = [output, ""] if layer.return_sequences else ["", output]  # Y (T, D, N, H) or Y_h (D, N, H)
         graph.nodes.append(graph.onnx.helper.make_node(
-            op, [time_major, *weights, bias, lengths], outputs, name=output, hidden_size=layer.units,
+            op, inputs, outputs, name=output, hidden_size=layer.units,
             direction="bidirectional" if layer.bidirectional else "forward", **attributes))
         if layer.return_sequences:
             rows = graph.node("Transpose", [output], f"{name}/rows", perm=[2, 0, 1, 3])
@@ -240,6 +235,14 @@ def _global_avg_pool(graph, layer, x, name, input_shape):
     graph.lengths = None
     return graph.node("Div", [total, graph.node("Unsqueeze", [lengths, graph.constant(f"{name}/row_axis", [1], np.int64)],
                                                 f"{name}/lengths")], name)
+
+
+def _onnx_biases(layer, d: str) -> np.ndarray:
+    """ONNX's B of direction `d` of a recurrent layer: the input bias, then the recurrent bias (zero for an LSTM,
+    whose one bias is the input side's)."""
+    recurrent = _host(layer.params[f"{layer.recurrent_bias}{d}"]) if layer.recurrent_bias else \
+        np.zeros(layer.gates * layer.units)
+    return np.concatenate([_host(layer.params[f"{layer.input_bias}{d}"]), recurrent])
 
 
 def _same(op: str):

@@ -138,29 +138,38 @@ def test_config_entries_build_recurrent_layers_and_refuse_bad_arguments():
 def test_onnx_runtime_gives_the_layers_outputs(cls, return_sequences, bidirectional):
     """The layer's emitter alone in a graph of inputs x (N, T, F) float32 and lengths (N,) int64: onnxruntime's
     outputs equal the layer's float32 forward at valid steps within 1e-5, ragged lengths."""
+    check_onnx_runtime(cls, return_sequences, bidirectional, np.array([6, 2, 4, 1, 5]))
+
+
+@pytest.mark.parametrize("cls", [LSTM, GRU])
+def test_onnx_runtime_without_lengths_runs_every_step(cls):
+    check_onnx_runtime(cls, True, True, None)
+
+
+def check_onnx_runtime(cls, return_sequences, bidirectional, lengths, steps=6, features=3):
+    """ONNX Runtime on the graph of the layer's emitter alone (input lengths unless `lengths` is None) against the
+    layer's forward on 5 sequences, at valid steps."""
     import onnx
     import onnxruntime as ort
     from mpitrain.rundir.export import OPSET, OnnxGraph, emit_layer
-    features, steps = 3, 6
     layer, _ = bound_layer(cls, return_sequences, bidirectional, features, dtype="float32", units=5)
-    rng = np.random.default_rng(5)
-    lengths = np.array([6, 2, 4, 1, 5])
-    x = rng.normal(size=(len(lengths), steps, features)).astype(np.float32)
+    x = np.random.default_rng(5).normal(size=(5, steps, features)).astype(np.float32)
     layer.lengths = lengths
     expected = layer.forward(x, training=False)
     graph = OnnxGraph(np.float32)
-    graph.lengths = "lengths"
-    output = emit_layer(graph, layer, "x", "00_rnn", (None, features))
     helper, tensor = onnx.helper, onnx.TensorProto
-    inputs = [helper.make_tensor_value_info("x", tensor.FLOAT, ["N", "T", features]),
-              helper.make_tensor_value_info("lengths", tensor.INT64, ["N"])]
+    inputs, feed = [helper.make_tensor_value_info("x", tensor.FLOAT, ["N", "T", features])], {"x": x}
+    if lengths is not None:
+        graph.lengths, feed["lengths"] = "lengths", lengths
+        inputs.append(helper.make_tensor_value_info("lengths", tensor.INT64, ["N"]))
+    output = emit_layer(graph, layer, "x", "00_rnn", (None, features))
     width = expected.shape[-1]
     outputs = [helper.make_tensor_value_info(output, tensor.FLOAT, ["N", "T", width] if return_sequences else ["N", width])]
     proto = helper.make_model(helper.make_graph(graph.nodes, "rnn", inputs, outputs, graph.initializers),
                               opset_imports=[helper.make_opsetid("", OPSET)])
     onnx.checker.check_model(proto, full_check=True)
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    (got,) = session.run(None, {"x": x, "lengths": lengths})
+    (got,) = session.run(None, feed)
     assert got.shape == expected.shape
-    valid = ~padded_steps(lengths, steps) if return_sequences else slice(None)
+    valid = ~padded_steps(lengths, steps) if return_sequences and lengths is not None else slice(None)
     np.testing.assert_allclose(got[valid], expected[valid], rtol=1e-5, atol=1e-5)
