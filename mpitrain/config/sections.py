@@ -214,7 +214,7 @@ class TrainConfig(Section):
     clip_norm: float = option(0.0, "Gradient clipping by norm: each step's gradient, as the sync mode hands it to the "
                                    "updater (allreduce: the ranks' average; the other modes: a rank's own), is scaled "
                                    "so that its L2 norm over all parameters is at most this (PyTorch's "
-                                   "clip_grad_norm_). 0: no clipping.", domain="[0, inf)")
+                                   "clip_grad_norm_). 0: no clipping.", domain="[0, 1e6]")
     log_every: int = option(50, "Steps per metrics window (a record in metrics.jsonl, a log line on rank 0).",
                             domain="[1, 1e9]")
     watchdog_s: float = option(1800.0, "Abort the job when a rank makes no progress for this many seconds, printing "
