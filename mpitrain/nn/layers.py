@@ -12,7 +12,7 @@ its part of the model's workspace (`self.ws`, `mpitrain.nn.workspace`), written 
 in-place operations and the fused kernels of `mpitrain.kernels.activations`. What forward
 returns is overwritten by the next forward of that batch shape.
 
-A dense or conv2d layer followed by an activation layer does the activation itself, fused
+A dense, conv2d or conv1d layer followed by an activation layer does the activation itself, fused
 with its bias add (and in backward the derivative, fused with its bias gradient): the model
 calls `fuse_activation` on it and the activation layer passes its input and gradient
 through (`fused`). The activation layers stay in the model's list, so layouts, checkpoints,
@@ -83,7 +83,7 @@ class Layer:
 
 
 class FusesActivation(Layer):
-    """A layer (dense, conv2d) that can run the activation layer after it itself, fused with its bias add:
+    """A layer (dense, conv2d, conv1d) that can run the activation layer after it itself, fused with its bias add:
     `kind` is that activation ("none" until the model calls `fuse_activation`)."""
 
     kind = "none"

@@ -108,22 +108,21 @@ class Conv1D(FusesActivation):
                 "b": np.zeros(filters)}
 
     def _check_span(self, steps: int) -> None:
-        if self.padding == "valid" and steps < self.span:
+        if steps < self.span:
             raise ValueError(f"conv1d (padding valid, kernel {self.kernel}, dilation {self.dilation}): a sequence of "
                              f"{steps} steps is shorter than the kernel's span of {self.span} steps; expected at least "
                              f"{self.span} (or padding causal or same)")
 
-    def output_steps(self, steps: int) -> int:
-        """The output's steps for `steps` input steps (a sequence's length, or a batch's padded length)."""
-        self._check_span(steps)
+    def output_steps(self, steps):
+        """The output's steps for `steps` input steps (a sequence's length, a batch's padded length, or an array of
+        lengths); a ValueError naming the length and the span when one is too short for padding `valid`."""
+        if self.padding == "valid":  # a host sync for lengths on a GPU: only where a length can be refused
+            self._check_span(steps if isinstance(steps, int) else int(steps.min()))
         return (steps + self.pad_left + self.pad_right - self.span) // self.stride + 1
 
     def output_lengths(self, lengths):
-        """Each output sequence's length (`output_steps` of each); a ValueError naming the length and the span
-        when a sequence is too short for padding `valid`."""
-        if self.padding == "valid":
-            self._check_span(int(lengths.min()))
-        return (lengths + self.pad_left + self.pad_right - self.span) // self.stride + 1
+        """Each output sequence's length: `output_steps` of each of `lengths`."""
+        return self.output_steps(lengths)
 
     def _taps(self, padded, out_steps: int):
         """Per tap k, the (B, out_steps, F) strided view of the padded input that tap reads."""
@@ -196,8 +195,8 @@ class _GlobalPool1D(Layer):
 class GlobalMaxPool1D(_GlobalPool1D):
     """Each feature's largest value over a sequence's valid steps; its gradient goes to that (first largest) step.
 
-    numpy's argmax over the middle (time) axis copies its input to a temporary first (cupy's does not); the rest
-    runs in the workspace."""
+    numpy's argmax over the middle (time) axis copies its input to a temporary first; the rest runs in the
+    workspace."""
 
     def forward(self, x, training):
         xp = array_module(x)

@@ -71,6 +71,12 @@ def test_allreduce_equals_one_process_with_n_times_the_batch(n, optimizer):
     assert result.returncode == 0 and f"OK {n} {optimizer}" in result.stdout, result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_allreduce_clips_the_averaged_gradient(optimizer):
+    result = mpiexec(2, sys.executable, os.path.join(RANK_SCRIPTS, "allreduce_equivalence.py"), optimizer, "0.05")
+    assert result.returncode == 0 and f"OK 2 {optimizer} 0.05" in result.stdout, result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_overlapped_allreduce_equals_blocking_for_every_bucket_cut(n):
     result = mpiexec(n, sys.executable, os.path.join(RANK_SCRIPTS, "overlap_checks.py"))
