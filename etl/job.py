@@ -421,7 +421,8 @@ def _manifest(plan: EtlPlan, transforms: Transforms, num_classes: int, written: 
         source=source.spec, seed=plan.seed, transforms=carved + transforms.manifest_entries(),
         class_names=list(source.class_names), bad_records=bad_records,
         compression=plan.options.compression, chunk_rows=CHUNK_ROWS, checksums="fletcher32", target=target.kind,
-        target_names=list(target.columns) if target.kind != "class" else [], columns=columns, sequences=sequences)
+        target_names=list(target.columns) if target.kind != "class" else [], columns=columns, sequences=sequences,
+        step_target=getattr(source, "step_target", ""))
 
 
 def _sequence_columns(source, written: dict[str, list[tuple]]) -> list[dict]:

@@ -505,9 +505,17 @@ class ParquetSource(TableSource):
         return [n for n in names if n in columns]
 
     def _resolve(self, columns, kinds, sample):
+        self.step_target = ""  # a label column of a list per record: one class per step of the sequences
+        steps = [name for name in self._sample_labels(columns) if kinds.get(name) == "array"]
+        if steps and self.options.sequences:
+            if len(self._sample_labels(columns)) > 1 or self.options.target not in ("", "class"):
+                raise ConfigError(f"--label {steps[0]}: a label column of lists gives one class per step (sequence "
+                                  "labelling); expected it alone, and --target class")
+            self.step_target = steps[0]
+            sample = {name: [v for values in sample.get(name, []) if values for v in values] for name in sample}
         super()._resolve(columns, kinds, sample)
         for name in self.labels:
-            if kinds[name] not in (*NUMERIC_KINDS, "string"):
+            if kinds[name] not in (*NUMERIC_KINDS, "string") and name != self.step_target:
                 raise ConfigError(f"{self.spec}: label column {name!r} is {kinds[name]}; expected numbers (or text "
                                   f"class labels) (columns: {columns})")
 
@@ -585,17 +593,40 @@ class ParquetSource(TableSource):
         where = self.paths[split]
         x = np.stack([numeric_values(batch.column(name), name)[0] for name in self.features], axis=1) \
             if self.features else np.empty((batch.num_rows, 0), np.float32)
-        first = numeric_values(labels[0], self.labels[0])[0] if labels and not self.text_labels else None
+        first = numeric_values(labels[0], self.labels[0])[0] \
+            if labels and not self.text_labels and not self.step_target else None
 
         def record(i: int) -> str:
             return f"{i} of a batch" + ("" if first is None else f" (label {first[i]:g})")
         sequences = {name: ragged_column(batch.column(name), name, self.step_features[name], self.options.max_length,
                                          where, record) for name in self.sequences}
+        if self.step_target:
+            steps = self._step_labels(labels[0], sequences[self.sequences[0]], where, record)
+            sequences[self.step_target] = steps
+            labels = [np.maximum.reduceat(steps.values[:, 0], steps.offsets[:-1]).astype(np.int64)]
         checked = checked_batch(x, labels or None, self.num_classes, where, record, BadRecords(), "float32",
                                 None, self.target)
         checked.x = SequenceRows(checked.x, {name: seqs[checked.kept] for name, seqs in sequences.items()})
         checked.seen = batch.num_rows
         return checked
+
+    def _step_labels(self, column, first: Ragged, where: str, record) -> Ragged:
+        """The step target's classes of a record batch, ragged: as long as the first sequence column's sequences, each
+        a class of the target, else one DataError naming the record (docs/sequences.md)."""
+        steps = ragged_column(column, self.step_target, 1, self.options.max_length, where, record)
+        differs = steps.lengths != first.lengths
+        if differs.any():
+            i = int(np.argmax(differs))
+            raise DataError(f"{where}: record {record(i)}: label column {self.step_target!r} holds {steps.lengths[i]} "
+                            f"classes, expected one per step of {self.sequences[0]!r} ({first.lengths[i]} steps)")
+        _, ok, _ = self.target.check([steps.values[:, 0]], where, record)
+        if not ok.all():
+            step = int(np.argmax(~ok))
+            i = int(np.searchsorted(steps.offsets, step, side="right") - 1)
+            raise DataError(f"{where}: record {record(i)}: label column {self.step_target!r} holds "
+                            f"{steps.values[step, 0]:g} at step {step - steps.offsets[i]}, expected "
+                            f"{self.target.expected}")
+        return steps
 
     def _label_texts(self, spark) -> tuple[str, ...]:
         frames = [spark.read.parquet(self.paths[split]).select(_column(self.labels[0]).cast("string").alias("value"))

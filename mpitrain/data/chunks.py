@@ -115,7 +115,8 @@ class ShardFiles:
             f.close()
             raise
         sequences = {column["name"]: (f[f"sequences/{column['name']}/values"],
-                                      f[f"sequences/{column['name']}/offsets"]) for column in self.manifest.sequences}
+                                      f[f"sequences/{column['name']}/offsets"])
+                     for column in self.manifest.stored_sequences}
         self.open_files[index] = (f["x"], f["y"], _chunk_bytes(f["x"], f["y"]), sequences, f, raw)
         if len(self.open_files) > OPEN_SHARDS:
             self._close(next(iter(self.open_files)))

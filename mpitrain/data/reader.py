@@ -220,9 +220,11 @@ class Batches:
         sequence dataset's: sequences of one zero step)."""
         x, y = self._buffers(0)
         x[...], y[...] = 0, 0
-        if self.rows.shards.manifest.sequences:
-            features = self.rows.shards.manifest.sequences[0]["features"]
-            values = np.zeros((self.batch_size, 1, features), self.dtype)
+        manifest = self.rows.shards.manifest
+        if manifest.sequences:
+            values = np.zeros((self.batch_size, 1, manifest.sequences[0]["features"]), self.dtype)
+            if manifest.step_target:
+                y = np.zeros((self.batch_size, 1), np.int32)
             return self.to_model_input(SequenceBatch(values, np.ones(self.batch_size, np.int64))), \
                 self._on_device(y, "y0")
         return self._on_device(x, "x0"), self._on_device(y, "y0")
@@ -235,9 +237,13 @@ class Batches:
             self.record(epoch, step, view.row_ids(step))
         x, y = self._buffers(slot)
         if sequences:  # one sequence column (`Manifest.input_shape`), padded to the batch's longest
-            (name, buffer), = sequences.items()
-            y[...] = stored_y[index]
-            values, lengths = buffer.padded(index, self.ws, f"{name}{slot}", self.dtype)
+            manifest = self.rows.shards.manifest
+            name = manifest.sequences[0]["name"]
+            values, lengths = sequences[name].padded(index, self.ws, f"{name}{slot}", self.dtype)
+            if manifest.step_target:  # a class per step, -1 at padding
+                y = sequences[manifest.step_target].padded_classes(index, self.ws, f"step_target{slot}")
+            else:
+                y[...] = stored_y[index]
             with self._device():
                 batch = SequenceBatch(self.to_model_input._on_device(values, f"{name}{slot}.values"),
                                       self.to_model_input._on_device(lengths, f"{name}{slot}.lengths"))

@@ -158,7 +158,7 @@ class RaggedBuffer:
         rounded up to PAD_MULTIPLE), and their lengths (B,): host arrays of the workspace part `ws` (grow-only
         buffers `name`, valid until the next call with that name)."""
         lengths = self.lengths[index]
-        steps = int(-(-lengths.max() // PAD_MULTIPLE) * PAD_MULTIPLE) if len(index) else PAD_MULTIPLE
+        steps = padded_length(lengths)
         shape = (len(index), steps, self.values.shape[1])
         out = ws.at_least(f"{name}.values", int(np.prod(shape)), dtype, host=True).reshape(shape)
         out[...] = 0
@@ -168,3 +168,19 @@ class RaggedBuffer:
         lengths_out = ws.at_least(f"{name}.lengths", len(index), np.int64, host=True)
         lengths_out[...] = lengths
         return out, lengths_out
+
+    def padded_classes(self, index: np.ndarray, ws, name: str) -> np.ndarray:
+        """A step target's classes of rows `index` as (B, T) int32, -1 after each sequence's end (T as `padded`
+        gives it for the same lengths): a host array of `ws` (grow-only buffer `name`)."""
+        lengths = self.lengths[index]
+        shape = (len(index), padded_length(lengths))
+        out = ws.at_least(name, shape[0] * shape[1], np.int32, host=True).reshape(shape)
+        out[...] = -1
+        rows, times = np.nonzero(np.arange(shape[1])[None, :] < lengths[:, None])
+        out[rows, times] = self.values[self.starts[index][rows] + times, 0]
+        return out
+
+
+def padded_length(lengths: np.ndarray) -> int:
+    """A batch's padded length: its longest sequence rounded up to a multiple of PAD_MULTIPLE."""
+    return int(-(-lengths.max() // PAD_MULTIPLE) * PAD_MULTIPLE) if len(lengths) else PAD_MULTIPLE

@@ -84,6 +84,10 @@ class Manifest:
     # the longest written}: stored ragged in each shard as `sequences/NAME/values` (steps, F) float32 and
     # `sequences/NAME/offsets` (rows + 1,) int64. Then x holds the fixed features only ((rows, 0) without any).
     sequences: list[dict] = field(default_factory=list)
+    # A class per step (sequence labelling): the label column stored ragged like a sequence column (1 feature, the
+    # first sequence column's lengths) as `sequences/NAME/...`; then y holds each row's largest step class (what
+    # carving stratifies by and `label_counts` counts). "": one target per row, in y.
+    step_target: str = ""
 
     @property
     def input_shape(self) -> tuple:
@@ -92,6 +96,11 @@ class Manifest:
         if self.sequences and self.feature_shape == (0,) and len(self.sequences) == 1:
             return (None, self.sequences[0]["features"])
         return tuple(self.feature_shape)
+
+    @property
+    def stored_sequences(self) -> list[dict]:
+        """Every ragged column of a shard, {name, features}: the sequence columns, then the step target if any."""
+        return self.sequences + ([{"name": self.step_target, "features": 1}] if self.step_target else [])
 
     @property
     def target_shape(self) -> tuple[int, ...]:
@@ -302,7 +311,8 @@ def read_manifest_and_sha256(dataset_dir: str, storage: Storage | None = None) -
         seed=int(data.get("seed", 0)), transforms=list(data.get("transforms", [])),
         class_names=[str(name) for name in class_names], bad_records=int(data.get("bad_records", 0)),
         compression=compression, chunk_rows=chunk_rows, checksums=checksums, target=target,
-        target_names=[str(name) for name in target_names], columns=columns, sequences=sequences, **numbers), \
+        target_names=[str(name) for name in target_names], columns=columns, sequences=sequences,
+        step_target=_checked_step_target(data.get("step_target", ""), path, sequences, target), **numbers), \
         hashlib.sha256(raw).hexdigest()
 
 
@@ -316,6 +326,14 @@ def _checked_sequences(sequences, path: str) -> list[dict]:
         raise DataError(f"{path}: sequences {str(sequences)[:200]}, expected [{{name, features, max_length, "
                         "longest}, ...] with positive integers")
     return sequences
+
+
+def _checked_step_target(name, path: str, sequences: list[dict], target: str) -> str:
+    """The manifest's `step_target`: "" or a name, of a class target of a dataset with sequence columns."""
+    if name != "" and not (isinstance(name, str) and sequences and target == "class"):
+        raise DataError(f"{path}: step_target {name!r}, expected \"\" or the name of a class label column of a "
+                        "dataset with sequences")
+    return name
 
 
 def _checked_columns(columns, path: str, feature_shape: tuple[int, ...], feature_dtype: str) -> dict[str, list[dict]]:
@@ -379,7 +397,7 @@ def check_structure(f: h5py.File, path: str, manifest: Manifest, shard: ShardInf
     if x.shape != expected_x or x.dtype.name != manifest.feature_dtype:
         raise DataError(f"{path}: dataset 'x' is {x.dtype}{list(x.shape)}, "
                         f"expected {manifest.feature_dtype}{list(expected_x)}")
-    for column in manifest.sequences:
+    for column in manifest.stored_sequences:
         values, offsets = f.get(f"sequences/{column['name']}/values"), f.get(f"sequences/{column['name']}/offsets")
         if values is None or offsets is None or values.ndim != 2 or values.shape[1] != column["features"] or \
                 offsets.shape != (shard.rows + 1,):

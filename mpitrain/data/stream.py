@@ -141,12 +141,12 @@ class EvalRows:
                     buffer.copy_rows(block_seqs[name], taken, k, filled)
                 taken, filled = taken + k, filled + k
                 if filled == batch_size:
-                    yield self._model_rows(x, seqs, filled), y
+                    yield self._model_rows(x, y, seqs, filled)
                     filled = 0
                     for buffer in seqs.values():
                         buffer.clear()
         if filled:
-            yield self._model_rows(x[:filled], seqs, filled), y[:filled]
+            yield self._model_rows(x[:filled], y[:filled], seqs, filled)
 
     def _sequences(self, name: str, rows: int) -> dict[str, RaggedBuffer]:
         """A `RaggedBuffer` per sequence column for `rows` rows, made on the first call and kept."""
@@ -154,12 +154,17 @@ class EvalRows:
             self.sequence_buffers[name] = sequence_buffers(self.shards.manifest, rows)
         return self.sequence_buffers[name]
 
-    def _model_rows(self, x: np.ndarray, seqs: dict[str, RaggedBuffer], rows: int):
-        """What a model reads of these rows: x, or the one sequence column padded (`Manifest.input_shape`)."""
+    def _model_rows(self, x: np.ndarray, y: np.ndarray, seqs: dict[str, RaggedBuffer], rows: int):
+        """(what a model reads of these rows, their targets): x and y, or the sequence column padded
+        (`Manifest.input_shape`) and y, or a step target's classes padded (`RaggedBuffer.padded_classes`)."""
         if not seqs:
-            return x
-        (name, buffer), = seqs.items()
-        return SequenceBatch(*buffer.padded(np.arange(rows), self.padding, name, np.float32))
+            return x, y
+        manifest, index = self.shards.manifest, np.arange(rows)
+        name = manifest.sequences[0]["name"]
+        x = SequenceBatch(*seqs[name].padded(index, self.padding, name, np.float32))
+        if manifest.step_target:
+            y = seqs[manifest.step_target].padded_classes(index, self.padding, "step_target")
+        return x, y
 
     def _buffers(self, name: str, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """(x, y) buffers of `rows` rows, made on the first call and kept: an evaluation allocates nothing."""
@@ -184,4 +189,4 @@ def row_buffers(manifest, rows: int) -> tuple[np.ndarray, np.ndarray]:
 
 def sequence_buffers(manifest, rows: int) -> dict[str, RaggedBuffer]:
     """An empty `RaggedBuffer` of `rows` rows per sequence column of the dataset of `manifest` (none: {})."""
-    return {column["name"]: RaggedBuffer(rows, column["features"], np.float32) for column in manifest.sequences}
+    return {column["name"]: RaggedBuffer(rows, column["features"], np.float32) for column in manifest.stored_sequences}

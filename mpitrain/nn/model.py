@@ -88,7 +88,16 @@ class Network(FlatModel):
         autoencoder's `y` is not read: its target is `x`."""
         if self.reconstruction:
             y = x.reshape(len(x), -1)
-        loss, correct, dlogits = self.loss_fn(self.forward(x, training=True, key=key), y, self.loss_ws)
+        logits = self.forward(x, training=True, key=key)
+        if logits.ndim == 3:  # a class per step (docs/sequences.md): the loss over the valid steps alone
+            logits_of_steps, classes, valid = valid_steps(logits, y)
+            loss, correct, dsteps = self.loss_fn(logits_of_steps, classes, self.loss_ws)
+            dlogits = self.loss_ws("step_gradients", logits.shape, logits.dtype)
+            dlogits[...] = 0
+            dlogits[valid] = dsteps
+            self.backward(dlogits, grads_ready)
+            return loss, correct * (len(y) / max(len(classes), 1))  # the steps' accuracy, counted in rows
+        loss, correct, dlogits = self.loss_fn(logits, y, self.loss_ws)
         self.backward(dlogits, grads_ready)
         return loss, correct
 
@@ -169,6 +178,17 @@ def _input_shapes(layers: list[Layer], input_shape: tuple) -> list[tuple]:
     return shapes
 
 
+def valid_steps(logits, classes):
+    """A step target's (logits (steps, C), classes (steps,), which steps) of the valid steps of a batch: `logits`
+    (B, T, C) against `classes` (B, T), -1 at padded steps. A model whose output sequence is not as long as its
+    input's (a strided conv1d) has no class per output step: a ValueError says so."""
+    if classes.shape != logits.shape[:2]:
+        raise ValueError(f"the model gives {logits.shape[1]} steps for {classes.shape[1]} steps of classes; a class "
+                         "per step needs an output step per input step (no stride, no 'valid' padding)")
+    valid = classes >= 0
+    return logits[valid], classes[valid], valid
+
+
 def estimated_size(shape: tuple, steps: int) -> int:
     """The numbers of one row of `shape`, a sequence's counted at `steps` steps (its longest)."""
     return math.prod(steps if d is None else d for d in shape)
@@ -214,7 +234,7 @@ def _plain(value):
 
 
 def build_model(config, input_shape, num_classes: int, xp, outputs: str = "classes",
-                budget: tuple[int, int] | None = None, steps: int = 1) -> Sequential:
+                budget: tuple[int, int] | None = None, steps: int = 1, per_step: bool = False) -> Sequential:
     """Build the model of `config.model` (a ModelConfig) for inputs of `input_shape`.
 
     Each layer is `{type: NAME, ...keyword arguments}`; a dense or conv2d layer's
@@ -222,7 +242,8 @@ def build_model(config, input_shape, num_classes: int, xp, outputs: str = "class
     `num_classes` outputs (one per class, or per target column: `outputs` names them for the
     error). A layer that does not fit its input shape is named. With `budget` (rows per step, bytes a rank has),
     a model estimated to need more is refused before anything is allocated (`check_memory`; a sequence input
-    `(None, F)` counted at `steps` steps, its longest).
+    `(None, F)` counted at `steps` steps, its longest). With `per_step` (a class per step) the last layer must give
+    a sequence of `num_classes` outputs per step.
     """
     layers, shape, sizes = [], tuple(input_shape), [[], [estimated_size(input_shape, steps)]]
     for i, spec in enumerate(config.layers):
@@ -236,9 +257,11 @@ def build_model(config, input_shape, num_classes: int, xp, outputs: str = "class
             layers.append(layer)
     check_memory("model.layers", sum(map(math.prod, sizes[0])), sum(sizes[1]), np.dtype(config.dtype).itemsize, budget)
     model = Sequential(layers, input_shape, config.loss, xp, config.dtype, config.loss_options)
-    if model.output_shape != (num_classes,):
+    expected = (None, num_classes) if per_step else (num_classes,)
+    if model.output_shape != expected:
         raise ConfigError(f"model.layers: the last layer gives outputs of shape {list(model.output_shape)}, "
-                          f"expected [{num_classes}] for the dataset's {num_classes} {outputs}")
+                          f"expected {list(expected)} for the dataset's {num_classes} {outputs}"
+                          f"{' per step (None: a sequence)' if per_step else ''}")
     weights = config.loss_options.get("class_weights", [])
     if weights and len(weights) != num_classes:
         raise ConfigError(f"model.loss_options.class_weights has {len(weights)} weights, expected {num_classes}: "

@@ -47,7 +47,7 @@ OUTPUT_HEADS = {"class": ("Softmax", "probabilities"), "binary": ("Sigmoid", "pr
                 "reconstruction": (None, "reconstruction")}  # an autoencoder's: Sigmoid under binary_cross_entropy
 # The manifest's description of rows and targets, in metadata "manifest".
 MANIFEST_KEYS = ("feature_shape", "feature_dtype", "scale", "offset", "mean", "std", "num_classes", "class_names",
-                 "target", "target_names", "source", "seed", "transforms", "columns", "sequences")
+                 "target", "target_names", "source", "seed", "transforms", "columns", "sequences", "step_target")
 
 
 def require_onnx():
@@ -363,7 +363,10 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
     if sequence:  # T: any padded length
         inputs = [helper.make_tensor_value_info(INPUT, onnx.TensorProto.FLOAT, ["N", "T", manifest.input_shape[1]]),
                   helper.make_tensor_value_info(LENGTHS, onnx.TensorProto.INT64, ["N"])]
-    outputs = [helper.make_tensor_value_info(output, onnx.TensorProto.FLOAT, ["N", model.output_shape[0]])]
+    per_step = model.output_shape[0] is None  # a class per step: (N, T, classes), valid steps by `lengths`
+    outputs = [helper.make_tensor_value_info(output, onnx.TensorProto.FLOAT,
+                                             ["N", "T", model.output_shape[1]] if per_step else
+                                             ["N", model.output_shape[0]])]
     proto = helper.make_model(helper.make_graph(graph.nodes, "mpitrain", inputs, outputs, graph.initializers),
                               opset_imports=[helper.make_opsetid("", OPSET)], producer_name="mpitrain")
     proto.producer_version = __version__

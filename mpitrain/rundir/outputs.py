@@ -67,9 +67,10 @@ def output_names(manifest, target: str) -> list[str]:
 
 
 def write_predictions(path: str, target: str, predicted: np.ndarray, outputs: np.ndarray, labels: np.ndarray,
-                      provenance: dict, names: list[str] | None = None) -> None:
+                      provenance: dict, names: list[str] | None = None, per_step: bool = False) -> None:
     """Every row's prediction, the model's outputs and the true labels (see the module docstring for each target
-    kind), with their provenance, the target kind and the target's column `names` as attributes."""
+    kind), with their provenance, the target kind and the target's column `names` as attributes. A model with a
+    class per step (`per_step`, attribute `per_step`) has one row per valid step, in row order then step order."""
     def write(f):
         with h5py.File(f, "w") as h5:
             h5.create_dataset("predicted", data=predicted)
@@ -78,6 +79,7 @@ def write_predictions(path: str, target: str, predicted: np.ndarray, outputs: np
             h5.create_dataset("label", data=labels)
             h5.attrs.update(provenance)
             h5.attrs["target"] = target
+            h5.attrs["per_step"] = per_step
             if target != "class":
                 h5.attrs["target_names"] = names
     write_file(path, write, binary=True)

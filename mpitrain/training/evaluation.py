@@ -89,14 +89,19 @@ def batched_logits(model, rows, to_input, batch_size: int, until=None):
     short. The inputs go into the model's workspace (`to_input(stored, out)`) and the logits are the model's: used
     before the next; labels are a host array, likewise reused. An autoencoder's (`model.reconstruction`) labels are
     its inputs, flattened, as training gives them to its loss. `until` (a node: `Network.forward`'s) yields that
-    node's activations instead of the logits, beside the dataset's labels."""
+    node's activations instead of the logits, beside the dataset's labels. A model with a class per step yields
+    its valid steps as rows: (steps, C) logits and (steps,) classes, in row order then step order."""
     ws = model.workspace.part("evaluation")
     for stored, labels in rows.batches(batch_size):
         x = to_input(stored, None if isinstance(stored, SequenceBatch) else
                      ws("input", (len(stored), *model.input_shape), model.params.dtype))
         if model.reconstruction and until is None:
             labels = _host(x).reshape(len(x), -1)
-        yield model.forward(x, training=False, until=until), labels
+        logits = model.forward(x, training=False, until=until)
+        if logits.ndim == 3 and until is None:  # a class per step (docs/sequences.md): each valid step is a row
+            valid = labels >= 0
+            logits, labels = logits[model.xp.asarray(valid)], labels[valid]
+        yield logits, labels
 
 
 def _host(array):

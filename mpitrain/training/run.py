@@ -174,7 +174,8 @@ def _check_fits(model: Network, model_config, manifest, backend) -> None:
         raise ConfigError(f"the model's arrays are {model.xp.__name__} arrays, but the run's backend is "
                           f"{backend.name}; build it with xp=comm.backend.xp")
     outputs, what = model_outputs(model_config, manifest)
-    if model.input_shape != manifest.input_shape or model.output_shape != (outputs,):
+    if model.input_shape != manifest.input_shape or \
+            model.output_shape != ((None, outputs) if manifest.step_target else (outputs,)):
         raise ConfigError(f"the model maps inputs of shape {list(model.input_shape)} to {list(model.output_shape)}, "
                           f"but the dataset has rows of shape {list(manifest.input_shape)} and "
                           f"{outputs} outputs ({what})")

@@ -135,5 +135,6 @@ def predict_run(run_dir: str, comm, split: str = "test", out: str | None = None,
         if comm.is_root:
             check_output(path, overwrite)  # again: something may have appeared there while the ranks predicted
             write_predictions(path, target, *(np.concatenate([p[i] for p in parts]) for i in range(3)),
-                              trained.provenance(), None if target == "class" else output_names(trained.manifest, target))
+                              trained.provenance(), None if target == "class" else output_names(trained.manifest, target),
+                              per_step=bool(trained.manifest.step_target))
     return path, sum(comm.allgather_obj(len(outputs)))

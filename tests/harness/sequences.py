@@ -1,6 +1,9 @@
 """Ragged sequences with a known rule, for tests and benchmarks: as Parquet records (what the ETL reads) or written
 straight into shards with the real shard writer (no Spark).
 
+A class per step (sequence labelling, `tagged_sequences`): step t's class is whether the running sum of the first
+feature up to t is positive, which only a model that carries the sum along the sequence can tell.
+
 The rule needs memory across time: a sequence is noise of 10-200 steps of `features` numbers, with one of `classes`
 motifs (a fixed pattern of `MOTIF_STEPS` steps) placed at a random step; the class is which motif. A model must
 find the motif wherever it lies and however long the sequence is: an LSTM carries it in its state to the end, a
@@ -32,30 +35,47 @@ def motif_sequences(n: int, seed: int = 0, classes: int = 4, features: int = 2, 
     return sequences, labels
 
 
+def tagged_sequences(n: int, seed: int = 0, features: int = 2, lengths=(10, 200)) -> tuple[list, list]:
+    """`n` sequences (float32 (steps, features)) and each one's classes per step (int32 (steps,))."""
+    rng = np.random.default_rng(seed)
+    sequences = [rng.normal(0, 1, (int(rng.integers(lengths[0], lengths[1] + 1)), features)).astype(np.float32)
+                 for _ in range(n)]
+    return sequences, [(np.cumsum(s[:, 0]) > 0).astype(np.int32) for s in sequences]
+
+
 def ragged(sequences: list[np.ndarray]) -> Ragged:
     """A list of (steps, F) arrays as one `Ragged`."""
     offsets = np.concatenate([[0], np.cumsum([len(s) for s in sequences])]).astype(np.int64)
     return Ragged(np.concatenate(sequences).astype(np.float32), offsets)
 
 
-def write_parquet(path, sequences: list[np.ndarray], labels: np.ndarray, column: str = "readings") -> None:
-    """The sequences as Parquet records: `label` and `column`, a list of steps (a list of numbers per step, or one
-    number per step when there is one feature)."""
+def write_parquet(path, sequences: list[np.ndarray], labels, column: str = "readings") -> None:
+    """The sequences as Parquet records: `label` (a class per record, or a list of classes per step) and `column`,
+    a list of steps (a list of numbers per step, or one number per step when there is one feature)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     steps = [s[:, 0].tolist() if s.shape[1] == 1 else s.tolist() for s in sequences]
-    pq.write_table(pa.table({"label": pa.array(labels, pa.int32()), column: steps}), str(path))
+    label = pa.array(labels, pa.int32()) if isinstance(labels, np.ndarray) else [list(map(int, c)) for c in labels]
+    pq.write_table(pa.table({"label": label, column: steps}), str(path))
 
 
 def make_sequence_dataset(path, n_train: int = 600, n_test: int = 200, shards: int = 2, seed: int = 0,
-                          classes: int = 4, features: int = 2, lengths=(10, 200), column: str = "readings") -> Manifest:
-    """A dataset of one sequence column (`motif_sequences`), written as the ETL writes one."""
+                          classes: int = 4, features: int = 2, lengths=(10, 200), column: str = "readings",
+                          tagged: bool = False) -> Manifest:
+    """A dataset of one sequence column (`motif_sequences`; `tagged`: `tagged_sequences`, a class per step in the
+    step target `tags`, 2 classes), written as the ETL writes one."""
     splits, counts, steps, longest = {}, {}, {}, 0
+    classes = 2 if tagged else classes
     for split, n, salt in (("train", n_train, 0), ("test", n_test, 1)):
-        sequences, labels = motif_sequences(n, seed * 2 + salt, classes, features, lengths)
+        if tagged:
+            sequences, tags = tagged_sequences(n, seed * 2 + salt, features, lengths)
+            labels = np.array([t.max() for t in tags], np.int32)
+        else:
+            sequences, labels = motif_sequences(n, seed * 2 + salt, classes, features, lengths)
         bounds = [i * n // shards for i in range(shards + 1)]
         splits[split] = [write_shard(str(path), shard_path(split, i), np.empty((b - a, 0), np.float32), labels[a:b],
-                                     sequences={column: ragged(sequences[a:b])})
+                                     sequences={column: ragged(sequences[a:b]),
+                                                **({"tags": ragged([t[:, None] for t in tags[a:b]])} if tagged else {})})
                          for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
         counts[split] = np.bincount(labels, minlength=classes).tolist()
         steps[split] = sum(map(len, sequences))
@@ -64,6 +84,7 @@ def make_sequence_dataset(path, n_train: int = 600, n_test: int = 200, shards: i
                         num_classes=classes, label_counts=counts, splits=splits, source="synthetic", seed=seed,
                         checksums="fletcher32", sequences=[{"name": column, "features": features,
                                                             "max_length": lengths[1], "longest": longest,
-                                                            "steps": steps}])
+                                                            "steps": steps}],
+                        step_target="tags" if tagged else "")
     write_manifest(str(path), manifest)
     return manifest

@@ -4,6 +4,7 @@ gives them too, and a run stopped mid-epoch resumes to the uninterrupted run's p
 rank count, within float32 rounding on another)."""
 from __future__ import annotations
 
+import json
 import shutil
 
 import h5py
@@ -97,3 +98,29 @@ def test_a_mid_epoch_stop_resumes_to_the_uninterrupted_run_on_any_rank_count(dat
             np.testing.assert_array_equal(final_params(run_dir), final_params(full))
         else:
             np.testing.assert_allclose(final_params(run_dir), final_params(full), rtol=1e-7, atol=1e-9)
+
+
+def test_a_class_per_step_trains_evaluates_predicts_and_exports(tmp_path):
+    import onnxruntime
+    data = tmp_path / "tagged-data"
+    make_sequence_dataset(data, n_train=1200, n_test=200, shards=2, lengths=(5, 40), tagged=True)
+    layers = [{"type": "lstm", "units": 12, "return_sequences": True}, {"type": "dense", "units": 2}]
+    run_dir = train(tmp_path, data, "tagged", model={"layers": layers}, train={**TRAIN, "epochs": 3})
+    probabilities, labels = predictions(run_dir, 64)
+    reader = DatasetReader(str(data), _Rank())
+    steps = sum(int(x.lengths.sum()) for x, _ in reader.eval_rows("test").batches(50))
+    assert len(labels) == steps  # a row per valid step
+    accuracy = (probabilities.argmax(axis=1) == labels).mean()
+    assert accuracy > 0.8  # the running sum's sign: 2 classes
+    evaluated = command(MPITRAIN, "eval", run_dir, "--split", "test")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert abs(json.loads((run_dir / "eval-test.json").read_text())["accuracy"] - accuracy) < 1e-9
+
+    exported = command(MPITRAIN, "export", run_dir, "--out", tmp_path / "tagged.onnx")
+    assert exported.returncode == 0, exported.stderr
+    session, rows = onnxruntime.InferenceSession(str(tmp_path / "tagged.onnx")), 0
+    for x, _ in reader.eval_rows("test").batches(50):
+        got = session.run(None, {"x": x.values, "lengths": x.lengths})[0]
+        valid = np.arange(x.values.shape[1])[None, :] < x.lengths[:, None]
+        np.testing.assert_allclose(got[valid], probabilities[rows:rows + valid.sum()], rtol=0, atol=1e-5)
+        rows += valid.sum()

@@ -17,7 +17,7 @@ from mpitrain.data.reader import DatasetReader
 from mpitrain.data.shards import read_manifest
 from mpitrain.etl import cli as etl_cli
 from mpitrain.testing.datasets import siblings
-from mpitrain.testing.sequences import motif_sequences, write_parquet
+from mpitrain.testing.sequences import motif_sequences, tagged_sequences, write_parquet
 
 
 @pytest.fixture
@@ -107,3 +107,32 @@ def test_sequence_options_are_checked_before_spark_starts(etl, tmp_path, source,
     status, _, err = etl("--source", path, "--out", tmp_path / "ds", "--shards", 1, *sequence, *options)
     errors = [line for line in err.splitlines() if line.startswith("mpitrain etl: error: ")]
     assert status == 2 and len(errors) == 1 and message in errors[0], err[-3000:]
+
+
+def test_a_label_column_of_lists_is_a_class_per_step(etl, tmp_path):
+    sequences, tags = tagged_sequences(200, seed=3, lengths=(3, 40))
+    write_parquet(tmp_path / "tags.parquet", sequences, tags)
+    status, _, err = etl("--source", f"parquet:{tmp_path / 'tags.parquet'}", "--out", tmp_path / "ds", "--shards", 2,
+                         "--sequence", "readings")
+    assert status == 0, err[-2000:]
+    manifest = read_manifest(str(tmp_path / "ds"))
+    assert manifest.step_target == "label" and manifest.target == "class" and manifest.num_classes == 2
+    reader, found = DatasetReader(str(tmp_path / "ds"), _Rank()), Counter()
+    for split in manifest.splits:
+        for x, y in reader.eval_rows(split).batches(32):
+            for values, length, classes in zip(x.values, x.lengths, y):
+                assert (classes[length:] == -1).all()
+                found[values[:length].tobytes(), classes[:length].tobytes()] += 1
+    assert found == Counter((s.tobytes(), t.tobytes()) for s, t in zip(sequences, tags))
+
+
+def test_a_class_per_step_must_have_a_class_at_every_step(etl, tmp_path):
+    readings = [[1.0, 2.0, 3.0]] * 10
+    labels = [[0, 1, 1]] * 9 + [[0, 1]]
+    path = tmp_path / "tags.parquet"
+    pq.write_table(pa.table({"label": labels, "readings": readings}), str(path))
+    status, _, err = etl("--source", f"parquet:{path}", "--out", tmp_path / "ds", "--shards", 1, "--sequence",
+                         "readings")
+    errors = [line for line in err.splitlines() if line.startswith("mpitrain etl: error: ")]
+    assert status == 2 and len(errors) == 1, err[-3000:]
+    assert "label column 'label' holds 2 classes, expected one per step of 'readings' (3 steps)" in errors[0]
