@@ -39,7 +39,7 @@ from mpitrain.etl.sources import Source, SourceOptions, carved_rows, open_source
 from mpitrain.etl.tables import TableOptions, TableTransforms, fit_columns
 from mpitrain.etl.transforms import FeatureStats, TransformOptions, Transforms
 from mpitrain.data.encoding import TableRows
-from mpitrain.data.sequences import SequenceRows
+from mpitrain.data.sequences import MAX_LENGTH, SequenceRows
 from mpitrain.data.shards import CHUNK_ROWS, COMPRESSIONS, MANIFEST_NAME, Manifest, shard_path, write_manifest
 from mpitrain.data.storage import is_url
 from mpitrain.kernels.rows import flat_rows
@@ -301,7 +301,7 @@ def _shard_task(shard: int, pieces, placement: Placement, shards: int, transform
                           compression, sequences)
     scale, offset = transforms.scale_offset
     values = stored.astype(np.float64) * scale + offset
-    steps = {name: (int(seqs.offsets[-1]), int(seqs.lengths.max(initial=0))) for name, seqs in sequences.items()}
+    steps = {name: _sequence_stats(seqs) for name, seqs in sequences.items()}
     return [(split, info, _label_counts(y, kind, num_classes), float(values.sum()), float(np.square(values).sum()),
              steps)]
 
@@ -428,7 +428,25 @@ def _manifest(plan: EtlPlan, transforms: Transforms, num_classes: int, written: 
 def _sequence_columns(source, written: dict[str, list[tuple]]) -> list[dict]:
     """The manifest's `sequences`: each column's step features, the longest allowed and written, its steps per
     split (the reader sizes its windows by their mean)."""
-    return [{"name": name, "features": source.step_features[name], "max_length": source.options.max_length,
-             "longest": max(steps[name][1] for results in written.values() for *_, steps in results),
-             "steps": {split: sum(steps[name][0] for *_, steps in results) for split, results in written.items()}}
-            for name in source.sequences]
+    columns = []
+    for name in source.sequences:
+        stats = [steps[name] for results in written.values() for *_, steps in results]
+        column = {"name": name, "features": source.step_features[name], "max_length": source.options.max_length,
+                  "longest": max(total_longest for _, total_longest, _, _ in stats),
+                  "shortest": min(shortest for _, _, shortest, _ in stats),
+                  "steps": {split: sum(steps[name][0] for *_, steps in results) for split, results in written.items()}}
+        ids = [bound for *_, bound in stats if bound is not None]
+        if ids and min(ids) > 0:  # every value a non-negative integer: token ids, 0..ids-1
+            column["ids"] = max(ids)
+        columns.append(column)
+    return columns
+
+
+def _sequence_stats(seqs) -> tuple:
+    """A shard's (steps, longest, shortest, ids) of a sequence column: ids is the largest value + 1 when every value
+    is a non-negative integer of one feature per step (token ids), 0 when not, None for no values."""
+    values = seqs.values
+    ids = None if not values.size else \
+        int(values.max()) + 1 if values.shape[1] == 1 and (values >= 0).all() and (values == np.floor(values)).all() \
+        else 0
+    return (int(seqs.offsets[-1]), int(seqs.lengths.max(initial=0)), int(seqs.lengths.min(initial=MAX_LENGTH)), ids)

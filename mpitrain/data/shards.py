@@ -80,8 +80,8 @@ class Manifest:
     # i-th value) or "hash_buckets" (id 0: missing, 1 + hash mod buckets); numeric ones may have "mean"/"std"
     # (standardized) and "impute" (the value a missing one got); an indicator column has "missing_of".
     columns: dict[str, list[dict]] = field(default_factory=dict)
-    # Sequence columns (docs/sequences.md), each {"name", "features": F, "max_length": the longest allowed, "longest":
-    # the longest written}: stored ragged in each shard as `sequences/NAME/values` (steps, F) float32 and
+    # Sequence columns (docs/sequences.md), each {"name", "features": F, "max_length": the longest allowed, "longest"
+    # and "shortest" written, "steps": per split, and "ids" (the largest value + 1) for a column of token ids}: stored ragged in each shard as `sequences/NAME/values` (steps, F) float32 and
     # `sequences/NAME/offsets` (rows + 1,) int64. Then x holds the fixed features only ((rows, 0) without any).
     sequences: list[dict] = field(default_factory=list)
     # A class per step (sequence labelling): the label column stored ragged like a sequence column (1 feature, the
@@ -318,13 +318,14 @@ def read_manifest_and_sha256(dataset_dir: str, storage: Storage | None = None) -
 
 def _checked_sequences(sequences, path: str) -> list[dict]:
     """The manifest's `sequences`, checked: a list of {name, features >= 1, max_length >= 1, longest}."""
-    def count(value) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    def count(value, most: float = math.inf) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most
     if not isinstance(sequences, list) or not all(
             isinstance(s, dict) and isinstance(s.get("name"), str) and count(s.get("features"))
-            and count(s.get("max_length")) and count(s.get("longest", 1)) for s in sequences):
+            and count(s.get("max_length")) and count(s.get("longest", 1)) and count(s.get("shortest", 1))
+            and count(s.get("ids", 1), MAX_IDS) for s in sequences):
         raise DataError(f"{path}: sequences {str(sequences)[:200]}, expected [{{name, features, max_length, "
-                        "longest}, ...] with positive integers")
+                        f"longest, shortest, ids}}, ...] with positive integers (ids at most {MAX_IDS})")
     return sequences
 
 

@@ -269,7 +269,7 @@ def build_network(config, manifest, xp, budget: tuple[int, int] | None = None) -
                           "an embedding of `categorical` (docs/tables.md)")
     else:
         model = build_model(config, manifest.input_shape, outputs, xp, outputs_name, budget,
-                            max((c["longest"] for c in manifest.sequences), default=1), bool(manifest.step_target))
+                            manifest.sequences[0] if manifest.sequences else None, bool(manifest.step_target))
     if config.target == "reconstruction":
         model.reconstruct_inputs()
     return model

@@ -15,6 +15,7 @@ import os
 import numpy as np
 
 from mpitrain.data.sequences import SequenceBatch
+from mpitrain.data.shards import MAX_IDS
 from mpitrain.errors import ConfigError
 from mpitrain.kernels.im2col import PADDINGS
 from mpitrain.nn.batchnorm import BatchNorm
@@ -25,11 +26,12 @@ from mpitrain.nn.layers import (ACTIVATIONS, INIT_SCHEMES, Dense, Dropout, Flatt
 from mpitrain.nn.losses import check_loss_options, loss_with_options
 from mpitrain.nn.recurrent import GRU, LSTM
 from mpitrain.nn.sequence import SEQUENCE_PADDINGS, Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
+from mpitrain.nn.tokens import TokenEmbedding
 
 LAYER_TYPES = {"dense": Dense, "flatten": Flatten, "conv2d": Conv2D, "maxpool2d": MaxPool2D,
                "avgpool2d": AvgPool2D, "dropout": Dropout, "batchnorm": BatchNorm, **ACTIVATIONS,
                "conv1d": Conv1D, "global_max_pool": GlobalMaxPool1D, "global_avg_pool": GlobalAvgPool1D,
-               "lstm": LSTM, "gru": GRU}
+               "lstm": LSTM, "gru": GRU, "token_embedding": TokenEmbedding}
 
 
 class Network(FlatModel):
@@ -234,22 +236,35 @@ def _plain(value):
 
 
 def build_model(config, input_shape, num_classes: int, xp, outputs: str = "classes",
-                budget: tuple[int, int] | None = None, steps: int = 1, per_step: bool = False) -> Sequential:
+                budget: tuple[int, int] | None = None, sequence: dict | None = None,
+                per_step: bool = False) -> Sequential:
     """Build the model of `config.model` (a ModelConfig) for inputs of `input_shape`.
 
     Each layer is `{type: NAME, ...keyword arguments}`; a dense or conv2d layer's
     `activation` adds that activation layer after it. The last layer must give
     `num_classes` outputs (one per class, or per target column: `outputs` names them for the
     error). A layer that does not fit its input shape is named. With `budget` (rows per step, bytes a rank has),
-    a model estimated to need more is refused before anything is allocated (`check_memory`; a sequence input
-    `(None, F)` counted at `steps` steps, its longest). With `per_step` (a class per step) the last layer must give
-    a sequence of `num_classes` outputs per step.
+    a model estimated to need more is refused before anything is allocated (`check_memory`). `sequence` is the
+    manifest's entry of a sequence input `(None, F)`: its longest sequence sizes the estimate, its shortest must pass
+    every layer (a `valid` conv1d shortens them), a `token_embedding` with `ids: auto` takes its `ids` (and must be
+    the first layer: its ids get no gradient). With `per_step` (a class per step) the last layer must give a sequence
+    of `num_classes` outputs per step.
     """
+    sequence = sequence or {}
+    steps, lengths = sequence.get("longest", 1), np.array([sequence.get("shortest", 1)])
     layers, shape, sizes = [], tuple(input_shape), [[], [estimated_size(input_shape, steps)]]
     for i, spec in enumerate(config.layers):
-        for layer in _with_activation_layers([_layer_from_spec(spec, f"model.layers[{i}]")]):
+        made = _layer_from_spec(spec, f"model.layers[{i}]")
+        if isinstance(made, TokenEmbedding):
+            if i:
+                raise ConfigError(f"model.layers[{i}] (token_embedding) reads the dataset's token ids, expected it "
+                                  "as the first layer")
+            made.ids = sequence.get("ids", "auto") if made.ids == "auto" else made.ids
+        for layer in _with_activation_layers([made]):
             try:
                 sizes[0] += [*layer.param_shapes(shape).values(), *layer.stat_shapes(shape).values()]
+                if is_sequence(shape) and sequence:
+                    lengths = layer.output_lengths(lengths)  # the shortest sequence must still have a step
                 shape = layer.output_shape(shape)
             except ValueError as e:
                 raise ConfigError(f"model.layers[{i}] ({spec['type']}) on inputs of shape {list(shape)}: {e}") from None
@@ -340,6 +355,7 @@ def _number(value) -> bool:
 LAYER_ARGUMENTS = {
     "units": (_count, f"an integer in [1, {MAX_UNITS}]"),
     "filters": (_count, f"an integer in [1, {MAX_UNITS}]"),
+    "ids": (lambda v: v == "auto" or _count(v, MAX_IDS), f"an integer in [1, {MAX_IDS}] or 'auto'"),
     "dim": (lambda v: v == "auto" or _count(v) or isinstance(v, list) and v and all(map(_count, v)),
             f"an integer in [1, {MAX_UNITS}], a list of them (one per column) or 'auto'"),
     "kernel": (_window, f"an integer in [1, {MAX_WINDOW}] or [height, width]"),

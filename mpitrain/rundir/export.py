@@ -35,6 +35,7 @@ from mpitrain.nn.embedding import Embedding
 from mpitrain.nn.merge import Add, Concat
 from mpitrain.nn.recurrent import GRU, LSTM
 from mpitrain.nn.sequence import Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
+from mpitrain.nn.tokens import TokenEmbedding
 from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh, is_sequence
 from mpitrain.nn.losses import check_loss_fits
 
@@ -203,6 +204,13 @@ def _masked(graph, x, name: str, fill: float) -> str:
     return graph.node("Where", [_valid_steps(graph, x, name), x, graph.constant(f"{name}/fill", fill)], name)
 
 
+def _token_embedding(graph, layer, x, name, input_shape):
+    """Gather of the table's rows by the ids (N, T, 1) as int64, padded steps read as id 0 (their values are free)."""
+    ids = graph.node("Cast", [_masked(graph, x, f"{name}/input", 0.0)], f"{name}/ids", to=graph.onnx.TensorProto.INT64)
+    ids = graph.node("Squeeze", [ids, graph.constant(f"{name}/feature_axis", [2], np.int64)], f"{name}/ids")
+    return graph.node("Gather", [graph.constant(f"{name}/table", layer.params["table"]), ids], name, axis=0)
+
+
 def _conv1d(graph, layer, x, name, input_shape):
     """Mask, then Conv over (N, F, T) with the layer's pads, stride and dilation (`Conv1D`: the same for every
     sequence, so one Conv serves ragged batches); the output lengths from `graph.lengths` as `output_lengths`."""
@@ -257,7 +265,8 @@ LAYER_EMITTERS = {Dense: _dense, Conv2D: _conv, MaxPool2D: _pool("MaxPool"),
                   Flatten: lambda graph, layer, x, name, input_shape: graph.node("Flatten", [x], name, axis=1),
                   Dropout: _same("Identity"), Embedding: _embedding,  # dropout is the identity at inference
                   LSTM: _recurrent("LSTM"), GRU: _recurrent("GRU", linear_before_reset=1),
-                  Conv1D: _conv1d, GlobalMaxPool1D: _global_max_pool, GlobalAvgPool1D: _global_avg_pool}
+                  Conv1D: _conv1d, GlobalMaxPool1D: _global_max_pool, GlobalAvgPool1D: _global_avg_pool,
+                  TokenEmbedding: _token_embedding}
 
 
 def check_exportable(layers, where: str = "layer") -> None:

@@ -43,48 +43,71 @@ def tagged_sequences(n: int, seed: int = 0, features: int = 2, lengths=(10, 200)
     return sequences, [(np.cumsum(s[:, 0]) > 0).astype(np.int32) for s in sequences]
 
 
+def token_sequences(n: int, seed: int = 0, ids: int = 40, classes: int = 3, lengths=(5, 50)) -> tuple[list, np.ndarray]:
+    """`n` sequences of token ids (float32 (steps, 1); filler ids `classes`..ids-1) each holding one keyword id (0..
+    classes-1) somewhere, and their classes: which keyword."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, classes, n).astype(np.int32)
+    sequences = []
+    for label in labels:
+        tokens = rng.integers(classes, ids, int(rng.integers(lengths[0], lengths[1] + 1)))
+        tokens[rng.integers(0, len(tokens))] = label
+        sequences.append(tokens.astype(np.float32)[:, None])
+    return sequences, labels
+
+
 def ragged(sequences: list[np.ndarray]) -> Ragged:
     """A list of (steps, F) arrays as one `Ragged`."""
     offsets = np.concatenate([[0], np.cumsum([len(s) for s in sequences])]).astype(np.int64)
     return Ragged(np.concatenate(sequences).astype(np.float32), offsets)
 
 
-def write_parquet(path, sequences: list[np.ndarray], labels, column: str = "readings") -> None:
+def write_parquet(path, sequences: list[np.ndarray], labels, column: str = "readings", integer: bool = False) -> None:
     """The sequences as Parquet records: `label` (a class per record, or a list of classes per step) and `column`,
-    a list of steps (a list of numbers per step, or one number per step when there is one feature)."""
+    a list of steps (a list of numbers per step, or one number per step when there is one feature: integers with
+    `integer`, as token ids)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    steps = [s[:, 0].tolist() if s.shape[1] == 1 else s.tolist() for s in sequences]
+    steps = [(s[:, 0].astype(np.int64) if integer else s[:, 0]).tolist() if s.shape[1] == 1 else s.tolist()
+             for s in sequences]
     label = pa.array(labels, pa.int32()) if isinstance(labels, np.ndarray) else [list(map(int, c)) for c in labels]
     pq.write_table(pa.table({"label": label, column: steps}), str(path))
 
 
+RULES = ("motifs", "tagged", "tokens")
+
+
 def make_sequence_dataset(path, n_train: int = 600, n_test: int = 200, shards: int = 2, seed: int = 0,
                           classes: int = 4, features: int = 2, lengths=(10, 200), column: str = "readings",
-                          tagged: bool = False) -> Manifest:
-    """A dataset of one sequence column (`motif_sequences`; `tagged`: `tagged_sequences`, a class per step in the
-    step target `tags`, 2 classes), written as the ETL writes one."""
-    splits, counts, steps, longest = {}, {}, {}, 0
-    classes = 2 if tagged else classes
+                          rule: str = "motifs") -> Manifest:
+    """A dataset of one sequence column, written as the ETL writes one, by `rule`: `motif_sequences`; `tagged`:
+    `tagged_sequences`, a class per step in the step target `tags` (2 classes); `tokens`: `token_sequences` (40 ids,
+    3 classes: the manifest's column has `ids`)."""
+    splits, counts, steps, found = {}, {}, {}, []
+    classes = {"tagged": 2, "tokens": 3}.get(rule, classes)
     for split, n, salt in (("train", n_train, 0), ("test", n_test, 1)):
-        if tagged:
+        tags = None
+        if rule == "tagged":
             sequences, tags = tagged_sequences(n, seed * 2 + salt, features, lengths)
             labels = np.array([t.max() for t in tags], np.int32)
+        elif rule == "tokens":
+            sequences, labels = token_sequences(n, seed * 2 + salt, classes=classes, lengths=lengths)
         else:
             sequences, labels = motif_sequences(n, seed * 2 + salt, classes, features, lengths)
         bounds = [i * n // shards for i in range(shards + 1)]
         splits[split] = [write_shard(str(path), shard_path(split, i), np.empty((b - a, 0), np.float32), labels[a:b],
                                      sequences={column: ragged(sequences[a:b]),
-                                                **({"tags": ragged([t[:, None] for t in tags[a:b]])} if tagged else {})})
+                                                **({"tags": ragged([t[:, None] for t in tags[a:b]])} if tags else {})})
                          for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
         counts[split] = np.bincount(labels, minlength=classes).tolist()
         steps[split] = sum(map(len, sequences))
-        longest = max(longest, max(map(len, sequences)))
+        found += sequences
+    entry = {"name": column, "features": found[0].shape[1], "max_length": lengths[1], "steps": steps,
+             "longest": max(map(len, found)), "shortest": min(map(len, found))}
+    if rule == "tokens":
+        entry["ids"] = int(max(s.max() for s in found)) + 1
     manifest = Manifest(feature_shape=(0,), feature_dtype="float32", scale=1.0, offset=0.0, mean=0.0, std=1.0,
                         num_classes=classes, label_counts=counts, splits=splits, source="synthetic", seed=seed,
-                        checksums="fletcher32", sequences=[{"name": column, "features": features,
-                                                            "max_length": lengths[1], "longest": longest,
-                                                            "steps": steps}],
-                        step_target="tags" if tagged else "")
+                        checksums="fletcher32", sequences=[entry], step_target="tags" if rule == "tagged" else "")
     write_manifest(str(path), manifest)
     return manifest

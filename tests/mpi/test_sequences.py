@@ -17,6 +17,7 @@ from mpitrain.testing.datasets import write_config
 from mpitrain.testing.launch import MPITRAIN, command, mpiexec
 from mpitrain.testing.sequences import make_sequence_dataset
 
+TOKENS = [{"type": "token_embedding", "dim": 8}, {"type": "lstm", "units": 12}, {"type": "dense", "units": 3}]
 MODELS = {
     "bidirectional-lstm": [{"type": "lstm", "units": 12, "bidirectional": True}, {"type": "dense", "units": 4}],
     "gru-sequence-pooled": [{"type": "gru", "units": 12, "return_sequences": True}, {"type": "global_avg_pool"},
@@ -103,7 +104,7 @@ def test_a_mid_epoch_stop_resumes_to_the_uninterrupted_run_on_any_rank_count(dat
 def test_a_class_per_step_trains_evaluates_predicts_and_exports(tmp_path):
     import onnxruntime
     data = tmp_path / "tagged-data"
-    make_sequence_dataset(data, n_train=1200, n_test=200, shards=2, lengths=(5, 40), tagged=True)
+    make_sequence_dataset(data, n_train=1200, n_test=200, shards=2, lengths=(5, 40), rule="tagged")
     layers = [{"type": "lstm", "units": 12, "return_sequences": True}, {"type": "dense", "units": 2}]
     run_dir = train(tmp_path, data, "tagged", model={"layers": layers}, train={**TRAIN, "epochs": 3})
     probabilities, labels = predictions(run_dir, 64)
@@ -124,3 +125,19 @@ def test_a_class_per_step_trains_evaluates_predicts_and_exports(tmp_path):
         valid = np.arange(x.values.shape[1])[None, :] < x.lengths[:, None]
         np.testing.assert_allclose(got[valid], probabilities[rows:rows + valid.sum()], rtol=0, atol=1e-5)
         rows += valid.sum()
+
+
+def test_a_token_model_learns_which_keyword_and_exports(tmp_path):
+    import onnxruntime
+    data = tmp_path / "tokens-data"
+    make_sequence_dataset(data, n_train=960, n_test=160, shards=2, lengths=(5, 40), rule="tokens")
+    run_dir = train(tmp_path, data, "tokens", model={"layers": TOKENS})
+    probabilities, labels = predictions(run_dir, 64)
+    assert (probabilities.argmax(axis=1) == labels).mean() > 0.8  # 3 classes
+    exported = command(MPITRAIN, "export", run_dir, "--out", tmp_path / "tokens.onnx")
+    assert exported.returncode == 0, exported.stderr
+    session, rows = onnxruntime.InferenceSession(str(tmp_path / "tokens.onnx")), 0
+    for x, _ in DatasetReader(str(data), _Rank()).eval_rows("test").batches(50):
+        got = session.run(None, {"x": x.values, "lengths": x.lengths})[0]
+        np.testing.assert_allclose(got, probabilities[rows:rows + len(got)], rtol=0, atol=1e-5)
+        rows += len(got)

@@ -17,7 +17,7 @@ from mpitrain.data.reader import DatasetReader
 from mpitrain.data.shards import read_manifest
 from mpitrain.etl import cli as etl_cli
 from mpitrain.testing.datasets import siblings
-from mpitrain.testing.sequences import motif_sequences, tagged_sequences, write_parquet
+from mpitrain.testing.sequences import motif_sequences, tagged_sequences, token_sequences, write_parquet
 
 
 @pytest.fixture
@@ -136,3 +136,14 @@ def test_a_class_per_step_must_have_a_class_at_every_step(etl, tmp_path):
     errors = [line for line in err.splitlines() if line.startswith("mpitrain etl: error: ")]
     assert status == 2 and len(errors) == 1, err[-3000:]
     assert "label column 'label' holds 2 classes, expected one per step of 'readings' (3 steps)" in errors[0]
+
+
+def test_a_column_of_token_ids_records_its_ids_and_lengths(etl, tmp_path):
+    sequences, labels = token_sequences(150, seed=4, ids=40, lengths=(5, 30))
+    write_parquet(tmp_path / "tokens.parquet", sequences, labels, column="tokens", integer=True)
+    status, _, err = etl("--source", f"parquet:{tmp_path / 'tokens.parquet'}", "--out", tmp_path / "ds", "--shards", 2,
+                         "--sequence", "tokens")
+    assert status == 0, err[-2000:]
+    (column,) = read_manifest(str(tmp_path / "ds")).sequences
+    assert column["ids"] == 1 + int(max(s.max() for s in sequences))
+    assert (column["shortest"], column["longest"]) == (min(map(len, sequences)), max(map(len, sequences)))
