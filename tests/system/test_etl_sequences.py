@@ -3,7 +3,6 @@
 the record and the column, exit 2, nothing written."""
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 
 import h5py
@@ -12,24 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mpitrain import cli
 from mpitrain.data.reader import DatasetReader
 from mpitrain.data.shards import read_manifest
-from mpitrain.etl import cli as etl_cli
 from mpitrain.testing.datasets import siblings
 from mpitrain.testing.sequences import motif_sequences, tagged_sequences, token_sequences, write_parquet
-
-
-@pytest.fixture
-def etl(spark, monkeypatch, capsys):
-    """`mpitrain etl ARGS...` in this process, on the module's SparkSession: (exit status, stdout, stderr)."""
-    monkeypatch.setattr(etl_cli, "spark_session", lambda master, name: contextlib.nullcontext(spark))
-
-    def run(*args):
-        status = cli.main(["etl", *map(str, args)])
-        printed = capsys.readouterr()
-        return status, printed.out, printed.err
-    return run
 
 
 class _Rank:

@@ -2,10 +2,9 @@
 (vocabularies of the train split, hashing), standardized and imputed numbers, `mpitrain info`; and the errors a
 table can have, each one line naming the column, exit 2, nothing written.
 
-The command runs in this process on the module's SparkSession (`etl` below), so the module starts Spark once."""
+The command runs in this process on the module's SparkSession (`etl`, tests/system/conftest.py), so the module starts Spark once."""
 from __future__ import annotations
 
-import contextlib
 import json
 from collections import Counter
 
@@ -17,20 +16,7 @@ import pytest
 from mpitrain import cli
 from mpitrain.data.encoding import hash_ids
 from mpitrain.data.shards import read_manifest
-from mpitrain.etl import cli as etl_cli
 from mpitrain.testing.datasets import read_split, siblings
-
-
-@pytest.fixture
-def etl(spark, monkeypatch, capsys):
-    """`mpitrain etl ARGS...` in this process, on the module's SparkSession: (exit status, stdout, stderr)."""
-    monkeypatch.setattr(etl_cli, "spark_session", lambda master, name: contextlib.nullcontext(spark))
-
-    def run(*args):
-        status = cli.main(["etl", *map(str, args)])
-        printed = capsys.readouterr()
-        return status, printed.out, printed.err
-    return run
 
 
 def one_error_line(status: int, err: str) -> str:
