@@ -265,7 +265,7 @@ def _target(manifest) -> str:
 
 
 def _columns(manifest) -> list[str]:
-    """A table's column groups, a line each: every column and how it was encoded."""
+    """A table's column groups, a line each: every column and how it was encoded; each sequence column, a line."""
     def numeric(c):
         notes = [note for key, note in (("mean", "standardized"), ("impute", "imputed"),
                                         ("missing_of", f"missing indicator of {c.get('missing_of')}")) if key in c]
@@ -277,8 +277,13 @@ def _columns(manifest) -> list[str]:
         return f"{c['name']} ({c['ids']} ids: {how})"
 
     describe = {"numeric": numeric, "categorical": categorical}
+    sequences = [f"sequence {c['name']}: {c['features']} feature(s) per step, {c.get('shortest', 1)}.."
+                 f"{c['longest']} steps (at most {c['max_length']}){', ' + str(c['ids']) + ' token ids' if 'ids' in c else ''}"
+                 f", {sum(c.get('steps', {}).values())} steps stored" for c in manifest.sequences]
+    if manifest.step_target:
+        sequences.append(f"a class per step: label column {manifest.step_target!r}, stored ragged")
     return [f"columns {group} ({len(columns)}): {', '.join(map(describe[group], columns))}"
-            for group, columns in manifest.columns.items()]
+            for group, columns in manifest.columns.items()] + sequences
 
 
 def _info(args) -> int:

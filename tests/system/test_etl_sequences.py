@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from mpitrain import cli
 from mpitrain.data.reader import DatasetReader
 from mpitrain.data.shards import read_manifest
 from mpitrain.testing.datasets import siblings
@@ -32,7 +33,7 @@ def read_back(out) -> Counter:
 
 
 @pytest.mark.parametrize("features", [1, 3])
-def test_sequences_are_stored_ragged_and_read_back_row_for_row(etl, tmp_path, features):
+def test_sequences_are_stored_ragged_and_read_back_row_for_row(etl, tmp_path, capsys, features):
     sequences, labels = motif_sequences(300, seed=features, features=features, lengths=(4, 60))
     write_parquet(tmp_path / "seq.parquet", sequences, labels)
     status, out, err = etl("--source", f"parquet:{tmp_path / 'seq.parquet'}", "--out", tmp_path / "ds",
@@ -51,6 +52,9 @@ def test_sequences_are_stored_ragged_and_read_back_row_for_row(etl, tmp_path, fe
                 stored_steps += values.shape[0]
     assert stored_steps == sum(map(len, sequences)) == sum(column["steps"].values())  # no padding on disk
     assert read_back(tmp_path / "ds") == Counter((int(label), s.tobytes()) for s, label in zip(sequences, labels))
+    assert cli.main(["info", str(tmp_path / "ds")]) == 0
+    assert f"sequence readings: {features} feature(s) per step, {column['shortest']}..{column['longest']} steps " \
+           f"(at most 10000), {stored_steps} steps stored" in capsys.readouterr().out
 
 
 def _records(path, readings: list, labels=None) -> str:
