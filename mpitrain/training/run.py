@@ -162,6 +162,9 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
 def model_layers(config: Config, manifest) -> list:
     """The layers of the model `config` describes for the dataset of `manifest`: `model.layers`, or a deep belief
     net's built from `pretrain.layers` when `model.layers` is empty."""
+    if config.pretrain.layers and manifest.sequences:
+        raise ConfigError(f"pretrain.layers: a deep belief net reads rows of fixed size, the dataset has sequence "
+                          f"columns {[c['name'] for c in manifest.sequences]}; expected no pretraining")
     if config.pretrain.layers and not config.model.layers:
         return dbn_layers(config.pretrain.layers, manifest.outputs)
     return config.model.layers

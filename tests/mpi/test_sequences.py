@@ -141,3 +141,20 @@ def test_a_token_model_learns_which_keyword_and_exports(tmp_path):
         got = session.run(None, {"x": x.values, "lengths": x.lengths})[0]
         np.testing.assert_allclose(got, probabilities[rows:rows + len(got)], rtol=0, atol=1e-5)
         rows += len(got)
+
+
+@pytest.mark.parametrize("sections, message", [
+    ({"pretrain": {"layers": [8]}, "data": {"normalize": False}},
+     "pretrain.layers: a deep belief net reads rows of fixed size, the dataset has sequence columns ['readings']"),
+    ({"model": {"layers": [{"type": "lstm", "units": 4, "return_sequences": True}, {"type": "batchnorm"},
+                           {"type": "global_max_pool"}, {"type": "dense", "units": 4}]}},
+     "model.layers[1] (batchnorm)"),
+    ({"model": {"layers": [{"type": "lstm", "units": 4, "return_sequences": True}, {"type": "dense", "units": 4}]}},
+     "model.layers: the last layer gives outputs of shape [None, 4], expected [4]"),
+])
+def test_a_model_that_cannot_read_the_sequences_is_one_error_on_every_rank(data, tmp_path, sections, message):
+    config = write_config(tmp_path / "bad.yaml", data, run_dir=str(tmp_path / "bad"),
+                          **{"model": {"layers": MODELS["conv1d"]}, "train": TRAIN, **sections})
+    result = mpiexec(2, MPITRAIN, "train", config, timeout=120)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mpitrain train: error:")]
+    assert result.returncode == 2 and errors and all(message in line for line in errors), result.stderr[-2000:]
