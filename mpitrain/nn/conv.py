@@ -5,6 +5,14 @@ The GEMM is `xp.matmul`, so numpy runs BLAS and cupy runs cuBLAS; im2col/col2im 
 layer adds its bias, runs its fused activation (`fuse_activation`) and transposes the GEMM's
 rows to NCHW in one kernel (`kernels.conv_rows`), and back in backward. Every array a layer
 returns or keeps is an array of its workspace (`Layer.ws`), written in place.
+
+A conv2d layer takes the whole batch in one im2col and one GEMM, not chunks of images sized
+to the L2 cache: chunks whose windows fit 0.25-2 MiB made LeNet's step 3-6% slower on a
+1 MiB-L2 core, because backward must then rebuild each chunk's windows, and the GEMM gains
+little from windows in L2 (OpenBLAS packs its operands into cache-sized blocks itself; a
+rank's 26 MB workspace stays in the 32 MB L3). Chunking all but forward's windows, kept
+whole for backward, measured even. What made conv nets faster was the kernels
+(docs/benchmarks.md#measurements-behind-the-code).
 """
 from __future__ import annotations
 
@@ -13,7 +21,6 @@ import math
 import numpy as np
 
 from mpitrain.parallel.backend import array_module
-from mpitrain.kernels.chunks import images_per_chunk
 from mpitrain.kernels.conv_rows import activation_backward_rows, bias_activation_nchw, column_sums
 from mpitrain.kernels.im2col import PADDINGS, col2im, geometry, im2col
 from mpitrain.kernels.pool import max_pool, max_pool_backward
@@ -64,50 +71,31 @@ class Conv2D(FusesActivation):
         """`W` or its gradient as the GEMM's (F, C*KH*KW) matrix, a view."""
         return kernels.reshape(self.filters, -1)
 
-    def _chunk(self, x):
-        """Images per chunk of batch `x`: its windows and GEMM rows in the L2 cache (`kernels.chunks`)."""
-        g = self.g
-        return images_per_chunk(x, g.out_height * g.out_width * (g.cols_shape[2] * math.prod(g.kernel) + self.filters)
-                                * x.dtype.itemsize)
-
-    def _scratch(self, step: int, images: int, dtype):
-        """The windows of `images` images (<= `step`) as GEMM operands (rows of C*KH*KW) and their GEMM rows: views of
-        the workspace's arrays for `step` images, the same in forward and backward."""
-        g, pixels = self.g, self.g.out_height * self.g.out_width
-        cols = self.ws("cols", (step, *g.cols_shape), dtype)[:images]
-        rows = self.ws("rows", (step * pixels, self.filters), dtype)[:images * pixels]
-        return cols, cols.reshape(images * pixels, -1), rows
-
     def forward(self, x, training):
-        xp, n, step = array_module(x), len(x), self._chunk(x)
-        self.x = x
-        self.y = self.ws("y", (n, self.filters, self.g.out_height, self.g.out_width), x.dtype)
-        for start in range(0, n, step):
-            stop = min(start + step, n)
-            cols, windows, rows = self._scratch(step, stop - start, x.dtype)
-            im2col(x[start:stop], self.g, 0.0, cols)
-            xp.matmul(windows, self._matrix(self.params["W"]).T, out=rows)
-            bias_activation_nchw(rows, self.params["b"], self.kind, self.y[start:stop])
+        xp, n, g = array_module(x), len(x), self.g
+        self.input_shape = x.shape
+        cols = self.ws("cols", (n, *g.cols_shape), x.dtype)
+        im2col(x, g, 0.0, cols)
+        self.cols = cols.reshape(n * g.out_height * g.out_width, -1)
+        rows = self.ws("rows", (len(self.cols), self.filters), x.dtype)
+        xp.matmul(self.cols, self._matrix(self.params["W"]).T, out=rows)
+        self.y = self.ws("y", (n, self.filters, g.out_height, g.out_width), x.dtype)
+        bias_activation_nchw(rows, self.params["b"], self.kind, self.y)
         return self.y
 
     def backward(self, dy, input_grad=True):
-        xp, n, step, x = array_module(dy), len(dy), self._chunk(dy), self.x
-        sums = self.ws("bias_sums", (n, self.filters), np.float64)  # each image's part of the bias gradient
-        dw, dw_chunk = self._matrix(self.grads["W"]), self.ws("weight_grad_chunk", (self.filters, self.g.cols_shape[2]
-                                                                                     * math.prod(self.g.kernel)), dy.dtype)
-        dx = self.ws("dx", x.shape, dy.dtype) if input_grad else None
-        for start in range(0, n, step):
-            stop = min(start + step, n)
-            cols, windows, dz = self._scratch(step, stop - start, dy.dtype)
-            im2col(x[start:stop], self.g, 0.0, cols)  # forward's windows, rebuilt in cache
-            activation_backward_rows(dy[start:stop], self.y[start:stop], self.kind, dz, sums[start:stop])
-            xp.matmul(dz.T, windows, out=dw if start == 0 else dw_chunk)
-            if start:
-                dw += dw_chunk
-            if input_grad:
-                xp.matmul(dz, self._matrix(self.params["W"]), out=windows)  # the windows' gradient over them
-                col2im(cols, self.g, dx[start:stop])
+        xp = array_module(dy)
+        dz = self.ws("rows", (len(self.cols), self.filters), dy.dtype)  # forward's rows, no longer needed
+        sums = self.ws("bias_sums", (len(dy), self.filters), np.float64)  # each image's part of the bias gradient
+        activation_backward_rows(dy, self.y, self.kind, dz, sums)
         column_sums(sums, self.grads["b"])
+        xp.matmul(dz.T, self.cols, out=self._matrix(self.grads["W"]))
+        if not input_grad:
+            return None
+        dcols = self.cols  # forward's windows, read for the last time above
+        xp.matmul(dz, self._matrix(self.params["W"]), out=dcols)
+        dx = self.ws("dx", self.input_shape, dy.dtype)
+        col2im(dcols.reshape(len(dy), *self.g.cols_shape), self.g, dx)
         return dx
 
 

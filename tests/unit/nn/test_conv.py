@@ -5,7 +5,6 @@ import pytest
 
 from mpitrain.config.sections import ModelConfig
 from mpitrain.errors import ConfigError
-from mpitrain.kernels.chunks import FALLBACK_L2_BYTES, images_per_chunk, l2_cache_bytes
 from mpitrain.kernels.im2col import geometry
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
@@ -152,41 +151,3 @@ def test_build_model_makes_conv_nets_and_names_the_layer_that_does_not_fit():
         build_model(lenet_config({1: {"padding": "full"}}), (1, 12, 12), 3, np)
     with pytest.raises(ConfigError, match=r"model.layers\[0\].*missing a required argument: 'filters'"):
         build_model(ModelConfig(layers=[{"type": "conv2d", "filter": 3, "kernel": 3}]), (1, 8, 8), 3, np)
-
-
-@pytest.mark.parametrize("stride,padding", [(1, "valid"), (2, "same")])
-def test_a_conv_layer_in_chunks_of_images_equals_it_in_one_chunk(monkeypatch, stride, padding):
-    """10 images in chunks of 3 (the last of 1) against all 10 at once: outputs and all gradients within float32
-    rounding (the weight gradient, a sum over chunks of terms that cancel, within 1e-5 of its largest element)."""
-    rng = np.random.default_rng(9)
-    x = rng.normal(size=(10, 3, 9, 8)).astype(np.float32)
-    results = []
-    for images in (3, 10):
-        monkeypatch.setattr("mpitrain.nn.conv.images_per_chunk", lambda batch, nbytes, images=images: images)
-        model = Sequential([Conv2D(4, 3, stride, padding, activation="relu"), Flatten()], (3, 9, 8),
-                           "softmax_cross_entropy", np, "float32")
-        model.init_params(0, "xavier")
-        conv = model.layers[0]
-        y = conv.forward(x, training=True).copy()
-        dx = conv.backward(np.random.default_rng(10).normal(size=y.shape).astype(np.float32)).copy()
-        results.append((y, dx, conv.grads["W"].copy(), conv.grads["b"].copy()))
-    for chunked, whole in zip(*results):
-        np.testing.assert_allclose(chunked, whole, rtol=1e-5, atol=1e-5 * np.abs(whole).max())
-
-
-def test_images_per_chunk_fills_the_scratch_bytes_with_at_least_one_image_and_at_most_the_batch(monkeypatch):
-    monkeypatch.setattr("mpitrain.kernels.chunks.SCRATCH_BYTES", 1000)
-    batch = np.zeros((7, 2))
-    assert [images_per_chunk(batch, nbytes) for nbytes in (100, 300, 2000, 10)] == [7, 3, 1, 7]
-    assert images_per_chunk(batch[:0], 100) == 1
-
-
-def test_the_l2_cache_size_comes_from_sysfs_and_falls_back_without_it(tmp_path):
-    for index, (level, kind, size) in enumerate([("1", "Data", "32K"), ("1", "Instruction", "32K"),
-                                                 ("2", "Unified", "2M"), ("3", "Unified", "32768K")]):
-        folder = tmp_path / f"index{index}"
-        folder.mkdir()
-        for name, value in (("level", level), ("type", kind), ("size", size)):
-            (folder / name).write_text(value + "\n")
-    assert l2_cache_bytes(str(tmp_path)) == 2 << 20
-    assert l2_cache_bytes(str(tmp_path / "missing")) == FALLBACK_L2_BYTES
