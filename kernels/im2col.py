@@ -8,12 +8,12 @@ A row (n, oh, ow) holds the C*KH*KW input values its output pixel sees, so a con
 `cols.reshape(N*OH*OW, -1) @ W.reshape(F, -1).T`. Pixels outside the image read `fill`
 (0 for convolution and average pooling, -inf for max pooling).
 numpy arrays run numba kernels, on any strided views. im2col is parallel over (image,
-output row). col2im is one gather pass, parallel over (image, input row): each input pixel
-sums, for all its channels at once, the window elements that saw it, in the reference's
-order; no scatter, so no race, and no zeroing pass (a pixel's sums start from zero where
-they are taken). Channels are its inner loop because a window's channels lie together in
-`cols`: a gather per (image, channel) plane reads each window's cache lines once per
-channel (slower: docs/benchmarks.md#measurements-behind-the-code). Other arrays (cupy) run the reference, written for any
+output row); a window row that lies inside the image is a plain copy, tested once, not per
+pixel. col2im is parallel over images: each thread zeroes its image, then reads `cols` in
+order and adds each window row into its image's pixels (a scatter, but no two threads write
+one image, so no race). Reading `cols` once in memory order beat a gather over each pixel's
+windows, whose short loops of varying length ran 1.5-3x slower
+(docs/benchmarks.md#measurements-behind-the-code). Other arrays (cupy) run the reference, written for any
 array module: im2col copies one strided view of all windows, col2im adds one strided slice
 per kernel offset into a padded buffer it allocates; the tests compare both with the kernels.
 """
@@ -23,7 +23,6 @@ import math
 from dataclasses import dataclass
 
 from numba import njit, prange
-from numba.extending import register_jitable
 from .dispatch import numpy_or_reference
 
 PADDINGS = ("valid", "same")
@@ -114,18 +113,6 @@ def col2im_reference(cols, g: Geometry, out) -> None:
     out[...] = padded[inside]
 
 
-@register_jitable
-def window_offsets(at, stride, windows, kernel):
-    """The kernel offsets k in range(start, stop, stride) whose window w = (at - k) / stride is integral and in
-    [0, windows), for padded position `at` >= 0 along one axis, and `start`'s window: w falls by one per offset.
-    Returns (start, stop, that window)."""
-    start = at % stride
-    lowest = at - (windows - 1) * stride  # congruent to `at`, so a valid start when above it
-    if lowest > start:
-        start = lowest
-    return start, min(kernel, at + 1), (at - start) // stride
-
-
 @njit(parallel=True, cache=True)
 def _im2col_cpu(x, stride, pad_top, pad_left, fill, out):
     n, c, h, w = x.shape
@@ -133,15 +120,18 @@ def _im2col_cpu(x, stride, pad_top, pad_left, fill, out):
     for bp in prange(n * oh):
         b, p = bp // oh, bp % oh
         for q in range(ow):
+            left = q * stride - pad_left
+            columns_inside = left >= 0 and left + kw <= w
             for ch in range(c):
                 for i in range(kh):
                     r = p * stride - pad_top + i
-                    for j in range(kw):
-                        col = q * stride - pad_left + j
-                        if 0 <= r < h and 0 <= col < w:
-                            out[b, p, q, ch, i, j] = x[b, ch, r, col]
-                        else:
-                            out[b, p, q, ch, i, j] = fill
+                    if 0 <= r < h and columns_inside:  # a plain copy of kw pixels: no test per pixel
+                        for j in range(kw):
+                            out[b, p, q, ch, i, j] = x[b, ch, r, left + j]
+                    else:
+                        for j in range(kw):
+                            col = left + j
+                            out[b, p, q, ch, i, j] = x[b, ch, r, col] if 0 <= r < h and 0 <= col < w else fill
 
 
 @njit(parallel=True, cache=True)
@@ -149,18 +139,20 @@ def _col2im_cpu(cols, stride, pad_top, pad_left, out):
     n, c, h, w = out.shape
     oh, ow = cols.shape[1], cols.shape[2]
     kh, kw = cols.shape[4], cols.shape[5]
-    for image_row in prange(n * h):
-        b, r = image_row // h, image_row % h
-        i_start, i_stop, p_start = window_offsets(r + pad_top, stride, oh, kh)
-        for col in range(w):
-            j_start, j_stop, q_start = window_offsets(col + pad_left, stride, ow, kw)
-            for ch in range(c):
-                out[b, ch, r, col] = 0
-            p = p_start
-            for i in range(i_start, i_stop, stride):
-                q = q_start
-                for j in range(j_start, j_stop, stride):
-                    for ch in range(c):  # a window's channels lie together: read them together
-                        out[b, ch, r, col] += cols[b, p, q, ch, i, j]
-                    q -= 1
-                p -= 1
+    for b in prange(n):  # one thread per image: its scatter never races
+        for ch in range(c):
+            for r in range(h):
+                for col in range(w):
+                    out[b, ch, r, col] = 0
+        for p in range(oh):
+            for q in range(ow):
+                left = q * stride - pad_left
+                columns_inside = 0 <= left and left + kw <= w
+                for ch in range(c):
+                    for i in range(kh):
+                        r = p * stride - pad_top + i
+                        if 0 <= r < h:
+                            for j in range(kw):
+                                col = left + j
+                                if columns_inside or 0 <= col < w:
+                                    out[b, ch, r, col] += cols[b, p, q, ch, i, j]

@@ -5,6 +5,14 @@ The GEMM is `xp.matmul`, so numpy runs BLAS and cupy runs cuBLAS; im2col/col2im 
 layer adds its bias, runs its fused activation (`fuse_activation`) and transposes the GEMM's
 rows to NCHW in one kernel (`kernels.conv_rows`), and back in backward. Every array a layer
 returns or keeps is an array of its workspace (`Layer.ws`), written in place.
+
+A conv2d layer takes the whole batch in one im2col and one GEMM, not chunks of images sized
+to the L2 cache: chunks whose windows fit 0.25-2 MiB made LeNet's step 3-6% slower on a
+1 MiB-L2 core, because backward must then rebuild each chunk's windows, and the GEMM gains
+little from windows in L2 (OpenBLAS packs its operands into cache-sized blocks itself; a
+rank's 26 MB workspace stays in the 32 MB L3). Chunking all but forward's windows, kept
+whole for backward, measured even. What made conv nets faster was the kernels
+(docs/benchmarks.md#measurements-behind-the-code).
 """
 from __future__ import annotations
 
