@@ -34,7 +34,7 @@ from mpitrain.training.preemption import StopSignals, Stopped, requeue
 from mpitrain.training.pretrain import pretrain
 from mpitrain.training.run import Run, setup_run
 from mpitrain.parallel.sync import Synchronizer, check_replicas, create_synchronizer, parameter_hash
-from mpitrain.training.tbptt import WholeBatch, batch_stepper, check_dataset
+from mpitrain.training.tbptt import WholeBatch, batch_stepper
 from mpitrain.training.watchdog import Watchdog
 
 log = logging.getLogger("mpitrain")
@@ -114,7 +114,6 @@ def _check_setup(run: Run, sync: Synchronizer | None) -> None:
         raise ConfigError(f"data.augment flips and shifts images, but {run.reader.path} holds rows of "
                           f"shape {tuple(run.reader.manifest.feature_shape)}; expected images (channels, height, "
                           "width)")
-    check_dataset(run.config.train.tbptt_steps, run.reader.manifest, run.reader.path)
     if sync is not None and sync.comm is not run.comm:
         raise ConfigError("the synchronizer was built on another communicator than the run's; build it on "
                           "the one mpitrain.init() returned")
