@@ -134,7 +134,7 @@ class Recurrent(Layer):
         step (frozen past its end). Views of the workspace, overwritten by the next forward: copy them to keep them
         (truncated BPTT starts the next segment from them, `initial_states`). Not a collective."""
         _, _, _, states, _ = self.loops[0]
-        return {name: state[len(state) - 1] for name, state in states.items()}
+        return {name: state[-1] for name, state in states.items()}
 
     def _padded(self, xp, batch: int, steps: int):
         """(T, B, 1) bools: step t of sequence b is padding (t >= lengths[b])."""
