@@ -33,6 +33,7 @@ from mpitrain.nn.losses import LOSS_OPTIONS, LOSS_TARGETS, LOSSES, RECONSTRUCTIO
 from mpitrain.nn.graph import GRAPH_TYPES, check_node_spec
 from mpitrain.nn.model import LAYER_TYPES, MAX_UNITS, check_layer_spec
 from mpitrain.nn.rbm import VISIBLE_UNITS
+from mpitrain.nn.segments import check_layers
 from mpitrain.nn.updaters import UPDATERS
 from mpitrain.rundir.directory import own_run_dir
 from mpitrain.parallel.sync import EXCHANGES, SYNCHRONIZERS
@@ -215,6 +216,12 @@ class TrainConfig(Section):
                                    "updater (allreduce: the ranks' average; the other modes: a rank's own), is scaled "
                                    "so that its L2 norm over all parameters is at most this (PyTorch's "
                                    "clip_grad_norm_). 0: no clipping.", domain="[0, 1e6]")
+    tbptt_steps: int = option(0, "Truncated backpropagation through time (a class per step, model.layers): each "
+                                 "batch's sequences cut into segments of this many steps, each a forward from the "
+                                 "recurrent states the segment before ended with, a backward over the segment alone "
+                                 "and a parameter update; the states start at zero with each batch, and a step is "
+                                 "still one batch (docs/sequences.md). 0: the whole sequence at once.",
+                              domain="[0, 1e6]")
     log_every: int = option(50, "Steps per metrics window (a record in metrics.jsonl, a log line on rank 0).",
                             domain="[1, 1e9]")
     watchdog_s: float = option(1800.0, "Abort the job when a rank makes no progress for this many seconds, printing "
@@ -408,6 +415,10 @@ class Config(Section):
                "empty beside model.layers (a model is a list of layers or a graph of nodes, not both)")
         _check(not (model.graph and pretrain.layers), where, "pretrain.layers", pretrain.layers,
                "empty with model.graph (a deep belief net is pretrained for a list of dense layers)")
+        try:
+            check_layers(config.train.tbptt_steps, model.layers, model.graph)
+        except ConfigError as e:
+            raise ConfigError(f"{_of(where, 'train.tbptt_steps')}: {e}") from None
         if pretrain.layers and pretrain.visible == "bernoulli":
             _check(not config.data.normalize, where, "data.normalize", config.data.normalize,
                    "false with pretrain.visible: bernoulli (Bernoulli units take inputs in [0, 1]; "

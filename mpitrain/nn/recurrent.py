@@ -40,7 +40,9 @@ class Recurrent(Layer):
     in place into the gates' activations by `step`; each state (T+1, B, H) (state `k` before time step `k` going
     forward, after time step `k` going backward: the reverse direction runs from T-1 down to 0); `saved` (T, B, H)
     what `step_backward` needs besides. Padded steps of `x` are zeroed first (padding may hold NaN), and the states
-    are carried over them unchanged.
+    are carried over them unchanged. The forward direction's states start at zero, or at `initial_states` when set
+    (truncated BPTT's states carried from the segment before: inputs, not backpropagated into); `final_states` gives
+    them after the last forward.
     """
 
     gates = 0
@@ -49,6 +51,7 @@ class Recurrent(Layer):
     input_bias = "b"
     recurrent_bias: str | None = None
     lengths = None  # (B,) ints, set by the model before each forward
+    initial_states = None  # {state: (B, H)} to start the forward direction from (truncated BPTT), else zeros
     _step_numbers = None  # 0, 1, ... on the layer's device, as long as the longest batch yet
 
     def __init__(self, units: int, return_sequences: bool = False, bidirectional: bool = False,
@@ -109,8 +112,9 @@ class Recurrent(Layer):
             states = {s: self._array(f"{s}{d}", (steps + 1, batch, units), x.dtype) for s in self.states}
             saved = {s: self._array(f"{s}{d}", (steps, batch, units), x.dtype) for s in self.saved}
             reverse = bool(d)
-            for state in states.values():
-                state[steps if reverse else 0] = 0
+            for name, state in states.items():
+                start = None if reverse or self.initial_states is None else self.initial_states[name]
+                state[steps if reverse else 0] = 0 if start is None else start
             for t in _time_steps(steps, reverse):
                 before, after = t + reverse, t + 1 - reverse
                 self.step(xp, p, gates[t], {s: a[before] for s, a in states.items()},
@@ -124,6 +128,13 @@ class Recurrent(Layer):
                 xp.copyto(y[:, k * units:(k + 1) * units], h[0 if reverse else steps])
             self.loops.append((d, p, gates, states, saved))
         return y
+
+    def final_states(self) -> dict:
+        """{state: (B, H)} of the forward direction after the last forward: each sequence's state after its last valid
+        step (frozen past its end). Views of the workspace, overwritten by the next forward: copy them to keep them
+        (truncated BPTT starts the next segment from them, `initial_states`). Not a collective."""
+        _, _, _, states, _ = self.loops[0]
+        return {name: state[-1] for name, state in states.items()}
 
     def _padded(self, xp, batch: int, steps: int):
         """(T, B, 1) bools: step t of sequence b is padding (t >= lengths[b])."""

@@ -34,6 +34,7 @@ from mpitrain.training.preemption import StopSignals, Stopped, requeue
 from mpitrain.training.pretrain import pretrain
 from mpitrain.training.run import Run, setup_run
 from mpitrain.parallel.sync import Synchronizer, check_replicas, create_synchronizer, parameter_hash
+from mpitrain.training.tbptt import WholeBatch, batch_stepper
 from mpitrain.training.watchdog import Watchdog
 
 log = logging.getLogger("mpitrain")
@@ -79,8 +80,8 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
 
 @dataclass
 class _Loop:
-    """What the epochs need beyond the run's parts: batches, test rows, updater, synchronizer, metrics, start, and the
-    allocation trace (`train.trace_allocations`)."""
+    """What the epochs need beyond the run's parts: batches, test rows, updater, synchronizer, metrics, start, the
+    allocation trace (`train.trace_allocations`), and how a step trains on its batch (whole, or by truncated BPTT)."""
 
     batches: Batches
     test_rows: EvalRows
@@ -90,6 +91,7 @@ class _Loop:
     epoch: int
     step: int
     allocations: AllocationTrace
+    stepper: WholeBatch
 
 
 @dataclass
@@ -154,7 +156,7 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
                  ", collectives staged through host memory" if comm.staged else "")
     metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs)
     return _Loop(batches, test_rows, updater, sync, metrics, start.epoch, start.step,
-                 AllocationTrace(config.train.trace_allocations))
+                 AllocationTrace(config.train.trace_allocations), batch_stepper(config.train.tbptt_steps, model, comm))
 
 
 def _continue_order(run: Run, batches: Batches, start) -> Batches:
@@ -267,12 +269,11 @@ def _save(run: Run, loop: _Loop, epoch: int, step: int, stop: StopSignals) -> st
 
 def _step(run: Run, loop: _Loop, epoch: int, step: int, x, y, grads_ready):
     """One training step: forward and backward on this rank's batch, then the synchronizer's step (which
-    updates the parameters). Returns the batch's loss and correct count, on the device."""
+    updates the parameters), or those of each segment (`train.tbptt_steps`). Returns the batch's loss and correct
+    count, on the device."""
     with loop.allocations.span("step"):  # the step itself; its bookkeeping is a few Python objects
-        loss, correct = run.model.train_batch(x, y, key=(run.config.train.seed, run.comm.rank, epoch, step),
-                                              grads_ready=grads_ready)
-        loop.sync.step(run.model, loop.updater)
-    return loss, correct
+        return loop.stepper.step(run.model, x, y, (run.config.train.seed, run.comm.rank, epoch, step), grads_ready,
+                                 loop.sync, loop.updater)
 
 
 def _record_window(run: Run, loop: _Loop, epoch: int, step: int, window: Window) -> Totals:

@@ -25,6 +25,7 @@ from mpitrain.nn.losses import check_loss_fits
 from mpitrain.nn.graph import build_network, model_outputs
 from mpitrain.nn.model import Network, rank_memory_bytes
 from mpitrain.training.pretrain import dbn_layers
+from mpitrain.training.tbptt import check_dataset
 from mpitrain.rundir.directory import FileLock, RunDir
 
 
@@ -149,6 +150,7 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
         config = resolve(config, decided, "the config")
         if config.model.target != "reconstruction":  # its losses are checked with the config
             check_loss_fits(config.model.loss, manifest.target, reader.path)
+        check_dataset(config.train.tbptt_steps, manifest, reader.path)  # before a per-step model meets the target
         if model is None:
             budget = (config.train.global_batch(comm.size) // comm.size, rank_memory_bytes(comm.local_size))
             model = build_network(config.model, manifest, comm.backend.xp, budget)

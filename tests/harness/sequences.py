@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpitrain.data.sequences import Ragged
+from mpitrain.data.sequences import Ragged, SequenceBatch
 from mpitrain.data.shards import Manifest, shard_path, write_manifest, write_shard
 
 MOTIF_STEPS = 4
@@ -111,3 +111,13 @@ def make_sequence_dataset(path, n_train: int = 600, n_test: int = 200, shards: i
                         checksums="fletcher32", sequences=[entry], step_target="tags" if rule == "tagged" else "")
     write_manifest(str(path), manifest)
     return manifest
+
+
+def padded_batch(sequences: list[np.ndarray], classes: list[np.ndarray], steps: int, dtype="float64"):
+    """Sequences (steps, F) and their classes per step as a model's batch: a SequenceBatch padded with NaN to `steps`
+    steps (padding may hold anything) and the classes (B, steps) int32, -1 at padding."""
+    values = np.full((len(sequences), steps, sequences[0].shape[1]), np.nan, dtype)
+    y = np.full((len(sequences), steps), -1, np.int32)
+    for row, (sequence, tags) in enumerate(zip(sequences, classes)):
+        values[row, :len(sequence)], y[row, :len(tags)] = sequence, tags
+    return SequenceBatch(values, np.array([len(s) for s in sequences], np.int64)), y

@@ -158,3 +158,52 @@ def test_a_model_that_cannot_read_the_sequences_is_one_error_on_every_rank(data,
     result = mpiexec(2, MPITRAIN, "train", config, timeout=120)
     errors = [line for line in result.stderr.splitlines() if line.startswith("mpitrain train: error:")]
     assert result.returncode == 2 and errors and all(message in line for line in errors), result.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def tagged(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tagged") / "data"
+    make_sequence_dataset(path, n_train=1200, n_test=200, shards=2, lengths=(5, 40), rule="tagged")
+    return path
+
+
+TAGGER = [{"type": "lstm", "units": 12, "return_sequences": True}, {"type": "dense", "units": 2}]
+
+
+def test_truncated_bptt_learns_a_class_per_step_with_replicas_identical(tagged, tmp_path):
+    """Segments of 4 steps over sequences of 5-40 (2 to 10 segments; the ranks' longest sequences differ in many
+    steps, so one rank runs segments the other has no steps for): the running sum's sign is learnt through the
+    carried states, each segment updates, and the replicas stay identical."""
+    run_dir = train(tmp_path, tagged, "tbptt", model={"layers": TAGGER}, train={**TRAIN, "epochs": 3, "tbptt_steps": 4})
+    probabilities, labels = predictions(run_dir, 64)
+    assert (probabilities.argmax(axis=1) == labels).mean() > 0.8
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert len(summary["replica_hashes"]) == 2 and len(set(summary["replica_hashes"])) == 1
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(len(set(r["replica_hashes"])) == 1 for r in records if "replica_hashes" in r)
+    with h5py.File(list_checkpoints(str(run_dir))[-1]) as f:
+        updates = int(f.attrs["iteration"])
+    steps = summary["steps_per_epoch"] * 3
+    assert 5 * steps < updates <= 10 * steps  # a sync step per segment: ceil(longest of the global batch / 4)
+
+
+def test_truncated_bptt_on_a_target_per_sequence_is_one_line_and_exit_2_on_every_rank(data, tmp_path):
+    config = write_config(tmp_path / "exp.yaml", data, run_dir=str(tmp_path / "run"), train={**TRAIN, "tbptt_steps": 8},
+                          model={"layers": [{"type": "lstm", "units": 4, "return_sequences": True},
+                                            {"type": "dense", "units": 4}]})
+    result = mpiexec(2, MPITRAIN, "train", config, timeout=60)
+    message = f"train.tbptt_steps is 8, but {data} has no class per step"
+    assert result.returncode == 2 and result.stderr.count(message) == 1, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_truncated_bptt_resumes_mid_epoch_to_the_uninterrupted_run(tagged, tmp_path):
+    """A step is one batch and no state outlives it, so a checkpoint between steps is all a resume needs."""
+    sections = {"train": {**TRAIN, "epochs": 2, "tbptt_steps": 6}, "checkpoint": {"unit": "step", "every": 7, "keep": 100},
+                "model": {"layers": TAGGER}}
+    full = train(tmp_path, tagged, "full", **sections)
+    run_dir = tmp_path / "resumed"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    shutil.copy(full / "checkpoints" / "ckpt-0000-000014.h5", run_dir / "checkpoints")
+    train(tmp_path, tagged, "resumed", run_dir=run_dir, **sections)
+    np.testing.assert_array_equal(final_params(run_dir), final_params(full))
