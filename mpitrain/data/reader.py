@@ -278,16 +278,6 @@ class Batches:
         return (self.ws(f"x{slot}", (self.batch_size, *self.rows.row_shape), self.dtype, host=True),
                 self.ws(f"y{slot}", (self.batch_size, *manifest.target_shape), manifest.target_dtype, host=True))
 
-    def on_device(self, batch, name: str):
-        """A padded batch of host arrays (a `SequenceBatch`, or `SequenceInputs` whose `x` is already scaled) on the
-        backend, each array in the grow-only device buffer `name.PART` (itself on the CPU)."""
-        if isinstance(batch, SequenceInputs):
-            return SequenceInputs(self._on_device(batch.x, f"{name}.x"),
-                                  {column: self.on_device(each, f"{name}.{column}")
-                                   for column, each in batch.sequences.items()})
-        return SequenceBatch(self._on_device(batch.values, f"{name}.values"),
-                             self._on_device(batch.lengths, f"{name}.lengths"))
-
     def _on_device(self, host: np.ndarray, name: str):
         """`host` itself on the CPU; on a GPU, the device buffer `name` it is copied into."""
         if not self.backend.on_gpu:
