@@ -138,7 +138,8 @@ MIXED_GRAPH = [{"name": "r", "type": "lstm", "input": "readings", "units": 12},
 def test_a_graph_of_two_sequence_columns_and_fixed_features_learns_predicts_alike_and_exports(tmp_path):
     """The class needs both columns and a fixed feature (`mixed_inputs`): the graph learns it on 2 ranks, predicts
     alike in batches of other padding, and its ONNX graph (inputs x, readings, readings_lengths, events,
-    events_lengths) gives mpitrain predict's probabilities."""
+    events_lengths) gives mpitrain predict's probabilities; `--embeddings` reads a node of one vector per row and
+    refuses one of a sequence in one line."""
     import onnxruntime
     data = tmp_path / "mixed-data"
     make_mixed_dataset(data, n_train=800, n_test=160, shards=2, lengths=((8, 60), (5, 40)))
@@ -160,3 +161,11 @@ def test_a_graph_of_two_sequence_columns_and_fixed_features_learns_predicts_alik
         np.testing.assert_allclose(got, probabilities[rows:rows + len(got)], rtol=0, atol=1e-5)
         rows += len(got)
     assert rows == len(probabilities)
+
+    joined = mpiexec(2, MPITRAIN, "predict", run_dir, "--embeddings", "j", timeout=120)
+    assert joined.returncode == 0, joined.stderr[-3000:]
+    with h5py.File(run_dir / "embeddings-test.h5") as f:
+        assert f["embeddings"].shape == (160, 12 + 8 + 2)  # the lstm's last state, the pooled conv1d, x
+    refused = mpiexec(2, MPITRAIN, "predict", run_dir, "--embeddings", "s", timeout=120)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "error: --embeddings 's': the node gives a sequence" in refused.stderr

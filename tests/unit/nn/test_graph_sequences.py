@@ -147,23 +147,52 @@ def test_embeddings_of_a_node_that_gives_a_sequence_are_refused():
         node_of(model, None, "ja")
 
 
-def test_the_onnx_graph_takes_x_and_each_columns_values_and_lengths_and_gives_predicts_outputs():
+def onnx_run(model, dataset: Manifest, x: SequenceInputs):
+    """The ONNX graph of `model` for `dataset` run by onnxruntime on `x` (float32); (its inputs, its output)."""
     import onnxruntime
     from mpitrain.rundir.export import onnx_model
-    model = graph_model(dtype="float32")
-    proto = onnx_model(model, manifest())
-    session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    assert [(i.name, i.shape) for i in session.get_inputs()] == [
-        ("x", ["N", 2]), ("a", ["N", "T_a", 2]), ("a_lengths", ["N"]), ("b", ["N", "T_b", 1]), ("b_lengths", ["N"])]
-    x = inputs(np.random.default_rng(4), [5, 1, 7, 3], [9, 3, 4, 12], 8, 16)
-    x = SequenceInputs(x.x.astype(np.float32), {name: SequenceBatch(batch.values.astype(np.float32), batch.lengths)
-                                                for name, batch in x.sequences.items()})
+    session = onnxruntime.InferenceSession(onnx_model(model, dataset).SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
     feeds = {"x": x.x, **{name: b.values for name, b in x.sequences.items()},
              **{f"{name}_lengths": b.lengths for name, b in x.sequences.items()}}
-    logits = model.forward(x).astype(np.float64)  # the graph's head: their Softmax
-    probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
-    probabilities /= probabilities.sum(axis=1, keepdims=True)
-    np.testing.assert_allclose(session.run(None, feeds)[0], probabilities, rtol=0, atol=1e-5)
+    names = [i.name for i in session.get_inputs()]
+    return session.get_inputs(), session.run(None, {name: feeds[name] for name in names})[0]
+
+
+def float32_inputs(*args) -> SequenceInputs:
+    x = inputs(*args)
+    return SequenceInputs(x.x.astype(np.float32), {name: SequenceBatch(batch.values.astype(np.float32), batch.lengths)
+                                                   for name, batch in x.sequences.items()})
+
+
+def softmax(logits):
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_the_onnx_graph_takes_x_and_each_columns_values_and_lengths_and_gives_predicts_outputs():
+    from mpitrain.rundir.export import input_rows_shape, onnx_model
+    model = graph_model(dtype="float32")
+    x = float32_inputs(np.random.default_rng(4), [5, 1, 7, 3], [9, 3, 4, 12], 8, 16)
+    graph_inputs, got = onnx_run(model, manifest(), x)
+    assert [(i.name, i.shape) for i in graph_inputs] == [
+        ("x", ["N", 2]), ("a", ["N", "T_a", 2]), ("a_lengths", ["N"]), ("b", ["N", "T_b", 1]), ("b_lengths", ["N"])]
+    np.testing.assert_allclose(got, softmax(model.forward(x).astype(np.float64)), rtol=0, atol=1e-5)
+    with pytest.raises(MpitrainError, match=r"reads sequences \(inputs \['x', 'a', 'a_lengths', 'b', 'b_lengths'\]\)"):
+        input_rows_shape(onnx_model(model, manifest()))  # scoring reads rows of fixed size only
+
+
+def test_a_class_per_step_graph_of_two_columns_exports_its_valid_steps():
+    graph = [{"name": "r", "type": "lstm", "input": "a", "units": 4, "return_sequences": True},
+             {"name": "out", "type": "dense", "input": "r", "units": 3}]
+    dataset = manifest(features=(0,), step_target="tags")
+    model = graph_model(graph, dtype="float32", features=(0,), step_target="tags")
+    x = float32_inputs(np.random.default_rng(6), [5, 8, 2], [3, 4, 6], 8, 8)
+    graph_inputs, got = onnx_run(model, dataset, x)
+    assert [i.name for i in graph_inputs] == ["a", "a_lengths", "b", "b_lengths"]  # no fixed features: no x
+    assert graph_inputs[0].shape == ["N", "T_a", 2]
+    valid = np.arange(8)[None, :] < x.sequences["a"].lengths[:, None]
+    np.testing.assert_allclose(got[valid], softmax(model.forward(x).astype(np.float64))[valid], rtol=0, atol=1e-5)
 
 
 def test_an_onnx_input_name_two_columns_would_share_is_refused():
