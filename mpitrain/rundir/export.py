@@ -14,10 +14,10 @@ feature and target description, which `mpitrain score` reads.
 
 The graph is built by emitters that each append a part to an `OnnxGraph` and return the name of that part's
 output: `emit_input_scaling`, one per layer type (`emit_layer`, `LAYER_EMITTERS`) and `emit_output_head`. A graph
-model (`model.graph`) goes node by node (`emit_nodes`): its column groups are Slices of the row, its sequence columns
-inputs of their own (`onnx_sequence_inputs`), an embedding is a Gather per categorical column, concat and add are Concat
-and Add. A table's raw records are encoded into the rows
-the graph takes (numbers standardized, categories as ids) by `mpitrain.data.encoding.TableEncoder` from the manifest's
+model (`model.graph`) goes node by node (`emit_nodes`): its column groups are Slices of the row, its sequence
+columns inputs of their own (`onnx_sequence_inputs`: `NAME` and `NAME_lengths` each), an embedding is a Gather per
+categorical column, concat and add are Concat and Add. A table's raw records are encoded into the rows the graph
+takes (numbers standardized, categories as ids) by `mpitrain.data.encoding.TableEncoder` from the manifest's
 `columns`, which the metadata carries: Spark scoring does it; another runtime applies the same mapping (docs/tables.md).
 """
 from __future__ import annotations
