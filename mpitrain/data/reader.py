@@ -24,10 +24,10 @@ import numpy as np
 from mpitrain.data.augment import augment_images
 from mpitrain.data.chunks import ShardFiles
 from mpitrain.data.order import Blocks, EpochPlan
-from mpitrain.data.sequences import SequenceBatch
+from mpitrain.data.sequences import SequenceBatch, SequenceInputs
 from mpitrain.data.shards import Manifest, read_manifest_and_sha256
 from mpitrain.data.storage import Storage
-from mpitrain.data.stream import EvalRows, TrainRows
+from mpitrain.data.stream import EvalRows, TrainRows, model_input, padded_input
 from mpitrain.errors import ConfigError, DataError
 from mpitrain.kernels.rows import gather_scaled, scaled
 from mpitrain.nn.workspace import Workspace, WorkspacePart
@@ -151,10 +151,14 @@ class ModelInput:
 
     def __call__(self, stored: np.ndarray, out=None):
         """`stored` as model input: in `out` (a backend array of the right shape) when given, else a new array. A
-        padded `SequenceBatch` goes in as stored (sequences are not rescaled), on the backend's device."""
+        padded `SequenceBatch` goes in as stored (sequences are not rescaled), on the backend's device; of
+        `SequenceInputs`, the fixed features are scaled (as rows are) and the sequences go as stored."""
+        if isinstance(stored, SequenceInputs):
+            x = self.ws("inputs.x", stored.x.shape, self.dtype, host=True)
+            scaled(stored.x, self.scale, self.shift, x)
+            return self.on_device(SequenceInputs(x, stored.sequences), "inputs")
         if isinstance(stored, SequenceBatch):
-            return SequenceBatch(self._on_device(stored.values, "sequence.values"),
-                                 self._on_device(stored.lengths, "sequence.lengths"))
+            return self.on_device(stored, "sequence")
         if out is None:
             out = self.backend.xp.empty(stored.shape, dtype=self.dtype)
         if not self.backend.on_gpu:
@@ -165,6 +169,16 @@ class ModelInput:
         scaled(stored, self.scale, self.shift, host)
         self.backend.copy_to_device(host, out)
         return out
+
+    def on_device(self, batch, name: str):
+        """A padded batch of host arrays (a `SequenceBatch`, or `SequenceInputs` whose `x` is already scaled) on the
+        backend, each array in the grow-only device buffer `name.PART` (itself on the CPU)."""
+        if isinstance(batch, SequenceInputs):
+            return SequenceInputs(self._on_device(batch.x, f"{name}.x"),
+                                  {column: self.on_device(each, f"{name}.{column}")
+                                   for column, each in batch.sequences.items()})
+        return SequenceBatch(self._on_device(batch.values, f"{name}.values"),
+                             self._on_device(batch.lengths, f"{name}.lengths"))
 
     def _on_device(self, host: np.ndarray, name: str):
         """`host` (in the model's dtype if a float) on the backend: itself on the CPU, else the grow-only device
@@ -222,11 +236,12 @@ class Batches:
         x[...], y[...] = 0, 0
         manifest = self.rows.shards.manifest
         if manifest.sequences:
-            values = np.zeros((self.batch_size, 1, manifest.sequences[0]["features"]), self.dtype)
+            columns = {column["name"]: SequenceBatch(np.zeros((self.batch_size, 1, column["features"]), self.dtype),
+                                                     np.ones(self.batch_size, np.int64))
+                       for column in manifest.sequences}
             if manifest.step_target:
                 y = np.zeros((self.batch_size, 1), np.int32)
-            return self.to_model_input(SequenceBatch(values, np.ones(self.batch_size, np.int64))), \
-                self._on_device(y, "y0")
+            return self.to_model_input.on_device(model_input(manifest, x, columns), "zeros"), self._on_device(y, "y0")
         return self._on_device(x, "x0"), self._on_device(y, "y0")
 
     def _batch(self, view, epoch: int, step: int):
@@ -236,17 +251,14 @@ class Batches:
         if self.record is not None:
             self.record(epoch, step, view.row_ids(step))
         x, y = self._buffers(slot)
-        if sequences:  # one sequence column (`Manifest.input_shape`), padded to the batch's longest
+        if sequences:  # each sequence column padded to the batch's longest of it (`padded_input`)
             manifest = self.rows.shards.manifest
-            name = manifest.sequences[0]["name"]
-            values, lengths = sequences[name].padded(index, self.ws, f"{name}{slot}", self.dtype)
+            gather_scaled(stored_x, stored_y, index, self.scale, self.shift, x, y)  # fixed features: (B, 0) if none
             if manifest.step_target:  # a class per step, -1 at padding
                 y = sequences[manifest.step_target].padded_classes(index, self.ws, f"step_target{slot}")
-            else:
-                y[...] = stored_y[index]
             with self._device():
-                batch = SequenceBatch(self.to_model_input._on_device(values, f"{name}{slot}.values"),
-                                      self.to_model_input._on_device(lengths, f"{name}{slot}.lengths"))
+                batch = self.to_model_input.on_device(
+                    padded_input(manifest, sequences, x, index, self.ws, str(slot), self.dtype), f"batch{slot}")
             return batch, self._on_device(y, f"y{slot}")
         if self.augment:
             stored = augment_images(stored_x[index], (self.seed, epoch, self.rank, step), **self.augment)

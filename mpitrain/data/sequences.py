@@ -2,7 +2,7 @@
 
     seqs = Ragged(values, offsets)             # sequence i: values[offsets[i]:offsets[i+1]], (steps, F)
     seqs[index]                                # the sequences at `index`, ragged again
-    batch = pad_batch(window, index, ws)       # a step's sequences as (B, T, F) plus their lengths
+    values, lengths = buffer.padded(index, ws, name, dtype)   # a step's sequences as (B, T, F) plus their lengths
 
 On disk and in memory a sequence column is ragged: its steps' values one after another and the offsets
 where each row's begin, never padded to the longest sequence (docs/sequences.md). Only a batch is padded, to its
@@ -115,6 +115,26 @@ class SequenceBatch:
     @property
     def shape(self) -> tuple[int, ...]:
         return self.values.shape
+
+    def copy(self) -> SequenceBatch:
+        return SequenceBatch(self.values.copy(), self.lengths.copy())
+
+
+@dataclass
+class SequenceInputs:
+    """A batch of a dataset whose model reads several inputs (docs/sequences.md: sequence columns beside each other
+    or beside fixed features): the fixed features `x` (B, k), k = 0 without any, and each sequence column padded to
+    its own longest with its own lengths, `sequences` {column name: SequenceBatch}, in the manifest's order. A graph
+    model (`mpitrain.nn.graph`) reads `x`'s column group `numeric` and each column as the input of its name."""
+
+    x: object
+    sequences: dict[str, SequenceBatch]
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def copy(self) -> SequenceInputs:
+        return SequenceInputs(self.x.copy(), {name: batch.copy() for name, batch in self.sequences.items()})
 
 
 class RaggedBuffer:

@@ -98,6 +98,11 @@ class Manifest:
         return tuple(self.feature_shape)
 
     @property
+    def sequence_inputs(self) -> dict[str, tuple]:
+        """Each sequence column as a graph model's input of its name, {name: (None, F)} (docs/sequences.md)."""
+        return {column["name"]: (None, column["features"]) for column in self.sequences}
+
+    @property
     def stored_sequences(self) -> list[dict]:
         """Every ragged column of a shard, {name, features}: the sequence columns, then the step target if any."""
         return self.sequences + ([{"name": self.step_target, "features": 1}] if self.step_target else [])
@@ -113,10 +118,10 @@ class Manifest:
 
     @property
     def input_groups(self) -> dict[str, InputGroup]:
-        """The model's named inputs: slices of a row of `x` by column group. Without `columns`, the whole row is
-        the one input `numeric` (of `feature_shape`: an image stays an image)."""
-        if not self.columns:
-            return {"numeric": InputGroup(0, tuple(self.feature_shape))}
+        """The model's named inputs in `x`: slices of a row by column group. Without `columns`, the whole row is
+        the one input `numeric` (of `feature_shape`: an image stays an image). Sequence columns: `sequence_inputs`."""
+        if not self.columns:  # a dataset of sequences without fixed features has none (its x is (rows, 0))
+            return {"numeric": InputGroup(0, tuple(self.feature_shape))} if self.feature_shape != (0,) else {}
         groups, start = {}, 0
         for name in COLUMN_GROUPS:
             columns = self.columns.get(name, [])

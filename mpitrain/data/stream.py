@@ -12,7 +12,8 @@ window a resumed run starts in) is read whole before its first step: that wait s
 input wait in the step metrics. Evaluation reads one block at a time into one batch buffer.
 
 A dataset of sequence columns (docs/sequences.md) keeps each window's sequences ragged beside its fixed rows, one
-`RaggedBuffer` per column and window buffer; evaluation batches come padded (`SequenceBatch`, host arrays).
+`RaggedBuffer` per column and window buffer; evaluation batches come padded (`padded_input`: a `SequenceBatch`, or
+`SequenceInputs` for a model of several inputs; host arrays).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from mpitrain.data.chunks import ShardFiles
 from mpitrain.data.order import Blocks, EpochOrder, EpochPlan, Piece
-from mpitrain.data.sequences import RaggedBuffer, SequenceBatch
+from mpitrain.data.sequences import RaggedBuffer, SequenceBatch, SequenceInputs
 from mpitrain.nn.workspace import Workspace
 
 
@@ -120,8 +121,8 @@ class EvalRows:
 
     def batches(self, batch_size: int):
         """Yield (x, y) of up to `batch_size` rows in order (reused buffers: use each before the next). Each block is
-        read once, whole, into a block buffer, and cut into batches from there. A dataset of one sequence column
-        and no fixed features yields its sequences as x, a host `SequenceBatch`."""
+        read once, whole, into a block buffer, and cut into batches from there. A dataset of sequence columns
+        yields as x what its model reads (`padded_input`: a host `SequenceBatch` or `SequenceInputs`)."""
         block_x, block_y = self._buffers("block", int(self.blocks.rows.max()))
         x, y = self._buffers("batch", batch_size)
         block_seqs, seqs = self._sequences("block", int(self.blocks.rows.max())), self._sequences("batch", batch_size)
@@ -155,13 +156,12 @@ class EvalRows:
         return self.sequence_buffers[name]
 
     def _model_rows(self, x: np.ndarray, y: np.ndarray, seqs: dict[str, RaggedBuffer], rows: int):
-        """(what a model reads of these rows, their targets): x and y, or the sequence column padded
-        (`Manifest.input_shape`) and y, or a step target's classes padded (`RaggedBuffer.padded_classes`)."""
+        """(what a model reads of these rows, their targets): x and y, or the sequence columns padded
+        (`padded_input`) and y, or a step target's classes padded (`RaggedBuffer.padded_classes`)."""
         if not seqs:
             return x, y
         manifest, index = self.shards.manifest, np.arange(rows)
-        name = manifest.sequences[0]["name"]
-        x = SequenceBatch(*seqs[name].padded(index, self.padding, name, np.float32))
+        x = padded_input(manifest, seqs, x, index, self.padding, "", np.float32)
         if manifest.step_target:
             y = seqs[manifest.step_target].padded_classes(index, self.padding, "step_target")
         return x, y
@@ -175,8 +175,6 @@ class EvalRows:
     def first(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The first `n` rows of the range (new arrays)."""
         for x, y in self.batches(max(1, min(n, len(self)))):
-            if isinstance(x, SequenceBatch):
-                return SequenceBatch(x.values.copy(), x.lengths.copy()), y.copy()
             return x.copy(), y.copy()
         return row_buffers(self.shards.manifest, 0)
 
@@ -185,6 +183,22 @@ def row_buffers(manifest, rows: int) -> tuple[np.ndarray, np.ndarray]:
     """Empty (x, y) arrays for `rows` stored rows of the dataset of `manifest`."""
     return (np.empty((rows, *manifest.feature_shape), manifest.feature_dtype),
             np.empty((rows, *manifest.target_shape), manifest.target_dtype))
+
+
+def padded_input(manifest, buffers: dict[str, RaggedBuffer], x: np.ndarray, index: np.ndarray, ws, suffix: str,
+                 dtype):
+    """What a model reads of the rows `index` of a dataset of sequence columns, host arrays of the workspace part
+    `ws` (buffers named `COLUMN{suffix}`): each column of `buffers` padded to its own longest (`RaggedBuffer.padded`),
+    joined with `x`, the rows' fixed features, by `model_input`."""
+    return model_input(manifest, x, {column["name"]: SequenceBatch(*buffers[column["name"]].padded(
+        index, ws, f"{column['name']}{suffix}", dtype)) for column in manifest.sequences})
+
+
+def model_input(manifest, x, columns: dict[str, SequenceBatch]):
+    """A batch of a dataset of sequence columns as its model reads it: the one column's `SequenceBatch` for a
+    dataset of one column alone (`Manifest.input_shape` (None, F), which a `layers:` model reads), else
+    `SequenceInputs` of the fixed features `x` (B, k) and every column (a graph model's inputs)."""
+    return next(iter(columns.values())) if manifest.input_shape[0] is None else SequenceInputs(x, columns)
 
 
 def sequence_buffers(manifest, rows: int) -> dict[str, RaggedBuffer]:

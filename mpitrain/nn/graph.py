@@ -11,8 +11,15 @@
 A node is a layer (`type` one of `GRAPH_TYPES`, its arguments as in `model.layers`) with a
 unique `name`, reading one `input` or, for `concat` and `add`, several `inputs`: the
 dataset's column groups (`numeric`, `categorical`: `Manifest.input_groups`, slices of a row
-of x) or nodes named before it. The last node is the output; every node must lead to it.
+of x), its sequence columns (each the input of its name, `(None, F)`: `Manifest.sequence_inputs`)
+or nodes named before it. The last node is the output; every node must lead to it.
 An `embedding` reads `categorical` itself.
+
+A sequence value carries its lengths (docs/sequences.md): forward tells each layer its input's
+(`layer.lengths`) and carries them on by `output_lengths` while the value is a sequence. A merge
+of sequences needs one set of lengths: `build_graph` refuses one whose sequences do not all come
+from the same column through layers that keep lengths (`Layer.keeps_lengths`; a strided or
+`valid` conv1d does not).
 
 Nodes run in the order written (so a node reads only what is above it). Backward runs them
 in reverse; a value read by several nodes gets the sum of their gradients; nodes that lead
@@ -29,11 +36,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpitrain.data.sequences import SequenceBatch, SequenceInputs
 from mpitrain.errors import ConfigError
 from mpitrain.nn.embedding import Embedding
+from mpitrain.nn.layers import is_sequence, varying
 from mpitrain.nn.merge import Add, Concat, Merge
 from mpitrain.nn.model import (LAYER_ARGUMENTS, LAYER_TYPES, Network, _fuse_activations, _with_activation_layers,
-                                build_model, check_memory)
+                                build_model, check_memory, estimated_size)
 
 GRAPH_TYPES = {**LAYER_TYPES, "embedding": Embedding, "concat": Concat, "add": Add}
 MERGES = ("concat", "add")
@@ -55,16 +64,22 @@ class Node:
 
 
 class Graph(Network):
-    """Named nodes over a row's column groups, a loss on the last node's output; see the module docstring.
+    """Named nodes over a row's column groups and sequence columns, a loss on the last node's output; see the
+    module docstring.
 
-    `groups` are the dataset's inputs (`Manifest.input_groups`); `input_shape` is a whole row's.
+    `groups` are the dataset's inputs in x (`Manifest.input_groups`); `input_shape` is what the model reads of a
+    row (`Manifest.input_shape`: x's shape, or `(None, F)` for one sequence column alone); `sequences` the
+    sequence columns' shapes by name (`Manifest.sequence_inputs`), read from a `SequenceInputs` batch (or from a
+    `SequenceBatch`, the one column of a dataset of it alone).
     """
 
-    def __init__(self, nodes: list[Node], groups: dict, input_shape: tuple[int, ...], loss: str, xp, dtype,
-                 loss_options: dict | None = None):
+    def __init__(self, nodes: list[Node], groups: dict, input_shape: tuple, loss: str, xp, dtype,
+                 loss_options: dict | None = None, sequences: dict[str, tuple] | None = None):
         self.nodes, self.groups, self.input_shape = nodes, groups, tuple(input_shape)
-        shapes = {name: group.shape for name, group in groups.items()}
+        self.sequences = dict(sequences or {})
+        shapes = {**{name: group.shape for name, group in groups.items()}, **self.sequences}
         layers, names, param_shapes, stat_shapes, self.first_layer = [], [], [], [], []
+        self.gives_sequence = []  # per layer: whether its output is a sequence (its lengths are carried on)
         for node in nodes:
             self.first_layer.append(len(layers))  # where the node's layers begin in `layers`
             inputs = [shapes[name] for name in node.inputs]
@@ -73,6 +88,7 @@ class Graph(Network):
                 param_shapes.append(layer.param_shapes(shape))
                 stat_shapes.append(layer.stat_shapes(shape))
                 shape = shape if node.merge else layer.output_shape(shape)
+                self.gives_sequence.append(is_sequence(shape))
                 layers.append(layer)
                 names.append(node.name if k == 0 else f"{node.name}.{type(layer).__name__.lower()}")
             shapes[node.name] = shape
@@ -89,7 +105,7 @@ class Graph(Network):
         self.dense_start = max((table.stop for table in self.sparse_tables), default=0)
         # the one input is the whole row when the dataset has no column groups (an image stays an image)
         self.whole_row = len(groups) == 1 and next(iter(groups.values())).shape == self.input_shape
-        self.needs_grad = {name: False for name in groups}
+        self.needs_grad = {name: False for name in shapes}
         for node in nodes:
             self.needs_grad[node.name] = any(layer.params for layer in node.layers) or \
                 any(self.needs_grad[name] for name in node.inputs)
@@ -97,31 +113,47 @@ class Graph(Network):
         _fuse_activations([layer for node in nodes for layer in node.layers])
 
     def forward(self, x, training: bool = False, key: tuple = (0,), until: str | None = None):
-        """The output of rows `x` (batch, *input_shape), or with `until` node `until`'s (after its activation); `key`
-        (seed, rank, epoch, step) seeds dropout."""
-        values = {name: x if self.whole_row else x[:, group.start:group.stop].reshape(len(x), *group.shape)
-                  for name, group in self.groups.items()}
+        """The output of rows `x` (batch, *input_shape; a `SequenceInputs` or `SequenceBatch` of a dataset of
+        sequences), or with `until` node `until`'s (after its activation); `key` (seed, rank, epoch, step) seeds
+        dropout. Each layer is told its input's lengths (`layer.lengths`, None for a value that is no sequence)."""
+        values, lengths = self._inputs(x)
         layer_index = 0
         for node in self.nodes:
             inputs = [values[name] for name in node.inputs]
-            if node.merge:
+            if node.merge:  # merged sequences share their lengths (`build_graph` checks it)
                 value = node.merge.forward(inputs, training)
+                steps = lengths[node.inputs[0]] if self.gives_sequence[layer_index] else None
                 layer_index += 1
             else:
-                value = inputs[0]
+                value, steps = inputs[0], lengths[node.inputs[0]]
                 for layer in node.layers:
-                    layer.key = (*key, layer_index)
+                    layer.key, layer.lengths = (*key, layer_index), steps
                     value = layer.forward(value, training)
+                    if steps is not None:
+                        steps = layer.output_lengths(steps) if self.gives_sequence[layer_index] else None
                     layer_index += 1
-            values[node.name] = value
+            values[node.name], lengths[node.name] = value, steps
             if node.name == until:
                 break
         return values[until or self.nodes[-1].name]
 
+    def _inputs(self, x) -> tuple[dict, dict]:
+        """({input name: value}, {input name: its lengths, None for a column group}) of a batch: rows of x cut by
+        column group, and each sequence column of a `SequenceInputs` (a `SequenceBatch`: the one column's)."""
+        if isinstance(x, SequenceBatch):
+            x = SequenceInputs(None, {next(iter(self.sequences)): x})
+        rows, columns = (x.x, x.sequences) if isinstance(x, SequenceInputs) else (x, {})
+        values = {name: rows if self.whole_row else rows[:, group.start:group.stop].reshape(len(rows), *group.shape)
+                  for name, group in self.groups.items()}
+        lengths = dict.fromkeys(values)
+        for name, batch in columns.items():
+            values[name], lengths[name] = batch.values, batch.lengths
+        return values, lengths
+
     def backward(self, dy, grads_ready=None) -> None:
         """Backpropagate through the nodes in reverse; after a node with dense parameters, `grads_ready(start)`
         (if given) learns that `grads[start:]` are final."""
-        grads = {self.nodes[-1].name: dy}
+        grads, summed = {self.nodes[-1].name: dy}, set()
         for index in range(len(self.nodes) - 1, -1, -1):
             node = self.nodes[index]
             if not self.needs_grad[node.name]:
@@ -136,21 +168,23 @@ class Graph(Network):
                 outputs = [d]
             for name, gradient in zip(node.inputs, outputs):
                 if gradient is not None:
-                    self._accumulate(grads, name, gradient)
+                    self._accumulate(grads, summed, name, gradient)
             start = self.grads_start[self.first_layer[index]]
             if grads_ready is not None and start >= self.dense_start and any(layer.params for layer in node.layers):
                 grads_ready(start)
 
-    def _accumulate(self, grads: dict, name: str, gradient) -> None:
-        """grads[name] += gradient, in a workspace array of its own once a second reader adds to it."""
+    def _accumulate(self, grads: dict, summed: set, name: str, gradient) -> None:
+        """grads[name] += gradient, in a workspace array of its own (`summed` holds the names that have one by now)
+        once a second reader adds to it; a grow-only one, as a sequence's size changes from batch to batch."""
         if name not in grads:
             grads[name] = gradient
             return
-        total = self.accumulated(name, gradient.shape, gradient.dtype)
-        if grads[name] is not total:
+        if name not in summed:
+            total = varying(self.accumulated, name, gradient.shape, gradient.dtype)
             total[...] = grads[name]
-        total += gradient
-        grads[name] = total
+            grads[name] = total
+            summed.add(name)
+        grads[name] += gradient
 
     def config_entries(self) -> dict:
         """The config keys that build this model again."""
@@ -186,12 +220,23 @@ def check_node_spec(spec, key: str) -> None:
 
 
 def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_name: str = "classes",
-                budget: tuple[int, int] | None = None) -> Graph:
-    """The Graph of `config.model.graph` (a ModelConfig's) for a dataset of input `groups`, giving `outputs` values;
-    a node that reads an unknown name, does not fit its input, or leads nowhere is a ConfigError naming it. With
-    `budget`, a graph estimated to need more than a rank has is refused before allocating (`check_memory`)."""
-    nodes, shapes, read = [], {name: group.shape for name, group in groups.items()}, set()
-    params, activations = 0, sum(math.prod(shape) for shape in shapes.values())
+                budget: tuple[int, int] | None = None, sequences: dict[str, tuple] | None = None, steps: int = 1,
+                per_step: bool = False) -> Graph:
+    """The Graph of `config.model.graph` (a ModelConfig's) for a dataset of input `groups` and sequence columns
+    `sequences` ({name: (None, F)}, the longest `steps` steps), giving `outputs` values (with `per_step`, a class per
+    step: a sequence of `outputs` per step, of the first sequence column's lengths); a node that reads an unknown
+    name, does not fit its input, merges sequences of other lengths, or leads nowhere is a ConfigError naming it.
+    With `budget`, a graph estimated to need more than a rank has is refused before allocating (`check_memory`,
+    sequences counted at `steps` steps)."""
+    sequences = dict(sequences or {})
+    taken = sorted(set(groups) & set(sequences))
+    if taken:
+        raise ConfigError(f"model.graph: the dataset's sequence column {taken[0]!r} has the name of its column group "
+                          f"{taken[0]!r}, so a node could not tell them apart; expected the ETL's --sequence columns "
+                          "named otherwise")
+    nodes, shapes, read = [], {**{name: group.shape for name, group in groups.items()}, **sequences}, set()
+    lengths_of = {name: name for name in sequences}  # a sequence value's lengths: those of this column or node
+    params, activations = 0, sum(estimated_size(shape, steps) for shape in shapes.values())
     for i, spec in enumerate(config.graph):
         key = f"model.graph[{i}]"
         check_node_spec(spec, key)
@@ -214,12 +259,18 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
                 layer.take_ids(groups["categorical"].ids)
             layers = [layer] if isinstance(layer, Merge) else _with_activation_layers([layer])
             shape = layer.merged_shape([shapes[s] for s in inputs]) if isinstance(layer, Merge) else shapes[inputs[0]]
+            lengths_of[name] = _merged_lengths(inputs, lengths_of) if isinstance(layer, Merge) else lengths_of.get(
+                inputs[0])
             if not isinstance(layer, Merge):
                 for each in layers:
                     params += sum(map(math.prod, [*each.param_shapes(shape).values(),
                                                   *each.stat_shapes(shape).values()]))
                     shape = each.output_shape(shape)
-                    activations += math.prod(shape)
+                    activations += estimated_size(shape, steps)
+                    if not each.keeps_lengths:
+                        lengths_of[name] = name
+            if not is_sequence(shape):
+                lengths_of.pop(name, None)
         except ValueError as e:
             raise ConfigError(f"{key} ({name}, {spec['type']}) on inputs of shape "
                               f"{[list(shapes[s]) for s in inputs]}: {e}") from None
@@ -231,12 +282,32 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
     if unused:
         raise ConfigError(f"model.graph: node {unused[0]!r} leads nowhere (no node reads it, and the last node "
                           f"{nodes[-1].name!r} is the output); expected every node to lead to the output")
-    if shapes[nodes[-1].name] != (outputs,):
-        raise ConfigError(f"model.graph: the last node {nodes[-1].name!r} gives outputs of shape "
-                          f"{list(shapes[nodes[-1].name])}, expected [{outputs}] for the dataset's {outputs} "
-                          f"{outputs_name}")
+    last = nodes[-1].name
+    if shapes[last] != ((None, outputs) if per_step else (outputs,)):
+        raise ConfigError(f"model.graph: the last node {last!r} gives outputs of shape {list(shapes[last])}, expected "
+                          f"{[None, outputs] if per_step else [outputs]} for the dataset's {outputs} {outputs_name}"
+                          f"{' per step (None: a sequence)' if per_step else ''}")
+    first = next(iter(sequences), None)
+    if per_step and lengths_of[last] != first:
+        raise ConfigError(f"model.graph: the last node {last!r} gives a sequence of the lengths of "
+                          f"{lengths_of[last]!r}, but the dataset's class per step follows the steps of its first "
+                          f"sequence column {first!r}; expected the output to keep that column's steps (no stride, no "
+                          "'valid' padding)")
     check_memory("model.graph", params, activations, np.dtype(config.dtype).itemsize, budget)
-    return Graph(nodes, groups, input_shape, config.loss, xp, config.dtype, config.loss_options)
+    return Graph(nodes, groups, input_shape, config.loss, xp, config.dtype, config.loss_options, sequences)
+
+
+def _merged_lengths(inputs: list[str], lengths_of: dict) -> str | None:
+    """The lengths a merge's output carries: those its sequence `inputs` share (`lengths_of`: each sequence value's
+    column or node of origin), None when none is a sequence; a ValueError when they differ (the merge's arrays
+    would not line up step by step)."""
+    origins = {lengths_of[name] for name in inputs if name in lengths_of}
+    if len(origins) > 1:
+        described = ", ".join(f"{name!r} those of {lengths_of[name]!r}" for name in inputs if name in lengths_of)
+        raise ValueError(f"it merges sequences of different lengths ({described}); expected sequences of one "
+                         "column through layers that keep its steps, or each sequence pooled first "
+                         "(global_max_pool, global_avg_pool, an lstm's last state)")
+    return next(iter(origins), None)
 
 
 def model_outputs(config, manifest) -> tuple[int, str]:
@@ -256,13 +327,16 @@ def build_network(config, manifest, xp, budget: tuple[int, int] | None = None) -
         raise ConfigError(f"model.target is reconstruction, but the dataset has categorical columns "
                           f"{[c['name'] for c in manifest.columns['categorical']]} (ids, not values to reconstruct); "
                           "expected a dataset of numbers or images")
-    if manifest.sequences and (config.target == "reconstruction" or config.graph or manifest.input_shape[0] is not None):
+    if manifest.sequences and (config.target == "reconstruction" or
+                               not config.graph and manifest.input_shape[0] is not None):
         raise ConfigError(f"the dataset has sequence columns {[c['name'] for c in manifest.sequences]}"
-                          f"{' and fixed features' if manifest.feature_shape != (0,) else ''}; expected one sequence "
-                          "column alone, read by model.layers (model.graph and model.target: reconstruction do not "
-                          "read sequences yet: docs/sequences.md)")
+                          f"{' and fixed features' if manifest.feature_shape != (0,) else ''}; expected "
+                          f"{'a model that is no autoencoder' if config.target == 'reconstruction' else 'model.graph'}"
+                          " (model.layers reads one sequence column alone; docs/sequences.md)")
+    steps = max((c["longest"] for c in manifest.sequences), default=1)
     if config.graph:
-        model = build_graph(config, manifest.input_groups, manifest.feature_shape, outputs, xp, outputs_name, budget)
+        model = build_graph(config, manifest.input_groups, manifest.input_shape, outputs, xp, outputs_name, budget,
+                            manifest.sequence_inputs, steps, bool(manifest.step_target))
     elif "categorical" in manifest.input_groups:
         raise ConfigError(f"model.layers reads a row as numbers, but the dataset has categorical columns "
                           f"{[c['name'] for c in manifest.columns['categorical']]} (ids); expected model.graph with "

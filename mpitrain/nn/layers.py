@@ -36,6 +36,7 @@ class Layer:
 
     _ws: WorkspacePart | None = None
     lengths = None  # a sequence input's lengths (B,), set by the model before forward (docs/sequences.md)
+    keeps_lengths = True  # `output_lengths` gives the input's lengths back (a graph may merge such sequences)
 
     @property
     def ws(self) -> WorkspacePart:

@@ -3,11 +3,13 @@
 A merge takes a list of inputs and gives the list of their gradients back
 (`backward(dy, input_grads)`: None where an input needs none); the graph model
 (`mpitrain.nn.graph`) calls them so. They have no parameters, and write into their part of
-the model's workspace like every layer.
+the model's workspace like every layer: a grow-only buffer (`mpitrain.nn.layers.varying`), since merged
+sequences (docs/sequences.md: of one set of lengths, which the graph checks) change their padded length from
+batch to batch.
 """
 from __future__ import annotations
 
-from mpitrain.nn.layers import Layer
+from mpitrain.nn.layers import Layer, varying
 from mpitrain.parallel.backend import array_module
 
 
@@ -30,7 +32,7 @@ class Concat(Merge):
 
     def forward(self, xs, training):
         self.widths = [x.shape[-1] for x in xs]
-        y = self.ws("y", (*xs[0].shape[:-1], sum(self.widths)), xs[0].dtype)
+        y = varying(self.ws, "y", (*xs[0].shape[:-1], sum(self.widths)), xs[0].dtype)
         start = 0
         for x, width in zip(xs, self.widths):
             y[..., start:start + width] = x
@@ -54,7 +56,7 @@ class Add(Merge):
         return shapes[0]
 
     def forward(self, xs, training):
-        y = self.ws("y", xs[0].shape, xs[0].dtype)
+        y = varying(self.ws, "y", xs[0].shape, xs[0].dtype)
         xp = array_module(y)
         xp.add(xs[0], xs[1], out=y)
         for x in xs[2:]:

@@ -93,6 +93,11 @@ class Conv1D(FusesActivation):
         self.pad_left = {"causal": self.span - 1, "same": (self.span - 1) // 2, "valid": 0}[padding]
         self.pad_right = 0 if padding == "valid" else self.span - 1 - self.pad_left
 
+    @property
+    def keeps_lengths(self) -> bool:
+        """Whether every sequence keeps its length: no stride, and a padding that adds the span's steps back."""
+        return self.stride == 1 and (self.padding != "valid" or self.span == 1)
+
     def param_shapes(self, input_shape):
         _check_sequence(input_shape, "conv1d")
         return {"W": (self.kernel, input_shape[1], self.filters), "b": (self.filters,)}

@@ -14,9 +14,10 @@ feature and target description, which `mpitrain score` reads.
 
 The graph is built by emitters that each append a part to an `OnnxGraph` and return the name of that part's
 output: `emit_input_scaling`, one per layer type (`emit_layer`, `LAYER_EMITTERS`) and `emit_output_head`. A graph
-model (`model.graph`) goes node by node (`emit_nodes`): its column groups are Slices of the row, an embedding is a
-Gather per categorical column, concat and add are Concat and Add. A table's raw records are encoded into the rows
-the graph takes (numbers standardized, categories as ids) by `mpitrain.data.encoding.TableEncoder` from the manifest's
+model (`model.graph`) goes node by node (`emit_nodes`): its column groups are Slices of the row, its sequence
+columns inputs of their own (`onnx_sequence_inputs`: `NAME` and `NAME_lengths` each), an embedding is a Gather per
+categorical column, concat and add are Concat and Add. A table's raw records are encoded into the rows the graph
+takes (numbers standardized, categories as ids) by `mpitrain.data.encoding.TableEncoder` from the manifest's
 `columns`, which the metadata carries: Spark scoring does it; another runtime applies the same mapping (docs/tables.md).
 """
 from __future__ import annotations
@@ -42,6 +43,9 @@ from mpitrain.nn.losses import check_loss_fits
 OPSET = 17
 INPUT = "x"
 LENGTHS = "lengths"  # a sequence model's second input: each row's steps (docs/sequences.md)
+# A model of several inputs (a graph on sequence columns beside each other or fixed features) takes `x` (the fixed
+# features, when there are any) and per sequence column its values, named as the column, and its lengths, so named:
+LENGTHS_SUFFIX = "_lengths"
 # The graph's last operator and its output's name, by target kind (`Manifest.target`).
 OUTPUT_HEADS = {"class": ("Softmax", "probabilities"), "binary": ("Sigmoid", "probabilities"),
                 "multilabel": ("Sigmoid", "probabilities"), "regression": (None, "values"),
@@ -64,11 +68,8 @@ class OnnxGraph:
     """An ONNX graph under construction: nodes and initializers appended in order, each node's output named
     `NAME/OP` after the node. Every emitter takes the graph and its input's name and returns its output's name.
     `lengths` is the name of the (N,) int64 lengths tensor of the current input when it is a sequence (N, T, F)
-    (docs/sequences.md): a sequence layer's emitter reads it and sets its output's (None: not a sequence)."""
-
-    lengths: str | None = None
-
-    lengths: str | None = None  # the name of the current (N,) int64 lengths tensor of a sequence input
+    (docs/sequences.md): a sequence layer's emitter reads it and sets its output's (None: not a sequence); a graph
+    model's emitter (`emit_nodes`) keeps each value's and sets it before each node."""
 
     def __init__(self, dtype: np.dtype):
         self.onnx, self.dtype = require_onnx(), np.dtype(dtype)
@@ -291,16 +292,21 @@ def emit_input_scaling(graph: OnnxGraph, x: str, scale, shift, name: str = "inpu
     return graph.node("Add", [x, graph.constant(f"{name}/shift", shift)], name)
 
 
-def emit_nodes(graph: OnnxGraph, model, x: str) -> str:
-    """A graph model's nodes (`mpitrain.nn.graph.Graph`) on the scaled rows `x`: each column group a Slice of the
-    row (the whole row when it is the one input), each node's layers on its inputs' outputs (an embedding one Gather
-    per column), concat a Concat along the last axis, add a chain of Adds; the output node's output name."""
-    values, shapes = {}, {}
+def emit_nodes(graph: OnnxGraph, model, x: str | None, sequences: dict[str, tuple[str, str]]) -> str:
+    """A graph model's nodes (`mpitrain.nn.graph.Graph`) on the scaled rows `x` and the `sequences` ({column:
+    (values name, lengths name)}): each column group a Slice of the row (the whole row when it is the one input),
+    each node's layers on its inputs' outputs (an embedding one Gather per column), concat a Concat along the last
+    axis, add a chain of Adds; each value's lengths kept (`graph.lengths` set to a node's input's before its
+    layers, a merge's output has its inputs' one lengths); the output node's output name."""
+    values, shapes, lengths = {}, {}, {}
     for name, group in model.groups.items():
         values[name] = x if model.whole_row else _columns(graph, x, group.start, group.stop, f"input/{name}")
-        shapes[name] = group.shape
+        shapes[name], lengths[name] = group.shape, None
+    for name, (value, steps) in sequences.items():
+        values[name], shapes[name], lengths[name] = value, model.sequences[name], steps
     for index, node in enumerate(model.nodes):
         inputs = [values[name] for name in node.inputs]
+        graph.lengths = lengths[node.inputs[0]]
         if isinstance(node.merge, Concat):
             value = graph.node("Concat", inputs, node.name, axis=-1)
             shape = node.merge.merged_shape([shapes[name] for name in node.inputs])
@@ -315,7 +321,25 @@ def emit_nodes(graph: OnnxGraph, model, x: str) -> str:
                 value = emit_layer(graph, layer, value, model.names[model.first_layer[index] + k], shape)
                 shape = layer.output_shape(shape)
         values[node.name], shapes[node.name] = value, shape
+        lengths[node.name] = graph.lengths if is_sequence(shape) else None
     return values[model.nodes[-1].name]
+
+
+def onnx_sequence_inputs(manifest) -> dict[str, tuple[str, str]]:
+    """The ONNX inputs of a graph model's sequence columns (docs/export.md): {column: (values input, lengths
+    input)}, `x` and `lengths` for the one column of a dataset of it alone (as a `layers:` model's), else the
+    column's name and NAME_lengths; a name clash (a column named `x` beside fixed features, or NAME_lengths beside
+    NAME) is refused naming it."""
+    if manifest.input_shape[0] is None:
+        return {manifest.sequences[0]["name"]: (INPUT, LENGTHS)}
+    named = {column["name"]: (column["name"], column["name"] + LENGTHS_SUFFIX) for column in manifest.sequences}
+    names = [name for pair in named.values() for name in pair] + ([INPUT] if manifest.feature_shape != (0,) else [])
+    clash = next((name for name in names if names.count(name) > 1), None)
+    if clash is not None:
+        raise MpitrainError(f"ONNX export: the dataset's sequence columns {list(named)} and fixed features give two "
+                            f"inputs named {clash!r} (a column's values take its name, its lengths NAME"
+                            f"{LENGTHS_SUFFIX}, the fixed features {INPUT!r}); expected columns named apart")
+    return named
 
 
 def emit_output_head(graph: OnnxGraph, x: str, target: str, loss: str = "") -> str:
@@ -354,13 +378,16 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
                             f"shape {list(manifest.input_shape)}")
     graph = OnnxGraph(model.params.dtype)
     sequence = manifest.input_shape[0] is None  # inputs x (N, T, F) padded and LENGTHS (N,): docs/sequences.md
+    columns = onnx_sequence_inputs(manifest) if manifest.sequences else {}  # {column: (values, lengths)}
     if sequence:
         graph.lengths = LENGTHS
         x = INPUT
+    elif manifest.feature_shape == (0,):  # sequence columns without fixed features: no input x
+        x = None
     else:
         x = emit_input_scaling(graph, INPUT, *input_scaling(manifest, normalize))
     if hasattr(model, "nodes"):
-        x = emit_nodes(graph, model, x)
+        x = emit_nodes(graph, model, x, columns)
     else:
         shape = tuple(model.input_shape)
         for layer, name in zip(model.layers, model.names):
@@ -369,12 +396,17 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
     output = emit_output_head(graph, x, target, model.loss)
     inputs = [helper.make_tensor_value_info(INPUT, helper.np_dtype_to_tensor_dtype(np.dtype(manifest.feature_dtype)),
                                             ["N", *manifest.feature_shape])]  # N: any batch size
-    if sequence:  # T: any padded length
-        inputs = [helper.make_tensor_value_info(INPUT, onnx.TensorProto.FLOAT, ["N", "T", manifest.input_shape[1]]),
-                  helper.make_tensor_value_info(LENGTHS, onnx.TensorProto.INT64, ["N"])]
-    per_step = model.output_shape[0] is None  # a class per step: (N, T, classes), valid steps by `lengths`
+    if manifest.sequences:  # T: any padded length, each column's own
+        inputs = inputs if manifest.feature_shape != (0,) and not sequence else []
+        for column in manifest.sequences:
+            values, lengths = columns[column["name"]]
+            inputs += [helper.make_tensor_value_info(values, onnx.TensorProto.FLOAT,
+                                                     ["N", _steps(manifest, column["name"]), column["features"]]),
+                       helper.make_tensor_value_info(lengths, onnx.TensorProto.INT64, ["N"])]
+    per_step = model.output_shape[0] is None  # a class per step: (N, T, classes) of the first column's steps
     outputs = [helper.make_tensor_value_info(output, onnx.TensorProto.FLOAT,
-                                             ["N", "T", model.output_shape[1]] if per_step else
+                                             ["N", _steps(manifest, manifest.sequences[0]["name"]),
+                                              model.output_shape[1]] if per_step else
                                              ["N", model.output_shape[0]])]
     proto = helper.make_model(helper.make_graph(graph.nodes, "mpitrain", inputs, outputs, graph.initializers),
                               opset_imports=[helper.make_opsetid("", OPSET)], producer_name="mpitrain")
@@ -385,6 +417,11 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
     helper.set_model_props(proto, {key: str(value) for key, value in props.items()})
     onnx.checker.check_model(proto, full_check=True)
     return proto
+
+
+def _steps(manifest, column: str) -> str:
+    """The symbolic padded length of a sequence column's input: `T`, or `T_NAME` among several inputs."""
+    return "T" if manifest.input_shape[0] is None else f"T_{column}"
 
 
 def export_onnx(model, manifest, path: str, normalize: bool = True, metadata: dict | None = None,
@@ -447,9 +484,10 @@ def input_rows_shape(proto) -> tuple[str, tuple[int, ...]]:
     """(numpy dtype name, feature shape) of the rows an exported graph takes (its one input, less the batch)."""
     onnx = require_onnx()
     graph = proto.graph
-    if [i.name for i in graph.input] == [INPUT, LENGTHS]:
-        raise MpitrainError("the ONNX model reads sequences (inputs x and lengths), which scoring does not read yet; "
-                            "expected a model of fixed-size rows (score sequences with `mpitrain predict`)")
+    if any(i.name == LENGTHS or i.name.endswith(LENGTHS_SUFFIX) for i in graph.input):
+        raise MpitrainError(f"the ONNX model reads sequences (inputs {[i.name for i in graph.input]}), which scoring "
+                            "does not read yet; expected a model of fixed-size rows (score sequences with "
+                            "`mpitrain predict`)")
     if len(graph.input) != 1 or len(graph.output) != 1:
         raise MpitrainError(f"the ONNX model has {len(graph.input)} inputs and {len(graph.output)} outputs; "
                             "expected one input (rows) and one output (probabilities or values)")

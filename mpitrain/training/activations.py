@@ -9,6 +9,9 @@ NODE names what to read out (`node_of`):
   that entry's output after its own `activation` (the expanded layer names of the checkpoint's layout, `03_relu`,
   are not accepted: a dense layer runs its activation fused, so its own output is never held apart).
 
+A node that gives a sequence is refused: its rows have steps of any length, which one (rows, ...) array cannot
+hold; a node after a global pool or an lstm's last state gives one vector per row.
+
 The HDF5 file holds `embeddings` float32 (rows, *the node's shape), in the order `mpitrain predict` writes its
 rows, and `label`, the dataset's labels as `predict` writes a class target's or a target's columns (not the
 reconstruction's: a code is coloured by what its row is), with the provenance and `node` as attributes. The
@@ -36,12 +39,24 @@ def node_of(model, model_config, node: str):
         if node not in names:
             raise MpitrainError(f"--embeddings {node!r}: the model (model.graph) has no such node; expected one of "
                                 f"{names}")
+        index = names.index(node)
+        _check_one_vector_per_row(model, model.first_layer[index] + len(model.nodes[index].layers) - 1, node)
         return node
     specs = model_config.layers
     if not node.isdigit() or int(node) >= len(specs):
         raise MpitrainError(f"--embeddings {node!r}: expected the index of an entry of the run's model.layers, 0 to "
                             f"{len(specs) - 1}")
-    return sum(1 + (spec.get("activation", "none") != "none") for spec in specs[:int(node) + 1]) - 1
+    index = sum(1 + (spec.get("activation", "none") != "none") for spec in specs[:int(node) + 1]) - 1
+    _check_one_vector_per_row(model, index, node)
+    return index
+
+
+def _check_one_vector_per_row(model, layer: int, node: str) -> None:
+    """An MpitrainError when the model's layer `layer` (NODE's last) gives a sequence: rows of steps of any length,
+    which no (rows, ...) array of embeddings holds."""
+    if model.gives_sequence[layer]:
+        raise MpitrainError(f"--embeddings {node!r}: the node gives a sequence (a vector per step, of any length); "
+                            "expected a node of one vector per row (after a global pool or an lstm's last state)")
 
 
 def predict_activations(run_dir: str, comm, node: str, split: str = "test", out: str | None = None,

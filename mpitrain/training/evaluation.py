@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mpitrain.data.sequences import SequenceBatch
 from mpitrain.errors import DataError
 from mpitrain.kernels.loss import score
 from mpitrain.nn.losses import sigmoid, softmax
@@ -93,8 +92,8 @@ def batched_logits(model, rows, to_input, batch_size: int, until=None):
     its valid steps as rows: (steps, C) logits and (steps,) classes, in row order then step order."""
     ws = model.workspace.part("evaluation")
     for stored, labels in rows.batches(batch_size):
-        x = to_input(stored, None if isinstance(stored, SequenceBatch) else
-                     ws("input", (len(stored), *model.input_shape), model.params.dtype))
+        x = to_input(stored, ws("input", (len(stored), *model.input_shape), model.params.dtype)
+                     if isinstance(stored, np.ndarray) else None)  # a padded batch of sequences: `ModelInput`'s
         if model.reconstruction and until is None:
             labels = _host(x).reshape(len(x), -1)
         logits = model.forward(x, training=False, until=until)

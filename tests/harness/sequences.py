@@ -1,6 +1,9 @@
 """Ragged sequences with a known rule, for tests and benchmarks: as Parquet records (what the ETL reads) or written
 straight into shards with the real shard writer (no Spark).
 
+Several inputs (`mixed_inputs`, `make_mixed_dataset`): two sequence columns of other lengths and widths beside fixed
+features, the class a rule of all three, which only a graph model reading every input can learn.
+
 A class per step (sequence labelling, `tagged_sequences`): step t's class is whether the running sum of the first
 feature up to t is positive, which only a model that carries the sum along the sequence can tell.
 
@@ -77,38 +80,69 @@ def write_parquet(path, sequences: list[np.ndarray], labels, column: str = "read
 RULES = ("motifs", "tagged", "tokens")
 
 
+def mixed_inputs(n: int, seed: int = 0, lengths=((10, 120), (5, 60))) -> tuple[np.ndarray, dict, np.ndarray]:
+    """`n` rows of two sequence columns beside two fixed features, and their classes (4), by a rule that needs every
+    input: which of two motifs `readings` (2 features, `lengths[0]` steps) holds, times 2, plus which of two motifs
+    `events` (1 feature, `lengths[1]` steps) holds, flipped where the first fixed feature is negative. Returns
+    (x float32 (n, 2), {column: sequences}, classes int32)."""
+    readings, high = motif_sequences(n, seed, classes=2, features=2, lengths=lengths[0])
+    events, low = motif_sequences(n, seed + 1000, classes=2, features=1, lengths=lengths[1])
+    x = np.random.default_rng(seed + 2000).normal(size=(n, 2)).astype(np.float32)
+    return x, {"readings": readings, "events": events}, (2 * high + (low ^ (x[:, 0] < 0))).astype(np.int32)
+
+
 def make_sequence_dataset(path, n_train: int = 600, n_test: int = 200, shards: int = 2, seed: int = 0,
                           classes: int = 4, features: int = 2, lengths=(10, 200), column: str = "readings",
                           rule: str = "motifs") -> Manifest:
-    """A dataset of one sequence column, written as the ETL writes one, by `rule`: `motif_sequences`; `tagged`:
-    `tagged_sequences`, a class per step in the step target `tags` (2 classes); `tokens`: `token_sequences` (40 ids,
-    3 classes: the manifest's column has `ids`)."""
-    splits, counts, steps, found = {}, {}, {}, []
+    """A dataset of one sequence column, written as the ETL writes one, by `rule` (one of RULES): `motif_sequences`;
+    `tagged`: `tagged_sequences`, a class per step in the step target `tags` (2 classes); `tokens`:
+    `token_sequences` (40 ids, 3 classes: the manifest's column has `ids`)."""
     classes = {"tagged": 2, "tokens": 3}.get(rule, classes)
-    for split, n, salt in (("train", n_train, 0), ("test", n_test, 1)):
-        tags = None
+
+    def rows(n: int, seed: int):
         if rule == "tagged":
-            sequences, tags = tagged_sequences(n, seed * 2 + salt, features, lengths)
-            labels = np.array([t.max() for t in tags], np.int32)
-        elif rule == "tokens":
-            sequences, labels = token_sequences(n, seed * 2 + salt, classes=classes, lengths=lengths)
+            sequences, tags = tagged_sequences(n, seed, features, lengths)
+            return np.empty((n, 0), np.float32), {column: sequences, "tags": [t[:, None] for t in tags]}, \
+                np.array([t.max() for t in tags], np.int32)
+        if rule == "tokens":
+            sequences, labels = token_sequences(n, seed, classes=classes, lengths=lengths)
         else:
-            sequences, labels = motif_sequences(n, seed * 2 + salt, classes, features, lengths)
+            sequences, labels = motif_sequences(n, seed, classes, features, lengths)
+        return np.empty((n, 0), np.float32), {column: sequences}, labels
+    return write_sequence_dataset(path, rows, n_train, n_test, shards, seed, classes, {column: lengths[1]},
+                                  "tags" if rule == "tagged" else "")
+
+
+def make_mixed_dataset(path, n_train: int = 600, n_test: int = 200, shards: int = 2, seed: int = 0,
+                       lengths=((10, 120), (5, 60))) -> Manifest:
+    """A dataset of two sequence columns, `readings` and `events`, beside two fixed features (`mixed_inputs`), written
+    as the ETL writes one: a graph model's."""
+    return write_sequence_dataset(path, lambda n, seed: mixed_inputs(n, seed, lengths), n_train, n_test, shards,
+                                  seed, 4, {"readings": lengths[0][1], "events": lengths[1][1]})
+
+
+def write_sequence_dataset(path, rows, n_train: int, n_test: int, shards: int, seed: int, classes: int,
+                           max_lengths: dict[str, int], step_target: str = "") -> Manifest:
+    """Write the splits `rows(n, seed)` gives ((x (n, k), {column: sequences (steps, F)}, classes (n,)), the
+    sequence columns `max_lengths` names and the `step_target`'s classes) into `shards` shards each, and the
+    manifest, with the real shard writer."""
+    splits, counts, steps, found = {}, {}, {name: {} for name in max_lengths}, {name: [] for name in max_lengths}
+    for split, n, salt in (("train", n_train, 0), ("test", n_test, 1)):
+        x, columns, labels = rows(n, seed * 2 + salt)
         bounds = [i * n // shards for i in range(shards + 1)]
-        splits[split] = [write_shard(str(path), shard_path(split, i), np.empty((b - a, 0), np.float32), labels[a:b],
-                                     sequences={column: ragged(sequences[a:b]),
-                                                **({"tags": ragged([t[:, None] for t in tags[a:b]])} if tags else {})})
+        splits[split] = [write_shard(str(path), shard_path(split, i), x[a:b], labels[a:b],
+                                     sequences={name: ragged(sequences[a:b]) for name, sequences in columns.items()})
                          for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
         counts[split] = np.bincount(labels, minlength=classes).tolist()
-        steps[split] = sum(map(len, sequences))
-        found += sequences
-    entry = {"name": column, "features": found[0].shape[1], "max_length": lengths[1], "steps": steps,
-             "longest": max(map(len, found)), "shortest": min(map(len, found))}
-    if rule == "tokens":
-        entry["ids"] = int(max(s.max() for s in found)) + 1
-    manifest = Manifest(feature_shape=(0,), feature_dtype="float32", scale=1.0, offset=0.0, mean=0.0, std=1.0,
-                        num_classes=classes, label_counts=counts, splits=splits, source="synthetic", seed=seed,
-                        checksums="fletcher32", sequences=[entry], step_target="tags" if rule == "tagged" else "")
+        for name in max_lengths:
+            steps[name][split] = sum(map(len, columns[name]))
+            found[name] += columns[name]
+    manifest = Manifest(feature_shape=(x.shape[1],), feature_dtype="float32", scale=1.0, offset=0.0, mean=0.0,
+                        std=1.0, num_classes=classes, label_counts=counts, splits=splits, source="synthetic",
+                        seed=seed, checksums="fletcher32",
+                        sequences=[column_entry(name, found[name], max_lengths[name], steps[name])
+                                   for name in max_lengths],
+                        step_target=step_target)
     write_manifest(str(path), manifest)
     return manifest
 
@@ -121,3 +155,14 @@ def padded_batch(sequences: list[np.ndarray], classes: list[np.ndarray], steps: 
     for row, (sequence, tags) in enumerate(zip(sequences, classes)):
         values[row, :len(sequence)], y[row, :len(tags)] = sequence, tags
     return SequenceBatch(values, np.array([len(s) for s in sequences], np.int64)), y
+
+
+def column_entry(name: str, sequences: list[np.ndarray], max_length: int, steps: dict) -> dict:
+    """The manifest's entry of a sequence column, as the ETL writes it: `ids` for non-negative integers of one
+    feature (token ids)."""
+    entry = {"name": name, "features": sequences[0].shape[1], "max_length": max_length, "steps": steps,
+             "longest": max(map(len, sequences)), "shortest": min(map(len, sequences))}
+    values = np.concatenate(sequences)
+    if values.shape[1] == 1 and (values >= 0).all() and (values == np.floor(values)).all():
+        entry["ids"] = int(values.max()) + 1
+    return entry

@@ -1,7 +1,8 @@
-"""Sequence models end to end on 2 ranks (real mpiexec): LSTM, GRU and Conv1D models train on ragged sequences with
-a known rule, `mpitrain predict` gives the same predictions whatever the batches' padding, the exported ONNX graph
-gives them too, and a run stopped mid-epoch resumes to the uninterrupted run's parameters (bit for bit on the same
-rank count, within float32 rounding on another)."""
+"""Sequence models end to end on 2 ranks (real mpiexec): LSTM, GRU and Conv1D models, and a graph of two sequence
+columns beside fixed features, train on ragged sequences with a known rule, `mpitrain predict` gives the same
+predictions whatever the batches' padding, the exported ONNX graph gives them too, and a run stopped mid-epoch
+resumes to the uninterrupted run's parameters (bit for bit on the same rank count, within float32 rounding on
+another)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ from mpitrain.data.reader import DatasetReader
 from mpitrain.rundir.checkpoint import list_checkpoints
 from mpitrain.testing.datasets import write_config
 from mpitrain.testing.launch import MPITRAIN, command, mpiexec
-from mpitrain.testing.sequences import make_sequence_dataset
+from mpitrain.testing.sequences import make_mixed_dataset, make_sequence_dataset
 
 TOKENS = [{"type": "token_embedding", "dim": 8}, {"type": "lstm", "units": 12}, {"type": "dense", "units": 3}]
 MODELS = {
@@ -207,3 +208,47 @@ def test_truncated_bptt_resumes_mid_epoch_to_the_uninterrupted_run(tagged, tmp_p
     shutil.copy(full / "checkpoints" / "ckpt-0000-000014.h5", run_dir / "checkpoints")
     train(tmp_path, tagged, "resumed", run_dir=run_dir, **sections)
     np.testing.assert_array_equal(final_params(run_dir), final_params(full))
+
+
+MIXED_GRAPH = [{"name": "r", "type": "lstm", "input": "readings", "units": 12},
+               {"name": "s", "type": "conv1d", "input": "events", "filters": 8, "kernel": 4, "activation": "relu"},
+               {"name": "ps", "type": "global_max_pool", "input": "s"},
+               {"name": "j", "type": "concat", "inputs": ["r", "ps", "numeric"]},
+               {"name": "h", "type": "dense", "input": "j", "units": 16, "activation": "relu"},
+               {"name": "out", "type": "dense", "input": "h", "units": 4}]
+
+
+def test_a_graph_of_two_sequence_columns_and_fixed_features_learns_predicts_alike_and_exports(tmp_path):
+    """The class needs both columns and a fixed feature (`mixed_inputs`): the graph learns it on 2 ranks, predicts
+    alike in batches of other padding, and its ONNX graph (inputs x, readings, readings_lengths, events,
+    events_lengths) gives mpitrain predict's probabilities; `--embeddings` reads a node of one vector per row and
+    refuses one of a sequence in one line."""
+    import onnxruntime
+    data = tmp_path / "mixed-data"
+    make_mixed_dataset(data, n_train=800, n_test=160, shards=2, lengths=((8, 60), (5, 40)))
+    run_dir = train(tmp_path, data, "mixed", model={"graph": MIXED_GRAPH, "layers": []}, train={**TRAIN, "epochs": 5})
+    probabilities, labels = predictions(run_dir, 64)
+    assert (probabilities.argmax(axis=1) == labels).mean() > 0.6  # 4 classes: chance is 0.25
+    other, _ = predictions(run_dir, 7)
+    np.testing.assert_allclose(other, probabilities, rtol=0, atol=1e-6)
+
+    exported = command(MPITRAIN, "export", run_dir, "--out", tmp_path / "mixed.onnx")
+    assert exported.returncode == 0, exported.stderr
+    session = onnxruntime.InferenceSession(str(tmp_path / "mixed.onnx"))
+    assert [i.name for i in session.get_inputs()] == ["x", "readings", "readings_lengths", "events", "events_lengths"]
+    rows = 0
+    for x, _ in DatasetReader(str(data), _Rank()).eval_rows("test").batches(50):
+        feeds = {"x": x.x, **{name: batch.values for name, batch in x.sequences.items()},
+                 **{f"{name}_lengths": batch.lengths for name, batch in x.sequences.items()}}
+        got = session.run(None, feeds)[0]
+        np.testing.assert_allclose(got, probabilities[rows:rows + len(got)], rtol=0, atol=1e-5)
+        rows += len(got)
+    assert rows == len(probabilities)
+
+    joined = mpiexec(2, MPITRAIN, "predict", run_dir, "--embeddings", "j", timeout=120)
+    assert joined.returncode == 0, joined.stderr[-3000:]
+    with h5py.File(run_dir / "embeddings-test.h5") as f:
+        assert f["embeddings"].shape == (160, 12 + 8 + 2)  # the lstm's last state, the pooled conv1d, x
+    refused = mpiexec(2, MPITRAIN, "predict", run_dir, "--embeddings", "s", timeout=120)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "error: --embeddings 's': the node gives a sequence" in refused.stderr

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from mpitrain.data.reader import Batches, DatasetReader
-from mpitrain.data.sequences import PAD_MULTIPLE, Ragged, RaggedBuffer, SequenceRows
+from mpitrain.data.sequences import PAD_MULTIPLE, Ragged, RaggedBuffer, SequenceInputs, SequenceRows
 from mpitrain.errors import DataError
 from mpitrain.nn.workspace import Workspace
 from mpitrain.parallel.backend import create_backend
-from mpitrain.testing.sequences import make_sequence_dataset, motif_sequences, ragged
+from mpitrain.testing.sequences import make_mixed_dataset, make_sequence_dataset, motif_sequences, ragged
 
 
 def test_ragged_rows_index_and_join_like_arrays_of_rows():
@@ -81,3 +81,31 @@ def test_a_damaged_sequence_column_is_one_error_naming_the_shard_column_and_row(
     with pytest.raises(DataError, match=r"shard-00000.h5: sequence column 'readings' has offsets out of order or "
                                         r"range at row 2"):
         list(reader.eval_rows("test").batches(8))
+
+
+def test_several_inputs_come_as_the_fixed_features_and_each_column_padded_to_its_own_longest(tmp_path):
+    manifest = make_mixed_dataset(tmp_path / "ds", n_train=40, n_test=30, shards=2, lengths=((4, 30), (4, 9)))
+    stored = {"x": [], "readings": [], "events": []}
+    for shard in manifest.shards("test"):
+        with h5py.File(tmp_path / "ds" / shard.path) as f:
+            stored["x"] += list(f["x"][...])
+            for name in ("readings", "events"):
+                offsets = f[f"sequences/{name}/offsets"][...]
+                stored[name] += [f[f"sequences/{name}/values"][a:b] for a, b in zip(offsets, offsets[1:])]
+    rows = 0
+    for x, _ in DatasetReader(str(tmp_path / "ds"), _Rank(0, 1)).eval_rows("test").batches(7):
+        assert isinstance(x, SequenceInputs) and list(x.sequences) == ["readings", "events"]
+        np.testing.assert_array_equal(x.x, stored["x"][rows:rows + len(x)])
+        for name, batch in x.sequences.items():
+            assert batch.values.shape[1] == -(-batch.lengths.max() // PAD_MULTIPLE) * PAD_MULTIPLE  # its own longest
+            for r, length in enumerate(batch.lengths):
+                np.testing.assert_array_equal(batch.values[r, :length], stored[name][rows + r])
+                assert (batch.values[r, length:] == 0).all()
+        rows += len(x)
+    assert rows == 30
+    reader = DatasetReader(str(tmp_path / "ds"), _Rank(0, 1))
+    batches = Batches(reader.train_rows("train", 8, 1, seed=0, shuffle=True), reader.manifest,
+                      create_backend("numpy"), "float32", seed=0, rank=0, prefetch=False)
+    for x, y in batches.epoch(0):
+        assert x.x.shape == (8, 2) and {name: b.values.shape[2] for name, b in x.sequences.items()} == \
+            {"readings": 2, "events": 1} and y.shape == (8,)
