@@ -167,7 +167,9 @@ def markdown(result: dict) -> str:
                      "FLOPs per sample: 3 x the forward's matrix products at the train split's mean length "
                      f"({s['mean_length']:.1f} steps; `mpitrain.testing.flops`); of sgemm: FLOPs per sample x "
                      f"samples/s / one core's numpy sgemm rate, {s['sgemm_gflop_per_s']:.1f} GFLOP/s, measured in "
-                     "the same run.")
+                     "the same run (2 ranks on 2 cores: 200% would be both cores at that rate). The padding a batch "
+                     "computes is not counted as work: mpitrain's LSTM runs every step of the batch's padded length, "
+                     "PyTorch's packed one only the valid steps.")
     parts.append(f"Motifs: {result['motif_train_rows']} train and {result['motif_test_rows']} test sequences of "
                  "10-200 steps of 2 numbers, 4 classes (`mpitrain.testing.sequences.motif_sequences`), through "
                  "Parquet and `mpitrain etl --sequence readings`; padding: the largest difference of a test "
