@@ -23,7 +23,7 @@ Every step runs as the README's commands do, in the user's environment (the conf
 Goals: LSTM and Conv1D test accuracy >= 0.95, their predictions within 1e-6 whatever the padding; the GRU's test
 accuracy >= 0.888; mpitrain >= 1.0x PyTorch DDP's samples/s on both motif models.
 
-    python benchmarks/sequences.py --out benchmarks/results          # about 25 minutes on 2 cores
+    python benchmarks/sequences.py --out benchmarks/results          # about 15 minutes on 2 cores (9 with --repeat 1)
     python benchmarks/sequences.py --repeat 1 --skip-fashion         # the motifs and one speed round
 """
 from __future__ import annotations
