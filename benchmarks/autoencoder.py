@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import tempfile
 import time
 
 import numpy as np
-from common import BIN, HERE, USER_ENV, markdown_table, train, write_results
+from common import HERE, markdown_table, mpitrain, train, write_results
 
 from mpitrain.data.shards import read_manifest
 from mpitrain.testing.references import read_split
@@ -37,14 +36,6 @@ LINEAR = [{"name": "pixels", "type": "flatten", "input": "numeric"},
           {"name": "code", "type": "dense", "input": "pixels", "units": COMPONENTS},
           {"name": "reconstruction", "type": "dense", "input": "code", "units": 64}]
 LINEAR_EPOCHS = 100
-
-
-def mpitrain(*args: str) -> str:
-    """`mpitrain ARGS...` as a user runs it; its output, or the benchmark ends with its error."""
-    done = subprocess.run([os.path.join(BIN, "mpitrain"), *args], env=USER_ENV, capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"mpitrain {' '.join(args)} failed:\n{done.stderr[-3000:]}")
-    return done.stdout
 
 
 def pixels(data: str, split: str) -> np.ndarray:

@@ -79,6 +79,17 @@ def train(ranks: int, config: str, overrides: dict, env: dict | None = None, pre
         return summary
 
 
+def mpitrain(*args: str, ranks: int = 0) -> str:
+    """`mpitrain ARGS...` (under `mpiexec -n RANKS` when `ranks`) as a user runs it; its output, or the benchmark
+    ends with its error."""
+    launcher = [os.path.join(BIN, "mpiexec"), "-n", str(ranks)] if ranks else []
+    done = subprocess.run([*launcher, os.path.join(BIN, "mpitrain"), *args], env=USER_ENV, capture_output=True,
+                          text=True)
+    if done.returncode:
+        raise SystemExit(f"mpitrain {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
 def median_run(runs: list[dict]) -> dict:
     """The run with the median samples/s (the upper one of an even count)."""
     return sorted(runs, key=lambda r: r["samples_per_s"])[len(runs) // 2]

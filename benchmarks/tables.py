@@ -26,11 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import tempfile
 
 import numpy as np
-from common import BIN, USER_ENV, markdown_table, train, write_results
+from common import markdown_table, mpitrain, train, write_results
 
 from mpitrain.testing.datasets import Clicks, write_config
 from mpitrain.testing.references import REFERENCES, read_split, run_reference
@@ -48,13 +47,6 @@ WIDE_AND_DEEP = [
     {"name": "hidden", "type": "dense", "input": "joined", "units": 32, "activation": "relu"},
     {"name": "all", "type": "concat", "inputs": ["wflat", "hidden", "numeric"]},
     {"name": "out", "type": "dense", "input": "all", "units": 1}]
-
-
-def mpitrain(*args: str) -> None:
-    """`mpitrain ARGS...` as a user runs it; a failure ends the benchmark with its output."""
-    done = subprocess.run([os.path.join(BIN, "mpitrain"), *args], env=USER_ENV, capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"mpitrain {' '.join(args)} failed:\n{done.stderr[-3000:]}")
 
 
 def references(work: str) -> list[dict]:

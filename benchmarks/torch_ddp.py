@@ -3,8 +3,11 @@
 Each rank reads its rows through `mpitrain.data.reader` as an mpitrain rank does (`rank_batches`: the same
 rows, epoch order and batches as an mpitrain run on as many ranks), so the only difference measured is the
 training engine and its allreduce.
+A dataset of one sequence column gets `torch_sequences.SequenceModel` (the twins of `lstm`, `conv1d`,
+`global_max_pool`, `dense`), fed each padded `SequenceBatch` the reader gives, values and lengths.
 With `--device cuda` one process trains on the GPU without DDP (the twin of a 1-rank
 `backend: cupy` run), each batch uploaded as mpitrain uploads it.
+The optimizer is the config's SGD or Adam, with its `train.clip_norm` (PyTorch's `clip_grad_norm_`).
 Prints one JSON line: samples/s (all ranks, training steps only) and test accuracy.
 
     python benchmarks/torch_ddp.py --data data/fashion --config configs/fashion_mlp.yaml --ranks 2 --epochs 1
@@ -24,9 +27,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch_sequences import SequenceModel, initialized
 
 from mpitrain.config.sections import load_config
 from mpitrain.data.reader import Batches, DatasetReader
+from mpitrain.data.sequences import SequenceBatch
 from mpitrain.parallel.backend import create_backend
 
 EVAL_BATCH = 10_000
@@ -68,10 +73,10 @@ def build_torch_model(layers, input_shape) -> torch.nn.Sequential:
         if kind == "dense":
             if len(current) > 1:
                 modules.append(torch.nn.Flatten())
-            modules.append(_initialized(torch.nn.Linear(int(np.prod(current)), spec["units"]), spec))
+            modules.append(initialized(torch.nn.Linear(int(np.prod(current)), spec["units"]), spec))
         elif kind == "conv2d":
-            modules.append(_initialized(torch.nn.Conv2d(current[0], spec["filters"], spec["kernel"],
-                                                        spec.get("stride", 1), spec.get("padding", "valid")), spec))
+            modules.append(initialized(torch.nn.Conv2d(current[0], spec["filters"], spec["kernel"],
+                                                       spec.get("stride", 1), spec.get("padding", "valid")), spec))
         elif kind in ("maxpool2d", "avgpool2d"):
             pool = torch.nn.MaxPool2d if kind == "maxpool2d" else torch.nn.AvgPool2d
             modules.append(pool(spec.get("pool", 2), spec.get("stride")))
@@ -86,13 +91,21 @@ def build_torch_model(layers, input_shape) -> torch.nn.Sequential:
     return torch.nn.Sequential(*modules)
 
 
-def _initialized(module, spec):
-    if spec.get("init") == "he":
-        torch.nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
-    else:
-        torch.nn.init.xavier_uniform_(module.weight)
-    torch.nn.init.zeros_(module.bias)
-    return module
+def torch_inputs(x, device) -> tuple:
+    """A batch's input as the torch model's arguments: (x,), or a SequenceBatch's (values, lengths)."""
+    if isinstance(x, SequenceBatch):
+        return torch.from_numpy(x.values).to(device), torch.from_numpy(x.lengths)
+    return (torch.from_numpy(x).to(device),)
+
+
+def torch_optimizer(opt, weights, biases):
+    """The config's SGD (momentum, Nesterov) or Adam, L2 decay on the weights alone."""
+    groups = [{"params": weights, "weight_decay": opt.l2}, {"params": biases}]
+    if opt.type == "adam":
+        return torch.optim.Adam(groups, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps)
+    if opt.type != "sgd":
+        raise ValueError(f"optimizer.type {opt.type}: the PyTorch twin runs sgd or adam")
+    return torch.optim.SGD(groups, lr=opt.lr, momentum=opt.momentum, nesterov=opt.nesterov)
 
 
 def worker(rank: int, args, init_file: str, results) -> None:
@@ -103,14 +116,18 @@ def worker(rank: int, args, init_file: str, results) -> None:
     config = load_config(args.config, [f"data.path={args.data}"])
     reader, batches = rank_batches(config, rank, args.ranks, args.batch_size)
     torch.manual_seed(config.train.seed)
-    model = build_torch_model(config.model.layers, reader.manifest.feature_shape).to(args.device)
+    if reader.manifest.sequences:
+        model = SequenceModel(config.model.layers, reader.manifest.input_shape[1]).to(args.device)
+    else:
+        model = build_torch_model(config.model.layers, reader.manifest.feature_shape).to(args.device)
     if distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)
-    weights = [m.weight for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
+    weights = [p for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d,
+                                                                torch.nn.LSTM))
+               for name, p in m.named_parameters(recurse=False) if name.startswith("weight")]
     biases = [p for p in model.parameters() if all(p is not w for w in weights)]  # and batch-norm scales
-    opt = config.optimizer
-    optimizer = torch.optim.SGD([{"params": weights, "weight_decay": opt.l2}, {"params": biases}],
-                                lr=opt.lr, momentum=opt.momentum, nesterov=opt.nesterov)
+    optimizer = torch_optimizer(config.optimizer, weights, biases)
+    clip_norm = config.train.clip_norm
     loss_fn = torch.nn.CrossEntropyLoss()
     seconds, samples = 0.0, 0
     for epoch in range(args.epochs):
@@ -118,9 +135,11 @@ def worker(rank: int, args, init_file: str, results) -> None:
         counted = epoch >= args.warmup_epochs
         for x, y in batches.epoch(epoch):
             optimizer.zero_grad(set_to_none=True)
-            x, y = torch.from_numpy(x).to(args.device), torch.from_numpy(y).to(args.device)
-            loss = loss_fn(model(x), y.long())
+            y = torch.from_numpy(y).to(args.device)
+            loss = loss_fn(model(*torch_inputs(x, args.device)), y.long())
             loss.backward()
+            if clip_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
             optimizer.step()
             now = time.perf_counter()
             seconds += (now - tick) * counted
@@ -139,7 +158,7 @@ def worker(rank: int, args, init_file: str, results) -> None:
         with torch.no_grad():
             for x, y in test.batches(EVAL_BATCH):
                 logits = (model.module if distributed else model)(
-                    torch.from_numpy(batches.to_model_input(x)).to(args.device))
+                    *torch_inputs(batches.to_model_input(x), args.device))
                 right += int((logits.argmax(1).cpu().numpy() == y).sum())
         accuracy = right / len(test)
         results.put({"samples_per_s": samples * args.ranks / float(slowest[0]), "test_accuracy": accuracy})

@@ -1,5 +1,5 @@
 """Ragged sequences with a known rule, for tests and benchmarks: as Parquet records (what the ETL reads) or written
-straight into shards with the real shard writer (no Spark).
+straight into shards with the real shard writer (no Spark); and IDX images as sequences of their rows, in Parquet.
 
 Several inputs (`mixed_inputs`, `make_mixed_dataset`): two sequence columns of other lengths and widths beside fixed
 features, the class a rule of all three, which only a graph model reading every input can learn.
@@ -89,6 +89,26 @@ def mixed_inputs(n: int, seed: int = 0, lengths=((10, 120), (5, 60))) -> tuple[n
     events, low = motif_sequences(n, seed + 1000, classes=2, features=1, lengths=lengths[1])
     x = np.random.default_rng(seed + 2000).normal(size=(n, 2)).astype(np.float32)
     return x, {"readings": readings, "events": events}, (2 * high + (low ^ (x[:, 0] < 0))).astype(np.int32)
+
+
+def write_image_rows_parquet(path, idx_folder: str, split: str, limit: int | None = None,
+                             column: str = "rows") -> int:
+    """Split `split` (train, test) of an IDX folder (Fashion-MNIST) as Parquet records of `label` and `column`: each
+    image a sequence of its pixel rows (28 steps of 28 numbers, pixel / 255); its first `limit` images or all.
+    Returns the records written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mpitrain.etl.idx import find_splits, read_records
+    images, labels = find_splits(idx_folder)[split]
+    count = images.count if limit is None else min(limit, images.count)
+    pixels = read_records(images, 0, count).astype(np.float32) / 255
+    height, width = pixels.shape[1:]
+    steps = pa.ListArray.from_arrays(pa.array(np.arange(count * height + 1, dtype=np.int32) * width),
+                                     pa.array(pixels.reshape(-1), pa.float32()))
+    rows = pa.ListArray.from_arrays(pa.array(np.arange(count + 1, dtype=np.int32) * height), steps)
+    pq.write_table(pa.table({"label": pa.array(read_records(labels, 0, count), pa.int32()), column: rows}), str(path))
+    return count
 
 
 def make_sequence_dataset(path, n_train: int = 600, n_test: int = 200, shards: int = 2, seed: int = 0,

@@ -1,0 +1,116 @@
+"""The PyTorch twins of mpitrain's sequence models (benchmarks/torch_ddp.py builds them from a config's layers):
+`lstm`, `conv1d`, `global_max_pool` and `dense`, each taking a padded batch (B, T, F) and its lengths as mpitrain's
+`SequenceBatch` holds them, and computing what mpitrain's layer computes on the valid steps.
+
+- `lstm` is `torch.nn.LSTM` over `pack_padded_sequence` (unsorted batches allowed): each sequence runs its own
+  length and its last state is `h_n`, the state after its last valid step, as mpitrain's masked LSTM gives. That is
+  what a PyTorch user writes for ragged batches, and the fair twin: a hand-masked LSTM (a Python loop of
+  `LSTMCell` steps that carries the state through the padding, mpitrain's own scheme) would time PyTorch's
+  per-step dispatch rather than its LSTM, and a plain padded `nn.LSTM` would give another result (the state after
+  the padding). Packing skips the padded steps' work that mpitrain still does (it computes every step of the
+  batch's padded length and carries the state through the padding).
+- `conv1d` sets its input's padded steps to zero (as mpitrain does, so a window past a sequence's end reads zeros),
+  pads `causal`/`same` as mpitrain's table says, then `torch.nn.Conv1d` on (B, F, T).
+- `global_max_pool` takes each feature's largest value over the valid steps (the padded ones filled with -inf).
+- `dense` on a vector is `torch.nn.Linear`.
+
+Weights are initialized as the config asks (He for `init: he`, else Xavier), biases 0; the LSTM keeps PyTorch's
+own initialization (its gate order differs from mpitrain's, and its speed does not depend on it).
+"""
+from __future__ import annotations
+
+import torch
+
+ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "none": lambda x: x}
+
+
+def initialized(module, spec: dict):
+    if spec.get("init") == "he":
+        torch.nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+    else:
+        torch.nn.init.xavier_uniform_(module.weight)
+    torch.nn.init.zeros_(module.bias)
+    return module
+
+
+def valid_steps(lengths: torch.Tensor, steps: int) -> torch.Tensor:
+    """(B, T) booleans: True at each sequence's valid steps."""
+    return torch.arange(steps)[None, :] < lengths[:, None]
+
+
+class LSTM(torch.nn.Module):
+    def __init__(self, features: int, spec: dict):
+        super().__init__()
+        if spec.get("bidirectional") or spec.get("return_sequences"):
+            raise ValueError("the PyTorch twin runs a one-way lstm returning its last state")
+        self.lstm = torch.nn.LSTM(features, spec["units"], batch_first=True)
+        self.out_features = spec["units"]
+
+    def forward(self, x, lengths):
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        return self.lstm(packed)[1][0][0], None
+
+
+class Conv1d(torch.nn.Module):
+    def __init__(self, features: int, spec: dict):
+        super().__init__()
+        kernel, self.stride, dilation = spec["kernel"], spec.get("stride", 1), spec.get("dilation", 1)
+        span, self.padding = dilation * (kernel - 1) + 1, spec.get("padding", "causal")
+        self.pads = {"causal": (span - 1, 0), "same": ((span - 1) // 2, span - 1 - (span - 1) // 2),
+                     "valid": (0, 0)}[self.padding]
+        self.span, self.activation = span, ACTIVATIONS[spec.get("activation", "none")]
+        self.conv = initialized(torch.nn.Conv1d(features, spec["filters"], kernel, self.stride, dilation=dilation),
+                                spec)
+        self.out_features = spec["filters"]
+
+    def forward(self, x, lengths):
+        x = x * valid_steps(lengths, x.shape[1])[:, :, None]
+        y = self.activation(self.conv(torch.nn.functional.pad(x.transpose(1, 2), self.pads))).transpose(1, 2)
+        if self.padding == "valid":
+            return y, (lengths - self.span) // self.stride + 1
+        return y, (lengths + self.stride - 1) // self.stride
+
+
+class GlobalMaxPool(torch.nn.Module):
+    def __init__(self, features: int, spec: dict):
+        super().__init__()
+        self.out_features = features
+
+    def forward(self, x, lengths):
+        return x.masked_fill(~valid_steps(lengths, x.shape[1])[:, :, None], float("-inf")).amax(dim=1), None
+
+
+class Dense(torch.nn.Module):
+    def __init__(self, features: int, spec: dict):
+        super().__init__()
+        self.linear = initialized(torch.nn.Linear(features, spec["units"]), spec)
+        self.activation = ACTIVATIONS[spec.get("activation", "none")]
+        self.out_features = spec["units"]
+
+    def forward(self, x, lengths):
+        if lengths is not None:
+            raise ValueError("the PyTorch twin's dense reads a vector, not a sequence")
+        return self.activation(self.linear(x)), None
+
+
+LAYERS = {"lstm": LSTM, "conv1d": Conv1d, "global_max_pool": GlobalMaxPool, "dense": Dense}
+
+
+class SequenceModel(torch.nn.Module):
+    """A config's sequence layers in order, called with a padded batch and its lengths."""
+
+    def __init__(self, layers: list[dict], features: int):
+        super().__init__()
+        modules = []
+        for spec in layers:
+            if spec["type"] not in LAYERS:
+                raise ValueError(f"no PyTorch twin of a {spec['type']} layer in a sequence model; expected one of "
+                                 f"{', '.join(LAYERS)}")
+            modules.append(LAYERS[spec["type"]](features, spec))
+            features = modules[-1].out_features
+        self.layers = torch.nn.ModuleList(modules)
+
+    def forward(self, x, lengths):
+        for layer in self.layers:
+            x, lengths = layer(x, lengths)
+        return x

@@ -1,0 +1,66 @@
+"""The floating-point work of training a sequence model, counted from its layers' shapes, and this machine's
+single-core sgemm rate: a speed as a fraction of what the machine's GEMM can do (issue 32: FLOPs per sample x
+samples/s / sgemm FLOP/s).
+
+A multiply-add counts 2, and only the matrix products count (gate functions, activations, pooling, the loss and the
+update grow with the sizes, not with their products). Training a product costs three times its forward (the
+forward, the input's gradient, the weights' gradient), so a sample costs 3 x its forward's products, L being the
+mean valid steps of a sequence (the padding a batch computes is not counted as work):
+
+    lstm, F inputs, H units:                     L x 2 x (F + H) x 4H
+    conv1d, F inputs, K taps, C filters, stride S: ceil(L / S) x 2 x K x F x C   (causal and same; valid: L - span + 1)
+    dense on a vector, I inputs, U units:        2 x I x U
+    global_max_pool, global_avg_pool:            0
+
+    python -c "from mpitrain.testing.flops import sgemm_rate; print(sgemm_rate())"   # under OPENBLAS_NUM_THREADS=1
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+
+def forward_flops(layers: list[dict], features: int, length: float) -> float:
+    """The matrix products' FLOPs of one sequence of `length` steps of `features` numbers through `layers`."""
+    total, steps = 0.0, length
+    for spec in layers:
+        kind = spec["type"]
+        if kind == "lstm" and not spec.get("bidirectional") and not spec.get("return_sequences"):
+            units = spec["units"]
+            total += steps * 2 * (features + units) * 4 * units
+            features, steps = units, None
+        elif kind == "conv1d":
+            span = spec.get("dilation", 1) * (spec["kernel"] - 1) + 1
+            stride = spec.get("stride", 1)
+            steps = (steps - span) // stride + 1 if spec.get("padding", "causal") == "valid" else math.ceil(steps / stride)
+            total += steps * 2 * spec["kernel"] * features * spec["filters"]
+            features = spec["filters"]
+        elif kind in ("global_max_pool", "global_avg_pool"):
+            steps = None
+        elif kind == "dense" and steps is None:
+            total += 2 * features * spec["units"]
+            features = spec["units"]
+        else:
+            raise ValueError(f"no FLOP count for a {kind} layer here ({spec}); expected a one-way lstm returning its "
+                             "last state, conv1d, a global pool, or dense on a vector")
+    return total
+
+
+def training_flops(layers: list[dict], features: int, length: float) -> float:
+    """FLOPs of training on one sample: 3 x its forward's."""
+    return 3 * forward_flops(layers, features, length)
+
+
+def sgemm_rate(n: int = 1024, repeat: int = 5) -> float:
+    """FLOP/s of numpy's float32 (n, n) x (n, n) matmul, the best of `repeat`, on the threads BLAS has (set
+    OPENBLAS_NUM_THREADS=1 for one core)."""
+    a, b = np.random.default_rng(0).random((2, n, n), dtype=np.float32)
+    out = a @ b
+    best = math.inf
+    for _ in range(repeat):
+        start = time.perf_counter()
+        np.matmul(a, b, out=out)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best
