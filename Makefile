@@ -85,6 +85,8 @@ bench: setup fashion-mnist
 	$(PY) benchmarks/embeddings.py --out benchmarks/results
 	$(PY) benchmarks/tables.py --out benchmarks/results
 	$(PY) benchmarks/dbn.py --data data/fashion --out benchmarks/results
+	$(PY) benchmarks/autoencoder.py --out benchmarks/results
+	$(PY) benchmarks/sequences.py --out benchmarks/results
 	$(PY) -m mpitrain.testing.tables --results benchmarks/results --page docs/benchmarks.md --readme README.md
 
 # One GPU: cupy and numba-CUDA kernels beside PyTorch CUDA; stops at once, saying so, without a GPU.

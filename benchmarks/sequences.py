@@ -114,8 +114,14 @@ def sgemm_rate() -> float:
 def speed(data: str, repeat: int) -> dict:
     """Samples/s of mpitrain and PyTorch DDP, 1 epoch on 2 ranks, per motif model (the median of `repeat` rounds), with
     FLOPs per sample and the fraction of one core's sgemm rate."""
+    from torch_sequences import check_twins
     manifest = read_manifest(data)
     column = manifest.sequences[0]
+    configs = []
+    for name in MOTIF_MODELS.values():
+        with open(config_path(name)) as f:
+            configs.append(yaml.safe_load(f)["model"]["layers"])
+    twins = check_twins(configs, column["features"])  # the twins compute mpitrain's function, else SystemExit
     mean_length = column["steps"]["train"] / manifest.rows("train")
     rate = sgemm_rate()
     runs = {(model, engine): [] for model in MOTIF_MODELS for engine in ("mpitrain", "pytorch-ddp")}
@@ -137,7 +143,8 @@ def speed(data: str, repeat: int) -> dict:
                 rows.append({"model": model, "engine": engine, "samples_per_s": per_s,
                              "vs_ddp": per_s / baseline if baseline else None, "flops_per_sample": flops,
                              "gflop_per_s": flops * per_s / 1e9, "of_sgemm": flops * per_s / rate})
-    return {"mean_length": mean_length, "sgemm_gflop_per_s": rate / 1e9, "repeat": repeat, "rows": rows}
+    return {"mean_length": mean_length, "sgemm_gflop_per_s": rate / 1e9, "repeat": repeat, "rows": rows,
+            "twins_max_difference": twins}
 
 
 def met(ok: bool) -> str:

@@ -19,6 +19,7 @@ own initialization (its gate order differs from mpitrain's, and its speed does n
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "none": lambda x: x}
@@ -114,3 +115,55 @@ class SequenceModel(torch.nn.Module):
         for layer in self.layers:
             x, lengths = layer(x, lengths)
         return x
+
+
+def _torch_gates(a: np.ndarray) -> torch.Tensor:
+    """An LSTM parameter's gate columns from mpitrain's order (i, o, f, c: ONNX's) to PyTorch's (i, f, c, o)."""
+    i, o, f, c = np.split(a, 4, axis=-1)
+    return torch.from_numpy(np.concatenate([i, f, c, o], axis=-1))
+
+
+def twin_holding(specs: list[dict], layers: list, features: int) -> SequenceModel:
+    """The float64 `SequenceModel` of `specs` holding the parameters of mpitrain's `layers` (built from the same specs)."""
+    twin = SequenceModel(specs, features).double()
+    with torch.no_grad():
+        for layer, mine in zip(twin.layers, layers):
+            if isinstance(layer, Conv1d):  # mpitrain's W is (kernel, F, filters), torch's (filters, F, kernel)
+                layer.conv.weight.copy_(torch.from_numpy(mine.params["W"].transpose(2, 1, 0)))
+                layer.conv.bias.copy_(torch.from_numpy(mine.params["b"]))
+            elif isinstance(layer, LSTM):  # mpitrain's gates i, o, f, c (ONNX's); torch's i, f, c, o
+                layer.lstm.weight_ih_l0.copy_(_torch_gates(mine.params["W"]).T)
+                layer.lstm.weight_hh_l0.copy_(_torch_gates(mine.params["R"]).T)
+                layer.lstm.bias_ih_l0.copy_(_torch_gates(mine.params["b"]))
+                layer.lstm.bias_hh_l0.zero_()
+            elif isinstance(layer, Dense):
+                layer.linear.weight.copy_(torch.from_numpy(mine.params["W"].T))
+                layer.linear.bias.copy_(torch.from_numpy(mine.params["b"]))
+    return twin
+
+
+def check_twins(configs: list[list[dict]], features: int) -> float:
+    """The largest difference between each config's mpitrain model and its twin (float64, the same parameters) on a
+    ragged batch with garbage in its padding; a SystemExit above 1e-10: the speed comparison would not be of the same
+    function. What benchmarks/sequences.py checks before it times the twins."""
+    from mpitrain.data.sequences import SequenceBatch
+    from mpitrain.nn.model import LAYER_TYPES, Sequential
+    worst = 0.0
+    rng = np.random.default_rng(0)
+    lengths = np.array([9, 3, 12, 5])
+    x = rng.normal(0, 100, size=(len(lengths), 16, features))  # the padding: large garbage
+    for b, n in enumerate(lengths):
+        x[b, :n] = rng.normal(size=(n, features))
+    for specs in configs:
+        layers = [LAYER_TYPES[spec["type"]](**{k: v for k, v in spec.items() if k != "type"}) for spec in specs]
+        model = Sequential(layers, (None, features), dtype="float64")  # its activation layers come after `layers`
+        model.init_params(0, "xavier")
+        model.params += rng.normal(0, 0.1, model.n_params)
+        expected = model.forward(SequenceBatch(x, lengths), training=False)
+        with torch.no_grad():
+            got = twin_holding(specs, layers, features)(torch.from_numpy(x), torch.from_numpy(lengths)).numpy()
+        difference = float(np.abs(got - expected).max())
+        if difference > 1e-10 * max(1.0, float(np.abs(expected).max())):
+            raise SystemExit(f"the PyTorch twin of {specs} differs from mpitrain's model by {difference:g}")
+        worst = max(worst, difference)
+    return worst
