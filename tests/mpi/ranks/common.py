@@ -39,7 +39,9 @@ def flat_model(params):
 
 
 class Fed:
-    """An updater without state that returns the given updates in turn."""
+    """An updater without state that returns the given updates in turn (clipping none: `clip_norm` 0)."""
+
+    clip_norm = 0.0
 
     def __init__(self, deltas):
         self.deltas, self.state = iter(deltas), np.zeros(0)

@@ -36,6 +36,7 @@ class Recorded:
 
     def __init__(self, updater):
         self.updater, self.state, self.total = updater, updater.state, 0.0
+        self.clip_norm = updater.clip_norm
 
     def delta(self, grads, params):
         delta = self.updater.delta(grads, params)
