@@ -39,7 +39,7 @@ from mpitrain.etl.sources import Source, SourceOptions, carved_rows, open_source
 from mpitrain.etl.tables import TableOptions, TableTransforms, fit_columns
 from mpitrain.etl.transforms import FeatureStats, TransformOptions, Transforms
 from mpitrain.data.encoding import TableRows
-from mpitrain.data.sequences import MAX_LENGTH, SequenceRows
+from mpitrain.data.sequences import MAX_LENGTH, SequenceRows, token_ids
 from mpitrain.data.shards import CHUNK_ROWS, COMPRESSIONS, MANIFEST_NAME, Manifest, shard_path, write_manifest
 from mpitrain.data.storage import is_url
 from mpitrain.kernels.rows import flat_rows
@@ -443,10 +443,7 @@ def _sequence_columns(source, written: dict[str, list[tuple]]) -> list[dict]:
 
 
 def _sequence_stats(seqs) -> tuple:
-    """A shard's (steps, longest, shortest, ids) of a sequence column: ids is the largest value + 1 when every value
-    is a non-negative integer of one feature per step (token ids), 0 when not, None for no values."""
-    values = seqs.values
-    ids = None if not values.size else \
-        int(values.max()) + 1 if values.shape[1] == 1 and (values >= 0).all() and (values == np.floor(values)).all() \
-        else 0
+    """A shard's (steps, longest, shortest, ids) of a sequence column: ids as `token_ids` gives them (0: not token
+    ids), None for no values."""
+    ids = token_ids(seqs.values) if seqs.values.size else None
     return (int(seqs.offsets[-1]), int(seqs.lengths.max(initial=0)), int(seqs.lengths.min(initial=MAX_LENGTH)), ids)

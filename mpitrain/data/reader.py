@@ -27,7 +27,7 @@ from mpitrain.data.order import Blocks, EpochPlan
 from mpitrain.data.sequences import SequenceBatch, SequenceInputs
 from mpitrain.data.shards import Manifest, read_manifest_and_sha256
 from mpitrain.data.storage import Storage
-from mpitrain.data.stream import EvalRows, TrainRows, model_input, padded_input
+from mpitrain.data.stream import EvalRows, TrainRows, model_input, padded_rows
 from mpitrain.errors import ConfigError, DataError
 from mpitrain.kernels.rows import gather_scaled, scaled
 from mpitrain.nn.workspace import Workspace, WorkspacePart
@@ -251,14 +251,11 @@ class Batches:
         if self.record is not None:
             self.record(epoch, step, view.row_ids(step))
         x, y = self._buffers(slot)
-        if sequences:  # each sequence column padded to the batch's longest of it (`padded_input`)
-            manifest = self.rows.shards.manifest
+        if sequences:  # each sequence column padded to the batch's longest of it, a step target's classes alike
             gather_scaled(stored_x, stored_y, index, self.scale, self.shift, x, y)  # fixed features: (B, 0) if none
-            if manifest.step_target:  # a class per step, -1 at padding
-                y = sequences[manifest.step_target].padded_classes(index, self.ws, f"step_target{slot}")
+            batch, y = padded_rows(self.rows.shards.manifest, sequences, x, y, index, self.ws, str(slot), self.dtype)
             with self._device():
-                batch = self.to_model_input.on_device(
-                    padded_input(manifest, sequences, x, index, self.ws, str(slot), self.dtype), f"batch{slot}")
+                batch = self.to_model_input.on_device(batch, f"batch{slot}")
             return batch, self._on_device(y, f"y{slot}")
         if self.augment:
             stored = augment_images(stored_x[index], (self.seed, epoch, self.rank, step), **self.augment)

@@ -42,9 +42,7 @@ class Ragged:
         """The sequences at `index` (integer positions or a boolean mask), in that order."""
         index = np.asarray(index)
         index = np.flatnonzero(index) if index.dtype == bool else index.astype(np.int64, copy=False)
-        starts, lengths = self.offsets[:-1][index], self.lengths[index]
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        steps = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+        offsets, steps = gathered_steps(self.offsets[:-1][index], self.lengths[index])
         return Ragged(self.values[steps], offsets)
 
     @staticmethod
@@ -167,24 +165,19 @@ class RaggedBuffer:
 
     def copy_rows(self, source: RaggedBuffer, first: int, count: int, row: int) -> None:
         """Rows `first`.. `first + count - 1` of `source` as this buffer's rows `row`.. on."""
-        starts, lengths = source.starts[first:first + count], source.lengths[first:first + count]
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        out = self.space(row, offsets)
-        steps = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
-        out[...] = source.values[steps]
+        offsets, steps = gathered_steps(source.starts[first:first + count], source.lengths[first:first + count])
+        self.space(row, offsets)[...] = source.values[steps]
 
     def padded(self, index: np.ndarray, ws, name: str, dtype) -> tuple[np.ndarray, np.ndarray]:
         """The sequences of rows `index` as (B, T, F) in `dtype`, zeros after each one's end (T: the longest,
         rounded up to PAD_MULTIPLE), and their lengths (B,): host arrays of the workspace part `ws` (grow-only
         buffers `name`, valid until the next call with that name)."""
         lengths = self.lengths[index]
-        steps = padded_length(lengths)
-        shape = (len(index), steps, self.values.shape[1])
+        shape = (len(index), padded_length(lengths), self.values.shape[1])
         out = ws.at_least(f"{name}.values", int(np.prod(shape)), dtype, host=True).reshape(shape)
         out[...] = 0
-        valid = np.arange(steps)[None, :] < lengths[:, None]
-        rows, times = np.nonzero(valid)
-        out[rows, times] = self.values[self.starts[index][rows] + times]
+        rows, times, steps = self._valid_places(index, shape[1])
+        out[rows, times] = self.values[steps]
         lengths_out = ws.at_least(f"{name}.lengths", len(index), np.int64, host=True)
         lengths_out[...] = lengths
         return out, lengths_out
@@ -192,13 +185,32 @@ class RaggedBuffer:
     def padded_classes(self, index: np.ndarray, ws, name: str) -> np.ndarray:
         """A step target's classes of rows `index` as (B, T) int32, -1 after each sequence's end (T as `padded`
         gives it for the same lengths): a host array of `ws` (grow-only buffer `name`)."""
-        lengths = self.lengths[index]
-        shape = (len(index), padded_length(lengths))
+        shape = (len(index), padded_length(self.lengths[index]))
         out = ws.at_least(name, shape[0] * shape[1], np.int32, host=True).reshape(shape)
         out[...] = -1
-        rows, times = np.nonzero(np.arange(shape[1])[None, :] < lengths[:, None])
-        out[rows, times] = self.values[self.starts[index][rows] + times, 0]
+        rows, times, steps = self._valid_places(index, shape[1])
+        out[rows, times] = self.values[steps, 0]
         return out
+
+    def _valid_places(self, index: np.ndarray, padded: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(batch row, step, place in `values`) of every valid step of rows `index` in a batch padded to `padded`."""
+        rows, times = np.nonzero(np.arange(padded)[None, :] < self.lengths[index][:, None])
+        return rows, times, self.starts[index][rows] + times
+
+
+def gathered_steps(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, steps) of sequences gathered one after another: each of `lengths[i]` steps from `starts[i]` on in
+    some values array; `values[steps]` holds them in that order, and `offsets` (int64, len + 1) where each begins."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return offsets, np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+
+
+def token_ids(values: np.ndarray) -> int:
+    """A sequence column's `ids` (the manifest's, docs/sequences.md): the largest value + 1 when every value is a
+    non-negative integer of one feature per step (token ids), else 0 (no ids)."""
+    if values.shape[1] != 1 or not len(values) or (values < 0).any() or (values != np.floor(values)).any():
+        return 0
+    return int(values.max()) + 1
 
 
 def padded_length(lengths: np.ndarray) -> int:

@@ -12,7 +12,7 @@ window a resumed run starts in) is read whole before its first step: that wait s
 input wait in the step metrics. Evaluation reads one block at a time into one batch buffer.
 
 A dataset of sequence columns (docs/sequences.md) keeps each window's sequences ragged beside its fixed rows, one
-`RaggedBuffer` per column and window buffer; evaluation batches come padded (`padded_input`: a `SequenceBatch`, or
+`RaggedBuffer` per column and window buffer; evaluation batches come padded (`padded_rows`: a `SequenceBatch`, or
 `SequenceInputs` for a model of several inputs; host arrays).
 """
 from __future__ import annotations
@@ -122,7 +122,7 @@ class EvalRows:
     def batches(self, batch_size: int):
         """Yield (x, y) of up to `batch_size` rows in order (reused buffers: use each before the next). Each block is
         read once, whole, into a block buffer, and cut into batches from there. A dataset of sequence columns
-        yields as x what its model reads (`padded_input`: a host `SequenceBatch` or `SequenceInputs`)."""
+        yields as x what its model reads (`padded_rows`: a host `SequenceBatch` or `SequenceInputs`)."""
         block_x, block_y = self._buffers("block", int(self.blocks.rows.max()))
         x, y = self._buffers("batch", batch_size)
         block_seqs, seqs = self._sequences("block", int(self.blocks.rows.max())), self._sequences("batch", batch_size)
@@ -156,15 +156,11 @@ class EvalRows:
         return self.sequence_buffers[name]
 
     def _model_rows(self, x: np.ndarray, y: np.ndarray, seqs: dict[str, RaggedBuffer], rows: int):
-        """(what a model reads of these rows, their targets): x and y, or the sequence columns padded
-        (`padded_input`) and y, or a step target's classes padded (`RaggedBuffer.padded_classes`)."""
+        """(what a model reads of these rows, their targets): x and y, or of a dataset of sequence columns
+        `padded_rows`'."""
         if not seqs:
             return x, y
-        manifest, index = self.shards.manifest, np.arange(rows)
-        x = padded_input(manifest, seqs, x, index, self.padding, "", np.float32)
-        if manifest.step_target:
-            y = seqs[manifest.step_target].padded_classes(index, self.padding, "step_target")
-        return x, y
+        return padded_rows(self.shards.manifest, seqs, x, y, np.arange(rows), self.padding, "", np.float32)
 
     def _buffers(self, name: str, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """(x, y) buffers of `rows` rows, made on the first call and kept: an evaluation allocates nothing."""
@@ -185,13 +181,17 @@ def row_buffers(manifest, rows: int) -> tuple[np.ndarray, np.ndarray]:
             np.empty((rows, *manifest.target_shape), manifest.target_dtype))
 
 
-def padded_input(manifest, buffers: dict[str, RaggedBuffer], x: np.ndarray, index: np.ndarray, ws, suffix: str,
-                 dtype):
-    """What a model reads of the rows `index` of a dataset of sequence columns, host arrays of the workspace part
-    `ws` (buffers named `COLUMN{suffix}`): each column of `buffers` padded to its own longest (`RaggedBuffer.padded`),
-    joined with `x`, the rows' fixed features, by `model_input`."""
-    return model_input(manifest, x, {column["name"]: SequenceBatch(*buffers[column["name"]].padded(
-        index, ws, f"{column['name']}{suffix}", dtype)) for column in manifest.sequences})
+def padded_rows(manifest, buffers: dict[str, RaggedBuffer], x: np.ndarray, y: np.ndarray, index: np.ndarray, ws,
+                suffix: str, dtype):
+    """(what a model reads, its targets) of the rows `index` of a dataset of sequence columns, host arrays of the
+    workspace part `ws` (grow-only buffers named `COLUMN{suffix}`, `step_target{suffix}`): each column of `buffers`
+    padded to its own longest (`RaggedBuffer.padded`), joined with `x`, the rows' fixed features, by `model_input`;
+    and `y`, the rows' targets, or a step target's classes padded alike (`RaggedBuffer.padded_classes`)."""
+    columns = {column["name"]: SequenceBatch(*buffers[column["name"]].padded(index, ws, f"{column['name']}{suffix}",
+                                                                              dtype)) for column in manifest.sequences}
+    if manifest.step_target:
+        y = buffers[manifest.step_target].padded_classes(index, ws, f"step_target{suffix}")
+    return model_input(manifest, x, columns), y
 
 
 def model_input(manifest, x, columns: dict[str, SequenceBatch]):

@@ -126,11 +126,8 @@ class Graph(Network):
                 layer_index += 1
             else:
                 value, steps = inputs[0], lengths[node.inputs[0]]
-                for layer in node.layers:
-                    layer.key, layer.lengths = (*key, layer_index), steps
-                    value = layer.forward(value, training)
-                    if steps is not None:
-                        steps = layer.output_lengths(steps) if self.gives_sequence[layer_index] else None
+                for _ in node.layers:
+                    value, steps = self.run_layer(layer_index, value, steps, training, key)
                     layer_index += 1
             values[node.name], lengths[node.name] = value, steps
             if node.name == until:

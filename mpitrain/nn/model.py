@@ -39,9 +39,10 @@ class Network(FlatModel):
 
     `layers` are every layer in the order forward runs them, `names` their names (the layout's `NAME/array`, the
     workspace part's), `shapes`/`stat_shapes` their parameter and statistic shapes; `param_order` the order of the
-    layers' parameters in the flat buffer (default: the layers'). Subclasses define `forward` and `backward`;
-    `forward(x, until=NODE)` stops at a node (a Sequential's layer index, a Graph's node name) and gives its
-    activations (`mpitrain predict --embeddings`).
+    layers' parameters in the flat buffer (default: the layers'); `gives_sequence` (a subclass sets it from its
+    shapes) whether each layer's output is a sequence. Subclasses define `forward` (each layer by `run_layer`) and
+    `backward`; `forward(x, until=NODE)` stops at a node (a Sequential's layer index, a Graph's node name) and gives
+    its activations (`mpitrain predict --embeddings`).
     """
 
     reconstruction = False  # an autoencoder: its loss's target is its own input (`reconstruct_inputs`)
@@ -84,6 +85,15 @@ class Network(FlatModel):
         if self.loss == "binary_cross_entropy":  # (rows, 1) only; the same sum over (rows, features)
             self.loss_fn = loss_with_options("multilabel_cross_entropy", self.loss_options, self.xp)
 
+    def run_layer(self, index: int, x, lengths, training: bool, key: tuple):
+        """(output, its lengths) of layer `index` on `x`, a sequence of `lengths` (None: not a sequence): the layer is
+        told its key (`key` and its index: dropout's seed) and its input's lengths, and the output's lengths are
+        carried on (`output_lengths`) while it is a sequence (`gives_sequence`; docs/sequences.md)."""
+        layer = self.layers[index]
+        layer.key, layer.lengths = (*key, index), lengths
+        x = layer.forward(x, training)
+        return x, (layer.output_lengths(lengths) if lengths is not None and self.gives_sequence[index] else None)
+
     def train_batch(self, x, y, key: tuple = (0,), grads_ready=None):
         """Forward and backward (`grads_ready` as `backward`'s) on one batch; fills `grads`; returns (mean loss,
         correct predictions) as 0-d arrays on the model's device, so a step never waits for the host. An
@@ -118,14 +128,13 @@ class Sequential(Network):
                  xp=np, dtype="float32", loss_options: dict | None = None):
         layers, self.input_shape = _with_activation_layers(layers), tuple(input_shape)
         shapes, stat_shapes, shape = [], [], self.input_shape
+        self.gives_sequence = []  # per layer: whether its output is a sequence (docs/sequences.md)
         for layer in layers:
             shapes.append(layer.param_shapes(shape))
             stat_shapes.append(layer.stat_shapes(shape))
             shape = layer.output_shape(shape)
+            self.gives_sequence.append(is_sequence(shape))
         self.output_shape = shape
-        # which layers give a sequence (their output shape's first dimension is None: docs/sequences.md)
-        self.gives_sequence = [is_sequence(layer.output_shape(s)) for layer, s in
-                               zip(layers, _input_shapes(layers, self.input_shape))]
         names = [f"{index:02d}_{type(layer).__name__.lower()}" for index, layer in enumerate(layers)]
         super().__init__(layers, names, shapes, stat_shapes, loss, xp, dtype, loss_options)
         _fuse_activations(self.layers)
@@ -135,11 +144,8 @@ class Sequential(Network):
         epoch, step) seeds the step's random layers (dropout). `x` may be a `SequenceBatch`: each layer is told its
         input's lengths (`layer.lengths`) and gives its output's (`output_lengths`) while its output is a sequence."""
         x, lengths = (x.values, x.lengths) if isinstance(x, SequenceBatch) else (x, None)
-        for index, layer in enumerate(self.layers[:None if until is None else until + 1]):
-            layer.key, layer.lengths = (*key, index), lengths
-            x = layer.forward(x, training)
-            if lengths is not None:
-                lengths = layer.output_lengths(lengths) if self.gives_sequence[index] else None
+        for index in range(len(self.layers) if until is None else until + 1):
+            x, lengths = self.run_layer(index, x, lengths, training, key)
         return x
 
     def backward(self, dy, grads_ready=None) -> None:
@@ -170,14 +176,6 @@ class Sequential(Network):
                          if name != "activation"}  # activations are layers of their own by now
             specs.append({"type": names[type(layer)], **arguments})
         return specs
-
-
-def _input_shapes(layers: list[Layer], input_shape: tuple) -> list[tuple]:
-    """Each layer's input shape in a stack of `layers` fed `input_shape`."""
-    shapes = [tuple(input_shape)]
-    for layer in layers[:-1]:
-        shapes.append(layer.output_shape(shapes[-1]))
-    return shapes
 
 
 def valid_steps(logits, classes):

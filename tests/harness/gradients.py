@@ -47,10 +47,9 @@ def check_model_gradients(layers, input_shape, n=5, classes=3, seed=0):
     np.testing.assert_allclose(dy, numeric_grad(loss, x), rtol=1e-5, atol=1e-8)
 
 
-
 def padded_steps(lengths, steps: int) -> np.ndarray:
-    """(B, T) bools: step t of sequence b is padding (t >= lengths[b])."""
-    return np.arange(steps)[None, :] >= np.asarray(lengths)[:, None]
+    """(B, T) bools: step t of sequence b is padding (t >= lengths[b]), where `valid_steps` holds 0."""
+    return valid_steps(lengths, steps, len(lengths))[:, :, 0] == 0
 
 
 def check_sequence_layer_gradients(layer, features: int, lengths, steps: int, seed: int = 0) -> None:

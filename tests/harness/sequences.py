@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpitrain.data.sequences import Ragged, SequenceBatch
+from mpitrain.data.sequences import Ragged, SequenceBatch, token_ids
 from mpitrain.data.shards import Manifest, shard_path, write_manifest, write_shard
 
 MOTIF_STEPS = 4
@@ -182,7 +182,7 @@ def column_entry(name: str, sequences: list[np.ndarray], max_length: int, steps:
     feature (token ids)."""
     entry = {"name": name, "features": sequences[0].shape[1], "max_length": max_length, "steps": steps,
              "longest": max(map(len, sequences)), "shortest": min(map(len, sequences))}
-    values = np.concatenate(sequences)
-    if values.shape[1] == 1 and (values >= 0).all() and (values == np.floor(values)).all():
-        entry["ids"] = int(values.max()) + 1
+    ids = token_ids(np.concatenate(sequences))
+    if ids:
+        entry["ids"] = ids
     return entry
