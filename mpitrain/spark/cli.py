@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     settings = dict(setting.partition("=")[::2] for setting in args.conf)
     if any(not key or not value for key, value in settings.items()):
         raise MpitrainError(f"--conf {' '.join(args.conf)}: expected KEY=VALUE")
+    check_classic_spark(args.master, settings)
     overrides = [*args.set, *(["resume=auto"] if args.resume else [])]
     config = load_config(args.config, overrides)  # a config error is one line now, not N ranks' later
     check_manual_launcher(find_mpiexec(args.mpiexec))
@@ -65,6 +66,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"spark-train: trained {args.ranks} ranks in {time.monotonic() - started:.1f} s (Spark master "
               f"{master}); results in {config.run_dir}", file=sys.stderr)
     return status
+
+
+def check_classic_spark(master: str | None, settings: dict) -> None:
+    """Refuse Spark Connect (PySpark's own tests of it: an sc:// master, spark.remote, spark.api.mode=connect,
+    SPARK_REMOTE or SPARK_CONNECT_MODE_ENABLED in the environment; under spark-submit, the connect settings it
+    hands a Python driver in PYSPARK_REMOTE_INIT_CONF_*): its sessions have no SparkContext, whose RDD API the
+    barrier stage and the task slots' count need."""
+    api_mode = settings.get("spark.api.mode", os.environ.get("SPARK_API_MODE", "classic")).strip().lower()
+    remote = [what for what, chosen in (
+        (f"--master {master}", (master or "").startswith("sc://")), ("spark.remote", "spark.remote" in settings),
+        ("spark.api.mode=connect", api_mode == "connect"), ("SPARK_REMOTE", "SPARK_REMOTE" in os.environ),
+        ("SPARK_CONNECT_MODE_ENABLED", "SPARK_CONNECT_MODE_ENABLED" in os.environ),
+        ("spark-submit's --remote or spark.api.mode=connect", "PYSPARK_REMOTE_INIT_CONF_LEN" in os.environ))
+        if chosen]
+    if remote:
+        raise MpitrainError(f"{remote[0]} asks for Spark Connect, whose sessions have no RDD API, and the ranks' "
+                            "barrier stage needs it; train with a classic session (spark.api.mode=classic and a "
+                            "local, spark://, yarn or k8s master)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,16 +19,20 @@ from mpitrain.spark.task import JobFailed, MpiJob, run_barrier_task
 # Executors of a cluster register after the context starts: wait this long for enough task slots (Spark's
 # own spark.scheduler.maxRegisteredResourcesWaitingTime), then refuse instead of Spark's retrying for minutes.
 SLOTS_WAIT_S = 30
+# The tasks that start no process wait in one barrier call (allGather) for the whole training, and Spark fails
+# the stage when a barrier call outlasts spark.barrier.sync.timeout (default 365 days). mpitrain's watchdog,
+# not that timeout, catches a stuck rank, so a timeout shorter than this (a training could outlast it) is
+# refused rather than left to fail a long run midway.
+MIN_BARRIER_SYNC_TIMEOUT_S = 24 * 3600
+SPARK_TIME_UNITS_S = {"us": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
 
 def check_cluster(sc, ranks: int) -> None:
-    """Refuse, in one line each, what a barrier stage of `ranks` tasks cannot run on: dynamic allocation
-    (Spark would refuse the stage) and fewer task slots than ranks (Spark would retry the stage's start for
-    minutes before failing)."""
+    """Refuse, in one line each, what a barrier stage of `ranks` tasks cannot run on: the settings
+    `check_settings` refuses, and fewer task slots than ranks (Spark would retry the stage's start for minutes
+    before failing)."""
     conf = sc.getConf()
-    if conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() == "true":
-        raise MpitrainError("spark.dynamicAllocation.enabled is true, but the ranks' barrier stage needs all its "
-                            f"{ranks} tasks at once; set spark.dynamicAllocation.enabled=false")
+    check_settings(conf, ranks)
     slots = task_slots(sc)
     deadline = time.monotonic() + (0 if sc.master.startswith("local[") or sc.master == "local" else SLOTS_WAIT_S)
     while slots < ranks and time.monotonic() < deadline:
@@ -39,6 +43,24 @@ def check_cluster(sc, ranks: int) -> None:
         raise MpitrainError(f"--ranks {ranks} needs {ranks} task slots at once, but Spark master {sc.master} has "
                             f"{slots} (executor cores / spark.task.cpus={cpus}); use at most --ranks {slots} or "
                             "give the cluster more cores")
+
+
+def check_settings(conf, ranks: int) -> None:
+    """Refuse the Spark settings (`conf`: a SparkConf) a barrier stage of `ranks` tasks cannot train under:
+    dynamic allocation (Spark would refuse the stage) and a barrier timeout a training could outlast (Spark
+    would fail the stage when the training reaches it)."""
+    if conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() == "true":
+        raise MpitrainError("spark.dynamicAllocation.enabled is true, but the ranks' barrier stage needs all its "
+                            f"{ranks} tasks at once; set spark.dynamicAllocation.enabled=false")
+    timeout = conf.get("spark.barrier.sync.timeout", "365d").strip().lower()
+    amount = re.fullmatch(r"(\d+)\s*([a-z]*)", timeout)
+    if not amount or amount[2] not in ("", *SPARK_TIME_UNITS_S):
+        raise MpitrainError(f"spark.barrier.sync.timeout={timeout}: expected a time such as 365d, 48h or 600s")
+    if int(amount[1]) * SPARK_TIME_UNITS_S[amount[2] or "s"] < MIN_BARRIER_SYNC_TIMEOUT_S:
+        raise MpitrainError(f"spark.barrier.sync.timeout={timeout} would fail any training longer than that: the "
+                            "ranks' tasks wait in one barrier call until the training ends; leave it unset (365 "
+                            f"days) or set at least {MIN_BARRIER_SYNC_TIMEOUT_S // 3600}h (train.watchdog_s ends a "
+                            "stuck rank)")
 
 
 def task_slots(sc) -> int:

@@ -1,11 +1,12 @@
 """Training in a Spark barrier stage (mpitrain.spark), with real Spark and MPICH's Hydra: the final parameters
 are `mpiexec -n 2 mpitrain train`'s bit for bit in local[2], local-cluster[2,1,1024] and on a standalone cluster
-of two simulated nodes (network namespaces, tests/harness/cluster.py; root only); a rank that raises or is
-killed, or a killed proxy, fails the stage with one line naming the rank and host and leaves no process of the
-job; a killed executor leaves none either, and the stage Spark reruns resumes from the newest checkpoint to
-mpiexec's parameters; a user error on the ranks is their one line and exit status 2, not a failed stage; what
-a barrier stage cannot run is refused up front. Spark starts are few: each costs
-10-20 s here."""
+of two simulated nodes (network namespaces, tests/harness/cluster.py; root only). In local mode and on the two
+nodes (there the rank, proxy or executor of the node without mpiexec): a rank that raises or is killed, or a
+killed proxy, fails the stage with one line naming the rank and host and leaves no process of the job on any
+node; a killed executor leaves none either, and the stage Spark reruns resumes from the newest checkpoint to
+mpiexec's parameters. On the two nodes each rank sees its own task's GPU (workers offering a pretend GPU by a
+discovery script). A user error on the ranks is their one line and exit status 2, not a failed stage; what a
+barrier stage cannot run is refused up front. Spark starts are few: each costs 10-20 s here."""
 from __future__ import annotations
 
 import io
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,7 @@ from mpitrain.testing.datasets import make_dataset, write_config
 from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, REPO, VENV_BIN, command, mpiexec, wait_until_gone
 
 SPARK_SUBMIT, SPARK_CLASS = os.path.join(VENV_BIN, "spark-submit"), os.path.join(VENV_BIN, "spark-class")
+SPARK_JOB = os.path.join(REPO, "tests", "harness", "spark_job.py")  # a driver running any rank program
 
 
 def final_parameters(run_dir) -> tuple[bytes, bytes, int]:
@@ -103,7 +106,8 @@ def test_spark_submit_on_a_local_cluster_ends_bit_for_bit_where_mpiexec_does(ref
 
 
 def test_requests_a_barrier_stage_cannot_serve_are_refused_in_one_line(reference, tmp_path):
-    """Before Spark starts: a config error, an MPI without a manual launcher; once it has: dynamic allocation."""
+    """Before Spark starts: a config error, an MPI without a manual launcher, Spark Connect; once it has: dynamic
+    allocation (the other settings: tests/unit/spark/test_refusals.py)."""
     config, _ = reference
     done = command(MPITRAIN, "spark-train", config, "--ranks", "2", "--set", "train.epochs=0")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "train.epochs" in done.stderr, done.stderr
@@ -113,6 +117,9 @@ def test_requests_a_barrier_stage_cannot_serve_are_refused_in_one_line(reference
     done = command(MPITRAIN, "spark-train", config, "--ranks", "2", "--mpiexec", open_mpi)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "(mpiexec (OpenRTE) 4.1.2) has no manual launcher" in done.stderr and "MPICH's Hydra" in done.stderr
+    done = command(MPITRAIN, "spark-train", config, "--ranks", "2", "--conf", "spark.api.mode=connect")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "spark.api.mode=connect asks for Spark Connect, whose sessions have no RDD API" in done.stderr
     done = subprocess.run([SPARK_SUBMIT, "--master", "local[2]", "--conf", "spark.ui.enabled=false",
                            "--conf", "spark.dynamicAllocation.enabled=true", os.path.join(REPO, "etl", "train.py"),
                            config, "--ranks", "2", "--set", f"run_dir={tmp_path / 'run'}"],
@@ -171,17 +178,19 @@ def test_a_rank_that_raises_fails_the_stage_naming_it_and_leaves_nothing_running
 def rank_pids(config: str) -> dict[int, int]:
     """{rank: pid} of the ranks of `mpitrain train CONFIG` started by Hydra (PMI_RANK in their environment)."""
     ranks = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = dict(v.split("=", 1) for v in f.read().decode(errors="replace").split("\0") if "=" in v)
-        except OSError:
-            continue
-        if argv[1:5] == ["-m", "mpitrain", "train", config] and "PMI_RANK" in environ:
-            ranks[int(environ["PMI_RANK"])] = int(pid)
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        environ = environ_of(pid)
+        if cmdline(pid).split(" ")[1:5] == ["-m", "mpitrain", "train", config] and "PMI_RANK" in environ:
+            ranks[int(environ["PMI_RANK"])] = pid
     return ranks
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return dict(v.split("=", 1) for v in f.read().decode(errors="replace").split("\0") if "=" in v)
+    except OSError:
+        return {}
 
 
 @pytest.mark.parametrize("victim", ["rank", "proxy"])
@@ -235,81 +244,218 @@ def wait_for_line(text: str, *logs: Path, seconds: float = 120) -> None:
         time.sleep(0.5)
 
 
-def test_a_standalone_cluster_of_two_simulated_nodes_ends_bit_for_bit_where_mpiexec_does(reference, tmp_path):
-    """A master on the first node and a worker of one core on each (tests/harness/cluster.py); spark-submit in
-    the first node: one rank runs on each node, the MPI job crosses the link, the parameters are mpiexec's."""
+@dataclass
+class Standalone:
+    """A Spark standalone cluster of two simulated nodes: a master on the first, a worker of one core and one
+    (pretend) GPU on each, the GPU's address `gpus[node]` (what the worker's discovery script says); `submit`
+    runs spark-submit inside the first node."""
+
+    cluster: SimulatedCluster
+    master: str
+    env: dict
+    gpus: dict[str, str]
+    work: Path
+
+    def submit(self, *args, **popen) -> subprocess.Popen:
+        return subprocess.Popen(self.cluster.node_command(self.cluster.nodes[0], SPARK_SUBMIT, "--master",
+                                                          self.master, *args),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env, **popen)
+
+    def run(self, *args, timeout: float = 400) -> subprocess.CompletedProcess:
+        submitted = self.submit(*args)
+        try:
+            out, err = submitted.communicate(timeout=timeout)
+        finally:
+            submitted.kill()
+        return subprocess.CompletedProcess(submitted.args, submitted.returncode, out, err)
+
+    def node_of(self, pid: int) -> str:
+        return next(node for node, pids in self.cluster.pids().items() if pid in pids)
+
+    def left_running(self, marker: str) -> dict[str, list[int]]:
+        """The job's processes (`job_processes`) still running in each node 10 s from now."""
+        running = wait_until_gone(job_processes(marker, sum(self.cluster.pids().values(), [])), 10)
+        return {node: [pid for pid in running if pid in pids] for node, pids in self.cluster.pids().items()
+                if any(pid in pids for pid in running)}
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory):
+    """The two-node cluster (tests/harness/cluster.py; root only), its daemons started once for the module."""
     reason = missing_capability()
     if reason:
         pytest.fail(reason) if os.environ.get("CI") == "true" else pytest.skip(reason)
-    config, expected = reference
-    (tmp_path / "conf").mkdir()
-    (tmp_path / "conf" / "spark-defaults.conf").write_text("spark.ui.enabled false\n")
+    folder = tmp_path_factory.mktemp("standalone")
+    (folder / "conf").mkdir()
+    (folder / "conf" / "spark-defaults.conf").write_text("spark.ui.enabled false\n")
     with SimulatedCluster(nodes=2, link_gbps=1) as cluster:
         # seven JVMs share 2 cores: C1 only and a serial GC save about a third of their start-up CPU
-        env = {**cluster.env, **spark_env(), "SPARK_CONF_DIR": str(tmp_path / "conf"),
+        env = {**cluster.env, **spark_env(), "SPARK_CONF_DIR": str(folder / "conf"),
                "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
         first = cluster.nodes[0]
         master = f"spark://{first}:7077"
-        daemons = [start_in_node(cluster, first, tmp_path / "master.log", SPARK_CLASS,
+        daemons = [start_in_node(cluster, first, folder / "master.log", SPARK_CLASS,
                                  "org.apache.spark.deploy.master.Master", "--host", first, "--port", "7077",
                                  "--webui-port", "0", env=env)]
         try:
-            wait_for_line("I have been elected leader", tmp_path / "master.log")
-            workers = [tmp_path / f"worker-{node}.log" for node in cluster.nodes]
-            daemons += [start_in_node(cluster, node, log, SPARK_CLASS, "org.apache.spark.deploy.worker.Worker",
-                                      "--host", node, "--cores", "1", "--memory", "1024m", "--webui-port", "0",
-                                      "--work-dir", tmp_path / "work", master, env=env)
-                        for node, log in zip(cluster.nodes, workers)]
+            wait_for_line("I have been elected leader", folder / "master.log")
+            gpus, workers = {}, []
+            for i, node in enumerate(cluster.nodes):
+                gpus[node] = str(4 + 3 * i)
+                discovery = folder / f"gpu-{node}.sh"
+                discovery.write_text(f"#!/bin/sh\necho '{{\"name\": \"gpu\", \"addresses\": [\"{gpus[node]}\"]}}'\n")
+                discovery.chmod(0o755)
+                workers.append(folder / f"worker-{node}.log")
+                daemons.append(start_in_node(
+                    cluster, node, workers[-1], SPARK_CLASS, "org.apache.spark.deploy.worker.Worker", "--host", node,
+                    "--cores", "1", "--memory", "1024m", "--webui-port", "0", "--work-dir", folder / "work", master,
+                    env={**env, "SPARK_WORKER_OPTS": "-Dspark.worker.resource.gpu.amount=1 "
+                                                     f"-Dspark.worker.resource.gpu.discoveryScript={discovery}"}))
             wait_for_line("Successfully registered with master", *workers)
-            done = subprocess.run(cluster.node_command(first, SPARK_SUBMIT, "--master", master,
-                                                       os.path.join(REPO, "etl", "train.py"), config, "--ranks", "2",
-                                                       "--set", f"run_dir={tmp_path / 'run'}"),
-                                  capture_output=True, text=True, timeout=400, env=env)
-            assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-            assert final_parameters(tmp_path / "run") == expected
-            # each rank alone on its node (rank 0's thread plan says so), each node's executor ran a task
-            assert "threads: 1 rank(s) on this node (from MPICH Hydra)" in done.stdout, done.stdout[-3000:]
-            assert f"Spark master {master}" in done.stdout
-            executors = list((tmp_path / "work").glob("*/*/stderr"))
-            assert len(executors) == 2 and all("Running task" in log.read_text() for log in executors)
-            time.sleep(2)  # the guards' last kills, had anything been left
-            assert {node: job_processes(config, pids) for node, pids in cluster.pids().items()} == \
-                {node: [] for node in cluster.nodes}
+            yield Standalone(cluster, master, env, gpus, folder / "work")
         finally:
             for daemon in daemons:
                 daemon.kill()
                 daemon.wait()
 
 
-def test_a_killed_executor_leaves_nothing_and_the_retried_stage_resumes_to_mpiexec_s_parameters(tmp_path):
-    """local-cluster[2,1,1024]: SIGKILL the executor whose task started the ranks, after the first epoch's
-    checkpoint. Its proxy and ranks go at once; Spark starts another executor and reruns the stage, whose
-    `mpitrain train` resumes from the checkpoint and ends where an uninterrupted mpiexec run does."""
-    config = train_config(tmp_path, epochs=4, n_train=4000)
-    reference = mpiexec(2, MPITRAIN, "train", config, f"--set=run_dir={tmp_path / 'mpiexec-run'}", timeout=300)
-    assert reference.returncode == 0, reference.stderr[-2000:]
-    driver = subprocess.Popen([MPITRAIN, "spark-train", config, "--ranks", "2", "--master", "local-cluster[2,1,1024]"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=spark_env())
+def test_a_standalone_cluster_of_two_simulated_nodes_ends_bit_for_bit_where_mpiexec_does(reference, standalone,
+                                                                                         tmp_path):
+    """spark-submit in the first node: one rank runs on each node, the MPI job crosses the link, the parameters
+    are mpiexec's."""
+    config, expected = reference
+    done = standalone.run(os.path.join(REPO, "etl", "train.py"), config, "--ranks", "2",
+                          "--set", f"run_dir={tmp_path / 'run'}")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert final_parameters(tmp_path / "run") == expected
+    # each rank alone on its node (rank 0's thread plan says so), each node's executor ran a task
+    assert "threads: 1 rank(s) on this node (from MPICH Hydra)" in done.stdout, done.stdout[-3000:]
+    assert f"Spark master {standalone.master}" in done.stdout
+    time.sleep(2)  # the guards' last kills, had anything been left
+    assert standalone.left_running(config) == {}
+
+
+def test_on_two_nodes_a_rank_that_raises_fails_the_stage_naming_it_and_its_node_and_leaves_nothing(standalone,
+                                                                                                  tmp_path):
+    """Rank 1 runs on the node without mpiexec, where the proxy is started by that node's task."""
+    config = train_config(tmp_path)
+    done = standalone.run("--conf", "spark.stage.maxConsecutiveAttempts=1", SPARK_JOB, "2", tmp_path,
+                          os.path.join(RANK_SCRIPTS, "raise_mid_epoch.py"), config, "1", "5")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    # Spark names an executor's host by its address
+    assert any(f"failed: rank 1 on {host} failed: RuntimeError: injected fault at step 5" in done.stdout.splitlines()
+               for host in standalone.cluster.hosts), done.stdout[-3000:]
+    assert standalone.left_running(config) == {}
+
+
+@pytest.mark.parametrize("victim", ["rank", "proxy"])
+def test_on_two_nodes_the_task_s_gpu_is_its_rank_s_and_a_killed_remote_rank_or_proxy_leaves_nothing(
+        standalone, tmp_path, victim):
+    """With spark.task.resource.gpu.amount=1 each rank sees its own task's GPU (the worker's address) and no
+    other. Then SIGKILL rank 1 or the proxy on the second node, the node without mpiexec: the stage fails
+    within seconds naming it, and no process of the job is left on either node."""
+    config = train_config(tmp_path, epochs=500, n_train=4000)
+    submitted = standalone.submit("--conf", "spark.stage.maxConsecutiveAttempts=1",
+                                  "--conf", "spark.executor.resource.gpu.amount=1",
+                                  "--conf", "spark.task.resource.gpu.amount=1",
+                                  SPARK_JOB, "2", tmp_path, "-m", "mpitrain", "train", config)
     try:
-        deadline = time.monotonic() + 300
-        while not list_checkpoints(str(tmp_path / "run")) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 180
+        while len(list_checkpoints(str(tmp_path / "run"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
         ranks = rank_pids(config)
         assert sorted(ranks) == [0, 1], ranks
-        executors = [pid for pid in descendants(driver.pid) if "CoarseGrainedExecutorBackend" in cmdline(pid)]
-        hosting = [pid for pid in executors if ranks[0] in descendants(pid)]
-        assert len(executors) == 2 and len(hosting) == 1, (executors, hosting)
-        first_attempt = job_processes(config, descendants(hosting[0])) + job_processes("no other marker")
-        os.kill(hosting[0], signal.SIGKILL)
-        assert wait_until_gone(first_attempt, 15) == []
-        newest = list_checkpoints(str(tmp_path / "run"))[-1]
+        nodes = [standalone.node_of(ranks[rank]) for rank in (0, 1)]
+        assert sorted(nodes) == sorted(standalone.cluster.nodes), nodes
+        assert [environ_of(ranks[rank]).get("CUDA_VISIBLE_DEVICES") for rank in (0, 1)] == \
+            [standalone.gpus[node] for node in nodes]
+        second = nodes[1]  # rank 0 runs beside mpiexec, on task 0's node
+        proxies = [pid for pid in job_processes("no other marker") if pid not in ranks.values()]
+        remote_proxy = [pid for pid in proxies if standalone.node_of(pid) == second]
+        assert len(proxies) == 2 and len(remote_proxy) == 1, proxies
+        os.kill(ranks[1] if victim == "rank" else remote_proxy[0], signal.SIGKILL)
+        killed = time.monotonic()
+        out, err = submitted.communicate(timeout=90)
+        assert time.monotonic() - killed < 45, "the stage did not fail within 45 s of the kill"
+    finally:
+        submitted.kill()
+    host = standalone.cluster.hosts[standalone.cluster.nodes.index(second)]  # Spark's name of the node
+    assert (f"failed: rank 1 on {host} ended: Killed (signal 9)" if victim == "rank" else
+            f"failed: the MPI proxy on {host} (ranks 1) was killed by signal 9") in out.splitlines(), out[-3000:]
+    assert standalone.left_running(config) == {}
+
+
+@pytest.fixture(scope="module")
+def four_epochs(tmp_path_factory):
+    """A config of 4 epochs of 4000 rows and its final parameters under plain `mpiexec -n 2 mpitrain train`: what a
+    run whose executor is killed mid-way must end with."""
+    folder = tmp_path_factory.mktemp("four-epochs")
+    config = train_config(folder, epochs=4, n_train=4000)
+    done = mpiexec(2, MPITRAIN, "train", config, f"--set=run_dir={folder / 'mpiexec-run'}", timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return config, final_parameters(folder / "mpiexec-run")
+
+
+def kill_executor_after_a_checkpoint(run_dir: Path, config: str, executors: list[int], host_of_rank: int) -> str:
+    """Once `run_dir` has a checkpoint, SIGKILL the one of `executors` whose task hosts rank `host_of_rank`; check
+    that every process of the job below that executor, and every proxy of its attempt, ends within 15 s. The
+    newest checkpoint (the rerun resumes from it)."""
+    deadline = time.monotonic() + 300
+    while not list_checkpoints(str(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ranks = rank_pids(config)
+    assert sorted(ranks) == [0, 1], ranks
+    hosting = [pid for pid in executors if ranks[host_of_rank] in descendants(pid)]
+    assert len(hosting) == 1, (executors, hosting)
+    first_attempt = job_processes(config, descendants(hosting[0])) + job_processes("no other marker")
+    os.kill(hosting[0], signal.SIGKILL)
+    assert wait_until_gone(first_attempt, 15) == []
+    return list_checkpoints(str(run_dir))[-1]
+
+
+def test_a_killed_executor_leaves_nothing_and_the_retried_stage_resumes_to_mpiexec_s_parameters(four_epochs,
+                                                                                                 tmp_path):
+    """local-cluster[2,1,1024]: SIGKILL the executor whose task started the ranks, after the first epoch's
+    checkpoint. Its proxy and ranks go at once; Spark starts another executor and reruns the stage, whose
+    `mpitrain train` resumes from the checkpoint and ends where an uninterrupted mpiexec run does."""
+    config, expected = four_epochs
+    driver = subprocess.Popen([MPITRAIN, "spark-train", config, "--ranks", "2", "--master", "local-cluster[2,1,1024]",
+                               "--set", f"run_dir={tmp_path / 'run'}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=spark_env())
+    try:
+        while len(executors := [pid for pid in descendants(driver.pid)
+                                if "CoarseGrainedExecutorBackend" in cmdline(pid)]) < 2 and driver.poll() is None:
+            time.sleep(0.2)
+        newest = kill_executor_after_a_checkpoint(tmp_path / "run", config, executors, 0)
         out, err = driver.communicate(timeout=400)
     finally:
         driver.kill()
     assert driver.returncode == 0, err[-4000:]
     assert f"resuming from {newest}" in err, err[-4000:]
-    assert final_parameters(tmp_path / "run") == final_parameters(tmp_path / "mpiexec-run")
+    assert final_parameters(tmp_path / "run") == expected
     assert not left_running(config)
+
+
+def test_on_two_nodes_a_killed_remote_executor_leaves_nothing_on_either_node_and_the_rerun_resumes(
+        standalone, four_epochs, tmp_path):
+    """The executor on the node without mpiexec (rank 1's) is killed: its proxy and rank go at once, the
+    other node's task is ended by Spark and takes mpiexec and rank 0 with it, the worker starts another
+    executor, and the rerun resumes to mpiexec's parameters."""
+    config, expected = four_epochs
+    submitted = standalone.submit(os.path.join(REPO, "etl", "train.py"), config, "--ranks", "2",
+                                  "--set", f"run_dir={tmp_path / 'run'}")
+    try:
+        while len(executors := [pid for pid in sum(standalone.cluster.pids().values(), [])
+                                if "CoarseGrainedExecutorBackend" in cmdline(pid)]) < 2 and submitted.poll() is None:
+            time.sleep(0.2)
+        newest = kill_executor_after_a_checkpoint(tmp_path / "run", config, executors, 1)
+        out, err = submitted.communicate(timeout=400)
+    finally:
+        submitted.kill()
+    assert submitted.returncode == 0, (out + err)[-4000:]
+    assert f"resuming from {newest}" in out, out[-4000:]
+    assert final_parameters(tmp_path / "run") == expected
+    assert standalone.left_running(config) == {}
 
 
 def cmdline(pid: int) -> str:
