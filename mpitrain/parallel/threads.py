@@ -155,6 +155,12 @@ def check_ranks_on_node(plan: ThreadPlan, local_size: int) -> None:
     numba.set_num_threads(min(share, numba.config.NUMBA_NUM_THREADS))
 
 
+def with_pools(environ, pools: dict) -> dict:
+    """`environ` with its pool variables and mpitrain's mark replaced by `pools` (pool variable -> threads): a
+    program started with it, and the processes it starts, take `pools` for the user's choice."""
+    return {**{k: v for k, v in environ.items() if k not in (*POOL_VARIABLES, SIZED_MARK)}, **pools}
+
+
 def users_environment(environ) -> dict:
     """`environ` as the user set it: without the pool variables mpitrain's import set in it (SIZED_MARK) and the
     mark. For a process that imported mpitrain and starts another program (a benchmark's PyTorch peer), which

@@ -13,6 +13,7 @@ import re
 import time
 
 from mpitrain.errors import MpitrainError
+from mpitrain.parallel.threads import POOL_VARIABLES
 from mpitrain.spark.logstream import LineServer
 from mpitrain.spark.task import JobFailed, MpiJob, run_barrier_task
 
@@ -63,6 +64,16 @@ def check_settings(conf, ranks: int) -> None:
                             "stuck rank)")
 
 
+def rank_threads(conf) -> dict[str, str]:
+    """The thread pools of each rank (pool variable -> threads): those the user gave the executors
+    (spark.executorEnv.VAR), else OMP_NUM_THREADS = spark.task.cpus, the cores Spark gives each task, which
+    every other pool follows (`mpitrain.parallel.threads.plan_threads`). Set for the ranks explicitly: what
+    the executors' Python workers have may be marked as mpitrain's own sizing by a driver that imported
+    mpitrain (local modes start the workers from the driver's environment), and the ranks would resize it."""
+    chosen = {v: conf.get(f"spark.executorEnv.{v}") for v in POOL_VARIABLES if conf.get(f"spark.executorEnv.{v}")}
+    return {"OMP_NUM_THREADS": conf.get("spark.task.cpus", "1"), **chosen}
+
+
 def task_slots(sc) -> int:
     """How many tasks the cluster's registered executors run at once (what Spark checks a barrier stage
     against)."""
@@ -74,11 +85,12 @@ def run_mpi_job(sc, job: MpiJob, out=None) -> int:
     """Run `job` on its ranks, one per task of a barrier stage, printing its output to `out` (default stderr)
     as it comes. Returns its exit status: 0, 2 (a rank's user error, whose line the output shows) or 3
     (stopped by a signal, resumable); raises `JobFailed` with one line when the stage fails (a rank raised, a
-    rank, proxy or executor was killed). `job.log_address` is replaced by the driver's own."""
+    rank, proxy or executor was killed). `job.log_address` and `job.threads` are replaced by the driver's own
+    and `rank_threads`'."""
     ranks = job.ranks
     check_cluster(sc, ranks)
     with LineServer(sc.getConf().get("spark.driver.host"), out) as server:
-        job = dataclasses.replace(job, log_address=server.address)
+        job = dataclasses.replace(job, log_address=server.address, threads=rank_threads(sc.getConf()))
         # Spark reruns a failed barrier stage only when it is a shuffle map stage (a failed barrier result
         # stage ends the job: its results may have been taken), so the tasks' statuses pass through a shuffle
         # into one partition, and a rerun's `mpitrain train` resumes from the newest checkpoint.

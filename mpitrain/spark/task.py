@@ -16,7 +16,8 @@ N ranks with Hydra's manual launcher (`hydra.py`).
    naming the rank and host, which fails the stage.
 
 mpiexec and the proxies run guarded (`processes.py`): a task that ends, however, takes them and the ranks with
-it. No task waits on another but in an allGather, which Spark ends when the stage fails.
+it. They start with the ranks' thread pools in their environment (`MpiJob.threads`: spark.task.cpus threads
+per rank unless the user set the executors' pool variables). No task waits on another but in an allGather, which Spark ends when the stage fails.
 """
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ import re
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from mpitrain.parallel.threads import with_pools
 from mpitrain.spark.hydra import Placement, find_mpiexec, launcher_command, read_proxy_commands
 from mpitrain.spark.logstream import LineSender
 from mpitrain.spark.processes import descendants, start_guarded, stop
@@ -46,14 +48,15 @@ class JobFailed(Exception):
 @dataclass(frozen=True)
 class MpiJob:
     """What every one of the `ranks` ranks runs (`python` arguments, given to the executor's own Python), where
-    (`workdir`), with which mpiexec (None: the one `find_mpiexec` finds on the executor) and where the output
-    goes."""
+    (`workdir`), with which mpiexec (None: the one `find_mpiexec` finds on the executor), where the output
+    goes, and the ranks' thread pools (pool variable -> threads; `stage.rank_threads`)."""
 
     ranks: int
     python_args: tuple[str, ...]
     workdir: str
     log_address: tuple[str, int]
     mpiexec: str | None = None
+    threads: dict[str, str] = field(default_factory=dict)
 
 
 def run_barrier_task(job: MpiJob, _rows) -> list[tuple[int, int]]:
@@ -69,11 +72,13 @@ def run_barrier_task(job: MpiJob, _rows) -> list[tuple[int, int]]:
     task_hosts = [info.address.rsplit(":", 1)[0] for info in infos]
     placement = Placement.of_tasks(task_hosts)
     started, watch = [], None
+    environ = with_pools(os.environ, job.threads)
     try:
         if me == 0:
             command = launcher_command(find_mpiexec(job.mpiexec), placement, job.workdir,
                                        [sys.executable, *job.python_args])
-            launcher = start_guarded(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            launcher = start_guarded(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=environ)
             started.append(launcher)
             proxies = read_proxy_commands(iter(launcher.stdout.readline, ""))
         shared = [json.loads(text) for text in context.allGather(json.dumps(
@@ -82,8 +87,8 @@ def run_barrier_task(job: MpiJob, _rows) -> list[tuple[int, int]]:
         if me in placement.proxy_tasks:
             host = placement.proxy_tasks.index(me)
             devices = visible_devices(task_hosts, [task["gpus"] for task in shared], placement.hosts[host])
-            proxy = start_guarded(proxies[host], env=None if devices is None else
-                                  {**os.environ, "CUDA_VISIBLE_DEVICES": devices})
+            proxy = start_guarded(proxies[host], env=environ if devices is None else
+                                  {**environ, "CUDA_VISIBLE_DEVICES": devices})
             started.append(proxy)
             watch = RankWatch(proxy.pid, placement.counts[host])
         status, tail = _follow(launcher, job.log_address) if me == 0 else (None, [])

@@ -31,9 +31,8 @@ def pools() -> dict:
 
 def bare_env(**extra) -> dict:
     """This process's environment without any thread variable, as a user's shell has it."""
-    from mpitrain.parallel.threads import POOL_VARIABLES, SIZED_MARK
-    return {**{k: v for k, v in os.environ.items() if k not in (*POOL_VARIABLES, SIZED_MARK)},
-            "PYTHONUNBUFFERED": "1", **extra}
+    from mpitrain.parallel.threads import with_pools
+    return {**with_pools(os.environ, {}), "PYTHONUNBUFFERED": "1", **extra}
 
 
 def pools_of(stdout: str) -> list[dict]:

@@ -93,15 +93,17 @@ def test_spark_train_in_local_mode_ends_bit_for_bit_where_mpiexec_does(reference
 
 
 def test_spark_submit_on_a_local_cluster_ends_bit_for_bit_where_mpiexec_does(reference, tmp_path):
+    """Two executors of two cores, two cores per task: each rank runs spark.task.cpus threads per pool."""
     config, expected = reference
-    done = subprocess.run([SPARK_SUBMIT, "--master", "local-cluster[2,1,1024]", "--conf", "spark.ui.enabled=false",
-                           os.path.join(REPO, "etl", "train.py"), config, "--ranks", "2",
-                           "--set", f"run_dir={tmp_path / 'run'}"],
+    done = subprocess.run([SPARK_SUBMIT, "--master", "local-cluster[2,2,1024]", "--conf", "spark.ui.enabled=false",
+                           "--conf", "spark.task.cpus=2", os.path.join(REPO, "etl", "train.py"), config,
+                           "--ranks", "2", "--set", f"run_dir={tmp_path / 'run'}"],
                           capture_output=True, text=True, timeout=400, env=spark_env())
     assert done.returncode == 0, done.stderr[-3000:]
     assert final_parameters(tmp_path / "run") == expected
     # spark-submit passes its Python driver's stderr on to its own stdout
-    assert "Spark master local-cluster[2,1,1024]" in done.stdout, done.stdout[-3000:]
+    assert "Spark master local-cluster[2,2,1024]" in done.stdout, done.stdout[-3000:]
+    assert "numba 2, BLAS 2 thread(s) per rank; set by you: OMP_NUM_THREADS" in done.stdout, done.stdout[-3000:]
     assert not left_running(config)
 
 
