@@ -1,20 +1,35 @@
-"""What a barrier stage cannot train under is refused up front in one line: Spark Connect, however asked for
-(`cli.check_classic_spark`), dynamic allocation and a barrier timeout a training could outlast
-(`stage.check_settings`)."""
+"""What the driver reads of Spark's settings before the stage. What a barrier stage cannot train under is
+refused up front in one line: Spark Connect, however asked for (`cli.check_classic_spark`), dynamic allocation
+and a barrier timeout a training could outlast (`stage.check_settings`). The ranks' thread pools follow
+spark.task.cpus unless the user set the executors' pool variables (`stage.rank_threads`)."""
 import pytest
 from pyspark import SparkConf
 
 from mpitrain.errors import MpitrainError
 from mpitrain.spark.cli import check_classic_spark
-from mpitrain.spark.stage import check_settings
+from mpitrain.parallel.threads import SIZED_MARK, with_pools
+from mpitrain.spark.stage import check_settings, rank_threads
 
 
-def conf(**settings) -> SparkConf:
-    """A SparkConf without a JVM (PySpark keeps it in Python), holding `settings` (dots as underscores)."""
+def conf(settings: dict | None = None, **dotted) -> SparkConf:
+    """A SparkConf without a JVM (PySpark keeps it in Python), holding `settings` and `dotted` (dots as
+    underscores)."""
     made = SparkConf(loadDefaults=False)
-    for key, value in settings.items():
-        made.set(key.replace("_", "."), value)
+    for key, value in {**(settings or {}), **{k.replace("_", "."): v for k, v in dotted.items()}}.items():
+        made.set(key, value)
     return made
+
+
+def test_the_ranks_run_spark_task_cpus_threads_unless_the_executors_pools_are_set():
+    assert rank_threads(conf()) == {"OMP_NUM_THREADS": "1"}
+    assert rank_threads(conf(spark_task_cpus="3")) == {"OMP_NUM_THREADS": "3"}
+    assert rank_threads(conf({"spark.task.cpus": "2", "spark.executorEnv.NUMBA_NUM_THREADS": "5"})) == \
+        {"OMP_NUM_THREADS": "2", "NUMBA_NUM_THREADS": "5"}
+    assert rank_threads(conf({"spark.task.cpus": "2", "spark.executorEnv.OMP_NUM_THREADS": "4"})) == \
+        {"OMP_NUM_THREADS": "4"}
+    # what a worker inherited (mpitrain's mark, pools it sized) is replaced, so the ranks take these as the user's
+    worker = {"PATH": "/bin", "OMP_NUM_THREADS": "2", "NUMBA_NUM_THREADS": "2", SIZED_MARK: "OMP_NUM_THREADS=2"}
+    assert with_pools(worker, {"OMP_NUM_THREADS": "2"}) == {"PATH": "/bin", "OMP_NUM_THREADS": "2"}
 
 
 @pytest.mark.parametrize("timeout", ["365d", "24h", "86400", "2d", "90000s"])
