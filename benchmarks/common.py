@@ -126,6 +126,13 @@ def run_ddp(args, ranks: int, epochs: int, extra: list[str] = ()) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def sgemm_rate() -> float:
+    """This machine's float32 GEMM FLOP/s on one core (numpy, every thread pool pinned to 1)."""
+    done = subprocess.run([sys.executable, "-c", "from mpitrain.testing.flops import sgemm_rate; print(sgemm_rate())"],
+                          env=PINNED_ENV, capture_output=True, text=True, check=True)
+    return float(done.stdout)
+
+
 def machine() -> dict:
     """Where and with what a result was measured (for the README table): `uname -m`, cores, UTC date, versions."""
     versions = {"python": platform.python_version()}

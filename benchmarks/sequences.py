@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from types import SimpleNamespace
@@ -40,7 +38,7 @@ from types import SimpleNamespace
 import h5py
 import numpy as np
 import yaml
-from common import HERE, PINNED_ENV, in_turns, markdown_table, median_run, mpitrain, run_ddp, torch_available, train, \
+from common import HERE, in_turns, markdown_table, median_run, mpitrain, run_ddp, sgemm_rate, torch_available, train, \
     write_results
 
 from mpitrain.data.shards import read_manifest
@@ -102,13 +100,6 @@ def fashion_data(work: str) -> str:
     mpitrain("etl", "--source", f"parquet:{parquet['train']}", "--test", parquet["test"], "--label", "label",
              "--sequence", "rows", "--out", data, "--shards", "2")
     return data
-
-
-def sgemm_rate() -> float:
-    """This machine's float32 GEMM FLOP/s on one core (numpy, every thread pool pinned to 1)."""
-    done = subprocess.run([sys.executable, "-c", "from mpitrain.testing.flops import sgemm_rate; print(sgemm_rate())"],
-                          env=PINNED_ENV, capture_output=True, text=True, check=True)
-    return float(done.stdout)
 
 
 def speed(data: str, repeat: int) -> dict:

@@ -3,7 +3,8 @@
 Each rank reads its rows through `mpitrain.data.reader` as an mpitrain rank does (`rank_batches`: the same
 rows, epoch order and batches as an mpitrain run on as many ranks), so the only difference measured is the
 training engine and its allreduce.
-A dataset of one sequence column gets `torch_sequences.SequenceModel` (the twins of `lstm`, `conv1d`,
+A `model.graph` of images (a residual net) gets `torch_graph.GraphModel`; a dataset of one sequence column gets
+`torch_sequences.SequenceModel` (the twins of `lstm`, `conv1d`,
 `global_max_pool`, `dense`), fed each padded `SequenceBatch` the reader gives, values and lengths.
 With `--device cuda` one process trains on the GPU without DDP (the twin of a 1-rank
 `backend: cupy` run), each batch uploaded as mpitrain uploads it.
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch_graph import GraphModel
 from torch_sequences import SequenceModel, initialized
 
 from mpitrain.config.sections import load_config
@@ -113,11 +115,13 @@ def worker(rank: int, args, init_file: str, results) -> None:
     distributed = args.device == "cpu"
     if distributed:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=args.ranks)
-    config = load_config(args.config, [f"data.path={args.data}"])
+    config = load_config(args.config, [f"data.path={args.data}", *([f"data.max_rows={args.max_rows}"] * bool(args.max_rows))])
     reader, batches = rank_batches(config, rank, args.ranks, args.batch_size)
     torch.manual_seed(config.train.seed)
     if reader.manifest.sequences:
         model = SequenceModel(config.model.layers, reader.manifest.input_shape[1]).to(args.device)
+    elif config.model.graph:
+        model = GraphModel(config.model.graph, reader.manifest.feature_shape).to(args.device)
     else:
         model = build_torch_model(config.model.layers, reader.manifest.feature_shape).to(args.device)
     if distributed:
@@ -202,6 +206,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=0, help="per rank; default: the config's")
+    parser.add_argument("--max-rows", type=int, default=0, help="the config's data.max_rows (0: the config's)")
     parser.add_argument("--warmup-epochs", type=int, default=0,
                         help="first epochs trained but not counted in samples/s (of --epochs)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: one process, no DDP")

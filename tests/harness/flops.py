@@ -12,6 +12,12 @@ mean valid steps of a sequence (the padding a batch computes is not counted as w
     dense on a vector, I inputs, U units:        2 x I x U
     global_max_pool, global_avg_pool:            0
 
+An image model given as a `model.graph` (`image_graph_training_flops`) counts the same way:
+
+    conv2d, C channels in, F filters of KH x KW, an OH x OW output: OH x OW x 2 x C x KH x KW x F
+    dense, I inputs, U units:                                          2 x I x U
+    batchnorm, activations, add, pooling, flatten:                     0
+
     python -c "from mpitrain.testing.flops import sgemm_rate; print(sgemm_rate())"   # under OPENBLAS_NUM_THREADS=1
 """
 from __future__ import annotations
@@ -46,6 +52,34 @@ def forward_flops(layers: list[dict], features: int, length: float) -> float:
             raise ValueError(f"no FLOP count for a {kind} layer here ({spec}); expected a one-way lstm returning its "
                              "last state, conv1d, a global pool, or dense on a vector")
     return total
+
+
+def image_graph_training_flops(nodes: list[dict], input_shape: tuple[int, ...]) -> float:
+    """FLOPs of training on one image of `input_shape` (C, H, W) through `nodes` (a config's model.graph): 3 x its
+    forward's products."""
+    from mpitrain.kernels.im2col import geometry
+
+    shapes, total = {"numeric": tuple(input_shape)}, 0.0
+    for node in nodes:
+        kind, shape = node["type"], shapes[(node.get("inputs") or [node.get("input")])[0]]
+        if kind == "conv2d":
+            g = geometry(shape, node["kernel"], node.get("stride", 1), node.get("padding", "valid"))
+            shape = (node["filters"], g.out_height, g.out_width)
+            total += g.out_height * g.out_width * 2 * g.channels * math.prod(g.kernel) * node["filters"]
+        elif kind in ("maxpool2d", "avgpool2d"):
+            pool = node.get("pool", 2)
+            g = geometry(shape, pool, node.get("stride") or (pool if isinstance(pool, int) else pool[0]),
+                         node.get("padding", "valid"))
+            shape = (shape[0], g.out_height, g.out_width)
+        elif kind == "flatten":
+            shape = (math.prod(shape),)
+        elif kind == "dense":
+            total += 2 * math.prod(shape) * node["units"]
+            shape = (node["units"],)
+        elif kind not in ("batchnorm", "relu", "tanh", "sigmoid", "add", "dropout"):
+            raise ValueError(f"no FLOP count for a {kind} node here ({node}); expected an image graph")
+        shapes[node["name"]] = shape
+    return 3 * total
 
 
 def training_flops(layers: list[dict], features: int, length: float) -> float:
