@@ -1,7 +1,11 @@
 """Spatial layers on NCHW batches: convolution as im2col + one GEMM, pooling as a reduction of windows.
 
 The GEMM is `xp.matmul`, so numpy runs BLAS and cupy runs cuBLAS; im2col/col2im are the
-`kernels.im2col` kernels, max pooling the `kernels.pool` ones (numba on the CPU). A conv2d
+`kernels.im2col` kernels, max pooling the `kernels.pool` ones (numba on the CPU). From
+`CHANNELS_LAST_FROM` input channels on, a conv2d layer's windows run channels last (kernel
+offset, then channel: a pixel's channels are one run to copy) and its weights are copied into
+that order for the GEMM each forward; below it, channels first (a single channel's runs are the
+kernel's rows). A conv2d
 layer adds its bias, runs its fused activation (`fuse_activation`) and transposes the GEMM's
 rows to NCHW in one kernel (`kernels.conv_rows`), and back in backward. Every array a layer
 returns or keeps is an array of its workspace (`Layer.ws`), written in place.
@@ -22,9 +26,13 @@ import numpy as np
 
 from mpitrain.parallel.backend import array_module
 from mpitrain.kernels.conv_rows import activation_backward_rows, bias_activation_nchw, column_sums
-from mpitrain.kernels.im2col import PADDINGS, col2im, geometry, im2col
+from mpitrain.kernels.im2col import PADDINGS, col2im, col2im_channels_last, geometry, im2col, im2col_channels_last
 from mpitrain.kernels.pool import max_pool, max_pool_backward
 from mpitrain.nn.layers import FusesActivation, Layer, initial_weights
+
+
+# From this many input channels a conv2d layer's windows run channels last (`Conv2D.channels_last`).
+CHANNELS_LAST_FROM = 8
 
 
 def _check_padding(padding: str) -> None:
@@ -67,35 +75,63 @@ class Conv2D(FusesActivation):
         return {"W": initial_weights(rng, self.init or scheme, fan_in, fan_out, self.params["W"].shape),
                 "b": np.zeros(self.filters)}
 
-    def _matrix(self, kernels):
-        """`W` or its gradient as the GEMM's (F, C*KH*KW) matrix, a view."""
-        return kernels.reshape(self.filters, -1)
+    @property
+    def channels_last(self) -> bool:
+        """Whether the windows' rows run kernel offset, then channel (`kernels.im2col.im2col_channels_last`),
+        as they do from CHANNELS_LAST_FROM input channels on; else channel, then kernel offset."""
+        return self.g.channels >= CHANNELS_LAST_FROM
+
+    def _windows_shape(self, n: int) -> tuple[int, ...]:
+        g = self.g
+        return (n, g.out_height, g.out_width, *g.kernel, g.channels) if self.channels_last else (n, *g.cols_shape)
+
+    def _weights(self, xp, dtype):
+        """`W` as the GEMM's (F, C*KH*KW) matrix in the windows' order: a view, or (channels last) a copy in the
+        workspace, whose order is (F, KH, KW, C)."""
+        if not self.channels_last:
+            return self.params["W"].reshape(self.filters, -1)
+        weights = self.ws("weights", (self.filters, *self.g.kernel, self.g.channels), dtype)
+        xp.copyto(weights, self.params["W"].transpose(0, 2, 3, 1))
+        return weights.reshape(self.filters, -1)
 
     def forward(self, x, training):
         xp, n, g = array_module(x), len(x), self.g
         self.input_shape = x.shape
-        cols = self.ws("cols", (n, *g.cols_shape), x.dtype)
-        im2col(x, g, 0.0, cols)
+        cols = self.ws("cols", self._windows_shape(n), x.dtype)
+        if self.channels_last:
+            im2col_channels_last(x, g, self.ws("image", (n, g.height, g.width, g.channels), x.dtype), cols)
+        else:
+            im2col(x, g, 0.0, cols)
         self.cols = cols.reshape(n * g.out_height * g.out_width, -1)
         rows = self.ws("rows", (len(self.cols), self.filters), x.dtype)
-        xp.matmul(self.cols, self._matrix(self.params["W"]).T, out=rows)
+        self.weights = self._weights(xp, x.dtype)
+        xp.matmul(self.cols, self.weights.T, out=rows)
         self.y = self.ws("y", (n, self.filters, g.out_height, g.out_width), x.dtype)
         bias_activation_nchw(rows, self.params["b"], self.kind, self.y)
         return self.y
 
     def backward(self, dy, input_grad=True):
-        xp = array_module(dy)
+        xp, g = array_module(dy), self.g
         dz = self.ws("rows", (len(self.cols), self.filters), dy.dtype)  # forward's rows, no longer needed
         sums = self.ws("bias_sums", (len(dy), self.filters), np.float64)  # each image's part of the bias gradient
         activation_backward_rows(dy, self.y, self.kind, dz, sums)
         column_sums(sums, self.grads["b"])
-        xp.matmul(dz.T, self.cols, out=self._matrix(self.grads["W"]))
+        if self.channels_last:
+            dw = self.ws("weights_grad", self.weights.shape, dy.dtype)
+            xp.matmul(dz.T, self.cols, out=dw)
+            xp.copyto(self.grads["W"], dw.reshape(self.filters, *g.kernel, g.channels).transpose(0, 3, 1, 2))
+        else:
+            xp.matmul(dz.T, self.cols, out=self.grads["W"].reshape(self.filters, -1))
         if not input_grad:
             return None
         dcols = self.cols  # forward's windows, read for the last time above
-        xp.matmul(dz, self._matrix(self.params["W"]), out=dcols)
+        xp.matmul(dz, self.weights, out=dcols)
         dx = self.ws("dx", self.input_shape, dy.dtype)
-        col2im(dcols.reshape(len(dy), *self.g.cols_shape), self.g, dx)
+        if self.channels_last:
+            col2im_channels_last(dcols.reshape(self._windows_shape(len(dy))), g,
+                                 self.ws("image", (len(dy), g.height, g.width, g.channels), dy.dtype), dx)
+        else:
+            col2im(dcols.reshape(len(dy), *g.cols_shape), g, dx)
         return dx
 
 

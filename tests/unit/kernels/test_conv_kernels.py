@@ -8,7 +8,9 @@ import pytest
 from mpitrain.kernels.activations import KINDS
 from mpitrain.kernels.conv_rows import (activation_backward_rows, activation_backward_rows_reference,
                                         bias_activation_nchw, bias_activation_nchw_reference)
-from mpitrain.kernels.im2col import col2im, col2im_reference, geometry, im2col, im2col_reference
+from mpitrain.kernels.im2col import (col2im, col2im_channels_last, col2im_channels_last_reference, col2im_reference,
+                                     geometry, im2col, im2col_channels_last, im2col_channels_last_reference,
+                                     im2col_reference)
 from mpitrain.kernels.pool import max_pool, max_pool_backward, max_pool_backward_reference, max_pool_reference
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.layers import Flatten
@@ -69,6 +71,28 @@ def test_im2col_and_col2im_kernels_equal_the_reference(shape, kernel, stride, pa
     dx, expected = np.full((2, n, *shape), np.nan, dtype)
     col2im(dcols, g, dx)
     col2im_reference(dcols, g, expected)
+    np.testing.assert_allclose(dx, expected, **tolerance(dtype))
+
+
+@pytest.mark.parametrize("shape,kernel,stride,padding", GEOMETRIES)
+@each_batch_and_dtype
+def test_channels_last_windows_are_the_windows_reordered_and_their_adjoint_the_reference(
+        shape, kernel, stride, padding, n, is_strided, dtype):
+    rng = np.random.default_rng(3)
+    g = geometry(shape, kernel, stride, padding)
+    x = batch(rng, (n, *shape), dtype, is_strided)
+    windows, expected = np.full((2, n, g.out_height, g.out_width, *g.kernel, g.channels), np.nan, dtype)
+    image = np.full((n, g.height, g.width, g.channels), np.nan, dtype)
+    im2col_channels_last(x, g, image, windows)
+    im2col_channels_last_reference(x, g, image, expected)
+    np.testing.assert_array_equal(windows, expected)
+    channels_first = np.empty((n, *g.cols_shape), dtype)
+    im2col(x, g, 0.0, channels_first)
+    np.testing.assert_array_equal(windows, channels_first.transpose(0, 1, 2, 4, 5, 3))
+    dcols = batch(rng, windows.shape, dtype, is_strided)
+    dx, expected = np.full((2, n, *shape), np.nan, dtype)
+    col2im_channels_last(dcols, g, np.full_like(image, np.nan), dx)
+    col2im_channels_last_reference(dcols, g, image, expected)
     np.testing.assert_allclose(dx, expected, **tolerance(dtype))
 
 

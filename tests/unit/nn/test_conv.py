@@ -7,7 +7,7 @@ from mpitrain.config.sections import ModelConfig
 from mpitrain.errors import ConfigError
 from mpitrain.kernels.im2col import geometry
 from mpitrain.nn.batchnorm import BatchNorm
-from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
+from mpitrain.nn.conv import CHANNELS_LAST_FROM, AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
 from mpitrain.nn.model import Sequential, build_model
 from mpitrain.testing.gradients import check_model_gradients
@@ -35,13 +35,16 @@ def direct_convolution(x, w, b, stride, pads):
     return out
 
 
+@pytest.mark.parametrize("channels", [2, CHANNELS_LAST_FROM])  # windows channels first, channels last
 @pytest.mark.parametrize("stride,padding", [(1, "valid"), (2, "same"), (1, "same")])
-def test_conv_forward_equals_a_direct_convolution(stride, padding):
+def test_conv_forward_equals_a_direct_convolution(stride, padding, channels):
     rng = np.random.default_rng(2)
-    model = Sequential([Conv2D(4, 3, stride, padding), Flatten()], (2, 7, 7), "softmax_cross_entropy", np, "float64")
+    model = Sequential([Conv2D(4, 3, stride, padding), Flatten()], (channels, 7, 7), "softmax_cross_entropy", np,
+                       "float64")
     model.params[...] = rng.normal(size=model.n_params)
     conv = model.layers[0]
-    x = rng.normal(size=(3, 2, 7, 7))
+    assert conv.channels_last == (channels >= CHANNELS_LAST_FROM)
+    x = rng.normal(size=(3, channels, 7, 7))
     expected = direct_convolution(x, conv.params["W"], conv.params["b"], stride, (conv.g.pad_top, conv.g.pad_left))
     np.testing.assert_allclose(conv.forward(x, training=True), expected[:, :, :conv.g.out_height, :conv.g.out_width])
 
@@ -78,6 +81,15 @@ def test_conv_gradients_with_each_fused_activation(stride, padding, kind, activa
     layers = [Conv2D(3, 3, stride, padding), activation(), Flatten(), Dense(3)]
     check_model_gradients(layers, (2, 5, 7), n=3)
     assert layers[0].kind == kind  # the conv layer ran the activation
+
+
+@pytest.mark.parametrize("stride,padding", [(1, "same"), (2, "valid")])
+def test_conv_gradients_with_windows_channels_last_below_another_conv(stride, padding):
+    """The second layer sees CHANNELS_LAST_FROM channels: its weights' and input's gradients go through the
+    channels-last windows and the weights' copy in their order."""
+    layers = [Conv2D(CHANNELS_LAST_FROM, 3, padding="same"), Conv2D(3, 3, stride, padding), ReLU(), Flatten(), Dense(3)]
+    check_model_gradients(layers, (1, 5, 6), n=2)
+    assert [layer.channels_last for layer in layers[:2]] == [False, True]
 
 
 @pytest.mark.parametrize("layer", [MaxPool2D(2), AvgPool2D(2), MaxPool2D(3, stride=2, padding="same"),
