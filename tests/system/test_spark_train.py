@@ -177,6 +177,17 @@ def test_a_rank_that_raises_fails_the_stage_naming_it_and_leaves_nothing_running
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
+def ranks_once_checkpointed(run_dir: Path, config: str, checkpoints: int, seconds: float) -> dict[int, int]:
+    """Once `run_dir` holds `checkpoints` checkpoints (waiting up to `seconds`): the two ranks of `mpitrain train
+    CONFIG`, {rank: pid}."""
+    deadline = time.monotonic() + seconds
+    while len(list_checkpoints(str(run_dir))) < checkpoints and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ranks = rank_pids(config)
+    assert sorted(ranks) == [0, 1], ranks
+    return ranks
+
+
 def rank_pids(config: str) -> dict[int, int]:
     """{rank: pid} of the ranks of `mpitrain train CONFIG` started by Hydra (PMI_RANK in their environment)."""
     ranks = {}
@@ -209,11 +220,7 @@ def test_a_killed_rank_or_proxy_fails_the_stage_and_leaves_nothing_running(spark
     stage = threading.Thread(target=train)
     stage.start()
     try:
-        deadline = time.monotonic() + 120
-        while len(list_checkpoints(str(tmp_path / "run"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        ranks = rank_pids(config)
-        assert sorted(ranks) == [0, 1], ranks
+        ranks = ranks_once_checkpointed(tmp_path / "run", config, 2, 120)
         proxies = [pid for pid in job_processes("no other marker") if pid not in ranks.values()]
         assert len(proxies) == 1, proxies  # local[2]: one host, one proxy starting both ranks
         os.kill(ranks[1] if victim == "rank" else proxies[0], signal.SIGKILL)
@@ -362,11 +369,7 @@ def test_on_two_nodes_the_task_s_gpu_is_its_rank_s_and_a_killed_remote_rank_or_p
                                   "--conf", "spark.task.resource.gpu.amount=1",
                                   SPARK_JOB, "2", tmp_path, "-m", "mpitrain", "train", config)
     try:
-        deadline = time.monotonic() + 180
-        while len(list_checkpoints(str(tmp_path / "run"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        ranks = rank_pids(config)
-        assert sorted(ranks) == [0, 1], ranks
+        ranks = ranks_once_checkpointed(tmp_path / "run", config, 2, 180)
         nodes = [standalone.node_of(ranks[rank]) for rank in (0, 1)]
         assert sorted(nodes) == sorted(standalone.cluster.nodes), nodes
         assert [environ_of(ranks[rank]).get("CUDA_VISIBLE_DEVICES") for rank in (0, 1)] == \
@@ -398,21 +401,27 @@ def four_epochs(tmp_path_factory):
     return config, final_parameters(folder / "mpiexec-run")
 
 
-def kill_executor_after_a_checkpoint(run_dir: Path, config: str, executors: list[int], host_of_rank: int) -> str:
-    """Once `run_dir` has a checkpoint, SIGKILL the one of `executors` whose task hosts rank `host_of_rank`; check
-    that every process of the job below that executor, and every proxy of its attempt, ends within 15 s. The
-    newest checkpoint (the rerun resumes from it)."""
-    deadline = time.monotonic() + 300
-    while not list_checkpoints(str(run_dir)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    ranks = rank_pids(config)
-    assert sorted(ranks) == [0, 1], ranks
-    hosting = [pid for pid in executors if ranks[host_of_rank] in descendants(pid)]
-    assert len(hosting) == 1, (executors, hosting)
-    first_attempt = job_processes(config, descendants(hosting[0])) + job_processes("no other marker")
-    os.kill(hosting[0], signal.SIGKILL)
-    assert wait_until_gone(first_attempt, 15) == []
-    return list_checkpoints(str(run_dir))[-1]
+def run_killing_an_executor(driver: subprocess.Popen, processes, run_dir: Path, config: str,
+                            beside_rank: int) -> tuple[str, str, str]:
+    """Run `driver` to its end, killing one executor on the way: once `processes()` (pids) holds two executors and
+    `run_dir` a checkpoint, SIGKILL the executor whose task hosts rank `beside_rank`, and check that every process
+    of the job below it, and every proxy of its attempt, ends within 15 s. The newest checkpoint then (the rerun
+    resumes from it) and the driver's stdout and stderr."""
+    try:
+        while len(executors := [pid for pid in processes() if "CoarseGrainedExecutorBackend" in cmdline(pid)]) < 2 \
+                and driver.poll() is None:
+            time.sleep(0.2)
+        ranks = ranks_once_checkpointed(run_dir, config, 1, 300)
+        hosting = [pid for pid in executors if ranks[beside_rank] in descendants(pid)]
+        assert len(hosting) == 1, (executors, hosting)
+        first_attempt = job_processes(config, descendants(hosting[0])) + job_processes("no other marker")
+        os.kill(hosting[0], signal.SIGKILL)
+        assert wait_until_gone(first_attempt, 15) == []
+        newest = list_checkpoints(str(run_dir))[-1]
+        out, err = driver.communicate(timeout=400)
+    finally:
+        driver.kill()
+    return newest, out, err
 
 
 def test_a_killed_executor_leaves_nothing_and_the_retried_stage_resumes_to_mpiexec_s_parameters(four_epochs,
@@ -424,14 +433,7 @@ def test_a_killed_executor_leaves_nothing_and_the_retried_stage_resumes_to_mpiex
     driver = subprocess.Popen([MPITRAIN, "spark-train", config, "--ranks", "2", "--master", "local-cluster[2,1,1024]",
                                "--set", f"run_dir={tmp_path / 'run'}"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=spark_env())
-    try:
-        while len(executors := [pid for pid in descendants(driver.pid)
-                                if "CoarseGrainedExecutorBackend" in cmdline(pid)]) < 2 and driver.poll() is None:
-            time.sleep(0.2)
-        newest = kill_executor_after_a_checkpoint(tmp_path / "run", config, executors, 0)
-        out, err = driver.communicate(timeout=400)
-    finally:
-        driver.kill()
+    newest, _, err = run_killing_an_executor(driver, lambda: descendants(driver.pid), tmp_path / "run", config, 0)
     assert driver.returncode == 0, err[-4000:]
     assert f"resuming from {newest}" in err, err[-4000:]
     assert final_parameters(tmp_path / "run") == expected
@@ -446,14 +448,8 @@ def test_on_two_nodes_a_killed_remote_executor_leaves_nothing_on_either_node_and
     config, expected = four_epochs
     submitted = standalone.submit(os.path.join(REPO, "etl", "train.py"), config, "--ranks", "2",
                                   "--set", f"run_dir={tmp_path / 'run'}")
-    try:
-        while len(executors := [pid for pid in sum(standalone.cluster.pids().values(), [])
-                                if "CoarseGrainedExecutorBackend" in cmdline(pid)]) < 2 and submitted.poll() is None:
-            time.sleep(0.2)
-        newest = kill_executor_after_a_checkpoint(tmp_path / "run", config, executors, 1)
-        out, err = submitted.communicate(timeout=400)
-    finally:
-        submitted.kill()
+    newest, out, err = run_killing_an_executor(submitted, lambda: sum(standalone.cluster.pids().values(), []),
+                                               tmp_path / "run", config, 1)
     assert submitted.returncode == 0, (out + err)[-4000:]
     assert f"resuming from {newest}" in out, out[-4000:]
     assert final_parameters(tmp_path / "run") == expected
