@@ -7,9 +7,12 @@ In training, the batch's mean and (biased) variance per channel normalize `x` an
 running `mean` and `var` (unbiased) towards them by `momentum`; in evaluation the running
 ones normalize. One thread per channel sums in float64, in one pass (the sums of x and x^2,
 shifted by one of the channel's values so that they do not cancel) with four partial sums
-where two passes of one running sum each (a chain of dependent adds) were, and writes `x_hat`, `inv_std` and
+(along S, or across rows for dense features), and writes `x_hat`, `inv_std` and
 `y` (and in backward `dgamma`, `dbeta`, `dx`) into the arrays it is given: nothing is
-allocated. numpy arrays run the numba kernels, other arrays (cupy) the references.
+allocated. Two passes of one running sum each (a chain of dependent adds) took 1.58 ms for the
+residual net's first batch norm (batch 32, 32 channels of 28x28, one thread), this 0.79 ms;
+backward 0.88 -> 0.75 ms; dense features (256 x 200) 0.17 -> 0.13 ms forward, 0.13-0.14 ms
+backward either way. numpy arrays run the numba kernels, other arrays (cupy) the references.
 """
 from __future__ import annotations
 
@@ -25,9 +28,11 @@ def _sums(u, v, ch, shift_u, shift_v):
     float64 with four partial sums each along S (one running sum is a chain of dependent adds, 4x slower)."""
     n, _, s = u.shape
     a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = 0.0
+    if s < 4:  # dense features (S = 1): the partial sums take four rows at a time
+        return _sums_across_rows(u, v, ch, shift_u, shift_v)
+    whole = s - s % 4
     for i in range(n):
-        k = 0
-        while k + 4 <= s:
+        for k in range(0, whole, 4):
             d0, d1 = u[i, ch, k] - shift_u, u[i, ch, k + 1] - shift_u
             d2, d3 = u[i, ch, k + 2] - shift_u, u[i, ch, k + 3] - shift_u
             a0 += d0
@@ -38,12 +43,35 @@ def _sums(u, v, ch, shift_u, shift_v):
             b1 += d1 * (v[i, ch, k + 1] - shift_v)
             b2 += d2 * (v[i, ch, k + 2] - shift_v)
             b3 += d3 * (v[i, ch, k + 3] - shift_v)
-            k += 4
-        while k < s:
+        for k in range(whole, s):
             d = u[i, ch, k] - shift_u
             a0 += d
             b0 += d * (v[i, ch, k] - shift_v)
-            k += 1
+    return (a0 + a1) + (a2 + a3), (b0 + b1) + (b2 + b3)
+
+
+@njit(cache=True, inline="always")
+def _sums_across_rows(u, v, ch, shift_u, shift_v):
+    """`_sums` with the partial sums over four rows at a time, for a short S."""
+    n, _, s = u.shape
+    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = 0.0
+    whole = n - n % 4
+    for k in range(s):
+        for i in range(0, whole, 4):
+            d0, d1 = u[i, ch, k] - shift_u, u[i + 1, ch, k] - shift_u
+            d2, d3 = u[i + 2, ch, k] - shift_u, u[i + 3, ch, k] - shift_u
+            a0 += d0
+            a1 += d1
+            a2 += d2
+            a3 += d3
+            b0 += d0 * (v[i, ch, k] - shift_v)
+            b1 += d1 * (v[i + 1, ch, k] - shift_v)
+            b2 += d2 * (v[i + 2, ch, k] - shift_v)
+            b3 += d3 * (v[i + 3, ch, k] - shift_v)
+        for i in range(whole, n):
+            d = u[i, ch, k] - shift_u
+            a0 += d
+            b0 += d * (v[i, ch, k] - shift_v)
     return (a0 + a1) + (a2 + a3), (b0 + b1) + (b2 + b3)
 
 
