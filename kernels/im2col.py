@@ -22,9 +22,11 @@ per kernel offset into a padded buffer it allocates; the tests compare both with
 The channels-last pair orders a row by kernel offset, then channel: the images are first transposed
 to (N, H, W, C) (`image`, a scratch array), so each of a window's pixels is one run of C values
 copied or added at once, where the channels-first order copies runs of KW values read C times
-from far apart. With 32 channels (3x3, 28x28, batch 32) im2col took 2.6 ms against 8.1 ms, with
-20 (LeNet's second layer) 0.9 against 1.2; with 1 channel it is 7x slower, so a conv2d layer uses
-it from `CHANNELS_LAST_FROM` input channels on (mpitrain/nn/conv.py).
+from far apart. One thread, the transpose included: with 32 channels (3x3, 28x28, batch 32)
+im2col took 2.1 ms against 8.0 and col2im 2.3 against 7.3; with 64 (14x14) 0.7 against 4.3 and
+0.8 against 3.6; with 20 (LeNet's second layer, 5x5, batch 64) 0.6 against 1.2 and 0.4 against
+1.5. With 1 channel it is 7x slower, so a conv2d layer uses it from `CHANNELS_LAST_FROM` input
+channels on (mpitrain/nn/conv.py).
 """
 from __future__ import annotations
 
