@@ -115,7 +115,8 @@ def worker(rank: int, args, init_file: str, results) -> None:
     distributed = args.device == "cpu"
     if distributed:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=args.ranks)
-    config = load_config(args.config, [f"data.path={args.data}", *([f"data.max_rows={args.max_rows}"] * bool(args.max_rows))])
+    overrides = [f"data.path={args.data}"] + ([f"data.max_rows={args.max_rows}"] if args.max_rows else [])
+    config = load_config(args.config, overrides)
     reader, batches = rank_batches(config, rank, args.ranks, args.batch_size)
     torch.manual_seed(config.train.seed)
     if reader.manifest.sequences:

@@ -17,7 +17,8 @@ N ranks with Hydra's manual launcher (`hydra.py`).
 
 mpiexec and the proxies run guarded (`processes.py`): a task that ends, however, takes them and the ranks with
 it. They start with the ranks' thread pools in their environment (`MpiJob.threads`: spark.task.cpus threads
-per rank unless the user set the executors' pool variables). No task waits on another but in an allGather, which Spark ends when the stage fails.
+per rank unless the user set the executors' pool variables). No task waits on another but in an allGather,
+which Spark ends when the stage fails.
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -338,9 +339,13 @@ def test_a_standalone_cluster_of_two_simulated_nodes_ends_bit_for_bit_where_mpie
                           "--set", f"run_dir={tmp_path / 'run'}")
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert final_parameters(tmp_path / "run") == expected
-    # each rank alone on its node (rank 0's thread plan says so), each node's executor ran a task
+    # each rank alone on its node (rank 0's thread plan says so), each node's executor of this application ran a
+    # task (the workers keep a folder per application, an executor's log in each)
     assert "threads: 1 rank(s) on this node (from MPICH Hydra)" in done.stdout, done.stdout[-3000:]
     assert f"Spark master {standalone.master}" in done.stdout
+    application = re.search(r"app-\d+-\d+", done.stderr)[0]
+    executors = list((standalone.work / application).glob("*/stderr"))
+    assert len(executors) == 2 and all("Running task" in log.read_text() for log in executors), executors
     time.sleep(2)  # the guards' last kills, had anything been left
     assert standalone.left_running(config) == {}
 
