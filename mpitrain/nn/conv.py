@@ -10,13 +10,18 @@ layer adds its bias, runs its fused activation (`fuse_activation`) and transpose
 rows to NCHW in one kernel (`kernels.conv_rows`), and back in backward. Every array a layer
 returns or keeps is an array of its workspace (`Layer.ws`), written in place.
 
-A conv2d layer takes the whole batch in one im2col and one GEMM, not chunks of images sized
-to the L2 cache: chunks whose windows fit 0.25-2 MiB made LeNet's step 3-6% slower on a
-1 MiB-L2 core, because backward must then rebuild each chunk's windows, and the GEMM gains
-little from windows in L2 (OpenBLAS packs its operands into cache-sized blocks itself; a
-rank's 26 MB workspace stays in the 32 MB L3). Chunking all but forward's windows, kept
-whole for backward, measured even. What made conv nets faster was the kernels
-(docs/benchmarks.md#measurements-behind-the-code).
+On the CPU a conv2d layer whose windows for the whole batch would pass `WHOLE_WINDOWS_UP_TO`
+bytes works in chunks of whole images, each chunk's windows about `CHUNK_WINDOWS` bytes: im2col,
+GEMM and (backward) the weights' GEMM, the windows' gradient and col2im run on one chunk while
+its windows are in cache, and backward builds each chunk's windows again from the layer's input
+(kept, not copied: the input is the layer below's workspace array, untouched until the next
+step). Whole, the residual net's 28 x 28 x 32 windows are 29 MB a rank, more than the L3 two
+ranks share, and OpenBLAS reads them from memory at 58 GFLOP/s where a chunk in cache runs at
+87; in chunks of about 2 MB its 3x3 layers ran 20-25% faster (forward and backward, two
+processes at once), the rebuilt windows included. LeNet's windows (at most 8 MB at batch 64)
+stay whole: chunks made its step 3-6% slower, the rebuilt windows costing more than the cache
+saves. A GPU always takes the whole batch. What made conv nets faster besides
+(docs/benchmarks.md#measurements-behind-the-code): the channels-last windows, the kernels.
 """
 from __future__ import annotations
 
@@ -33,6 +38,10 @@ from mpitrain.nn.layers import FusesActivation, Layer, initial_weights
 
 # From this many input channels a conv2d layer's windows run channels last (`Conv2D.channels_last`).
 CHANNELS_LAST_FROM = 8
+# On the CPU, windows of a batch beyond this many bytes are built and used in chunks of images (`Conv2D.chunks`),
+# each chunk's windows about CHUNK_WINDOWS bytes (one at least: an image's).
+WHOLE_WINDOWS_UP_TO = 8 << 20
+CHUNK_WINDOWS = 2 << 20
 
 
 def _check_padding(padding: str) -> None:
@@ -94,45 +103,81 @@ class Conv2D(FusesActivation):
         xp.copyto(weights, self.params["W"].transpose(0, 2, 3, 1))
         return weights.reshape(self.filters, -1)
 
+    def chunks(self, x) -> list[slice]:
+        """The runs of images of batch `x` whose windows are built and used at once: the whole batch on a GPU or
+        when its windows fit WHOLE_WINDOWS_UP_TO bytes, else runs of about CHUNK_WINDOWS bytes of windows."""
+        n = len(x)
+        image_bytes = math.prod(self._windows_shape(1)) * x.dtype.itemsize
+        per_chunk = n if array_module(x) is not np or n * image_bytes <= WHOLE_WINDOWS_UP_TO else \
+            max(1, CHUNK_WINDOWS // image_bytes)
+        return [slice(start, min(start + per_chunk, n)) for start in range(0, n, per_chunk)]
+
+    def _windows(self, x, images: slice):
+        """The windows of `x[images]` as the GEMM's (pixels, C*KH*KW) matrix, in the layer's windows array (as many
+        images as a chunk holds)."""
+        g, n = self.g, images.stop - images.start
+        cols = self.ws("cols", self._windows_shape(self.chunk_size), x.dtype)[:n]
+        if self.channels_last:
+            im2col_channels_last(x[images], g, self._image(n, x.dtype), cols)
+        else:
+            im2col(x[images], g, 0.0, cols)
+        return cols.reshape(n * g.out_height * g.out_width, -1)
+
+    def _image(self, n: int, dtype):
+        """The channels-last windows' (N, H, W, C) scratch for `n` images of a chunk."""
+        g = self.g
+        return self.ws("image", (self.chunk_size, g.height, g.width, g.channels), dtype)[:n]
+
     def forward(self, x, training):
         xp, n, g = array_module(x), len(x), self.g
-        self.input_shape = x.shape
-        cols = self.ws("cols", self._windows_shape(n), x.dtype)
-        if self.channels_last:
-            im2col_channels_last(x, g, self.ws("image", (n, g.height, g.width, g.channels), x.dtype), cols)
-        else:
-            im2col(x, g, 0.0, cols)
-        self.cols = cols.reshape(n * g.out_height * g.out_width, -1)
-        rows = self.ws("rows", (len(self.cols), self.filters), x.dtype)
+        self.x, self.batch = x, self.chunks(x)
+        self.chunk_size = self.batch[0].stop
+        pixels = g.out_height * g.out_width
+        rows = self.ws("rows", (n * pixels, self.filters), x.dtype)
         self.weights = self._weights(xp, x.dtype)
-        xp.matmul(self.cols, self.weights.T, out=rows)
+        for images in self.batch:
+            self.cols = self._windows(x, images)  # the whole batch's are kept for backward
+            xp.matmul(self.cols, self.weights.T, out=rows[images.start * pixels:images.stop * pixels])
         self.y = self.ws("y", (n, self.filters, g.out_height, g.out_width), x.dtype)
         bias_activation_nchw(rows, self.params["b"], self.kind, self.y)
         return self.y
 
     def backward(self, dy, input_grad=True):
-        xp, g = array_module(dy), self.g
-        dz = self.ws("rows", (len(self.cols), self.filters), dy.dtype)  # forward's rows, no longer needed
-        sums = self.ws("bias_sums", (len(dy), self.filters), np.float64)  # each image's part of the bias gradient
+        """The gradients, a chunk of images at a time (`chunks`); one chunk (the whole batch) reuses forward's
+        windows, more build each chunk's again. Each later chunk's weight gradient is added to the first's."""
+        xp, g, n = array_module(dy), self.g, len(dy)
+        pixels = g.out_height * g.out_width
+        dz = self.ws("rows", (n * pixels, self.filters), dy.dtype)  # forward's rows, no longer needed
+        sums = self.ws("bias_sums", (n, self.filters), np.float64)  # each image's part of the bias gradient
         activation_backward_rows(dy, self.y, self.kind, dz, sums)
         column_sums(sums, self.grads["b"])
+        dw = self.ws("weights_grad", self.weights.shape, dy.dtype) if self.channels_last else \
+            self.grads["W"].reshape(self.filters, -1)
+        dx = self.ws("dx", self.x.shape, dy.dtype) if input_grad else None
+        for k, images in enumerate(self.batch):
+            cols = self._windows(self.x, images) if len(self.batch) > 1 else self.cols
+            dz_chunk = dz[images.start * pixels:images.stop * pixels]
+            if k == 0:
+                xp.matmul(dz_chunk.T, cols, out=dw)
+            else:
+                part = self.ws("weights_grad_part", dw.shape, dy.dtype)
+                xp.matmul(dz_chunk.T, cols, out=part)
+                dw += part
+            if input_grad:
+                self._input_grad(dz_chunk, cols, dx[images])  # over the chunk's windows, read for the last time
         if self.channels_last:
-            dw = self.ws("weights_grad", self.weights.shape, dy.dtype)
-            xp.matmul(dz.T, self.cols, out=dw)
             xp.copyto(self.grads["W"], dw.reshape(self.filters, *g.kernel, g.channels).transpose(0, 3, 1, 2))
-        else:
-            xp.matmul(dz.T, self.cols, out=self.grads["W"].reshape(self.filters, -1))
-        if not input_grad:
-            return None
-        dcols = self.cols  # forward's windows, read for the last time above
-        xp.matmul(dz, self.weights, out=dcols)
-        dx = self.ws("dx", self.input_shape, dy.dtype)
-        if self.channels_last:
-            col2im_channels_last(dcols.reshape(self._windows_shape(len(dy))), g,
-                                 self.ws("image", (len(dy), g.height, g.width, g.channels), dy.dtype), dx)
-        else:
-            col2im(dcols.reshape(len(dy), *g.cols_shape), g, dx)
         return dx
+
+    def _input_grad(self, dz, cols, dx) -> None:
+        """`dx` (a chunk's images) = the adjoint of the windows of the gradient `dz` of their rows, through `cols`
+        (their windows, overwritten)."""
+        array_module(dz).matmul(dz, self.weights, out=cols)
+        dcols = cols.reshape(self._windows_shape(len(dx)))
+        if self.channels_last:
+            col2im_channels_last(dcols, self.g, self._image(len(dx), dz.dtype), dx)
+        else:
+            col2im(dcols, self.g, dx)
 
 
 class _Pool2D(Layer):

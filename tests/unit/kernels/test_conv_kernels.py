@@ -12,6 +12,7 @@ from mpitrain.kernels.im2col import (col2im, col2im_channels_last, col2im_channe
                                      geometry, im2col, im2col_channels_last, im2col_channels_last_reference,
                                      im2col_reference)
 from mpitrain.kernels.pool import max_pool, max_pool_backward, max_pool_backward_reference, max_pool_reference
+import mpitrain.nn.conv as conv_module
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.layers import Flatten
 from mpitrain.nn.model import Sequential
@@ -25,7 +26,9 @@ GEOMETRIES = [  # (input C, H, W), kernel, stride, padding
     ((1, 9, 9), 2, 3, "valid"),  # stride past the kernel: some pixels in no window
 ]
 POOLS = [  # (input C, H, W), pool, stride, padding
-    ((3, 6, 6), 2, 2, "valid"),
+    ((3, 6, 6), 2, 2, "valid"),  # 2 x 2 side by side (kernels.pool.side_by_side_pairs)
+    ((2, 7, 5), 2, 2, "valid"),  # side by side, an odd last row and column in no window
+    ((2, 5, 7), 2, 2, "same"),  # the last windows reach past the image: not side by side inside
     ((2, 5, 7), 3, 2, "same"),  # overlapping windows
     ((1, 5, 5), 2, 1, "valid"),  # overlapping windows
     ((2, 7, 5), 3, 3, "valid"),  # pixels in no window
@@ -166,8 +169,12 @@ def assert_step_allocates_nothing(layer, x, dy):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_conv_step_allocates_nothing_once_its_workspace_is_made(kind):
+@pytest.mark.parametrize("chunked", [False, True])  # the whole batch; a chunk per image (`Conv2D.chunks`)
+def test_a_conv_step_allocates_nothing_once_its_workspace_is_made(monkeypatch, kind, chunked):
     """Every array is over 4 KB (W: 16 x 72 floats), so a copy of any, a transposed W's included, would show."""
+    if chunked:
+        monkeypatch.setattr(conv_module, "WHOLE_WINDOWS_UP_TO", 0)
+        monkeypatch.setattr(conv_module, "CHUNK_WINDOWS", 0)
     model = Sequential([Conv2D(16, 3, 2, "same"), Flatten()], (8, 13, 11), "softmax_cross_entropy", np, "float32")
     model.init_params(0, "xavier")
     conv = model.layers[0]
@@ -175,6 +182,7 @@ def test_a_conv_step_allocates_nothing_once_its_workspace_is_made(kind):
     rng = np.random.default_rng(7)
     x = rng.normal(size=(4, 8, 13, 11)).astype(np.float32)
     dy = rng.normal(size=(4, 16, 7, 6)).astype(np.float32)
+    assert len(conv.chunks(x)) == (4 if chunked else 1)
     assert_step_allocates_nothing(conv, x, dy)
 
 

@@ -7,6 +7,7 @@ from mpitrain.config.sections import ModelConfig
 from mpitrain.errors import ConfigError
 from mpitrain.kernels.im2col import geometry
 from mpitrain.nn.batchnorm import BatchNorm
+import mpitrain.nn.conv as conv_module
 from mpitrain.nn.conv import CHANNELS_LAST_FROM, AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
 from mpitrain.nn.model import Sequential, build_model
@@ -47,6 +48,34 @@ def test_conv_forward_equals_a_direct_convolution(stride, padding, channels):
     x = rng.normal(size=(3, channels, 7, 7))
     expected = direct_convolution(x, conv.params["W"], conv.params["b"], stride, (conv.g.pad_top, conv.g.pad_left))
     np.testing.assert_allclose(conv.forward(x, training=True), expected[:, :, :conv.g.out_height, :conv.g.out_width])
+
+
+@pytest.mark.parametrize("channels", [2, CHANNELS_LAST_FROM])  # windows channels first, channels last
+@pytest.mark.parametrize("input_grad", [True, False])
+def test_a_conv_layer_in_chunks_of_images_equals_it_on_the_whole_batch(monkeypatch, channels, input_grad):
+    """Windows past WHOLE_WINDOWS_UP_TO bytes go in chunks of about CHUNK_WINDOWS bytes (here 2 images of 5: chunks
+    of 2, 2 and 1); forward, the bias's, weights' and input's gradients are the whole batch's."""
+    rng = np.random.default_rng(12)
+    x, dy = rng.normal(size=(5, channels, 6, 7)), rng.normal(size=(5, 3, 6, 7))
+    results = []
+    for whole_up_to in (1 << 30, 0):
+        monkeypatch.setattr(conv_module, "WHOLE_WINDOWS_UP_TO", whole_up_to)
+        model = Sequential([Conv2D(3, 3, padding="same"), Flatten()], (channels, 6, 7), "softmax_cross_entropy", np,
+                           "float64")
+        model.params[...] = np.random.default_rng(13).normal(size=model.n_params)
+        conv = model.layers[0]
+        conv.fuse_activation("tanh")
+        monkeypatch.setattr(conv_module, "CHUNK_WINDOWS", 2 * 6 * 7 * 9 * channels * 8 + 7)
+        y = conv.forward(x, training=True).copy()
+        dx = conv.backward(dy, input_grad=input_grad)
+        results.append((len(conv.chunks(x)), y, model.grads.copy(), None if dx is None else dx.copy()))
+    (whole, *expected), (chunks, *got) = results
+    assert (whole, chunks) == (1, 3)
+    for name, a, b in zip(["output", "gradients", "input gradient"], got, expected):
+        if b is None:
+            assert a is None, name
+        else:
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12, err_msg=name)
 
 
 @pytest.mark.parametrize("layer,reduce", [(MaxPool2D, np.max), (AvgPool2D, np.mean)])
