@@ -135,11 +135,12 @@ class Conv2D(FusesActivation):
         pixels = g.out_height * g.out_width
         rows = self.ws("rows", (n * pixels, self.filters), x.dtype)
         self.weights = self._weights(xp, x.dtype)
+        self.y = self.ws("y", (n, self.filters, g.out_height, g.out_width), x.dtype)
         for images in self.batch:
             self.cols = self._windows(x, images)  # the whole batch's are kept for backward
-            xp.matmul(self.cols, self.weights.T, out=rows[images.start * pixels:images.stop * pixels])
-        self.y = self.ws("y", (n, self.filters, g.out_height, g.out_width), x.dtype)
-        bias_activation_nchw(rows, self.params["b"], self.kind, self.y)
+            chunk_rows = rows[images.start * pixels:images.stop * pixels]
+            xp.matmul(self.cols, self.weights.T, out=chunk_rows)
+            bias_activation_nchw(chunk_rows, self.params["b"], self.kind, self.y[images])
         return self.y
 
     def backward(self, dy, input_grad=True):
@@ -149,14 +150,13 @@ class Conv2D(FusesActivation):
         pixels = g.out_height * g.out_width
         dz = self.ws("rows", (n * pixels, self.filters), dy.dtype)  # forward's rows, no longer needed
         sums = self.ws("bias_sums", (n, self.filters), np.float64)  # each image's part of the bias gradient
-        activation_backward_rows(dy, self.y, self.kind, dz, sums)
-        column_sums(sums, self.grads["b"])
         dw = self.ws("weights_grad", self.weights.shape, dy.dtype) if self.channels_last else \
             self.grads["W"].reshape(self.filters, -1)
         dx = self.ws("dx", self.x.shape, dy.dtype) if input_grad else None
         for k, images in enumerate(self.batch):
             cols = self._windows(self.x, images) if len(self.batch) > 1 else self.cols
             dz_chunk = dz[images.start * pixels:images.stop * pixels]
+            activation_backward_rows(dy[images], self.y[images], self.kind, dz_chunk, sums[images])
             if k == 0:
                 xp.matmul(dz_chunk.T, cols, out=dw)
             else:
@@ -165,6 +165,7 @@ class Conv2D(FusesActivation):
                 dw += part
             if input_grad:
                 self._input_grad(dz_chunk, cols, dx[images])  # over the chunk's windows, read for the last time
+        column_sums(sums, self.grads["b"])
         if self.channels_last:
             xp.copyto(self.grads["W"], dw.reshape(self.filters, *g.kernel, g.channels).transpose(0, 3, 1, 2))
         return dx

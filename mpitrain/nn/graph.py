@@ -21,6 +21,9 @@ of sequences needs one set of lengths: `build_graph` refuses one whose sequences
 from the same column through layers that keep lengths (`Layer.keeps_lengths`; a strided or
 `valid` conv1d does not).
 
+A node's `activation` runs fused with its bias add (`FusesActivation`); an activation node
+(`type: relu`) runs on its own, since the value it reads may be read by other nodes as it is.
+
 Nodes run in the order written (so a node reads only what is above it). Backward runs them
 in reverse; a value read by several nodes gets the sum of their gradients; nodes that lead
 to no parameter are skipped. The embedding tables come first in the flat buffers, the other
@@ -110,7 +113,8 @@ class Graph(Network):
             self.needs_grad[node.name] = any(layer.params for layer in node.layers) or \
                 any(self.needs_grad[name] for name in node.inputs)
         self.accumulated = self.workspace.part("graph")
-        _fuse_activations([layer for node in nodes for layer in node.layers])
+        for node in nodes:  # a node's own `activation`; an activation node may read any value, so it runs itself
+            _fuse_activations(node.layers)
 
     def forward(self, x, training: bool = False, key: tuple = (0,), until: str | None = None):
         """The output of rows `x` (batch, *input_shape; a `SequenceInputs` or `SequenceBatch` of a dataset of

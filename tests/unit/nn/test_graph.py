@@ -111,6 +111,21 @@ def test_a_graph_without_merges_computes_what_the_sequential_of_its_layers_does(
     np.testing.assert_array_equal(model.forward(x), sequential.forward(x))
 
 
+def test_an_activation_node_acts_on_what_it_reads_and_leaves_the_node_written_above_it_alone():
+    """A relu node reading the input, below a dense node without an activation: each node's value is its own (the
+    relu was once fused into the dense layer above it, so the relu passed its input through and the dense was
+    rectified), and the gradients are central differences'."""
+    graph = [{"name": "a", "type": "dense", "input": "numeric", "units": 3},
+             {"name": "r", "type": "relu", "input": "numeric"},
+             {"name": "s", "type": "add", "inputs": ["a", "r"]},
+             {"name": "o", "type": "dense", "input": "s", "units": 1}]
+    model = check_gradients(graph)
+    x = table_rows(np.random.default_rng(1), 4)
+    np.testing.assert_array_equal(model.forward(x, until="r"), np.maximum(x[:, :3], 0))
+    a = model.layers[0]
+    np.testing.assert_allclose(model.forward(x, until="a"), x[:, :3] @ a.params["W"] + a.params["b"])
+
+
 @pytest.mark.parametrize("graph, message", [
     ([{"name": "h", "type": "dense", "input": "nothing", "units": 1}], "reads 'nothing': no input or node above"),
     ([{"name": "h", "type": "dense", "input": "numeric", "units": 2},
