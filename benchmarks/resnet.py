@@ -1,7 +1,8 @@
 """The residual net on Fashion-MNIST (issue 32's reference results): configs/fashion_resnet.yaml trained on 2 ranks
 as the README's command starts it (`mpiexec -n 2 mpitrain train`, the user's environment), its test accuracy after the
 config's epochs (goal >= 0.93), and its training speed beside PyTorch DDP on the same graph (goal >= 1.0x;
-benchmarks/torch_graph.py: gloo, 1 thread per rank, the same rows, batches and SGD), also as a fraction of this
+benchmarks/torch_graph.py: gloo, 1 thread per rank, the same rows, batches and SGD; both without the config's flips
+and shifts), also as a fraction of this
 machine's one-core sgemm rate (FLOPs per sample x samples/s / sgemm FLOP/s; `mpitrain.testing.flops`).
 
 Speed: one epoch of the first `--speed-rows` rows per run, mpitrain and DDP taking turns, the median of `--repeat`
@@ -46,7 +47,8 @@ def speed(data: str, rows: int, repeat: int) -> dict:
     runs = {"mpitrain": [], "pytorch-ddp": []}
     for _, engine in in_turns(tuple(runs), repeat):
         if engine == "mpitrain":
-            summary = train(2, CONFIG, {"data.path": data, "resume": "never", "train.epochs": 1, "data.max_rows": rows})
+            summary = train(2, CONFIG, {"data.path": data, "resume": "never", "train.epochs": 1, "data.max_rows": rows,
+                                        "data.augment": False})  # the PyTorch twin trains on the rows as stored
             runs[engine].append({"samples_per_s": summary["samples_per_s"]})
         else:
             runs[engine].append(run_ddp(SimpleNamespace(data=data, config=CONFIG), 2, 1, ["--max-rows", str(rows)]))
@@ -77,7 +79,8 @@ def markdown(result: dict) -> str:
             ["engine", "samples/s", "vs DDP", "GFLOP/s", "of sgemm"],
             [[r["engine"], f"{r['samples_per_s']:.0f}", f"{r['vs_ddp']:.2f}x", f"{r['gflop_per_s']:.1f}",
               f"{r['of_sgemm']:.1%}"] for r in s["engines"]], "lrrrr"))
-        parts.append(f"Speed: 2 ranks, 1 epoch of the first {s['rows']} training rows, the median of {s['repeat']} "
+        parts.append(f"Speed: 2 ranks, 1 epoch of the first {s['rows']} training rows as stored (no `data.augment`: the "
+                     f"PyTorch twin does not augment), the median of {s['repeat']} "
                      f"round(s) taking turns; goal mpitrain >= {s['goal']:g}x PyTorch DDP "
                      f"({'met' if s['met'] else '**not met**'}). FLOPs per sample "
                      f"{s['flops_per_sample'] / 1e6:.1f} M (3 x the forward's convolutions and dense products); of "

@@ -4,11 +4,12 @@ from __future__ import annotations
 import numpy as np
 
 from mpitrain.kernels import batchnorm as kernels
-from mpitrain.nn.layers import Layer, refuse_sequence
+from mpitrain.nn.layers import FusesActivation, refuse_sequence
 
 
-class BatchNorm(Layer):
-    """y = gamma * (x - mean) / sqrt(var + eps) + beta per feature (dense) or per channel (conv).
+class BatchNorm(FusesActivation):
+    """y = gamma * (x - mean) / sqrt(var + eps) + beta per feature (dense) or per channel (conv), then its
+    `activation` (as DL4J's BatchNormalization layer has one), which runs fused in the same kernel.
 
     Training normalizes with the batch's statistics and moves the running statistics
     towards them (`momentum` keeps the old share); evaluation uses the running ones. They
@@ -18,12 +19,12 @@ class BatchNorm(Layer):
     workspace arrays: per channel, sums in float64, nothing allocated.
     """
 
-    def __init__(self, momentum: float = 0.9, eps: float = 1e-5):
+    def __init__(self, momentum: float = 0.9, eps: float = 1e-5, activation: str = "none"):
         if not 0 <= momentum < 1:
             raise ValueError(f"momentum {momentum!r}, expected a number in [0, 1)")
         if eps <= 0:
             raise ValueError(f"eps {eps!r}, expected a positive number")
-        self.momentum, self.eps = momentum, eps
+        self.momentum, self.eps, self.activation = momentum, eps, activation
 
     def param_shapes(self, input_shape):
         refuse_sequence(input_shape, "batchnorm", "its batch statistics would count the padded steps")
@@ -46,15 +47,18 @@ class BatchNorm(Layer):
     def forward(self, x, training):
         self.x_hat = self.ws("x_hat", x.shape, x.dtype)
         self.inv_std = self.ws("inv_std", (x.shape[1],), x.dtype)
-        y = self.ws("y", x.shape, x.dtype)
+        self.y = self.ws("y", x.shape, x.dtype)
         kernels.forward(_channels(x), self.params["gamma"], self.params["beta"], self.eps, self.stats["mean"],
-                        self.stats["var"], self.momentum, training, _channels(self.x_hat), self.inv_std, _channels(y))
-        return y
+                        self.stats["var"], self.momentum, training, _channels(self.x_hat), self.inv_std,
+                        _channels(self.y), self.kind)
+        return self.y
 
     def backward(self, dy, input_grad=True):
         dx = self.ws("dx", dy.shape, dy.dtype) if input_grad else None
-        kernels.backward(_channels(dy), _channels(self.x_hat), self.inv_std, self.params["gamma"],
-                         self.grads["gamma"], self.grads["beta"], None if dx is None else _channels(dx))
+        dz = dy if self.kind == "none" else self.ws("dz", dy.shape, dy.dtype)  # dy times the activation's derivative
+        kernels.backward(_channels(dy), _channels(self.y), self.kind, _channels(dz), _channels(self.x_hat),
+                         self.inv_std, self.params["gamma"], self.grads["gamma"], self.grads["beta"],
+                         None if dx is None else _channels(dx))
         return dx
 
 

@@ -130,10 +130,11 @@ def test_elementwise_losses_equal_the_reference(kernel, shape, dtype):
     np.testing.assert_allclose(grad, expected_grad, **close(dtype))
 
 
+@pytest.mark.parametrize("kind", ["none", "relu", "tanh"])  # the layer's fused activation
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 5, 1), (2, 3, 1), (32, 7, 1), (1, 3, 9), (5, 4, 49)])
-def test_batchnorm_kernels_equal_the_reference(shape, dtype, training):
+def test_batchnorm_kernels_equal_the_reference(shape, dtype, training, kind):
     rng = np.random.default_rng(shape[2])
     x = (rng.normal(size=shape) * 3 + 1).astype(dtype)
     dy = rng.normal(size=shape).astype(dtype)
@@ -143,13 +144,15 @@ def test_batchnorm_kernels_equal_the_reference(shape, dtype, training):
                               (batchnorm.forward_reference, batchnorm.backward_reference)):
         mean, var = np.full(shape[1], 0.5, dtype), np.full(shape[1], 2.0, dtype)
         x_hat, y, inv_std = np.empty(shape, dtype), np.empty(shape, dtype), np.empty(shape[1], dtype)
-        forward(x, gamma, beta, 1e-5, mean, var, 0.9, training, x_hat, inv_std, y)
-        dgamma, dbeta, dx = np.empty(shape[1], dtype), np.empty(shape[1], dtype), np.empty(shape, dtype)
-        backward(dy, x_hat, inv_std, gamma, dgamma, dbeta, dx)
+        forward(x, gamma, beta, 1e-5, mean, var, 0.9, training, x_hat, inv_std, y, kind)
+        dgamma, dbeta, dx, dz = np.empty(shape[1], dtype), np.empty(shape[1], dtype), *np.empty((2, *shape), dtype)
+        backward(dy, y, kind, dz, x_hat, inv_std, gamma, dgamma, dbeta, dx)
         results.append((mean, var, x_hat, y, inv_std, dgamma, dbeta, dx))
     tolerance = {"rtol": 2e-4, "atol": 2e-5} if dtype == np.float32 else {"rtol": 1e-9, "atol": 1e-11}
     for got, expected in zip(*results):
         np.testing.assert_allclose(got, expected, **tolerance)
+    if kind == "relu":
+        assert (results[0][3] >= 0).all() and (results[0][3] == 0).any()
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.float32])

@@ -132,6 +132,23 @@ def test_batchnorm_gradients_dense_and_conv():
     check_model_gradients([Conv2D(3, 3, padding="same"), BatchNorm(), ReLU(), Flatten(), Dense(3)], (1, 4, 4), n=4)
 
 
+@pytest.mark.parametrize("activation", [Tanh, ReLU])
+def test_batchnorm_runs_the_activation_after_it_and_has_its_gradients(activation):
+    """The activation layer after a batch norm runs inside it (its `kind`), dense and conv: the gradients are
+    numeric ones, and the output is the activation of the batch norm's own."""
+    rng = np.random.default_rng(4)
+    for layers, shape in (([Dense(5), BatchNorm(), activation(), Dense(3)], (4,)),
+                          ([Conv2D(3, 3, padding="same"), BatchNorm(), activation(), Flatten(), Dense(3)], (1, 4, 4))):
+        check_model_gradients(layers, shape, n=6)
+        model = Sequential(layers, shape, "softmax_cross_entropy", np, "float64")
+        model.params[...] = rng.normal(size=model.n_params)
+        norm, x = layers[1], rng.normal(size=(6, *shape))
+        assert norm.kind == activation.kind and layers[2].fused
+        fused = model.forward(x, until=2).copy()
+        norm.fuse_activation("none")
+        np.testing.assert_allclose(fused, activation().forward(model.forward(x, until=1), training=False))
+
+
 def test_dropout_gradient_uses_the_same_mask():
     check_model_gradients([Dense(6), Dropout(0.5), Dense(3)], (4,), n=5)
 

@@ -53,11 +53,10 @@ def test_add_a_residual_path_and_per_column_dimensions_have_the_gradients_of_cen
 
 RESIDUAL_BLOCKS = [  # configs/fashion_resnet.yaml's kinds of node, small: a stem, an identity block, a widening block
     {"name": "stem", "type": "conv2d", "input": "numeric", "filters": 2, "kernel": 3, "padding": "same"},
-    {"name": "stem_bn", "type": "batchnorm", "input": "stem"},
-    {"name": "stem_relu", "type": "relu", "input": "stem_bn"},
-    {"name": "b1_conv", "type": "conv2d", "input": "stem_relu", "filters": 2, "kernel": 3, "padding": "same"},
+    {"name": "stem_bn", "type": "batchnorm", "input": "stem", "activation": "relu"},
+    {"name": "b1_conv", "type": "conv2d", "input": "stem_bn", "filters": 2, "kernel": 3, "padding": "same"},
     {"name": "b1_bn", "type": "batchnorm", "input": "b1_conv"},
-    {"name": "b1_sum", "type": "add", "inputs": ["b1_bn", "stem_relu"]},
+    {"name": "b1_sum", "type": "add", "inputs": ["b1_bn", "stem_bn"]},
     {"name": "b1_relu", "type": "relu", "input": "b1_sum"},
     {"name": "b1_pool", "type": "maxpool2d", "input": "b1_relu", "pool": 2},
     {"name": "b2_conv", "type": "conv2d", "input": "b1_pool", "filters": 3, "kernel": 3, "padding": "same"},
