@@ -44,6 +44,7 @@ from mpitrain.errors import ConfigError
 from mpitrain.nn.embedding import Embedding
 from mpitrain.nn.layers import is_sequence, varying
 from mpitrain.nn.merge import Add, Concat, Merge
+from mpitrain.parallel.backend import array_module
 from mpitrain.nn.model import (LAYER_ARGUMENTS, LAYER_TYPES, Network, _fuse_activations, _with_activation_layers,
                                 build_model, check_memory, estimated_size)
 
@@ -180,12 +181,13 @@ class Graph(Network):
         if name not in grads:
             grads[name] = gradient
             return
-        if name not in summed:
+        if name not in summed:  # the first sum in one pass into the array of its own
             total = varying(self.accumulated, name, gradient.shape, gradient.dtype)
-            total[...] = grads[name]
+            array_module(total).add(grads[name], gradient, out=total)
             grads[name] = total
             summed.add(name)
-        grads[name] += gradient
+        else:
+            grads[name] += gradient
 
     def config_entries(self) -> dict:
         """The config keys that build this model again."""
