@@ -70,6 +70,7 @@ class Conv2D(FusesActivation):
         _check_padding(padding)
         self.filters, self.kernel, self.stride, self.padding = filters, kernel, stride, padding
         self.activation, self.init = activation, init
+        self.chunk_lists: dict[tuple, list[slice]] = {}  # `chunks` of each batch shape
 
     def param_shapes(self, input_shape):
         self.g = _window_geometry(input_shape, self.kernel, self.stride, self.padding, "conv2d")
@@ -105,12 +106,16 @@ class Conv2D(FusesActivation):
 
     def chunks(self, x) -> list[slice]:
         """The runs of images of batch `x` whose windows are built and used at once: the whole batch on a GPU or
-        when its windows fit WHOLE_WINDOWS_UP_TO bytes, else runs of about CHUNK_WINDOWS bytes of windows."""
-        n = len(x)
-        image_bytes = math.prod(self._windows_shape(1)) * x.dtype.itemsize
-        per_chunk = n if array_module(x) is not np or n * image_bytes <= WHOLE_WINDOWS_UP_TO else \
-            max(1, CHUNK_WINDOWS // image_bytes)
-        return [slice(start, min(start + per_chunk, n)) for start in range(0, n, per_chunk)]
+        when its windows fit WHOLE_WINDOWS_UP_TO bytes, else runs of about CHUNK_WINDOWS bytes of windows. Made once
+        per batch shape (a step allocates nothing)."""
+        n, on_cpu = len(x), array_module(x) is np
+        key = (n, x.dtype, on_cpu, WHOLE_WINDOWS_UP_TO, CHUNK_WINDOWS)
+        if key not in self.chunk_lists:
+            image_bytes = math.prod(self._windows_shape(1)) * x.dtype.itemsize
+            per_chunk = n if not on_cpu or n * image_bytes <= WHOLE_WINDOWS_UP_TO else \
+                max(1, CHUNK_WINDOWS // image_bytes)
+            self.chunk_lists[key] = [slice(start, min(start + per_chunk, n)) for start in range(0, n, per_chunk)]
+        return self.chunk_lists[key]
 
     def _windows(self, x, images: slice):
         """The windows of `x[images]` as the GEMM's (pixels, C*KH*KW) matrix, in the layer's windows array (as many
