@@ -109,7 +109,7 @@ class Conv2D(FusesActivation):
         when its windows fit WHOLE_WINDOWS_UP_TO bytes, else runs of about CHUNK_WINDOWS bytes of windows. Made once
         per batch shape (a step allocates nothing)."""
         n, on_cpu = len(x), array_module(x) is np
-        key = (n, x.dtype, on_cpu, WHOLE_WINDOWS_UP_TO, CHUNK_WINDOWS)
+        key = (n, x.dtype, on_cpu)
         if key not in self.chunk_lists:
             image_bytes = math.prod(self._windows_shape(1)) * x.dtype.itemsize
             per_chunk = n if not on_cpu or n * image_bytes <= WHOLE_WINDOWS_UP_TO else \

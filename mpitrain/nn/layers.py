@@ -84,7 +84,8 @@ class Layer:
 
 
 class FusesActivation(Layer):
-    """A layer (dense, conv2d, conv1d) that can run the activation layer after it itself, fused with its bias add:
+    """A layer (dense, conv2d, conv1d, batchnorm) that can run the activation layer after it itself, fused with its
+    bias add (batchnorm: its normalization):
     `kind` is that activation ("none" until the model calls `fuse_activation`)."""
 
     kind = "none"

@@ -207,7 +207,8 @@ def _with_activation_layers(layers: list[Layer]) -> list[Layer]:
 
 
 def _fuse_activations(layers: list[Layer]) -> None:
-    """Let each layer that can (dense, conv2d) run the activation layer right after it, which then passes through."""
+    """Let each layer that can (`FusesActivation`) run the activation layer right after it, which then passes
+    through."""
     for layer, after in zip(layers, layers[1:]):
         if type(after) in ACTIVATIONS.values() and isinstance(layer, FusesActivation):
             layer.fuse_activation(after.kind)
