@@ -33,6 +33,7 @@ from mpitrain.parallel.backend import array_module
 from mpitrain.kernels.conv_rows import activation_backward_rows, bias_activation_nchw, column_sums
 from mpitrain.kernels.im2col import PADDINGS, col2im, col2im_channels_last, geometry, im2col, im2col_channels_last
 from mpitrain.kernels.pool import max_pool, max_pool_backward
+from mpitrain.nn.conv_winograd import tile_bytes_per_image, winograd_backward, winograd_forward
 from mpitrain.nn.layers import FusesActivation, Layer, initial_weights
 
 
@@ -42,6 +43,11 @@ CHANNELS_LAST_FROM = 8
 # each chunk's windows about CHUNK_WINDOWS bytes (one at least: an image's).
 WHOLE_WINDOWS_UP_TO = 8 << 20
 CHUNK_WINDOWS = 2 << 20
+# On the CPU, 3x3 conv2d layers of stride 1 from this many input channels on run Winograd's F(2x2, 3x3)
+# (mpitrain/nn/conv_winograd.py) instead of im2col, in chunks of images of about CHUNK_TILES bytes of transformed
+# inputs (one image at least).
+WINOGRAD_FROM = 8
+CHUNK_TILES = 1 << 20
 
 
 def _check_padding(padding: str) -> None:
@@ -104,16 +110,26 @@ class Conv2D(FusesActivation):
         xp.copyto(weights, self.params["W"].transpose(0, 2, 3, 1))
         return weights.reshape(self.filters, -1)
 
+    def winograd_for(self, x) -> bool:
+        """Whether batch `x` goes through Winograd's F(2x2, 3x3) (mpitrain/nn/conv_winograd.py): on the CPU, for a
+        3x3 kernel of stride 1 over WINOGRAD_FROM input channels or more."""
+        return array_module(x) is np and self.g.kernel == (3, 3) and self.stride == 1 and \
+            self.g.channels >= WINOGRAD_FROM
+
     def chunks(self, x) -> list[slice]:
         """The runs of images of batch `x` whose windows are built and used at once: the whole batch on a GPU or
-        when its windows fit WHOLE_WINDOWS_UP_TO bytes, else runs of about CHUNK_WINDOWS bytes of windows. Made once
-        per batch shape (a step allocates nothing)."""
+        when its windows fit WHOLE_WINDOWS_UP_TO bytes, else runs of about CHUNK_WINDOWS bytes of windows; on the
+        Winograd path always runs of about CHUNK_TILES bytes of transformed inputs. Made once per batch shape (a
+        step allocates nothing)."""
         n, on_cpu = len(x), array_module(x) is np
         key = (n, x.dtype, on_cpu)
         if key not in self.chunk_lists:
-            image_bytes = math.prod(self._windows_shape(1)) * x.dtype.itemsize
-            per_chunk = n if not on_cpu or n * image_bytes <= WHOLE_WINDOWS_UP_TO else \
-                max(1, CHUNK_WINDOWS // image_bytes)
+            if self.winograd_for(x):
+                per_chunk = max(1, CHUNK_TILES // tile_bytes_per_image(self.g, x.dtype.itemsize))
+            else:
+                image_bytes = math.prod(self._windows_shape(1)) * x.dtype.itemsize
+                per_chunk = n if not on_cpu or n * image_bytes <= WHOLE_WINDOWS_UP_TO else \
+                    max(1, CHUNK_WINDOWS // image_bytes)
             self.chunk_lists[key] = [slice(start, min(start + per_chunk, n)) for start in range(0, n, per_chunk)]
         return self.chunk_lists[key]
 
@@ -137,6 +153,9 @@ class Conv2D(FusesActivation):
         xp, n, g = array_module(x), len(x), self.g
         self.x, self.batch = x, self.chunks(x)
         self.chunk_size = self.batch[0].stop
+        self.winograd = self.winograd_for(x)
+        if self.winograd:
+            return winograd_forward(self, x)
         pixels = g.out_height * g.out_width
         rows = self.ws("rows", (n * pixels, self.filters), x.dtype)
         self.weights = self._weights(xp, x.dtype)
@@ -151,6 +170,8 @@ class Conv2D(FusesActivation):
     def backward(self, dy, input_grad=True):
         """The gradients, a chunk of images at a time (`chunks`); one chunk (the whole batch) reuses forward's
         windows, more build each chunk's again. Each later chunk's weight gradient is added to the first's."""
+        if self.winograd:
+            return winograd_backward(self, dy, input_grad)
         xp, g, n = array_module(dy), self.g, len(dy)
         pixels = g.out_height * g.out_width
         dz = self.ws("rows", (n * pixels, self.filters), dy.dtype)  # forward's rows, no longer needed

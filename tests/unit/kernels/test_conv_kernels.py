@@ -1,5 +1,6 @@
 """The convolution and pooling kernels (kernels.im2col, kernels.pool, kernels.conv_rows) against their
-references, on odd sizes, batch 1 and strided views; and a conv or pooling layer's step allocates nothing."""
+references, on odd sizes, batch 1 and strided views; and a conv (im2col or Winograd) or pooling layer's step allocates
+nothing."""
 import tracemalloc
 
 import numpy as np
@@ -183,6 +184,21 @@ def test_a_conv_step_allocates_nothing_once_its_workspace_is_made(monkeypatch, k
     x = rng.normal(size=(4, 8, 13, 11)).astype(np.float32)
     dy = rng.normal(size=(4, 16, 7, 6)).astype(np.float32)
     assert len(conv.chunks(x)) == (4 if chunked else 1)
+    assert_step_allocates_nothing(conv, x, dy)
+
+
+@pytest.mark.parametrize("kind", ["none", "relu"])
+@pytest.mark.parametrize("chunked", [False, True])  # the whole batch in one chunk; a chunk per image
+def test_a_winograd_conv_step_allocates_nothing_once_its_workspace_is_made(monkeypatch, kind, chunked):
+    monkeypatch.setattr(conv_module, "CHUNK_TILES", 0 if chunked else 1 << 30)
+    model = Sequential([Conv2D(16, 3, 1, "same"), Flatten()], (8, 13, 11), "softmax_cross_entropy", np, "float32")
+    model.init_params(0, "xavier")
+    conv = model.layers[0]
+    conv.fuse_activation(kind)
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(4, 8, 13, 11)).astype(np.float32)
+    dy = rng.normal(size=(4, 16, 13, 11)).astype(np.float32)
+    assert conv.winograd_for(x) and len(conv.chunks(x)) == (4 if chunked else 1)
     assert_step_allocates_nothing(conv, x, dy)
 
 

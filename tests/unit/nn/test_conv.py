@@ -8,7 +8,7 @@ from mpitrain.errors import ConfigError
 from mpitrain.kernels.im2col import geometry
 from mpitrain.nn.batchnorm import BatchNorm
 import mpitrain.nn.conv as conv_module
-from mpitrain.nn.conv import CHANNELS_LAST_FROM, AvgPool2D, Conv2D, MaxPool2D
+from mpitrain.nn.conv import CHANNELS_LAST_FROM, WINOGRAD_FROM, AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
 from mpitrain.nn.model import Sequential, build_model
 from mpitrain.testing.gradients import check_model_gradients
@@ -57,6 +57,7 @@ def test_a_conv_layer_in_chunks_of_images_equals_it_on_the_whole_batch(monkeypat
     of 2, 2 and 1); forward, the bias's, weights' and input's gradients are the whole batch's."""
     rng = np.random.default_rng(12)
     x, dy = rng.normal(size=(5, channels, 6, 7)), rng.normal(size=(5, 3, 6, 7))
+    monkeypatch.setattr(conv_module, "WINOGRAD_FROM", 1 << 30)  # im2col's windows; Winograd's chunks: below
     results = []
     for whole_up_to in (1 << 30, 0):
         monkeypatch.setattr(conv_module, "WHOLE_WINDOWS_UP_TO", whole_up_to)
@@ -113,9 +114,10 @@ def test_conv_gradients_with_each_fused_activation(stride, padding, kind, activa
 
 
 @pytest.mark.parametrize("stride,padding", [(1, "same"), (2, "valid")])
-def test_conv_gradients_with_windows_channels_last_below_another_conv(stride, padding):
+def test_conv_gradients_with_windows_channels_last_below_another_conv(monkeypatch, stride, padding):
     """The second layer sees CHANNELS_LAST_FROM channels: its weights' and input's gradients go through the
-    channels-last windows and the weights' copy in their order."""
+    channels-last windows and the weights' copy in their order (im2col: Winograd would take the 3x3 of stride 1)."""
+    monkeypatch.setattr(conv_module, "WINOGRAD_FROM", 1 << 30)
     layers = [Conv2D(CHANNELS_LAST_FROM, 3, padding="same"), Conv2D(3, 3, stride, padding), ReLU(), Flatten(), Dense(3)]
     check_model_gradients(layers, (1, 5, 6), n=2)
     assert [layer.channels_last for layer in layers[:2]] == [False, True]
@@ -209,3 +211,55 @@ def test_build_model_makes_conv_nets_and_names_the_layer_that_does_not_fit():
         build_model(lenet_config({1: {"padding": "full"}}), (1, 12, 12), 3, np)
     with pytest.raises(ConfigError, match=r"model.layers\[0\].*missing a required argument: 'filters'"):
         build_model(ModelConfig(layers=[{"type": "conv2d", "filter": 3, "kernel": 3}]), (1, 8, 8), 3, np)
+
+
+def conv_step(x, dy, kind, padding, input_grad=True):
+    """A float64 conv2d layer of 3 3x3 filters (fused `kind`) on `x`: its output, gradients and input gradient, and
+    whether it ran Winograd and in how many chunks."""
+    model = Sequential([Conv2D(3, 3, padding=padding), Flatten()], x.shape[1:], "softmax_cross_entropy", np,
+                       "float64")
+    model.params[...] = np.random.default_rng(5).normal(size=model.n_params)
+    conv = model.layers[0]
+    conv.fuse_activation(kind)
+    y = conv.forward(x, training=True).copy()
+    dx = conv.backward(dy, input_grad=input_grad)
+    return y, model.grads.copy(), None if dx is None else dx.copy(), conv.winograd, len(conv.batch)
+
+
+@pytest.mark.parametrize("chunk_tiles", [1 << 30, 0])  # the batch in one chunk; a chunk per image
+@pytest.mark.parametrize("shape,padding", [((8, 6, 7), "same"), ((9, 7, 5), "valid"), ((8, 3, 3), "same")])
+@pytest.mark.parametrize("kind,input_grad", [("relu", True), ("tanh", True), ("none", False)])
+def test_a_winograd_conv_layer_equals_its_im2col_path(monkeypatch, chunk_tiles, shape, padding, kind, input_grad):
+    """3x3 of stride 1 over CHANNELS_LAST_FROM channels or more: Winograd's F(2x2, 3x3) on the CPU; its output and
+    every gradient are im2col's, on odd sizes too (a tile's row or column past the output dropped)."""
+    rng = np.random.default_rng(21)
+    x = rng.normal(size=(3, *shape))
+    monkeypatch.setattr(conv_module, "CHUNK_TILES", chunk_tiles)
+    out_shape = geometry(shape, 3, 1, padding)
+    dy = rng.normal(size=(3, 3, out_shape.out_height, out_shape.out_width))
+    *got, winograd, chunks = conv_step(x, dy, kind, padding, input_grad)
+    assert winograd and chunks == (1 if chunk_tiles else 3)
+    monkeypatch.setattr(conv_module, "WINOGRAD_FROM", 1 << 30)
+    *expected, winograd, _ = conv_step(x, dy, kind, padding, input_grad)
+    assert not winograd
+    for name, a, b in zip(["output", "gradients", "input gradient"], got, expected):
+        if b is None:
+            assert a is None, name
+        else:
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+def test_only_3x3_convolutions_of_stride_1_over_enough_channels_take_winograd():
+    x = np.zeros((2, WINOGRAD_FROM, 9, 9))
+    def takes(layer, batch=x):
+        layer.param_shapes(batch.shape[1:])
+        return layer.winograd_for(batch)
+    assert takes(Conv2D(4, 3, padding="same")) and takes(Conv2D(4, 3)) and takes(Conv2D(4, (3, 3)))
+    assert not takes(Conv2D(4, 3, stride=2)) and not takes(Conv2D(4, 5)) and not takes(Conv2D(4, (3, 1)))
+    assert not takes(Conv2D(4, 3), np.zeros((2, WINOGRAD_FROM - 1, 9, 9)))
+
+
+def test_conv_gradients_through_winograd_below_another_conv():
+    layers = [Conv2D(WINOGRAD_FROM, 3, padding="same"), Conv2D(3, 3, 1, "same"), ReLU(), Flatten(), Dense(3)]
+    check_model_gradients(layers, (1, 5, 6), n=2)
+    assert [layer.winograd for layer in layers[:2]] == [False, True]
