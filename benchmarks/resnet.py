@@ -83,7 +83,9 @@ def markdown(result: dict) -> str:
                      f"PyTorch twin does not augment), the median of {s['repeat']} "
                      f"round(s) taking turns; goal mpitrain >= {s['goal']:g}x PyTorch DDP "
                      f"({'met' if s['met'] else '**not met**'}). FLOPs per sample "
-                     f"{s['flops_per_sample'] / 1e6:.1f} M (3 x the forward's convolutions and dense products); of "
+                     f"{s['flops_per_sample'] / 1e6:.1f} M (3 x the forward's convolutions and dense products, the "
+                     "convolutions counted as direct ones for both engines: mpitrain's 3x3 layers run Winograd's "
+                     "F(2x2, 3x3), 4/9 of those multiplications, so its share can pass 100%); of "
                      f"sgemm: FLOPs per sample x samples/s / one core's sgemm rate ({s['sgemm_gflop_per_s']:.1f} "
                      "GFLOP/s, numpy, 1 thread), for 2 ranks on 2 cores."
                      + (f" Measured {s['measured']}." if s.get("measured") else ""))

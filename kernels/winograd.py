@@ -27,6 +27,7 @@ is compared in the tests with its im2col path, which a GPU keeps.
 from __future__ import annotations
 
 from numba import njit, prange
+from numba.extending import register_jitable
 
 # G, 4 x 3: the weights' transform of F(2x2, 3x3); B^T and A^T are written out in the kernels below.
 G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
@@ -73,6 +74,13 @@ def winograd_weights_adjoint(du, out):
                     out[f, c, i, j] = total
 
 
+@register_jitable
+def _tile(b, k, per_image, columns):
+    """Tile k of image b: its index among a chunk's tiles and its first row and column (of the outputs, and of
+    the padded image's inputs)."""
+    return b * per_image + k, 2 * (k // columns), 2 * (k % columns)
+
+
 def padded_channels_last(x, g, image) -> None:
     """image (N, Hp, Wp, C) = x (N, C, H, W) at (pad_top, pad_left), zeros around it."""
     _padded_channels_last(x, g.pad_top, g.pad_left, image)
@@ -102,8 +110,7 @@ def _winograd_inputs(image, columns, out):
     per_image = out.shape[1] // n
     for b in prange(n):
         for k in range(per_image):
-            t = b * per_image + k
-            r, q = 2 * (k // columns), 2 * (k % columns)
+            t, r, q = _tile(b, k, per_image, columns)
             for c in range(c_count):
                 d00, d01, d02, d03 = image[b, r, q, c], image[b, r, q + 1, c], image[b, r, q + 2, c], image[b, r, q + 3, c]
                 d10, d11, d12, d13 = image[b, r + 1, q, c], image[b, r + 1, q + 1, c], image[b, r + 1, q + 2, c], \
@@ -133,12 +140,11 @@ def winograd_outputs(m, out) -> None:
 @njit(parallel=True, cache=True)
 def _winograd_outputs(m, out):
     n, oh, ow, f_count = out.shape
-    rows, columns = (oh + 1) // 2, (ow + 1) // 2
+    columns = (ow + 1) // 2
+    per_image = (oh + 1) // 2 * columns
     for b in prange(n):
-        for k in range(rows * columns):
-            t = b * rows * columns + k
-            r, q = 2 * (k // columns), 2 * (k % columns)
-            low, right = r + 1 < oh, q + 1 < ow
+        for k in range(per_image):
+            t, r, q = _tile(b, k, per_image, columns)
             for f in range(f_count):
                 # rows: A^T m
                 s0 = m[0, t, f] + m[4, t, f] + m[8, t, f]
@@ -151,11 +157,11 @@ def _winograd_outputs(m, out):
                 u3 = m[7, t, f] - m[11, t, f] - m[15, t, f]
                 # columns: (A^T m) A
                 out[b, r, q, f] = s0 + s1 + s2
-                if right:
+                if q + 1 < ow:
                     out[b, r, q + 1, f] = s1 - s2 - s3
-                if low:
+                if r + 1 < oh:
                     out[b, r + 1, q, f] = u0 + u1 + u2
-                    if right:
+                    if q + 1 < ow:
                         out[b, r + 1, q + 1, f] = u1 - u2 - u3
 
 
@@ -168,11 +174,11 @@ def winograd_outputs_adjoint(dz, out) -> None:
 @njit(parallel=True, cache=True)
 def _winograd_outputs_adjoint(dz, out):
     n, oh, ow, f_count = dz.shape
-    rows, columns = (oh + 1) // 2, (ow + 1) // 2
+    columns = (ow + 1) // 2
+    per_image = (oh + 1) // 2 * columns
     for b in prange(n):
-        for k in range(rows * columns):
-            t = b * rows * columns + k
-            r, q = 2 * (k // columns), 2 * (k % columns)
+        for k in range(per_image):
+            t, r, q = _tile(b, k, per_image, columns)
             low, right = r + 1 < oh, q + 1 < ow
             for f in range(f_count):
                 z00 = dz[b, r, q, f]
@@ -202,8 +208,7 @@ def _winograd_inputs_adjoint(dv, columns, pad_top, pad_left, image, out):
     for b in prange(n):  # one thread per image: its scatter never races
         image[b] = 0
         for k in range(per_image):
-            t = b * per_image + k
-            r, q = 2 * (k // columns), 2 * (k % columns)
+            t, r, q = _tile(b, k, per_image, columns)
             for c in range(c_count):
                 v00, v01, v02, v03 = dv[0, t, c], dv[1, t, c], dv[2, t, c], dv[3, t, c]
                 v10, v11, v12, v13 = dv[4, t, c], dv[5, t, c], dv[6, t, c], dv[7, t, c]

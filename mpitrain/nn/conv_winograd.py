@@ -5,11 +5,13 @@
 
 A batch goes through in the layer's chunks of images (`Conv2D.chunks`, sized by the transformed
 inputs V, 16 x C values a 2x2 tile): for each chunk the inputs' transform V, 16 GEMMs
-M[p] = V[p] @ U[p] with the transformed weights U, and the outputs' transform with the bias and
-the fused activation into NCHW. Backward takes each chunk's dz through the outputs' adjoint into
-dM, adds dU[p] = V[p]^T dM[p] (V built again from the padded image that forward kept, unless the
-batch was one chunk), writes dV[p] = dM[p] U[p]^T over V and takes it through the inputs' adjoint
-into dx; then dW is the weights' adjoint of dU. Every array is one of the layer's workspace.
+M[p] = V[p] @ U[p] with the transformed weights U, the outputs' transform into rows of pixels
+(N, OH, OW, F), as im2col's GEMM writes them, and `kernels.conv_rows`' bias + fused activation
+into NCHW. Backward takes each chunk's dy through `conv_rows`' activation backward (rows of dz and
+the bias sums) and the outputs' adjoint into dM, adds dU[p] = V[p]^T dM[p] (V built again from the
+padded image that forward kept, unless the batch was one chunk), writes dV[p] = dM[p] U[p]^T over V
+and takes it through the inputs' adjoint into dx; then dW is the weights' adjoint of dU. Every
+array is one of the layer's workspace.
 
 Why (docs/benchmarks.md#measurements-behind-the-code): a 3x3 layer's im2col windows hold 9 values
 per input value and its GEMM reads them once, so the windows' bytes and their copying cost as much

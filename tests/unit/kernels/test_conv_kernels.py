@@ -171,34 +171,22 @@ def assert_step_allocates_nothing(layer, x, dy):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("chunked", [False, True])  # the whole batch; a chunk per image (`Conv2D.chunks`)
-def test_a_conv_step_allocates_nothing_once_its_workspace_is_made(monkeypatch, kind, chunked):
+@pytest.mark.parametrize("stride", [2, 1])  # im2col's windows; Winograd's tiles (3x3 of stride 1)
+def test_a_conv_step_allocates_nothing_once_its_workspace_is_made(monkeypatch, kind, chunked, stride):
     """Every array is over 4 KB (W: 16 x 72 floats), so a copy of any, a transposed W's included, would show."""
+    monkeypatch.setattr(conv_module, "CHUNK_TILES", 0 if chunked else 1 << 30)
     if chunked:
         monkeypatch.setattr(conv_module, "WHOLE_WINDOWS_UP_TO", 0)
         monkeypatch.setattr(conv_module, "CHUNK_WINDOWS", 0)
-    model = Sequential([Conv2D(16, 3, 2, "same"), Flatten()], (8, 13, 11), "softmax_cross_entropy", np, "float32")
+    model = Sequential([Conv2D(16, 3, stride, "same"), Flatten()], (8, 13, 11), "softmax_cross_entropy", np,
+                       "float32")
     model.init_params(0, "xavier")
     conv = model.layers[0]
     conv.fuse_activation(kind)
     rng = np.random.default_rng(7)
     x = rng.normal(size=(4, 8, 13, 11)).astype(np.float32)
-    dy = rng.normal(size=(4, 16, 7, 6)).astype(np.float32)
-    assert len(conv.chunks(x)) == (4 if chunked else 1)
-    assert_step_allocates_nothing(conv, x, dy)
-
-
-@pytest.mark.parametrize("kind", ["none", "relu"])
-@pytest.mark.parametrize("chunked", [False, True])  # the whole batch in one chunk; a chunk per image
-def test_a_winograd_conv_step_allocates_nothing_once_its_workspace_is_made(monkeypatch, kind, chunked):
-    monkeypatch.setattr(conv_module, "CHUNK_TILES", 0 if chunked else 1 << 30)
-    model = Sequential([Conv2D(16, 3, 1, "same"), Flatten()], (8, 13, 11), "softmax_cross_entropy", np, "float32")
-    model.init_params(0, "xavier")
-    conv = model.layers[0]
-    conv.fuse_activation(kind)
-    rng = np.random.default_rng(7)
-    x = rng.normal(size=(4, 8, 13, 11)).astype(np.float32)
-    dy = rng.normal(size=(4, 16, 13, 11)).astype(np.float32)
-    assert conv.winograd_for(x) and len(conv.chunks(x)) == (4 if chunked else 1)
+    dy = rng.normal(size=(4, 16, *model.layers[0].output_shape(x.shape[1:])[1:])).astype(np.float32)
+    assert len(conv.chunks(x)) == (4 if chunked else 1) and conv.winograd_for(x) == (stride == 1)
     assert_step_allocates_nothing(conv, x, dy)
 
 
