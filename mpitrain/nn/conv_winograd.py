@@ -45,10 +45,9 @@ def _inputs(layer, images: slice, dtype):
 
 
 def _chunk_of(layer, name: str, width: int, images: slice, dtype):
-    """The workspace array `name` (16, tiles, width) of as many images as a chunk holds, cut to `images`'."""
-    per_image = math.prod(tiles(layer.g))
-    full = layer.ws(name, (POSITIONS, layer.chunk_size * per_image, width), dtype)
-    return full[:, :(images.stop - images.start) * per_image]
+    """The workspace array `name` (16, tiles, width) of the chunk `images`: one of each chunk length (a short last
+    chunk has its own), so every kernel sees C-contiguous arrays and numba compiles one version of each."""
+    return layer.ws(name, (POSITIONS, (images.stop - images.start) * math.prod(tiles(layer.g)), width), dtype)
 
 
 def winograd_forward(layer, x):
