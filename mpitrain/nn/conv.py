@@ -190,18 +190,23 @@ class Conv2D(FusesActivation):
             cols = self._windows(self.x, images) if len(self.batch) > 1 else self.cols
             dz_chunk = dz[images.start * pixels:images.stop * pixels]
             activation_backward_rows(dy[images], self.y[images], self.kind, dz_chunk, sums[images])
-            if k == 0:
-                xp.matmul(dz_chunk.T, cols, out=dw)
-            else:
-                part = self.ws("weights_grad_part", dw.shape, dy.dtype)
-                xp.matmul(dz_chunk.T, cols, out=part)
-                dw += part
+            self.add_chunk_product(dz_chunk.T, cols, dw, first=k == 0)
             if input_grad:
                 self._input_grad(dz_chunk, cols, dx[images])  # over the chunk's windows, read for the last time
         column_sums(sums, self.grads["b"])
         if self.channels_last:
             xp.copyto(self.grads["W"], dw.reshape(self.filters, *g.kernel, g.channels).transpose(0, 3, 1, 2))
         return dx
+
+    def add_chunk_product(self, a, b, out, first: bool) -> None:
+        """out = a @ b for a batch's first chunk, out += a @ b (through a workspace array) for each later one: a
+        weight gradient summed over the chunks (both paths, im2col's and Winograd's)."""
+        if first:
+            array_module(out).matmul(a, b, out=out)
+        else:
+            part = self.ws("weights_grad_part", out.shape, out.dtype)
+            array_module(out).matmul(a, b, out=part)
+            out += part
 
     def _input_grad(self, dz, cols, dx) -> None:
         """`dx` (a chunk's images) = the adjoint of the windows of the gradient `dz` of their rows, through `cols`

@@ -84,12 +84,7 @@ def winograd_backward(layer, dy, input_grad: bool):
         dm = _chunk_of(layer, "products", layer.filters, images, dy.dtype)
         winograd_outputs_adjoint(dz[images], dm)
         v = _inputs(layer, images, dy.dtype) if len(layer.batch) > 1 else layer.v
-        if k == 0:
-            np.matmul(v.transpose(0, 2, 1), dm, out=du)
-        else:
-            part = layer.ws("weights_tiles_grad_part", du.shape, dy.dtype)
-            np.matmul(v.transpose(0, 2, 1), dm, out=part)
-            du += part
+        layer.add_chunk_product(v.transpose(0, 2, 1), dm, du, first=k == 0)
         if input_grad:
             np.matmul(dm, layer.u_t, out=v)  # dV, over V: read for the last time
             scratch = layer.ws("padded_image_grad", (layer.chunk_size, *padded_size(g), g.channels), dy.dtype)

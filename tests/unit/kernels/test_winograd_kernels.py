@@ -1,5 +1,6 @@
 """Winograd's F(2x2, 3x3) kernels (kernels.winograd): the transforms put together are a 3x3 convolution, each
-adjoint is its transform's adjoint (<T a, b> = <a, T' b>), and a Winograd conv layer's step allocates nothing."""
+adjoint is its transform's adjoint (<T a, b> = <a, T' b>), float32 loses only roundings. A Winograd conv layer's step
+allocating nothing is tested in test_conv_kernels.py, the layer against its im2col path in tests/unit/nn/test_conv.py."""
 import numpy as np
 import pytest
 

@@ -50,6 +50,15 @@ def test_conv_forward_equals_a_direct_convolution(stride, padding, channels):
     np.testing.assert_allclose(conv.forward(x, training=True), expected[:, :, :conv.g.out_height, :conv.g.out_width])
 
 
+def assert_same_step(got, expected):
+    """A conv layer's (output, gradients, input gradient or None) equal another run's within 1e-12."""
+    for name, a, b in zip(["output", "gradients", "input gradient"], got, expected):
+        if b is None:
+            assert a is None, name
+        else:
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12, err_msg=name)
+
+
 @pytest.mark.parametrize("channels", [2, CHANNELS_LAST_FROM])  # windows channels first, channels last
 @pytest.mark.parametrize("input_grad", [True, False])
 def test_a_conv_layer_in_chunks_of_images_equals_it_on_the_whole_batch(monkeypatch, channels, input_grad):
@@ -72,11 +81,7 @@ def test_a_conv_layer_in_chunks_of_images_equals_it_on_the_whole_batch(monkeypat
         results.append((len(conv.chunks(x)), y, model.grads.copy(), None if dx is None else dx.copy()))
     (whole, *expected), (chunks, *got) = results
     assert (whole, chunks) == (1, 3)
-    for name, a, b in zip(["output", "gradients", "input gradient"], got, expected):
-        if b is None:
-            assert a is None, name
-        else:
-            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12, err_msg=name)
+    assert_same_step(got, expected)
 
 
 @pytest.mark.parametrize("layer,reduce", [(MaxPool2D, np.max), (AvgPool2D, np.mean)])
@@ -230,7 +235,7 @@ def conv_step(x, dy, kind, padding, input_grad=True):
 @pytest.mark.parametrize("shape,padding", [((8, 6, 7), "same"), ((9, 7, 5), "valid"), ((8, 3, 3), "same")])
 @pytest.mark.parametrize("kind,input_grad", [("relu", True), ("tanh", True), ("none", False)])
 def test_a_winograd_conv_layer_equals_its_im2col_path(monkeypatch, chunk_tiles, shape, padding, kind, input_grad):
-    """3x3 of stride 1 over CHANNELS_LAST_FROM channels or more: Winograd's F(2x2, 3x3) on the CPU; its output and
+    """3x3 of stride 1 over WINOGRAD_FROM channels or more: Winograd's F(2x2, 3x3) on the CPU; its output and
     every gradient are im2col's, on odd sizes too (a tile's row or column past the output dropped)."""
     rng = np.random.default_rng(21)
     x = rng.normal(size=(3, *shape))
@@ -242,11 +247,7 @@ def test_a_winograd_conv_layer_equals_its_im2col_path(monkeypatch, chunk_tiles, 
     monkeypatch.setattr(conv_module, "WINOGRAD_FROM", 1 << 30)
     *expected, winograd, _ = conv_step(x, dy, kind, padding, input_grad)
     assert not winograd
-    for name, a, b in zip(["output", "gradients", "input gradient"], got, expected):
-        if b is None:
-            assert a is None, name
-        else:
-            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12, err_msg=name)
+    assert_same_step(got, expected)
 
 
 def test_only_3x3_convolutions_of_stride_1_over_enough_channels_take_winograd():
