@@ -11,7 +11,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 # at MPI_Init on a single host, pmodels/mpich#7417). On a cluster, set UCX_TLS for its network.
 export UCX_TLS ?= self,sm
 
-.PHONY: setup fashion-mnist slurm network-tools demo test test-fast lint bench bench-gpu clean
+.PHONY: setup bytecode fashion-mnist slurm network-tools demo test test-fast test-mpi lint bench bench-gpu clean
 
 setup: $(VENV)/.installed
 
@@ -20,6 +20,12 @@ $(VENV)/.installed: setup.py
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q -e '.[spark,mpich,test]'
 	touch $@
+
+# The bytecode of mpitrain's own modules, which an editable install leaves unwritten: with PYTHONDONTWRITEBYTECODE
+# set, every rank and command would compile about 100 modules from source at each start (0.6 s of a config error's
+# 1.3 s, docs/testing.md). Files already up to date are skipped; an edited module is compiled again here.
+bytecode: setup
+	$(PY) -m compileall -q mpitrain etl kernels tests/harness
 
 # Fashion-MNIST comes from Debian's dataset-fashion-mnist; nothing is downloaded at run time.
 fashion-mnist:
@@ -48,7 +54,7 @@ network-tools:
 	       "(tests/system/test_cluster.py skips without them, and fails under CI=true)"; fi; \
 	fi
 
-demo: setup fashion-mnist
+demo: setup bytecode fashion-mnist
 	$(BIN)/mpitrain etl --source idx:$(FASHION) --out data/fashion --shards 8 --overwrite
 	$(BIN)/mpitrain info data/fashion
 	rm -rf runs/fashion_mlp
@@ -56,15 +62,19 @@ demo: setup fashion-mnist
 	$(BIN)/mpiexec -n $(RANKS) $(BIN)/mpitrain eval runs/fashion_mlp --split test
 
 # Everything, as CI runs it: the linter, then tests/unit, tests/mpi and tests/system (real Spark, MPI, Slurm,
-# simulated nodes; root installs the Debian packages they need); the 30 slowest tests listed at the end, to keep the
-# whole suite under 25 minutes on 2 cores.
-test: setup fashion-mnist slurm network-tools lint
-	$(PY) -m pytest -q --durations=30 tests
+# simulated nodes; root installs the Debian packages they need) on two pytest-xdist workers: one runs the mpi and
+# system tests in order, the unit tests fill the other (tests/conftest.py). At the end the 30 slowest tests, and the
+# run's time against pyproject.toml's time_budget (docs/testing.md).
+test: setup bytecode fashion-mnist slurm network-tools lint
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=30 tests
 
-# The unit tests alone: no MPI launcher, no Spark, no root; about 30 s once numba has cached the kernels (the
-# first run on a fresh clone compiles them: about 2 minutes on 2 cores).
-test-fast: setup
-	$(PY) -m pytest -q -m unit tests/unit
+# The unit tests alone, on two workers: no MPI launcher, no Spark, no root (docs/testing.md: warm and cold times).
+test-fast: setup bytecode
+	$(PY) -m pytest -q -n 2 -m unit tests/unit
+
+# The MPI layer alone: every test starts ranks with the venv's mpiexec, one test at a time.
+test-mpi: setup bytecode
+	$(PY) -m pytest -q -m mpi --durations=10 tests/mpi
 
 # pyflakes' rules and pycodestyle's errors (pyproject.toml's [tool.ruff]).
 lint: setup

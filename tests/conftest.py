@@ -1,42 +1,105 @@
-"""Shared fixtures (a SparkSession per module, a small dataset), and each test's marker from its folder:
+"""Shared fixtures (one SparkSession for the test session, a small dataset), and each test's marker from its folder:
 tests/unit (fast, no launcher, no Spark, no root), tests/mpi (real mpiexec), tests/system (Spark, Slurm,
 simulated nodes, GPUs). The harness the tests share is `mpitrain.testing` (tests/harness/)."""
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 
 from mpitrain.testing.datasets import make_dataset
+from mpitrain.testing.suite_time import LAYERS, parse_budget, seconds_by_file, summary_lines
 
 # pip's MPICH runs over UCX; on some hosts UCX's network address exchange fails at MPI_Init now
 # and then ("failed to unpack address, invalid bandwidth 0.00", pmodels/mpich#7417). The tests
 # run on one node: shared memory is all they need. Exported, so Slurm jobs inherit it too.
 os.environ.setdefault("UCX_TLS", "self,sm")
-KINDS = ("unit", "mpi", "system")
+STARTED = pytest.StashKey[float]()
+LAUNCHING_LAYERS = ("mpi", "system")  # the layers whose tests start ranks, Spark, Slurm or simulated nodes
+
+
+def pytest_addoption(parser):
+    parser.addini("time_budget", "seconds of wall-clock time per layer of the suite, 'LAYER SECONDS' a line "
+                  "(docs/testing.md)", type="linelist")
+
+
+def pytest_sessionstart(session):
+    session.config.stash[STARTED] = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The run's wall-clock time and each layer's test seconds against the budget of the layers it ran; over it, a
+    warning naming the slowest files (not a failure). With pytest-xdist, only the controller prints it."""
+    if hasattr(config, "workerinput") or STARTED not in config.stash:
+        return
+    reports = [report for reports in terminalreporter.stats.values() for report in reports
+               if hasattr(report, "nodeid") and hasattr(report, "duration")]
+    lines, over = summary_lines(time.monotonic() - config.stash[STARTED], seconds_by_file(reports),
+                                parse_budget(config.getini("time_budget")))
+    terminalreporter.write_sep("=", "time against the budget", yellow=over, bold=over)
+    for line in lines:
+        terminalreporter.write_line(line, yellow=over, bold=over)
 
 
 def pytest_collection_modifyitems(items):
-    """Mark each test with its folder's kind (`pytest -m unit` runs the fast ones alone)."""
+    """Mark each test with its folder's layer (`pytest -m unit` runs the fast ones alone). The mpi and system tests
+    are also one xdist group: under `pytest -n 2 --dist loadgroup` (make test) one worker runs them one after
+    another, in order, as without xdist (each takes both cores for its ranks, Spark or daemons, and some count the
+    machine's processes), while the unit tests share the other worker and fill the gaps (docs/testing.md)."""
     tests = os.path.dirname(os.path.abspath(__file__))
     for item in items:
-        kind = os.path.relpath(str(item.path), tests).split(os.sep)[0]
-        if kind in KINDS:
-            item.add_marker(getattr(pytest.mark, kind))
+        layer = os.path.relpath(str(item.path), tests).split(os.sep)[0]
+        if layer in LAYERS:
+            item.add_marker(getattr(pytest.mark, layer))
+        if layer in LAUNCHING_LAYERS:
+            item.add_marker(pytest.mark.xdist_group("launches"))
+
+
+class SparkSessions:
+    """The test session's one local[2] SparkSession (starting one takes 8-10 s on 2 cores), made on first use. A module
+    that needs a session of its own stops the shared one first (`stop`); the next module to ask starts it again."""
+
+    def __init__(self):
+        self.session = None
+
+    @staticmethod
+    def start(name: str, settings: dict | None = None):
+        """A new local[2] session without the UI or progress bars, logging errors only."""
+        from pyspark.sql import SparkSession
+
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        builder = SparkSession.builder.master("local[2]").appName(name).config("spark.ui.enabled", "false") \
+            .config("spark.ui.showConsoleProgress", "false")
+        for key, value in (settings or {}).items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
+        session.sparkContext.setLogLevel("ERROR")
+        return session
+
+    def shared(self):
+        if self.session is None:
+            self.session = self.start("mpitrain-tests")
+        return self.session
+
+    def stop(self):
+        if self.session is not None:
+            self.session.stop()
+            self.session = None
+
+
+@pytest.fixture(scope="session")
+def spark_sessions():
+    sessions = SparkSessions()
+    yield sessions
+    sessions.stop()
 
 
 @pytest.fixture(scope="module")
-def spark():
-    """One local[2] SparkSession per test module (starting one takes seconds)."""
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = SparkSession.builder.master("local[2]").appName("mpitrain-tests") \
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
+def spark(spark_sessions):
+    """The shared local[2] SparkSession (`SparkSessions`): a module's tests must not stop it or change its settings."""
+    return spark_sessions.shared()
 
 
 @pytest.fixture(scope="session")

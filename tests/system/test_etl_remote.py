@@ -32,18 +32,12 @@ def s3_env(object_store):
 
 
 @pytest.fixture(scope="module")
-def spark(s3_env):
-    """local[2] with the store's variables also in the executors' environment (`spark.executorEnv.*`):
-    the JVM of an earlier module's session may have started before they were set."""
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.master("local[2]").appName("mpitrain-tests-s3") \
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-    for name, value in s3_env.items():
-        builder = builder.config(f"spark.executorEnv.{name}", value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
+def spark(s3_env, spark_sessions):
+    """local[2] with the store's variables also in the executors' environment (`spark.executorEnv.*`): the shared
+    session's JVM started before they were set, so it is stopped first."""
+    spark_sessions.stop()
+    session = spark_sessions.start("mpitrain-tests-s3", {f"spark.executorEnv.{name}": value
+                                                         for name, value in s3_env.items()})
     yield session
     session.stop()
 
