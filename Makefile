@@ -66,7 +66,7 @@ demo: setup bytecode fashion-mnist
 # system tests in order, the unit tests fill the other (tests/conftest.py). At the end the 30 slowest tests, and the
 # run's time against pyproject.toml's time_budget (docs/testing.md).
 test: setup bytecode fashion-mnist slurm network-tools lint
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=30 tests
+	$(PY) -m pytest -q -n 2 --durations=30 tests
 
 # The unit tests alone, on two workers: no MPI launcher, no Spark, no root (docs/testing.md: warm and cold times).
 test-fast: setup bytecode

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from mpitrain.testing.datasets import make_dataset
-from mpitrain.testing.suite_time import LAYERS, parse_budget, seconds_by_file, summary_lines
+from mpitrain.testing.suite_time import layer_of, parse_budget, seconds_by_file, summary_lines
 
 # pip's MPICH runs over UCX; on some hosts UCX's network address exchange fails at MPI_Init now
 # and then ("failed to unpack address, invalid bandwidth 0.00", pmodels/mpich#7417). The tests
@@ -44,17 +44,27 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 def pytest_collection_modifyitems(items):
-    """Mark each test with its folder's layer (`pytest -m unit` runs the fast ones alone). The mpi and system tests
-    are also one xdist group: under `pytest -n 2 --dist loadgroup` (make test) one worker runs them one after
-    another, in order, as without xdist (each takes both cores for its ranks, Spark or daemons, and some count the
-    machine's processes), while the unit tests share the other worker and fill the gaps (docs/testing.md)."""
-    tests = os.path.dirname(os.path.abspath(__file__))
+    """Mark each test with its folder's layer (`pytest -m unit` runs the fast ones alone)."""
     for item in items:
-        layer = os.path.relpath(str(item.path), tests).split(os.sep)[0]
-        if layer in LAYERS:
+        layer = layer_of(item.nodeid)
+        if layer:
             item.add_marker(getattr(pytest.mark, layer))
-        if layer in LAUNCHING_LAYERS:
-            item.add_marker(pytest.mark.xdist_group("launches"))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under `pytest -n 2` (make test): the mpi and system tests are one unit of work that one worker runs in their
+    usual order, as a run without xdist would (each takes both cores for its ranks, its Spark or its daemons, and
+    some count the machine's processes), while the unit tests go one by one to whichever worker is free and fill
+    the gaps (docs/testing.md). Other --dist modes are left to pytest-xdist."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LaunchingTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "launching tests" if layer_of(nodeid) in LAUNCHING_LAYERS else nodeid
+
+    return LaunchingTestsTogether(config, log)
 
 
 class SparkSessions:

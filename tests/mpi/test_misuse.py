@@ -335,44 +335,6 @@ def test_a_read_only_run_directory_is_one_line(trained, tmp_path, small_file_sys
     assert_one_line_error(result, elapsed, r"disk/run: Read-only file system; expected a folder this job can write")
 
 
-def test_etl_overwrite_through_a_link_keeps_the_link_and_clears_only_dead_jobs_temporaries(tmp_path):
-    from mpitrain.testing.datasets import make_digits_dataset
-    from mpitrain.rundir.directory import FileLock
-    old = make_digits_dataset(tmp_path / "data_v1")
-    (tmp_path / "current").symlink_to("data_v1")
-    dead, live = tmp_path / "data_v1.etl-tmp-deadbeef", tmp_path / "data_v1.etl-tmp-11ve0000"
-    dead.mkdir()
-    (dead / "train").mkdir()  # what a killed job left: its folder, and its lock that nobody holds any more
-    (tmp_path / "data_v1.etl-tmp-deadbeef.lock").write_text("host gone pid 1\n")
-    live.mkdir()
-    holder = FileLock(str(live) + ".lock")
-    assert holder.take() is None  # a job that is still running
-    try:
-        result = command(MPITRAIN, "etl", "--source", "digits:", "--out", tmp_path / "current", "--shards", "2",
-                         "--seed", "5", "--overwrite", "--master", "local[2]", timeout=300)
-    finally:
-        holder.release()
-    assert result.returncode == 0, result.stderr
-    assert os.path.islink(tmp_path / "current") and os.readlink(tmp_path / "current") == "data_v1"
-    manifest = json.loads((tmp_path / "data_v1" / "manifest.json").read_text())
-    assert manifest["seed"] == 5 and old.seed == 0
-    assert sorted(os.listdir(tmp_path)) == ["current", "data_v1", "data_v1.etl-tmp-11ve0000",
-                                            "data_v1.etl-tmp-11ve0000.lock"]
-
-
-def test_etl_csv_part_of_malformed_lines_is_counted_as_bad_records(tmp_path):
-    (tmp_path / "csv").mkdir()
-    (tmp_path / "csv" / "part-0.csv").write_text("label,a,b,c\n" + "".join(f"{i % 3},{i},{i},{i}\n" for i in range(90)))
-    (tmp_path / "csv" / "part-1.csv").write_text("label,a,b,c\n" + "".join(f"{i % 3},{i},{i}\n" for i in range(30)))
-    started = time.monotonic()
-    result = command(MPITRAIN, "etl", "--source", f"csv:{tmp_path / 'csv'}", "--out", tmp_path / "out", "--shards",
-                     "2", "--master", "local[2]", timeout=300)
-    assert_one_line_error(result, time.monotonic() - started,
-                          r"30 of 120 records are bad, more than --max-bad-fraction 0 allows; the first: .*"
-                          r"malformed line '0,0,0', expected 4 numbers")
-    assert sorted(os.listdir(tmp_path)) == ["csv"]  # no dataset, no temporary folder
-
-
 @pytest.mark.parametrize("variable, launcher", [("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
                                                 ("PMI_SIZE", "an MPICH-family mpiexec")])
 def test_another_mpis_launcher_is_refused_instead_of_n_lone_copies(trained, tmp_path, variable, launcher):

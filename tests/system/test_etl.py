@@ -238,3 +238,30 @@ def test_cli_refuses_existing_out_before_starting_spark(dataset, idx_data, capsy
     out = dataset[0]
     assert main(["--source", f"idx:{idx_data[0]}", "--out", str(out), "--shards", "2"]) == 2
     assert capsys.readouterr().err == f"error: {out}: exists; pass --overwrite to replace it\n"
+
+
+def test_etl_overwrite_through_a_link_keeps_the_link_and_clears_only_dead_jobs_temporaries(etl, tmp_path):
+    """`mpitrain etl --overwrite` on a link to a dataset (moved here from tests/mpi/test_misuse.py: the command runs
+    in this process, on the session's Spark, as tests/system/conftest.py's `etl` runs it)."""
+    from mpitrain.testing.datasets import make_digits_dataset
+    from mpitrain.rundir.directory import FileLock
+    old = make_digits_dataset(tmp_path / "data_v1")
+    (tmp_path / "current").symlink_to("data_v1")
+    dead, live = tmp_path / "data_v1.etl-tmp-deadbeef", tmp_path / "data_v1.etl-tmp-11ve0000"
+    dead.mkdir()
+    (dead / "train").mkdir()  # what a killed job left: its folder, and its lock that nobody holds any more
+    (tmp_path / "data_v1.etl-tmp-deadbeef.lock").write_text("host gone pid 1\n")
+    live.mkdir()
+    holder = FileLock(str(live) + ".lock")
+    assert holder.take() is None  # a job that is still running
+    try:
+        status, _, err = etl("--source", "digits:", "--out", tmp_path / "current", "--shards", "2", "--seed", "5",
+                             "--overwrite")
+    finally:
+        holder.release()
+    assert status == 0, err
+    assert os.path.islink(tmp_path / "current") and os.readlink(tmp_path / "current") == "data_v1"
+    manifest = read_manifest(str(tmp_path / "data_v1"))
+    assert manifest.seed == 5 and old.seed == 0
+    assert sorted(os.listdir(tmp_path)) == ["current", "data_v1", "data_v1.etl-tmp-11ve0000",
+                                            "data_v1.etl-tmp-11ve0000.lock"]

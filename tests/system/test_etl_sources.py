@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -301,3 +302,18 @@ def test_spark_submit_csv_with_transforms(csv_data, tmp_path):
     assert manifest.transforms[-1] == {"name": "binarize", "mode": "stochastic", "seed": 9}
     x, _ = read_split(out, "train")
     assert x.dtype == np.uint8 and 0.2 < x.mean() < 0.8
+
+
+def test_etl_csv_part_of_malformed_lines_is_counted_as_bad_records(etl, tmp_path):
+    """A folder's part with a column short is bad records: exit 2 and one error line naming the first, no dataset,
+    no temporary folder (moved here from tests/mpi/test_misuse.py: the command runs in this process, on the session's
+    Spark, as tests/system/conftest.py's `etl` runs it)."""
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "part-0.csv").write_text("label,a,b,c\n" + "".join(f"{i % 3},{i},{i},{i}\n" for i in range(90)))
+    (tmp_path / "csv" / "part-1.csv").write_text("label,a,b,c\n" + "".join(f"{i % 3},{i},{i}\n" for i in range(30)))
+    status, _, err = etl("--source", f"csv:{tmp_path / 'csv'}", "--out", tmp_path / "out", "--shards", "2")
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert status == 2 and "Traceback" not in err and len(errors) == 1, err
+    assert re.search(r"30 of 120 records are bad, more than --max-bad-fraction 0 allows; the first: .*"
+                     r"malformed line '0,0,0', expected 4 numbers", errors[0]), err
+    assert sorted(os.listdir(tmp_path)) == ["csv"]  # no dataset, no temporary folder
