@@ -148,6 +148,9 @@ def _parser() -> argparse.ArgumentParser:
     worker = commands.add_parser("tune-worker", help="take a study's trials until its budget is spent (run under "
                                                      "mpiexec/srun)")
     worker.add_argument("study", help="a study folder, or its study file")
+    worker.add_argument("--no-plots", action="store_true",
+                        help="end with trials.csv and best.yaml only, not the study's plots and report (what "
+                             "`mpitrain tune` asks of its workers: it draws them once, after they all ended)")
     worker.set_defaults(run=_tune_worker)
 
     info = commands.add_parser("info", help="summarize a dataset and verify its shard checksums")
@@ -238,7 +241,7 @@ def _tune(args) -> int:
 
 def _tune_worker(args, comm) -> int:
     from mpitrain.tune.worker import run_worker
-    ran = run_worker(args.study, comm)
+    ran = run_worker(args.study, comm, plots=not args.no_plots)
     if comm.is_root:
         print(f"{args.study}: this worker ran {ran} trials; the study's budget is spent")
     return 0

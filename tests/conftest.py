@@ -44,22 +44,27 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 def pytest_collection_modifyitems(items):
-    """Mark each test with its folder's layer (`pytest -m unit` runs the fast ones alone)."""
+    """Mark each test with its folder's layer (`pytest -m unit` runs the fast ones alone), and run the unit tests
+    first: they fail fastest, and they compile most of numba's kernels on both cores before the ranks of the mpi
+    tests would each compile them again at once (docs/testing.md)."""
     for item in items:
         layer = layer_of(item.nodeid)
         if layer:
             item.add_marker(getattr(pytest.mark, layer))
+    items.sort(key=lambda item: layer_of(item.nodeid) != "unit")  # stable: each layer keeps its order
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Under `pytest -n 2` (make test): the mpi and system tests are one unit of work that one worker runs in their
-    usual order, as a run without xdist would (each takes both cores for its ranks, its Spark or its daemons, and
-    some count the machine's processes), while the unit tests go one by one to whichever worker is free and fill
-    the gaps (docs/testing.md). Other --dist modes are left to pytest-xdist."""
+    """Under `pytest -n 2` (make test): the unit tests go one by one to whichever worker is free, in collection order
+    (unit tests first); then the mpi and system tests are one unit of work that one worker runs in their usual
+    order, as a run without xdist would: each takes both cores for its ranks, its Spark or its daemons, and some
+    count the machine's processes (docs/testing.md: run beside the unit tests, they slowed to a crawl). Other
+    --dist modes are left to pytest-xdist."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    config.option.loadscopereorder = False  # the largest unit of work first, otherwise
     class LaunchingTestsTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return "launching tests" if layer_of(nodeid) in LAUNCHING_LAYERS else nodeid
@@ -68,8 +73,9 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 class SparkSessions:
-    """The test session's one local[2] SparkSession (starting one takes 8-10 s on 2 cores), made on first use. A module
-    that needs a session of its own stops the shared one first (`stop`); the next module to ask starts it again."""
+    """The test session's one local[2] SparkSession (the first start takes 8.5 s on 2 cores), made on first use. A
+    module that needs a session of its own stops the shared one first (`stop`); the next module to ask starts it
+    again."""
 
     def __init__(self):
         self.session = None

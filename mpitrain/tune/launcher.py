@@ -1,5 +1,6 @@
 """`mpitrain tune STUDY.yaml --workers W --ranks R`: check the study, create it, run W workers at once on this
-machine (each `mpiexec -n R mpitrain tune-worker STUDY`), then write the results and print the table.
+machine (each `mpiexec -n R mpitrain tune-worker STUDY --no-plots`), then write the results and the plots once, and
+print the table.
 
     mpitrain tune studies/digits.yaml --workers 2 --ranks 2
     mpitrain tune studies/digits --status
@@ -38,7 +39,7 @@ def run_study(path: str, workers: int, ranks: int) -> int:
         raise ConfigError(f"--workers {workers} --ranks {ranks}: expected at least one worker of at least one rank")
     study = load_study(path)
     open_study(study, create=True)  # before the workers: every one of them finds the study and its grid
-    command = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpitrain", "tune-worker", study.folder]
+    command = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpitrain", "tune-worker", study.folder, "--no-plots"]
     jobs = [subprocess.Popen(command) for _ in range(workers)]
 
     def forward(signum, frame):

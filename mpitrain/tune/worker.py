@@ -36,9 +36,10 @@ class Pruned(Exception):
     """Raised on every rank after the epoch at which the pruner stopped a trial."""
 
 
-def run_worker(path: str, comm) -> int:
+def run_worker(path: str, comm, plots: bool = True) -> int:
     """Take and train trials of the study at `path` until none is left (a collective); the trials this worker
-    ran."""
+    ran. At its end rank 0 writes the results, and with `plots` the study's plots (`mpitrain tune` draws them once
+    itself, after all its workers ended)."""
     study = load_study(path)
     optuna_study = None
     with comm.agreed_errors():
@@ -56,7 +57,7 @@ def run_worker(path: str, comm) -> int:
         ran += 1
     with comm.agreed_errors():  # a results file that cannot be written is an error on every rank
         if comm.is_root:
-            write_results(study, optuna_study, plots=True)
+            write_results(study, optuna_study, plots=plots)
     return ran
 
 

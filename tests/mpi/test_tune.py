@@ -95,6 +95,14 @@ def test_a_2x3_grid_on_3_workers_runs_each_point_exactly_once_and_again_runs_not
     again = tune(study, workers=3, ranks=1)
     assert again.returncode == 0 and len(trials(tmp_path / "study")) == 6
 
+    drawn = sorted(name for name in os.listdir(tmp_path / "study") if name.endswith((".png", ".html")))
+    assert drawn == ["history.png", "importances.png", "parallel.png", "report.html", "report.png"]  # by `tune`
+    for name in drawn:
+        os.remove(tmp_path / "study" / name)
+    quiet = mpiexec(1, MPITRAIN, "tune-worker", study, "--no-plots", timeout=120)  # as `tune` starts its workers
+    assert quiet.returncode == 0 and "this worker ran 0 trials" in quiet.stdout, quiet.stderr[-3000:]
+    assert not [name for name in os.listdir(tmp_path / "study") if name.endswith((".png", ".html"))]
+
 
 def test_a_pruned_trial_stops_on_every_rank_after_the_epoch_of_the_decision(digits, tmp_path):
     study = write_study(tmp_path, digits, {"optimizer.lr": {"choice": [0.1, 1.0e-6]}}, epochs=3, sampler="grid",

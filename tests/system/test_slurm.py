@@ -251,3 +251,4 @@ def test_a_study_s_workers_run_as_a_job_array_until_its_budget_is_spent(slurm, t
     ran = [int(m) for log in glob.glob(str(tmp_path / f"slurm-mpitrain-tune-{array}_*.out"))
            for m in re.findall(r"this worker ran (\d+) trials", open(log).read())]
     assert len(ran) == 3 and sum(ran) == 4, job_logs(tmp_path)  # every task ended as a worker whose budget was spent
+    assert {"history.png", "parallel.png", "report.png"} <= set(os.listdir(tmp_path / "study"))  # drawn by the tasks

@@ -139,16 +139,12 @@ def rank_job(ranks: int, config: str, *python_args) -> MpiJob:
 
 
 @pytest.fixture(scope="module")
-def spark():
+def spark(spark_sessions):
     """local[2] for the in-process tests, with one attempt per stage: a failed stage fails the job at once
-    instead of being rerun (the test of a rerun is the killed executor's, with Spark's default of 4)."""
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = SparkSession.builder.master("local[2]").appName("mpitrain-spark-train-tests") \
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false") \
-        .config("spark.stage.maxConsecutiveAttempts", "1").getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
+    instead of being rerun (the test of a rerun is the killed executor's, with Spark's default of 4). A setting of
+    the SparkContext: the session's shared one is stopped first."""
+    spark_sessions.stop()
+    session = spark_sessions.start("mpitrain-spark-train-tests", {"spark.stage.maxConsecutiveAttempts": "1"})
     yield session
     session.stop()
 
