@@ -55,19 +55,22 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Under `pytest -n 2` (make test): the unit tests go one by one to whichever worker is free, in collection order
-    (unit tests first); then the mpi and system tests are one unit of work that one worker runs in their usual
-    order, as a run without xdist would: each takes both cores for its ranks, its Spark or its daemons, and some
-    count the machine's processes (docs/testing.md: run beside the unit tests, they slowed to a crawl). Other
-    --dist modes are left to pytest-xdist."""
+    """Under `pytest -n 2` (make test): the unit tests go, a test function with all its parameters at a time, to
+    whichever worker is free, in collection order (unit tests first); then the mpi and system tests are one unit of
+    work that one worker runs in their usual order, as a run without xdist would: each takes both cores for its
+    ranks, its Spark or its daemons, and some count the machine's processes (docs/testing.md: run beside the unit
+    tests, they slowed down more than the unit tests gained). Other --dist modes are left to pytest-xdist."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     config.option.loadscopereorder = False  # the largest unit of work first, otherwise
+
     class LaunchingTestsTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "launching tests" if layer_of(nodeid) in LAUNCHING_LAYERS else nodeid
+            """The launching tests' one scope; a unit test function's own, all its parameters on one worker (so
+            that the two workers do not compile the same kernels at once for a test's neighbouring cases)."""
+            return "launching tests" if layer_of(nodeid) in LAUNCHING_LAYERS else nodeid.split("[")[0]
 
     return LaunchingTestsTogether(config, log)
 

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from mpitrain.rundir.checkpoint import list_checkpoints
 from mpitrain.testing.datasets import make_digits_dataset, write_config
 from mpitrain.testing.launch import MPIEXEC, MPITRAIN, command, mpiexec
 
@@ -124,9 +125,11 @@ def test_a_sigkilled_worker_s_trial_is_failed_and_its_parameters_run_again(digit
                         sampler="random", pruner="none", heartbeat_s=3)
     worker = subprocess.Popen([MPIEXEC, "-n", "2", MPITRAIN, "tune-worker", study], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
-    metrics = tmp_path / "study" / "trials" / "trial-0000" / "metrics.jsonl"
+    trial = tmp_path / "study" / "trials" / "trial-0000"
     deadline = time.monotonic() + 120
-    while not (metrics.exists() and '"kind": "epoch"' in metrics.read_text()) and time.monotonic() < deadline:
+    # the epoch's record comes before its checkpoint (mpitrain/training/loop.py's _end_epoch): wait for both
+    while not (list_checkpoints(str(trial)) and '"kind": "epoch"' in (trial / "metrics.jsonl").read_text()) \
+            and time.monotonic() < deadline:
         time.sleep(0.1)
     assert worker.poll() is None, "the worker ended before it was killed"
     os.killpg(worker.pid, signal.SIGKILL)  # mpiexec, its proxy and both ranks, as the OOM killer or a lost node
