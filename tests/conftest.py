@@ -3,6 +3,7 @@ tests/unit (fast, no launcher, no Spark, no root), tests/mpi (real mpiexec), tes
 simulated nodes, GPUs). The harness the tests share is `mpitrain.testing` (tests/harness/)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -35,7 +36,7 @@ def pytest_terminal_summary(terminalreporter, config):
     if hasattr(config, "workerinput") or STARTED not in config.stash:
         return
     reports = [report for reports in terminalreporter.stats.values() for report in reports
-               if hasattr(report, "nodeid") and hasattr(report, "duration")]
+               if hasattr(report, "nodeid") and hasattr(report, "duration")]  # test phases, not collection
     lines, over = summary_lines(time.monotonic() - config.stash[STARTED], seconds_by_file(reports),
                                 parse_budget(config.getini("time_budget")))
     terminalreporter.write_sep("=", "time against the budget", yellow=over, bold=over)
@@ -106,6 +107,17 @@ class SparkSessions:
         if self.session is not None:
             self.session.stop()
             self.session = None
+
+    @contextlib.contextmanager
+    def own(self, name: str, settings: dict):
+        """A session of a module's own, for settings of the SparkContext (the JVM's, which a running session keeps):
+        the shared one is stopped first, and the own one at the end."""
+        self.stop()
+        session = self.start(name, settings)
+        try:
+            yield session
+        finally:
+            session.stop()
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ def parse_budget(lines) -> dict[str, float]:
 
 
 def layer_of(nodeid: str) -> str | None:
-    """The layer of a test from its node id (tests/LAYER/...), None outside the layers."""
+    """The layer of a test from its node id or its file's path (tests/LAYER/...), None outside the layers."""
     parts = nodeid.split("::")[0].replace(os.sep, "/").split("/")
     return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in LAYERS else None
 
@@ -34,7 +34,7 @@ def seconds_by_file(reports) -> dict[str, float]:
     """Seconds spent in each test file (set-up, call and teardown of its tests, wherever a worker ran them)."""
     spent = defaultdict(float)
     for report in reports:
-        spent[report.nodeid.split("::")[0]] += getattr(report, "duration", 0.0) or 0.0
+        spent[report.nodeid.split("::")[0]] += report.duration
     return dict(spent)
 
 
@@ -43,7 +43,7 @@ def summary_lines(wall_s: float, by_file: dict[str, float], budget: dict[str, fl
     """The lines that say what the run cost against the budget of the layers it ran, and whether it went over."""
     by_layer = defaultdict(float)
     for path, seconds in by_file.items():
-        layer = layer_of(path + "::")
+        layer = layer_of(path)
         if layer:
             by_layer[layer] += seconds
     ran = [layer for layer in LAYERS if layer in by_layer]

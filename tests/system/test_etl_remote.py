@@ -34,12 +34,10 @@ def s3_env(object_store):
 @pytest.fixture(scope="module")
 def spark(s3_env, spark_sessions):
     """local[2] with the store's variables also in the executors' environment (`spark.executorEnv.*`): the shared
-    session's JVM started before they were set, so it is stopped first."""
-    spark_sessions.stop()
-    session = spark_sessions.start("mpitrain-tests-s3", {f"spark.executorEnv.{name}": value
-                                                         for name, value in s3_env.items()})
-    yield session
-    session.stop()
+    session's JVM started before they were set."""
+    with spark_sessions.own("mpitrain-tests-s3", {f"spark.executorEnv.{name}": value
+                                                  for name, value in s3_env.items()}) as session:
+        yield session
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -311,9 +312,11 @@ def test_etl_csv_part_of_malformed_lines_is_counted_as_bad_records(etl, tmp_path
     (tmp_path / "csv").mkdir()
     (tmp_path / "csv" / "part-0.csv").write_text("label,a,b,c\n" + "".join(f"{i % 3},{i},{i},{i}\n" for i in range(90)))
     (tmp_path / "csv" / "part-1.csv").write_text("label,a,b,c\n" + "".join(f"{i % 3},{i},{i}\n" for i in range(30)))
+    started = time.monotonic()
     status, _, err = etl("--source", f"csv:{tmp_path / 'csv'}", "--out", tmp_path / "out", "--shards", "2")
     errors = [line for line in err.splitlines() if ": error: " in line]
     assert status == 2 and "Traceback" not in err and len(errors) == 1, err
+    assert time.monotonic() - started < 60  # a quick exit, as every misuse case
     assert re.search(r"30 of 120 records are bad, more than --max-bad-fraction 0 allows; the first: .*"
                      r"malformed line '0,0,0', expected 4 numbers", errors[0]), err
     assert sorted(os.listdir(tmp_path)) == ["csv"]  # no dataset, no temporary folder

@@ -141,12 +141,10 @@ def rank_job(ranks: int, config: str, *python_args) -> MpiJob:
 @pytest.fixture(scope="module")
 def spark(spark_sessions):
     """local[2] for the in-process tests, with one attempt per stage: a failed stage fails the job at once
-    instead of being rerun (the test of a rerun is the killed executor's, with Spark's default of 4). A setting of
-    the SparkContext: the session's shared one is stopped first."""
-    spark_sessions.stop()
-    session = spark_sessions.start("mpitrain-spark-train-tests", {"spark.stage.maxConsecutiveAttempts": "1"})
-    yield session
-    session.stop()
+    instead of being rerun (the test of a rerun is the killed executor's, with Spark's default of 4): a setting of
+    the SparkContext, so a session of the module's own."""
+    with spark_sessions.own("mpitrain-spark-train-tests", {"spark.stage.maxConsecutiveAttempts": "1"}) as session:
+        yield session
 
 
 def test_more_ranks_than_task_slots_are_refused_before_the_stage(spark, reference):
