@@ -7,10 +7,12 @@ import contextlib
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from mpitrain.testing.datasets import make_dataset
+from mpitrain.testing.machine_share import MachineShare
 from mpitrain.testing.suite_time import layer_of, parse_budget, seconds_by_file, summary_lines
 
 # pip's MPICH runs over UCX; on some hosts UCX's network address exchange fails at MPI_Init now
@@ -55,25 +57,42 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: layer_of(item.nodeid) != "unit")  # stable: each layer keeps its order
 
 
+@pytest.hookimpl(optionalhook=True)  # the suite also runs without pytest-xdist (-p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
     """Under `pytest -n 2` (make test): the unit tests go, a test function with all its parameters at a time, to
-    whichever worker is free, in collection order (unit tests first); then the mpi and system tests are one unit of
-    work that one worker runs in their usual order, as a run without xdist would: each takes both cores for its
-    ranks, its Spark or its daemons, and some count the machine's processes (docs/testing.md: run beside the unit
-    tests, they slowed down more than the unit tests gained). Other --dist modes are left to pytest-xdist."""
+    whichever worker is free, in collection order (unit tests first); then the mpi tests are one unit of work and
+    the system tests another, each run by one worker in its usual order, the two layers at the same time: the mpi
+    tests keep the cores busy while the system tests wait for a JVM, a daemon or a shaped link. A test that measures
+    time has the machine to itself (`alone`, `pytest_runtest_protocol`). Other --dist modes are left to pytest-xdist."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     config.option.loadscopereorder = False  # the largest unit of work first, otherwise
 
-    class LaunchingTestsTogether(LoadScopeScheduling):
+    class LayersAsUnitsOfWork(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            """The launching tests' one scope; a unit test function's own, all its parameters on one worker (so
+            """A launching layer's one scope; a unit test function's own, all its parameters on one worker (so
             that the two workers do not compile the same kernels at once for a test's neighbouring cases)."""
-            return "launching tests" if layer_of(nodeid) in LAUNCHING_LAYERS else nodeid.split("[")[0]
+            layer = layer_of(nodeid)
+            return f"{layer} tests" if layer in LAUNCHING_LAYERS else nodeid.split("[")[0]
 
-    return LaunchingTestsTogether(config, log)
+    return LayersAsUnitsOfWork(config, log)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each mpi and system test holds the machine (`MachineShare`) from its set-up, with the module fixtures it
+    starts (a Spark cluster, Slurm's daemons), to its teardown: shared, or alone where it is marked `alone`, so that
+    what it times (a shaped link's rate, a watchdog's seconds, a heartbeat going stale, two signals 10 ms apart) is
+    not slowed by the other worker's tests. Only on a pytest-xdist worker (whose basetemp is in the run's folder): a
+    run of one process runs one test at a time anyway."""
+    basetemp = item.config.option.basetemp
+    if layer_of(item.nodeid) not in LAUNCHING_LAYERS or not hasattr(item.config, "workerinput") or not basetemp:
+        yield
+        return
+    with MachineShare(Path(basetemp).parent).held(alone=item.get_closest_marker("alone") is not None):
+        yield
 
 
 class SparkSessions:

@@ -171,6 +171,7 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
     assert [os.path.basename(p) for p in list_checkpoints(str(tmp_path / "run"))] == ["ckpt-0001-000000.h5"]
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("where", ["start-up", "the summary"])
 def test_the_watchdog_also_covers_start_up_and_the_summary(tmp_path, where):
     """A rank stuck before training (reading a manifest that never comes: a FIFO nobody writes) or after it (rank 0
@@ -190,6 +191,7 @@ def test_the_watchdog_also_covers_start_up_and_the_summary(tmp_path, where):
     assert time.monotonic() - started < 30
 
 
+@pytest.mark.alone
 def test_watchdog_aborts_a_stuck_job():
     started = time.monotonic()
     result = mpiexec(2, sys.executable, os.path.join(RANK_SCRIPTS, "stuck_rank.py"), timeout=60)

@@ -19,6 +19,9 @@ from mpitrain.rundir.checkpoint import list_checkpoints, load_checkpoint
 from mpitrain.testing.datasets import make_dataset, make_digits_dataset, write_config
 from mpitrain.testing.launch import MPIEXEC, MPITRAIN, RANK_SCRIPTS, mpiexec
 
+# a second signal within 10 ms of the first: no other test's ranks beside these (tests/conftest.py, MachineShare)
+pytestmark = pytest.mark.alone
+
 TRAIN = {"epochs": 2, "batch_size": 16, "seed": 1, "log_every": 5}  # 600 rows, 2 ranks: 18 steps per epoch
 NOTHING_SAVED = r"stopped by {} before the first step, nothing to save; resume with the same command"
 

@@ -120,6 +120,7 @@ def test_a_pruned_trial_stops_on_every_rank_after_the_epoch_of_the_decision(digi
     assert not os.path.exists(os.path.join(rows[1]["run_dir"], "summary.json"))
 
 
+@pytest.mark.alone
 def test_a_sigkilled_worker_s_trial_is_failed_and_its_parameters_run_again(digits, tmp_path):
     study = write_study(tmp_path, digits, {"optimizer.lr": {"float": [0.01, 0.1]}}, epochs=40, trials=2,
                         sampler="random", pruner="none", heartbeat_s=3)

@@ -110,6 +110,7 @@ def test_training_crosses_the_links_to_identical_replicas(cluster, mode, tmp_pat
         assert all(way >= sent for node in moved.values() for way in node.values()), (sent, moved)
 
 
+@pytest.mark.alone
 def test_the_links_count_the_training_steps_apart_from_the_rest_of_a_run(cluster, tmp_path):
     """benchmarks/cluster.py's wire bytes: the links' counters sampled while `allreduce` trains, read between the
     first and the last metrics window. Per step that is at least the gradient each rank sends (MPI's algorithm on
@@ -149,6 +150,7 @@ def test_overlapped_allreduce_equals_blocking_across_the_nodes(cluster):
     assert sum("overlapped equals blocking" in line for line in passed) == 6
 
 
+@pytest.mark.alone
 def test_a_link_rate_sets_the_transfer_time():
     """10 MB from node to node over 100 Mb/s and over 1 Gb/s links: about 10x the time, at the shaped rate."""
     require_cluster()
@@ -163,6 +165,7 @@ def test_a_link_rate_sets_the_transfer_time():
     assert 0.7 * 0.1 <= measured_gbps <= 1.3 * 0.1, seconds
 
 
+@pytest.mark.alone
 def test_a_link_cut_mid_training_ends_the_job_on_every_node_and_it_resumes_once_repaired(tmp_path):
     """Node 2's link goes down once the run has written a checkpoint (a metrics record, written just before the
     checkpoint's collectives, let the cut land between them on a fast machine, leaving nothing to resume). Both

@@ -1,0 +1,42 @@
+"""MachineShare (mpitrain.testing.machine_share), which lets make test run the mpi and system tests at the same time:
+shared holders overlap, an alone holder waits for them and runs by itself, and a shared holder that comes while an
+alone one waits goes after it."""
+from __future__ import annotations
+
+import threading
+import time
+
+from mpitrain.testing.machine_share import MachineShare
+
+
+def holder(share: MachineShare, alone: bool, events: list, name: str, seconds: float) -> threading.Thread:
+    def hold():
+        with share.held(alone):
+            events.append(("start", name))
+            time.sleep(seconds)
+            events.append(("end", name))
+    thread = threading.Thread(target=hold)
+    thread.start()
+    return thread
+
+
+def test_shared_holders_hold_it_at_the_same_time(tmp_path):
+    events = []
+    threads = [holder(MachineShare(tmp_path), False, events, name, 0.3) for name in ("a", "b")]
+    for thread in threads:
+        thread.join(10)
+    assert [kind for kind, _ in events] == ["start", "start", "end", "end"], events
+
+
+def test_an_alone_holder_waits_for_the_shared_one_and_a_later_shared_one_waits_for_it(tmp_path):
+    events = []
+    first = holder(MachineShare(tmp_path), False, events, "shared", 0.6)
+    while not events:
+        time.sleep(0.01)
+    alone = holder(MachineShare(tmp_path), True, events, "alone", 0.2)
+    time.sleep(0.3)  # the alone holder waits for the machine, holding the turnstile
+    later = holder(MachineShare(tmp_path), False, events, "later", 0.0)
+    for thread in (first, alone, later):
+        thread.join(10)
+    assert events == [("start", "shared"), ("end", "shared"), ("start", "alone"), ("end", "alone"),
+                      ("start", "later"), ("end", "later")], events
