@@ -76,7 +76,7 @@ test-fast: setup bytecode
 test-mpi: setup bytecode
 	$(PY) -m pytest -q -m mpi --durations=10 tests/mpi
 
-# pyflakes' rules and pycodestyle's errors (pyproject.toml's [tool.ruff]).
+# pyflakes' rules, pycodestyle's errors and isort's import order (pyproject.toml's [tool.ruff]).
 lint: setup
 	$(BIN)/ruff check .
 

@@ -24,10 +24,11 @@ import tempfile
 import time
 
 import numpy as np
-from common import HERE, markdown_table, mpitrain, train, write_results
 
 from mpitrain.data.shards import read_manifest
 from mpitrain.testing.references import read_split
+
+from common import HERE, markdown_table, mpitrain, train, write_results
 
 CONFIG = os.path.join(os.path.dirname(HERE), "configs", "digits_autoencoder.yaml")
 COMPONENTS = 10

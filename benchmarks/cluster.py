@@ -39,18 +39,17 @@ import sys
 import tempfile
 
 import numpy as np
-from common import BIN, HERE, markdown_table, write_results
-
-from mpitrain.testing.cluster import SimulatedCluster, missing_capability  # noqa: E402
 
 from mpitrain.config.sections import load_config  # noqa: E402
-from mpitrain.parallel.costmodel import (Network, allgather_exchange, allreduce_bytes,  # noqa: E402
-                                         recursive_exchange, split_exchange)
-from mpitrain.nn.model import build_model  # noqa: E402
-from mpitrain.rundir.report import read_metrics  # noqa: E402
 from mpitrain.data.shards import read_manifest  # noqa: E402
+from mpitrain.nn.model import build_model  # noqa: E402
+from mpitrain.parallel.costmodel import Network, allgather_exchange, allreduce_bytes, recursive_exchange, split_exchange  # noqa: E402
 from mpitrain.parallel.sync.buckets import gradient_buckets  # noqa: E402
 from mpitrain.parallel.sync.exchange import choose_exchange  # noqa: E402
+from mpitrain.rundir.report import read_metrics  # noqa: E402
+from mpitrain.testing.cluster import SimulatedCluster, missing_capability  # noqa: E402
+
+from common import BIN, HERE, markdown_table, write_results
 
 MODELS = {"MLP": ("configs/fashion_mlp.yaml", 30000), "LeNet": ("configs/fashion_lenet.yaml", 16000)}  # max rows
 VARIANTS = {  # name: (sync.mode, overrides)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from common import benchmark_parser, markdown_table, run_mpitrain, write_results
-
 from mpitrain.config.sections import load_config
+
+from common import benchmark_parser, markdown_table, run_mpitrain, write_results
 
 MODELS = [("LeNet", "configs/fashion_lenet.yaml", 0.915), ("batch-norm CNN", "configs/fashion_cnn_bn.yaml", 0.925)]
 

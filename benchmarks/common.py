@@ -11,14 +11,14 @@ import sys
 import tempfile
 import time
 
-from mpitrain.parallel.threads import users_environment
+from mpitrain.base.threads import users_environment
 from mpitrain.rundir.report import read_metrics
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORES = len(os.sched_getaffinity(0))
 BIN = os.path.dirname(sys.executable)
 # mpitrain runs in the benchmark's own environment, as a user's shell starts it (it sizes its thread
-# pools itself: mpitrain/parallel/threads.py). PyTorch's peer gets what its launcher gives: torchrun sets
+# pools itself: mpitrain/base/threads.py). PyTorch's peer gets what its launcher gives: torchrun sets
 # OMP_NUM_THREADS=1 in each process it starts when the user has not.
 # (The environment as the user set it: this process imported mpitrain, which sized its own pools.)
 USER_ENV = users_environment(os.environ)

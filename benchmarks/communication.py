@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 
-from common import benchmark_parser, markdown_table, run_mpitrain, torch_available, write_results
 from throughput import model_rows
+
+from common import benchmark_parser, markdown_table, run_mpitrain, torch_available, write_results
 
 MODES = [("allreduce", {}), ("averaging", {"sync.frequency": 5}), ("sharing", {})]
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from common import benchmark_parser, markdown_table, run_mpitrain, write_results
-
 from mpitrain.config.sections import load_config
 from mpitrain.training.pretrain import dbn_layers
+
+from common import benchmark_parser, markdown_table, run_mpitrain, write_results
 
 TARGET = 0.89
 

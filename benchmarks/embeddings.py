@@ -39,10 +39,19 @@ import subprocess
 import sys
 import tempfile
 
-from common import CORES, HERE, TORCHRUN_ENV, in_turns, markdown_table, median_run, torch_available, train, \
-    write_results
-
 from mpitrain.testing.datasets import make_click_dataset
+
+from common import (
+    CORES,
+    HERE,
+    TORCHRUN_ENV,
+    in_turns,
+    markdown_table,
+    median_run,
+    torch_available,
+    train,
+    write_results,
+)
 
 IDS = (1000, 1_000_000)
 DIM, HIDDEN, NUMERIC = 16, 64, 3

@@ -24,11 +24,11 @@ import time
 import h5py
 import numpy as np
 
-from common import markdown_table, write_results
-
+from mpitrain.data.shards import shard_path
 from mpitrain.etl.job import run_etl
 from mpitrain.etl.sources import SourceOptions
-from mpitrain.data.shards import shard_path
+
+from common import markdown_table, write_results
 
 FEATURES = 784
 CLASSES = 10

@@ -26,11 +26,11 @@ from functools import partial
 import numba
 import numpy as np
 
-from common import markdown_table, write_results
-
 from mpitrain.kernels import threshold as kernels
-from mpitrain.parallel.backend import gpu_available
 from mpitrain.kernels.threshold import message, reference
+from mpitrain.parallel.backend import gpu_available
+
+from common import markdown_table, write_results
 
 
 def best_seconds(run, prepare=None, repeat: int = 7):

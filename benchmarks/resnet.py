@@ -20,10 +20,21 @@ import time
 from types import SimpleNamespace
 
 import yaml
-from common import HERE, in_turns, machine, markdown_table, median_run, run_ddp, sgemm_rate, \
-    torch_available, train, write_results
 
 from mpitrain.testing.flops import image_graph_training_flops
+
+from common import (
+    HERE,
+    in_turns,
+    machine,
+    markdown_table,
+    median_run,
+    run_ddp,
+    sgemm_rate,
+    torch_available,
+    train,
+    write_results,
+)
 
 CONFIG = os.path.join(os.path.dirname(HERE), "configs", "fashion_resnet.yaml")
 ACCURACY, SPEED = 0.93, 1.0

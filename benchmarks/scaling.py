@@ -27,12 +27,12 @@ import json
 import os
 from statistics import mean
 
-from common import CORES, benchmark_parser, best_of, markdown_table, run_mpitrain, write_results
-
+from mpitrain.base.errors import MpitrainError
 from mpitrain.config.sections import load_config
-from mpitrain.errors import MpitrainError
 from mpitrain.parallel.costmodel import Network
 from mpitrain.testing.scaling_model import cost
+
+from common import CORES, benchmark_parser, best_of, markdown_table, run_mpitrain, write_results
 
 MODES = [("allreduce", {}), ("averaging", {"sync.frequency": 5}), ("sharing", {})]
 MODEL_RANKS = [2 ** i for i in range(1, 11)]  # 2 .. 1024, for the plot

@@ -38,13 +38,24 @@ from types import SimpleNamespace
 import h5py
 import numpy as np
 import yaml
-from common import HERE, in_turns, markdown_table, median_run, mpitrain, run_ddp, sgemm_rate, torch_available, train, \
-    write_results
 
 from mpitrain.data.shards import read_manifest
 from mpitrain.testing.flops import training_flops
 from mpitrain.testing.launch import FASHION
 from mpitrain.testing.sequences import motif_sequences, write_image_rows_parquet, write_parquet
+
+from common import (
+    HERE,
+    in_turns,
+    markdown_table,
+    median_run,
+    mpitrain,
+    run_ddp,
+    sgemm_rate,
+    torch_available,
+    train,
+    write_results,
+)
 
 CONFIGS = os.path.join(os.path.dirname(HERE), "configs")
 MOTIF_MODELS = {"LSTM": "motifs_lstm.yaml", "Conv1D": "motifs_conv1d.yaml"}

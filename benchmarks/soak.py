@@ -23,10 +23,11 @@ import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-from common import write_results  # noqa: E402
-from mpitrain.testing.launch import MPIEXEC, MPITRAIN  # noqa: E402
-from mpitrain.testing.datasets import make_dataset  # noqa: E402
 from mpitrain.rundir.checkpoint import list_checkpoints, load_checkpoint  # noqa: E402
+from mpitrain.testing.datasets import make_dataset  # noqa: E402
+from mpitrain.testing.launch import MPIEXEC, MPITRAIN  # noqa: E402
+
+from common import write_results  # noqa: E402
 
 
 def rank_pids(config: str) -> list[int]:

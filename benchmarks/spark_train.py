@@ -22,9 +22,9 @@ import subprocess
 import tempfile
 import time
 
-from common import BIN, USER_ENV, benchmark_parser, in_turns, markdown_table, write_results
-
 from mpitrain.config.sections import load_config  # noqa: E402
+
+from common import BIN, USER_ENV, benchmark_parser, in_turns, markdown_table, write_results
 
 ENGINES = ("mpiexec", "spark-train")
 

@@ -36,6 +36,7 @@ import subprocess
 import tempfile
 
 import numpy as np
+
 from common import BIN, USER_ENV, in_turns, markdown_table, median_run, train, write_results
 
 PARTS = ("speed", "cold", "compression", "shuffle", "reading", "memory")
@@ -101,7 +102,9 @@ def cold(args, warm: float | None) -> list[dict]:
 def recompressed(path: str, out: str, compression: str) -> str:
     """The dataset at `path` with every shard re-written with `compression` (rows, order and chunks kept)."""
     import dataclasses
+
     import h5py
+
     from mpitrain.data.shards import read_manifest, write_manifest, write_shard
     manifest = read_manifest(path)
     splits = {}

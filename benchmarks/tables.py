@@ -29,10 +29,11 @@ import os
 import tempfile
 
 import numpy as np
-from common import markdown_table, mpitrain, train, write_results
 
 from mpitrain.testing.datasets import Clicks, write_config
 from mpitrain.testing.references import REFERENCES, read_split, run_reference
+
+from common import markdown_table, mpitrain, train, write_results
 
 PARTS = ("references", "clicks")
 IDS = (100, 1000, 10_000, 100_000)

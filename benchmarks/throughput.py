@@ -4,7 +4,7 @@ Every run of a model uses the same config (configs/fashion_mlp.yaml: 784-500-500
 configs/fashion_lenet.yaml: DL4J's LeNet; SGD momentum 0.9) at batch 64 per rank (LeNet's config
 trains at 32 for accuracy; here it runs at DL4J's 64, DDP too) and the same HDF5 shards.
 mpitrain starts exactly as the README's commands start it, with no thread variable: it sizes its
-thread pools itself (mpitrain/parallel/threads.py). Beside the default overlapped `allreduce` row, one
+thread pools itself (mpitrain/base/threads.py). Beside the default overlapped `allreduce` row, one
 row runs it with every pool pinned to 1 thread by hand (the "threads pinned" row, as these
 benchmarks ran everything until 2026-11): a default row falling behind it is a regression of
 the sizing. PyTorch DDP gets OMP_NUM_THREADS=1 per process, as torchrun gives it. PyTorch DDP (gloo, CPU) on the same model runs in the
@@ -38,10 +38,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common import (PINNED_ENV, benchmark_parser, markdown_table, median_run, run_ddp, run_mpitrain, torch_available,
-                    write_results)
-
 from mpitrain.parallel.backend import gpu_available
+
+from common import (
+    PINNED_ENV,
+    benchmark_parser,
+    markdown_table,
+    median_run,
+    run_ddp,
+    run_mpitrain,
+    torch_available,
+    write_results,
+)
 
 PINNED_KEY = "threads pinned"  # not a config key: the row runs in PINNED_ENV
 AVERAGING = ("averaging", {"sync.frequency": 5})

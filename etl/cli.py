@@ -7,8 +7,8 @@ import contextlib
 import os
 import sys
 
+from mpitrain.base.errors import MpitrainError
 from mpitrain.data.shards import COMPRESSIONS, TARGETS
-from mpitrain.errors import MpitrainError
 from mpitrain.etl.job import plan_etl, write_dataset
 from mpitrain.etl.sequence_columns import DEFAULT_MAX_LENGTH
 from mpitrain.etl.shuffle import ORDERS

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpitrain.errors import DataError
+from mpitrain.base.errors import DataError
 
 IMAGES_MAGIC = 0x00000803
 LABELS_MAGIC = 0x00000801

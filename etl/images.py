@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from mpitrain.errors import ConfigError, DataError
+from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.etl.records import BadRecords, ReadBatch, checked_batch
 from mpitrain.etl.sources import Source, SourceOptions, split_paths
 

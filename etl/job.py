@@ -28,20 +28,28 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.config.domains import check_number
-from mpitrain.errors import ConfigError, DataError
-from mpitrain.etl.output import atomic_folder, check_apart, check_out
-from mpitrain.etl.records import BadRecords, ReadBatch
-from mpitrain.etl.remote import RemoteDataset, check_remote_out, write_shard_to
-from mpitrain.etl.shuffle import (ORDERS, Placement, key_partition, label_keys, plan_placement, row_keys, shard_of,
-                                  strata)
-from mpitrain.etl.sources import Source, SourceOptions, carved_rows, open_source, source_paths
-from mpitrain.etl.tables import TableOptions, TableTransforms, fit_columns
-from mpitrain.etl.transforms import FeatureStats, TransformOptions, Transforms
 from mpitrain.data.encoding import TableRows
 from mpitrain.data.sequences import MAX_LENGTH, SequenceRows, token_ids
 from mpitrain.data.shards import CHUNK_ROWS, COMPRESSIONS, MANIFEST_NAME, Manifest, shard_path, write_manifest
 from mpitrain.data.storage import is_url
+from mpitrain.etl.output import atomic_folder, check_apart, check_out
+from mpitrain.etl.records import BadRecords, ReadBatch
+from mpitrain.etl.remote import RemoteDataset, check_remote_out, write_shard_to
+from mpitrain.etl.shuffle import (
+    ORDERS,
+    Placement,
+    key_partition,
+    label_keys,
+    plan_placement,
+    row_keys,
+    shard_of,
+    strata,
+)
+from mpitrain.etl.sources import Source, SourceOptions, carved_rows, open_source, source_paths
+from mpitrain.etl.tables import TableOptions, TableTransforms, fit_columns
+from mpitrain.etl.transforms import FeatureStats, TransformOptions, Transforms
 from mpitrain.kernels.rows import flat_rows
 
 STATS_SPLIT = "train"  # mean/std and fitted transforms come from this split only, so test data never leaks

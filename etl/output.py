@@ -21,8 +21,8 @@ import os
 import shutil
 import uuid
 
-from mpitrain.errors import DataError
-from mpitrain.files import refuse_existing
+from mpitrain.base.errors import DataError
+from mpitrain.base.files import refuse_existing
 from mpitrain.rundir.directory import FileLock
 
 log = logging.getLogger(__name__)

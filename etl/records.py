@@ -8,7 +8,6 @@ float32 (rows, k) for binary, multilabel and regression targets (`mpitrain.data.
 """
 from __future__ import annotations
 
-
 from dataclasses import dataclass, field
 
 import numpy as np

@@ -33,9 +33,9 @@ import posixpath
 import tempfile
 import uuid
 
+from mpitrain.base.errors import DataError
 from mpitrain.data.shards import MANIFEST_NAME, Manifest, ShardInfo, manifest_bytes, write_shard
 from mpitrain.data.storage import is_url, open_storage
-from mpitrain.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -38,14 +38,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.config.domains import check_number
-from mpitrain.errors import ConfigError, DataError
+from mpitrain.data.shards import FEATURE_DTYPES
 from mpitrain.etl.job import FRACTIONS, check_bad_records, task_data_errors
 from mpitrain.etl.output import atomic_folder, check_apart, check_out
 from mpitrain.etl.records import BadRecords
 from mpitrain.etl.sources import Source, SourceOptions, open_source, source_paths
 from mpitrain.etl.target_columns import TABLES, TargetColumns, label_columns
-from mpitrain.data.shards import FEATURE_DTYPES
 
 METRICS_NAME = "_metrics.json"  # inside the output folder; also what marks a folder --overwrite may replace
 ROW_ID = "row"  # the key column made for sources without keys of their own
@@ -239,8 +239,17 @@ def metric_lines(metrics: dict) -> list[str]:
 
 def _schema(input_schema, keys: list[str], labeled: bool, target: str):
     """The scored DataFrame: keys, predictions (null in tally rows) and tallies (null in prediction rows)."""
-    from pyspark.sql.types import (ArrayType, BinaryType, DoubleType, FloatType, IntegerType, LongType, StringType,
-                                   StructField, StructType)
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        DoubleType,
+        FloatType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+    )
     fields = [StructField(key, input_schema[key].dataType, True) for key in keys]
     if target == "class":
         fields += [StructField("predicted", IntegerType()), StructField("probabilities", ArrayType(FloatType()))]
@@ -302,6 +311,7 @@ class _Scorer:
 
     def __call__(self, batches):
         import pyarrow as pa
+
         from mpitrain.training.scores import decisions
 
         session = _session(self.model, self.sha256)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpitrain.base.errors import DataError
 from mpitrain.data.sequences import Ragged
-from mpitrain.errors import DataError
 
 DEFAULT_MAX_LENGTH = 10_000
 

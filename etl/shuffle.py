@@ -16,6 +16,7 @@ import numpy as np
 from mpitrain.kernels.activations import splitmix64
 from mpitrain.kernels.rows import flat_rows
 
+
 def row_keys(x: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray:
     """uint64 keys from each row's bytes and label: a seeded random linear hash, then splitmix64."""
     rows = flat_rows(np.ascontiguousarray(x)).view(np.uint8)

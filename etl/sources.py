@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.config.domains import check_number
 from mpitrain.data.sequences import MAX_LENGTH
-from mpitrain.errors import ConfigError, DataError
 from mpitrain.etl.idx import find_splits, read_records
 from mpitrain.etl.records import ReadBatch, Target, checked_batch
 from mpitrain.etl.sequence_columns import DEFAULT_MAX_LENGTH

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.data.encoding import HASH, TableEncoder, TableRows, text_hashes
 from mpitrain.data.shards import MAX_IDS
-from mpitrain.errors import ConfigError, DataError
 from mpitrain.etl.transforms import Transforms
 
 NUMERIC_MISSING = ("bad", "impute")  # --numeric-missing: a missing number makes a bad record, or is imputed

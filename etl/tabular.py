@@ -23,12 +23,12 @@ import os
 
 import numpy as np
 
+from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.data.encoding import TableEncoder, TableRows, column_kind, numeric_values, parse_table
-from mpitrain.data.shards import FEATURE_DTYPES, TARGETS
 from mpitrain.data.sequences import Ragged, SequenceRows
-from mpitrain.errors import ConfigError, DataError
-from mpitrain.etl.sequence_columns import ragged_column, step_features
+from mpitrain.data.shards import FEATURE_DTYPES, TARGETS
 from mpitrain.etl.records import BadRecords, ReadBatch, Target, checked_batch
+from mpitrain.etl.sequence_columns import ragged_column, step_features
 from mpitrain.etl.sources import Source, SourceOptions, split_paths
 from mpitrain.etl.tables import NUMERIC_MISSING
 
@@ -432,6 +432,7 @@ class CsvSource(TableSource):
     def _label_texts(self, spark) -> tuple[str, ...]:
         import pyarrow as pa
         import pyarrow.compute as pc
+
         from mpitrain.data.encoding import category_text
         label = str(self.columns.index(self.labels[0]))
 

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from mpitrain.errors import ConfigError
+from mpitrain.base.errors import ConfigError
 from mpitrain.etl.records import ReadBatch, checked_batch
 from mpitrain.etl.sources import Source, SourceOptions, open_source
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.config.domains import check_number
-from mpitrain.errors import ConfigError, DataError
-from mpitrain.kernels.rows import flat_rows
 from mpitrain.kernels.activations import splitmix64
+from mpitrain.kernels.rows import flat_rows
 
 BINARIZE_MODES = ("threshold", "stochastic")
 

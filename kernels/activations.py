@@ -19,6 +19,9 @@ import math
 import numpy as np
 from numba import njit, prange
 from numba.extending import register_jitable
+
+from mpitrain.base.arrays import array_module
+
 from .dispatch import numpy_or_reference
 
 KINDS = {"none": 0, "relu": 1, "sigmoid": 2, "tanh": 3}
@@ -117,7 +120,6 @@ def dropout(x, seed: np.uint64, threshold: int, scale: float, out, mask) -> None
 
 
 def bias_activation_reference(z, b, kind: str, out) -> None:
-    from mpitrain.parallel.backend import array_module
     xp = array_module(z)
     if b.size:
         xp.add(z, b, out=out)
@@ -135,7 +137,6 @@ def bias_activation_reference(z, b, kind: str, out) -> None:
 
 
 def activation_backward_reference(dy, y, kind: str, out) -> None:
-    from mpitrain.parallel.backend import array_module
     xp = array_module(dy)
     if kind == "relu":
         xp.multiply(dy, y > 0, out=out)
@@ -156,7 +157,6 @@ def keyed_bits_reference(xp, seed: np.uint64, shape):
 
 
 def dropout_reference(x, seed, threshold: int, scale: float, out, mask) -> None:
-    from mpitrain.parallel.backend import array_module
     xp = array_module(x)
     keep = keyed_bits_reference(xp, seed, x.shape) >= np.uint64(threshold)
     xp.multiply(keep, x.dtype.type(scale), out=mask)

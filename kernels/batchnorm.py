@@ -22,6 +22,9 @@ from __future__ import annotations
 import math
 
 from numba import njit, prange
+
+from mpitrain.base.arrays import array_module
+
 from .activations import KINDS, activate, activation_backward_reference, bias_activation_reference, derivative
 from .dispatch import numpy_or_reference
 
@@ -140,7 +143,6 @@ def backward(dy, y, kind: str, dz, x_hat, inv_std, gamma, dgamma, dbeta, dx) -> 
 
 
 def forward_reference(x, gamma, beta, eps, mean, var, momentum, training, x_hat, inv_std, y, kind="none") -> None:
-    from mpitrain.parallel.backend import array_module
     xp = array_module(x)
     if training:
         batch_mean = x.mean(axis=(0, 2))

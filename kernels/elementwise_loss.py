@@ -17,6 +17,8 @@ import math
 import numpy as np
 from numba import njit
 
+from mpitrain.base.arrays import array_module
+
 from .dispatch import numpy_or_reference
 
 MSE, L1, HUBER = 0, 1, 2
@@ -90,7 +92,6 @@ def _softplus_reference(xp, x):
 
 
 def sigmoid_cross_entropy_reference(logits, targets, pos_weight, grad, totals) -> None:
-    from mpitrain.parallel.backend import array_module
     xp = array_module(logits)
     x, t = logits.astype(np.float64), targets.astype(np.float64)
     losses = pos_weight * t * _softplus_reference(xp, -x) + (1 - t) * _softplus_reference(xp, x)
@@ -102,7 +103,6 @@ def sigmoid_cross_entropy_reference(logits, targets, pos_weight, grad, totals) -
 
 
 def regression_reference(logits, targets, kind, delta, grad, totals) -> None:
-    from mpitrain.parallel.backend import array_module
     xp = array_module(logits)
     d = logits.astype(np.float64) - targets.astype(np.float64)
     if kind == MSE:

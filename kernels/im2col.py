@@ -34,6 +34,9 @@ import math
 from dataclasses import dataclass
 
 from numba import njit, prange
+
+from mpitrain.base.arrays import array_module
+
 from .dispatch import numpy_or_reference
 
 PADDINGS = ("valid", "same")
@@ -117,7 +120,6 @@ def _padded(xp, n: int, g: Geometry, dtype, fill: float):
 def im2col_reference(x, g: Geometry, fill: float, out) -> None:
     """im2col of any array module (numpy or cupy): the padded images seen through one strided view of
     every window, copied once into `out` (on a GPU, one copy kernel instead of one per kernel offset)."""
-    from mpitrain.parallel.backend import array_module
     xp = array_module(x)
     padded, inside = _padded(xp, len(x), g, x.dtype, fill)
     padded[inside] = x
@@ -129,7 +131,6 @@ def im2col_reference(x, g: Geometry, fill: float, out) -> None:
 
 def col2im_reference(cols, g: Geometry, out) -> None:
     """col2im with strided slices of any array module (numpy or cupy), through a padded buffer."""
-    from mpitrain.parallel.backend import array_module
     xp = array_module(cols)
     padded, inside = _padded(xp, len(cols), g, cols.dtype, 0)
     s, (kh, kw) = g.stride, g.kernel
@@ -142,7 +143,6 @@ def col2im_reference(cols, g: Geometry, out) -> None:
 def im2col_channels_last_reference(x, g: Geometry, image, out) -> None:
     """im2col_channels_last of any array module: one strided view of every window of the padded, transposed
     images, copied once."""
-    from mpitrain.parallel.backend import array_module
     xp = array_module(x)
     padded, inside = _padded(xp, len(x), g, x.dtype, 0.0)
     padded[inside] = x

@@ -18,6 +18,9 @@ import math
 import numpy as np
 from numba import njit
 from numba.extending import register_jitable
+
+from mpitrain.base.arrays import array_module
+
 from .dispatch import numpy_or_reference
 
 
@@ -106,7 +109,6 @@ def score(logits, labels, confusion, loss_sum) -> None:
 
 def _row_losses_reference(logits, labels):
     """(each row's cross-entropy, exp(logits - row max), row sums of those), in float64."""
-    from mpitrain.parallel.backend import array_module
     xp = array_module(logits)
     shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
     exp = xp.exp(shifted)
@@ -115,7 +117,6 @@ def _row_losses_reference(logits, labels):
 
 
 def softmax_cross_entropy_reference(logits, labels, grad, totals) -> None:
-    from mpitrain.parallel.backend import array_module
     xp, n = array_module(logits), len(logits)
     losses, exp, sums = _row_losses_reference(logits, labels)
     probabilities = exp / sums
@@ -126,7 +127,6 @@ def softmax_cross_entropy_reference(logits, labels, grad, totals) -> None:
 
 
 def weighted_softmax_cross_entropy_reference(logits, labels, weights, grad, totals) -> None:
-    from mpitrain.parallel.backend import array_module
     xp, n = array_module(logits), len(logits)
     losses, exp, sums = _row_losses_reference(logits, labels)
     row_weights = weights[labels]
@@ -138,7 +138,6 @@ def weighted_softmax_cross_entropy_reference(logits, labels, weights, grad, tota
 
 
 def score_reference(logits, labels, confusion, loss_sum) -> None:
-    from mpitrain.parallel.backend import array_module
     xp, c = array_module(logits), logits.shape[1]
     loss_sum += _row_losses_reference(logits, labels)[0].sum()
     confusion += xp.bincount(labels * c + logits.argmax(axis=1), minlength=c * c)

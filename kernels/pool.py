@@ -27,8 +27,10 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .im2col import Geometry, col2im_reference, im2col_reference
+from mpitrain.base.arrays import array_module
+
 from .dispatch import numpy_or_reference
+from .im2col import Geometry, col2im_reference, im2col_reference
 
 
 @numpy_or_reference("max_pool_reference")
@@ -59,7 +61,6 @@ def side_by_side_pairs(g: Geometry) -> bool:
 
 def max_pool_reference(x, g: Geometry, out, where) -> None:
     """max_pool of any array module: the windows (im2col with -inf outside), their max and argmax."""
-    from mpitrain.parallel.backend import array_module
     n = len(x)
     windows = array_module(x).empty((n, *g.cols_shape), dtype=x.dtype)
     im2col_reference(x, g, -math.inf, windows)
@@ -70,7 +71,6 @@ def max_pool_reference(x, g: Geometry, out, where) -> None:
 
 def max_pool_backward_reference(dy, where, g: Geometry, out) -> None:
     """max_pool_backward of any array module: one-hot window gradients, added back by col2im."""
-    from mpitrain.parallel.backend import array_module
     xp = array_module(dy)
     first_largest = xp.arange(math.prod(g.kernel)) == where[..., None]
     dcols = (first_largest * dy[..., None]).transpose(0, 2, 3, 1, 4).reshape(len(dy), *g.cols_shape)

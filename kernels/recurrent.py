@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from numba import njit, prange
 
+from mpitrain.base.arrays import array_module
+
 from .dispatch import numpy_or_reference
 
 
@@ -65,11 +67,6 @@ def gru_step_backward(g, h_before, recurrent_h, dh, grad_in, grad_rec, direct) -
     _gru_step_backward_cpu(g, h_before, recurrent_h, dh, grad_in, grad_rec, direct)
 
 
-def _array_module(array):
-    from mpitrain.parallel.backend import array_module
-    return array_module(array)
-
-
 def _sigmoid(xp, a) -> None:
     """a = sigmoid(a) in place, as (1 + tanh(a / 2)) / 2: no overflow for large |a|."""
     a *= 0.5
@@ -93,7 +90,7 @@ def _derivative_of_tanh(xp, y, out) -> None:
 def lstm_step(g, recurrent, c_before, c_after, h_after, tanh_c) -> None:
     """i, o, f = sigmoid, c~ = tanh of g + recurrent, written into g; c' = f c + i c~ into `c_after`, its tanh into
     `tanh_c`, h' = o tanh(c') into `h_after`."""
-    xp, h = _array_module(g), c_before.shape[1]
+    xp, h = array_module(g), c_before.shape[1]
     g += recurrent
     _sigmoid(xp, g[:, :3 * h])
     xp.tanh(g[:, 3 * h:], out=g[:, 3 * h:])
@@ -106,7 +103,7 @@ def lstm_step(g, recurrent, c_before, c_after, h_after, tanh_c) -> None:
 
 
 def lstm_step_backward_reference(g, c_before, tanh_c, dh, dc, grad_in, dc_before) -> None:
-    xp, h = _array_module(g), c_before.shape[1]
+    xp, h = array_module(g), c_before.shape[1]
     i, o, f, cell = g[:, :h], g[:, h:2 * h], g[:, 2 * h:3 * h], g[:, 3 * h:]
     d_i, d_o, d_f, d_cell = grad_in[:, :h], grad_in[:, h:2 * h], grad_in[:, 2 * h:3 * h], grad_in[:, 3 * h:]
     c = dc_before  # the cell state's whole gradient, until its last line
@@ -130,7 +127,7 @@ def lstm_step_backward_reference(g, c_before, tanh_c, dh, dc, grad_in, dc_before
 def gru_step(g, recurrent, h_before, h_after, recurrent_h) -> None:
     """z, r = sigmoid(g + recurrent), n = tanh(g_h + r recurrent_h), written into g; `recurrent_h` (h R_h + bR_h)
     kept for backward; h' = n + z (h - n) into `h_after`."""
-    xp, h = _array_module(g), h_before.shape[1]
+    xp, h = array_module(g), h_before.shape[1]
     g[:, :2 * h] += recurrent[:, :2 * h]
     _sigmoid(xp, g[:, :2 * h])
     z, reset, n = g[:, :h], g[:, h:2 * h], g[:, 2 * h:]
@@ -144,7 +141,7 @@ def gru_step(g, recurrent, h_before, h_after, recurrent_h) -> None:
 
 
 def gru_step_backward_reference(g, h_before, recurrent_h, dh, grad_in, grad_rec, direct) -> None:
-    xp, h = _array_module(g), h_before.shape[1]
+    xp, h = array_module(g), h_before.shape[1]
     z, reset, n = g[:, :h], g[:, h:2 * h], g[:, 2 * h:]
     d_z, d_r, d_n = grad_in[:, :h], grad_in[:, h:2 * h], grad_in[:, 2 * h:]
     xp.multiply(dh, z, out=direct)

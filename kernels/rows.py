@@ -16,29 +16,6 @@ import math
 from numba import njit, prange
 
 
-@njit(cache=True)
-def _sift_down(a, root, end):
-    while 2 * root + 1 < end:
-        child = 2 * root + 1
-        if child + 1 < end and a[child] < a[child + 1]:
-            child += 1
-        if a[root] >= a[child]:
-            return
-        a[root], a[child] = a[child], a[root]
-        root = child
-
-
-@njit(cache=True)
-def sort_in_place(a):
-    """Heapsort a 1-D array in place: no buffer (numpy's and numba's `sort` allocate one on every call)."""
-    n = a.size
-    for root in range(n // 2 - 1, -1, -1):
-        _sift_down(a, root, n)
-    for end in range(n - 1, 0, -1):
-        a[0], a[end] = a[end], a[0]
-        _sift_down(a, 0, end)
-
-
 @njit(parallel=True, cache=True, nogil=True)
 def _gather_scaled(stored_x, stored_y, index, scale, shift, out_x, out_y):
     for r in prange(index.size):
@@ -65,14 +42,6 @@ def scaled(stored_x, scale: float, shift: float, out_x) -> None:
     """out_x = stored_x * scale + shift, row for row."""
     dtype = out_x.dtype.type
     _scaled(flat_rows(stored_x), dtype(scale), dtype(shift), flat_rows(out_x))
-
-
-def gather_scaled_reference(stored_x, stored_y, index, scale, shift, out_x, out_y) -> None:
-    x = stored_x[index].astype(out_x.dtype)
-    x *= out_x.dtype.type(scale)
-    x += out_x.dtype.type(shift)
-    out_x[...] = x
-    out_y[...] = stored_y[index]
 
 
 def flat_rows(array):

@@ -24,7 +24,8 @@ import math
 from numba import njit, prange
 from numba.extending import register_jitable
 
-from mpitrain.parallel.backend import array_module
+from mpitrain.base.arrays import array_module
+
 from .dispatch import numpy_or_reference
 
 

@@ -5,11 +5,11 @@
 that need no MPI (the ETL, `mpitrain info`) never start it.
 
 Importing it first sizes the thread pools of numba and BLAS for the ranks on this node, before
-either loads (`mpitrain.parallel.threads`): every entry point passes through here.
+either loads (`mpitrain.base.threads`): every entry point passes through here.
 """
-from mpitrain.parallel.threads import size_thread_pools
+from mpitrain.base.threads import thread_plan
 
-THREADS = size_thread_pools()  # before anything imports numpy or numba
+THREADS = thread_plan()  # before anything imports numpy or numba
 
 __version__ = "0.1.0"
 

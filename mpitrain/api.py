@@ -34,23 +34,32 @@ import logging
 import sys
 
 from mpitrain import arguments as a
-from mpitrain.parallel.comm import Communicator
 from mpitrain.config import sections
-from mpitrain.config.sections import (CheckpointConfig, CommConfig, Config, DataConfig, ModelConfig, OptimizerConfig,
-                             PretrainConfig, SyncConfig, TrainConfig)
+from mpitrain.config.sections import (
+    CheckpointConfig,
+    CommConfig,
+    Config,
+    DataConfig,
+    ModelConfig,
+    OptimizerConfig,
+    PretrainConfig,
+    SyncConfig,
+    TrainConfig,
+)
 from mpitrain.data.reader import DatasetReader
-from mpitrain.training import evaluation, loop, run, trained
-from mpitrain.rundir import export
-from mpitrain.parallel.launch import install_abort_hook
+from mpitrain.nn import graph, model
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
-from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
 from mpitrain.nn.embedding import Embedding
-from mpitrain.nn import graph, model
 from mpitrain.nn.graph import Graph
+from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
 from mpitrain.nn.merge import Add, Concat
 from mpitrain.nn.model import Sequential
 from mpitrain.parallel import sync
+from mpitrain.parallel.comm import Communicator
+from mpitrain.parallel.launch import install_abort_hook
+from mpitrain.rundir import export
+from mpitrain.training import evaluation, loop, run, trained
 
 # The entry points, each checking its arguments first (`mpitrain.arguments`): what they take, what to call first.
 RUN_PARTS = {"config": a.CONFIG, "comm": a.COMM, "reader": a.READER.or_none(), "model": a.MODEL.or_none(),

@@ -14,11 +14,11 @@ import functools
 import inspect
 import os
 
+from mpitrain.base.errors import MpitrainError
 from mpitrain.config.sections import Config, ModelConfig, SyncConfig
 from mpitrain.data.reader import DatasetReader, ModelInput
 from mpitrain.data.shards import Manifest
 from mpitrain.data.stream import EvalRows
-from mpitrain.errors import MpitrainError
 from mpitrain.nn.model import Network
 from mpitrain.parallel.backend import Backend
 from mpitrain.parallel.comm import Communicator

@@ -16,9 +16,15 @@ import logging
 import os
 import sys
 
-from mpitrain.errors import MpitrainError
-from mpitrain.training.preemption import (StopSignals, Stopped, hold_stop_signals, release_stop_signals,
-                                          signal_received, signals_blocked_while_mpi_starts)
+from mpitrain.base.errors import MpitrainError
+from mpitrain.training.preemption import (
+    Stopped,
+    StopSignals,
+    hold_stop_signals,
+    release_stop_signals,
+    signal_received,
+    signals_blocked_while_mpi_starts,
+)
 
 log = logging.getLogger("mpitrain")
 OVERWRITE_HELP = ("replace an existing --out file (never one in a run's checkpoints/ or a dataset folder; the file is "
@@ -212,7 +218,7 @@ def _predict(args, comm) -> int:
 
 
 def _export(args) -> int:
-    from mpitrain.files import check_output
+    from mpitrain.rundir.directory import check_output
     from mpitrain.rundir.export import describe_tensor, export_run, metadata, write_model
     check_output(args.out, args.overwrite)  # before the work, not after it
     proto = export_run(args.run_dir, args.checkpoint)

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpitrain.base.arrays import array_module
+
 from . import implementation, threshold_decode
 from .message import BITS_PER_WORD, HEADER_SIZE, SPARSE, bitmap_words, read_header
 
@@ -42,7 +44,7 @@ def block_bounds(n: int, ranks: int) -> np.ndarray:
 def cut_message(message, bounds: np.ndarray):
     """`message`'s parts for the blocks between `bounds` (which end at its n), back to back in one int32 array
     on its device, and their sizes (host int64). Part j is a threshold message for bounds[j]:bounds[j+1]."""
-    xp = _array_module(message)
+    xp = array_module(message)
     count, n, tau, kind = read_header(implementation(message), message)
     if bounds[-1] != n:
         raise ValueError(f"blocks end at {bounds[-1]}, but the message is for {n} elements")
@@ -82,7 +84,7 @@ def reduce_parts(parts, out, scale: float) -> int:
 
 def encode_block(block, sent: int):
     """`block`'s nonzero values as a reduced block (sparse), or all of them (dense) when that is no longer."""
-    xp = _array_module(block)
+    xp = array_module(block)
     index = xp.flatnonzero(block != 0)  # on booleans, not the floats: faster (docs/benchmarks.md)
     words = block.itemsize // INDEX_BYTES  # int32 slots per value
     sparse = index.size * (words + 1) < block.size * words
@@ -129,11 +131,6 @@ def _popcount16(words):
     x = (x & 0x3333) + ((x >> 2) & 0x3333)
     x = (x + (x >> 4)) & 0x0F0F
     return (x + (x >> 8)) & 0x1F
-
-
-def _array_module(array):
-    from mpitrain.parallel.backend import array_module
-    return array_module(array)
 
 
 def _host(array) -> np.ndarray:

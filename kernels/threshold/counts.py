@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpitrain.base.arrays import array_module
+
 from . import implementation
 from .message import BITS_PER_WORD, HEADER_SIZE, SPARSE, read_header
 
@@ -48,7 +50,7 @@ def counts_capacity(n: int, dtype) -> int:
 def add_message(message, out) -> int:
     """out += +-1 at every element the threshold message sends (`out`: integer counts of the message's n elements);
     returns how many it sends."""
-    xp = _array_module(out)
+    xp = array_module(out)
     count, n, _, kind = read_header(implementation(message), message)
     if n != out.size:
         raise ValueError(f"threshold message is for {n} elements, but the counts have {out.size}")
@@ -71,7 +73,7 @@ def add_message(message, out) -> int:
 def encode_counts(counts, sent: int, tau) -> object:
     """`counts` (a 1-D integer array) as a count block: its nonzero counts with their indices (sparse), or all of
     them (dense) when that is no longer. `sent` and `tau` go into the header."""
-    xp = _array_module(counts)
+    xp = array_module(counts)
     index = xp.flatnonzero(counts)
     width = counts.itemsize
     sparse = int(index.size) + _words(int(index.size) * width) < _words(counts.size * width)
@@ -118,18 +120,13 @@ def add_counts(block, out, tau) -> int:
 def add_scaled(counts, out, step: float) -> None:
     """out += counts x step where counts are nonzero, `step` rounded once to out's dtype (as a decode rounds its
     +-tau step), so a count of +-1 adds exactly what a decode of one message would."""
-    xp = _array_module(counts)
+    xp = array_module(counts)
     index = xp.flatnonzero(counts)
     out[index] += counts[index].astype(out.dtype) * out.dtype.type(step)
 
 
 def _words(nbytes: int) -> int:
     return -(-nbytes // INDEX_BYTES)
-
-
-def _array_module(array):
-    from mpitrain.parallel.backend import array_module
-    return array_module(array)
 
 
 def _host(array) -> np.ndarray:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from mpitrain.errors import ConfigError
+from mpitrain.base.errors import ConfigError
 
 
 def in_domain(value, domain: str) -> bool:

@@ -21,22 +21,22 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from mpitrain.data.augment import AUGMENT_DEFAULTS
-from mpitrain.data.storage import is_url
-from mpitrain.parallel.backend import BACKENDS
+from mpitrain.base.errors import ConfigError
 from mpitrain.config.domains import in_domain
 from mpitrain.config.yaml_input import read_yaml, read_yaml_file
-from mpitrain.errors import ConfigError
+from mpitrain.data.augment import AUGMENT_DEFAULTS
+from mpitrain.data.storage import is_url
 from mpitrain.kernels.threshold.message import ENCODINGS as MESSAGE_ENCODINGS
+from mpitrain.nn.graph import GRAPH_TYPES, check_node_spec
 from mpitrain.nn.layers import INIT_SCHEMES
 from mpitrain.nn.losses import LOSS_OPTIONS, LOSS_TARGETS, LOSSES, RECONSTRUCTION_LOSSES, check_loss_options
-from mpitrain.nn.graph import GRAPH_TYPES, check_node_spec
 from mpitrain.nn.model import LAYER_TYPES, MAX_UNITS, check_layer_spec
 from mpitrain.nn.rbm import VISIBLE_UNITS
 from mpitrain.nn.segments import check_layers
 from mpitrain.nn.updaters import UPDATERS
-from mpitrain.rundir.directory import own_run_dir
+from mpitrain.parallel.backend import BACKENDS
 from mpitrain.parallel.sync import EXCHANGES, SYNCHRONIZERS
+from mpitrain.rundir.directory import own_run_dir
 
 log = logging.getLogger("mpitrain")
 

@@ -13,7 +13,7 @@ from collections.abc import Hashable
 
 import yaml
 
-from mpitrain.errors import ConfigError
+from mpitrain.base.errors import ConfigError
 
 # What a few of PyYAML's problems usually mean, said beside them.
 HINTS = {"found character '\\t' that cannot start any token": "YAML indents with spaces, not tabs",

@@ -29,7 +29,7 @@ from mpitrain.data.order import Blocks, Piece
 from mpitrain.data.sequences import MAX_LENGTH, RaggedBuffer
 from mpitrain.data.shards import MANIFEST_NAME, Manifest, check_structure, verify_sha256
 from mpitrain.data.storage import Storage
-from mpitrain.errors import DataError, describe
+from mpitrain.base.errors import DataError, describe
 
 OPEN_SHARDS = 16
 

@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from mpitrain.errors import DataError
+from mpitrain.base.errors import DataError
 from mpitrain.kernels.activations import splitmix64
 
 FNV_OFFSET, FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)

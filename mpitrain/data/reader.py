@@ -28,9 +28,9 @@ from mpitrain.data.sequences import SequenceBatch, SequenceInputs
 from mpitrain.data.shards import Manifest, read_manifest_and_sha256
 from mpitrain.data.storage import Storage
 from mpitrain.data.stream import EvalRows, TrainRows, model_input, padded_rows
-from mpitrain.errors import ConfigError, DataError
+from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.kernels.rows import gather_scaled, scaled
-from mpitrain.nn.workspace import Workspace, WorkspacePart
+from mpitrain.base.workspace import Workspace, WorkspacePart
 
 log = logging.getLogger(__name__)
 MB = 1 << 20

@@ -23,7 +23,8 @@ import hdf5plugin  # registers the lz4 and zstd filters with HDF5 before any sha
 import numpy as np
 
 from mpitrain.data.storage import Storage, sha256_of
-from mpitrain.errors import DataError, describe
+from mpitrain.base.errors import DataError, describe
+from mpitrain.base.files import write_file
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -225,14 +226,8 @@ def manifest_bytes(manifest: Manifest) -> bytes:
 
 
 def write_manifest(dataset_dir: str, manifest: Manifest) -> None:
-    """Write the manifest atomically (temporary file, fsync, rename)."""
-    path = os.path.join(dataset_dir, MANIFEST_NAME)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(manifest_bytes(manifest))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write the manifest whole or not at all (`mpitrain.base.files.write_file`)."""
+    write_file(os.path.join(dataset_dir, MANIFEST_NAME), lambda f: f.write(manifest_bytes(manifest)), binary=True)
 
 
 def read_manifest(dataset_dir: str, storage: Storage | None = None) -> Manifest:

@@ -18,7 +18,7 @@ import hashlib
 import os
 import posixpath
 
-from mpitrain.errors import ConfigError, DataError, describe
+from mpitrain.base.errors import ConfigError, DataError, describe
 
 REMOTE_EXTRA = "pip install 'mpitrain[remote]'"
 REMOTE_EXTRA_PROTOCOLS = ("s3", "s3a", "http", "https")  # what the `remote` extra's packages (s3fs, aiohttp) serve

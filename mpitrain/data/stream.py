@@ -22,7 +22,7 @@ import numpy as np
 from mpitrain.data.chunks import ShardFiles
 from mpitrain.data.order import Blocks, EpochOrder, EpochPlan, Piece
 from mpitrain.data.sequences import RaggedBuffer, SequenceBatch, SequenceInputs
-from mpitrain.nn.workspace import Workspace
+from mpitrain.base.workspace import Workspace
 
 
 class TrainRows:

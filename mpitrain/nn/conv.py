@@ -36,13 +36,12 @@ import math
 
 import numpy as np
 
-from mpitrain.parallel.backend import array_module
+from mpitrain.base.arrays import array_module
 from mpitrain.kernels.conv_rows import activation_backward_rows, bias_activation_nchw, column_sums
 from mpitrain.kernels.im2col import PADDINGS, col2im, col2im_channels_last, geometry, im2col, im2col_channels_last
 from mpitrain.kernels.pool import max_pool, max_pool_backward
 from mpitrain.nn.conv_winograd import tile_bytes_per_image, winograd_backward, winograd_forward
 from mpitrain.nn.layers import FusesActivation, Layer, initial_weights
-
 
 # From this many input channels a conv2d layer's windows run channels last (`Conv2D.channels_last`).
 CHANNELS_LAST_FROM = 8

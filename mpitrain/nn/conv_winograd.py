@@ -24,9 +24,17 @@ import math
 import numpy as np
 
 from mpitrain.kernels.conv_rows import activation_backward_rows, bias_activation_nchw, column_sums
-from mpitrain.kernels.winograd import (padded_channels_last, padded_size, tiles, winograd_inputs,
-                                       winograd_inputs_adjoint, winograd_outputs, winograd_outputs_adjoint,
-                                       winograd_weights, winograd_weights_adjoint)
+from mpitrain.kernels.winograd import (
+    padded_channels_last,
+    padded_size,
+    tiles,
+    winograd_inputs,
+    winograd_inputs_adjoint,
+    winograd_outputs,
+    winograd_outputs_adjoint,
+    winograd_weights,
+    winograd_weights_adjoint,
+)
 
 POSITIONS = 16  # a tile's transformed values: 4 x 4
 

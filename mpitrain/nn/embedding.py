@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpitrain.errors import DataError
+from mpitrain.base.arrays import array_module
+from mpitrain.base.errors import DataError
 from mpitrain.kernels.embedding import gather_rows, scatter_add_rows
 from mpitrain.nn.layers import Layer
-from mpitrain.parallel.backend import array_module
 
 
 def auto_dim(ids: int) -> int:

@@ -17,7 +17,7 @@ third flat buffer of their own.
 | `decay_mask`   | 1 where L2 weight decay applies (weights), 0 elsewhere (biases, scales)          |
 | `n_params`     | `params.size`                                                                    |
 | `xp`           | the array module (numpy or cupy) the buffers live in                             |
-| `workspace`    | every other array a step writes (`mpitrain.nn.workspace`): the model's layers',  |
+| `workspace`    | every other array a step writes (`mpitrain.base.workspace`): the model's layers',  |
 |                | the loss's, the batch pipeline's, the synchronizer's                             |
 | `sparse_tables`| embedding tables in `grads[:dense_start]` whose rows a step writes only in part  |
 |                | (`mpitrain.nn.embedding.TableGrad`); empty for most models                       |
@@ -29,8 +29,7 @@ import math
 
 import numpy as np
 
-from mpitrain.nn.workspace import Workspace
-
+from mpitrain.base.workspace import Workspace
 
 # The weight matrices, which L2 decay applies to: a dense or conv layer's, a recurrent layer's input and recurrent
 # weights in both directions.

@@ -39,14 +39,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpitrain.base.arrays import array_module
+from mpitrain.base.errors import ConfigError
 from mpitrain.data.sequences import SequenceBatch, SequenceInputs
-from mpitrain.errors import ConfigError
 from mpitrain.nn.embedding import Embedding
 from mpitrain.nn.layers import is_sequence, varying
 from mpitrain.nn.merge import Add, Concat, Merge
-from mpitrain.nn.model import (LAYER_ARGUMENTS, LAYER_TYPES, Network, _fuse_activations, _with_activation_layers,
-                                build_model, check_memory, estimated_size)
-from mpitrain.parallel.backend import array_module
+from mpitrain.nn.model import (
+    LAYER_ARGUMENTS,
+    LAYER_TYPES,
+    Network,
+    _fuse_activations,
+    _with_activation_layers,
+    build_model,
+    check_memory,
+    estimated_size,
+)
 
 GRAPH_TYPES = {**LAYER_TYPES, "embedding": Embedding, "concat": Concat, "add": Add}
 MERGES = ("concat", "add")

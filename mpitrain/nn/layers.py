@@ -8,7 +8,7 @@ model's `stats` (`stat_shapes`, `bind_stats`), averaged across ranks by the sync
 (None when `input_grad` is false: the first layer's input gradient is never used).
 
 A step allocates nothing: every array a layer returns or keeps for backward is an array of
-its part of the model's workspace (`self.ws`, `mpitrain.nn.workspace`), written with `out=`,
+its part of the model's workspace (`self.ws`, `mpitrain.base.workspace`), written with `out=`,
 in-place operations and the fused kernels of `mpitrain.kernels.activations`. What forward
 returns is overwritten by the next forward of that batch shape.
 
@@ -24,11 +24,10 @@ import math
 
 import numpy as np
 
-from mpitrain.parallel.backend import array_module
-from mpitrain.kernels.activations import (KEYED_BITS, activation_backward, bias_activation, dropout,
-                                          keyed_bits_reference)
+from mpitrain.base.arrays import array_module
+from mpitrain.base.workspace import Workspace, WorkspacePart
+from mpitrain.kernels.activations import KEYED_BITS, activation_backward, bias_activation, dropout, keyed_bits_reference
 from mpitrain.kernels.rows import flat_rows
-from mpitrain.nn.workspace import Workspace, WorkspacePart
 
 
 class Layer:

@@ -17,10 +17,11 @@ import functools
 
 import numpy as np
 
-from mpitrain.errors import ConfigError
-from mpitrain.kernels import elementwise_loss, loss as kernels
-from mpitrain.nn.workspace import Workspace
-from mpitrain.parallel.backend import array_module
+from mpitrain.base.arrays import array_module
+from mpitrain.base.errors import ConfigError
+from mpitrain.base.workspace import Workspace
+from mpitrain.kernels import elementwise_loss
+from mpitrain.kernels import loss as kernels
 
 
 def _outputs(logits, ws):

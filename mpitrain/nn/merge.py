@@ -9,8 +9,8 @@ batch to batch.
 """
 from __future__ import annotations
 
+from mpitrain.base.arrays import array_module
 from mpitrain.nn.layers import Layer, varying
-from mpitrain.parallel.backend import array_module
 
 
 class Merge(Layer):

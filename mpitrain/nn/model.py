@@ -14,15 +14,14 @@ import os
 
 import numpy as np
 
+from mpitrain.base.errors import ConfigError
 from mpitrain.data.sequences import SequenceBatch
 from mpitrain.data.shards import MAX_IDS
-from mpitrain.errors import ConfigError
 from mpitrain.kernels.im2col import PADDINGS
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.flat import FlatModel, flat_views
-from mpitrain.nn.layers import (ACTIVATIONS, INIT_SCHEMES, Dense, Dropout, Flatten, FusesActivation, Layer,
-                                is_sequence)
+from mpitrain.nn.layers import ACTIVATIONS, INIT_SCHEMES, Dense, Dropout, Flatten, FusesActivation, Layer, is_sequence
 from mpitrain.nn.losses import check_loss_options, loss_with_options
 from mpitrain.nn.recurrent import GRU, LSTM
 from mpitrain.nn.sequence import SEQUENCE_PADDINGS, Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
@@ -119,7 +118,7 @@ class Sequential(Network):
 
     A dense or conv2d layer's `activation` becomes a layer of its own right after it; the
     dense or conv2d layer then runs it fused with its bias add (`FusesActivation.fuse_activation`).
-    Every array a step writes is in `workspace` (`mpitrain.nn.workspace`), one part per layer
+    Every array a step writes is in `workspace` (`mpitrain.base.workspace`), one part per layer
     (named like the layout, `03_dense`) and one for the loss. `loss_options` are the loss's
     (`mpitrain.nn.losses.LOSS_OPTIONS`: pos_weight, class_weights, delta).
     """

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpitrain.parallel.backend import array_module
+from mpitrain.base.arrays import array_module
 from mpitrain.nn.flat import FlatModel, flat_views
 from mpitrain.nn.losses import sigmoid
 

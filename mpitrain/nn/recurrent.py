@@ -26,9 +26,9 @@ import math
 
 import numpy as np
 
+from mpitrain.base.arrays import array_module
 from mpitrain.kernels.recurrent import gru_step, gru_step_backward, lstm_step, lstm_step_backward
 from mpitrain.nn.layers import Layer, initial_weights
-from mpitrain.parallel.backend import array_module
 
 
 class Recurrent(Layer):

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import math
 
+from mpitrain.base.arrays import array_module
+from mpitrain.base.errors import ConfigError
 from mpitrain.data.sequences import SequenceBatch
-from mpitrain.errors import ConfigError
 from mpitrain.nn.layers import varying
 from mpitrain.nn.recurrent import Recurrent
-from mpitrain.parallel.backend import array_module
 
 # The layer types a segment can run through: each step's output depends on that step's input and, for the
 # recurrent layers, on the state carried from the step before. Any other type is refused, for its reason.

@@ -19,9 +19,9 @@ import math
 
 import numpy as np
 
+from mpitrain.base.arrays import array_module
 from mpitrain.kernels.activations import activation_backward, bias_activation
 from mpitrain.nn.layers import FusesActivation, Layer, initial_weights, is_sequence, varying
-from mpitrain.parallel.backend import array_module
 
 SEQUENCE_PADDINGS = ("causal", "same", "valid")
 

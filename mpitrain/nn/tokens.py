@@ -15,10 +15,10 @@ import math
 
 import numpy as np
 
-from mpitrain.errors import DataError
+from mpitrain.base.arrays import array_module
+from mpitrain.base.errors import DataError
 from mpitrain.kernels.embedding import gather_rows, scatter_add_rows
 from mpitrain.nn.layers import Layer, is_sequence
-from mpitrain.parallel.backend import array_module
 
 
 class TokenEmbedding(Layer):

@@ -9,7 +9,7 @@ place and writes the delta into a preallocated buffer, so a step allocates nothi
 """
 from __future__ import annotations
 
-from mpitrain.parallel.backend import array_module
+from mpitrain.base.arrays import array_module
 from mpitrain.kernels.updaters import adagrad_step, adam_step, momentum_step, rmsprop_step, sgd_step
 
 

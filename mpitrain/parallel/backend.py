@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mpitrain import THREADS
-from mpitrain.errors import ConfigError
-from mpitrain.parallel.threads import check_ranks_on_node
+from mpitrain.base.errors import ConfigError
+from mpitrain.base.threads import check_ranks_on_node, thread_plan
 
 log = logging.getLogger(__name__)
 
@@ -107,14 +106,14 @@ def create_backend(name: str, local_rank: int = 0, local_size: int = 1) -> Backe
 
     With cupy, rank `local_rank` on a node takes GPU `local_rank % n_gpus`, made current
     before anything is allocated (for cupy and for the numba-CUDA kernels alike). With numpy,
-    the thread pools sized at import (`mpitrain.parallel.threads`) are logged and checked against the
+    the thread pools sized at import (`mpitrain.base.threads`) are logged and checked against the
     `local_size` ranks MPI found on this node.
     """
     if name == "auto":
         name = "cupy" if gpu_available() else "numpy"
     if name == "numpy":
-        log.info(THREADS.describe())
-        check_ranks_on_node(THREADS, local_size)
+        log.info(thread_plan().describe())
+        check_ranks_on_node(thread_plan(), local_size)
         return Backend("numpy", np)
     if name == "cupy":
         if not gpu_available():
@@ -136,11 +135,3 @@ def gpu_available() -> bool:
     except ImportError:
         return False
     return bool(cupy.is_available())
-
-
-def array_module(array):
-    """numpy or cupy, whichever owns `array` (cupy.get_array_module without importing cupy for numpy)."""
-    if isinstance(array, (np.ndarray, np.generic)):
-        return np
-    import cupy
-    return cupy.get_array_module(array)

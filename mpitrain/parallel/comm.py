@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from mpitrain.errors import MpitrainError
+from mpitrain.base.arrays import array_module
+from mpitrain.base.errors import MpitrainError
 from mpitrain.parallel.launch import abort_job, check_srun_world, cuda_aware_mpi
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
@@ -436,7 +437,6 @@ class Posted:
 
 
 def _empty_like(message, size: int):
-    from mpitrain.parallel.backend import array_module
     return array_module(message).empty(size, dtype=message.dtype)
 
 

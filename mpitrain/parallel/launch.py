@@ -19,7 +19,7 @@ import traceback
 
 from mpi4py import MPI
 
-from mpitrain.errors import MpitrainError
+from mpitrain.base.errors import MpitrainError
 
 
 def install_abort_hook() -> None:

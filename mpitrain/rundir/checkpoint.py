@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 import h5py
 import numpy as np
 
-from mpitrain.errors import DataError
-from mpitrain.files import write_file
+from mpitrain.base.errors import DataError
+from mpitrain.base.files import write_file
 from mpitrain.nn.flat import flat_views
 from mpitrain.rundir.directory import CHECKPOINT_NAME, RunDir
-
 
 
 @dataclass
@@ -73,7 +72,7 @@ def save_checkpoint(run_dir: str, ckpt: Checkpoint, keep: int) -> str:
 
 
 def write_checkpoint(path: str, ckpt: Checkpoint) -> str:
-    """Write `ckpt` to `path` atomically (`mpitrain.files.write_file`): complete or absent.
+    """Write `ckpt` to `path` atomically (`mpitrain.base.files.write_file`): complete or absent.
 
     The HDF5 file is built in memory and written with one plain write, so a full or read-only
     disk fails there, cleanly: the partial file is removed, the checkpoints already there are

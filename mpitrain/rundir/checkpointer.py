@@ -32,14 +32,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mpitrain.rundir.checkpoint import Checkpoint, check_fits, list_checkpoints, load_checkpoint, save_checkpoint, \
-    write_checkpoint
+from mpitrain.base.errors import ConfigError, DataError, MpitrainError
+from mpitrain.base.files import write_file
 from mpitrain.config.on_resume import first_change, global_batch_change, set_back, shown
 from mpitrain.config.sections import REFUSED, Config, config_yaml, load_config, recorded_config
 from mpitrain.config.yaml_input import read_yaml
 from mpitrain.parallel.sync.base import parameter_hash
-from mpitrain.errors import ConfigError, DataError, MpitrainError
-from mpitrain.files import write_file
+from mpitrain.rundir.checkpoint import (
+    Checkpoint,
+    check_fits,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+    write_checkpoint,
+)
 from mpitrain.rundir.directory import RunDir
 
 log = logging.getLogger("mpitrain")

@@ -23,6 +23,10 @@ import re
 import socket
 from dataclasses import dataclass
 
+from mpitrain.base.errors import MpitrainError
+from mpitrain.base.files import refuse_existing
+from mpitrain.data.shards import MANIFEST_NAME
+
 CHECKPOINT_NAME = re.compile(r"ckpt-(\d{4})-(\d{6})\.h5$")  # resume at step SSSSSS of epoch EEEE (0-based)
 EVENTS_GLOB = "events.out.tfevents.*"  # TensorBoard's event files (mpitrain.rundir.tensorboard), named by its writer
 # `mpitrain eval`'s picture by target kind: the confusion matrix, ROC and precision-recall curves, predicted vs true
@@ -163,3 +167,21 @@ def own_run_dir(config_path: str) -> str | None:
     folder = os.path.dirname(os.path.abspath(config_path))
     run = RunDir(folder)
     return folder if os.path.abspath(config_path) == run.config and run.holds_a_run() else None
+
+
+def check_output(path: str, overwrite: bool) -> None:
+    """Refuse to write the file `path` a user named (predict, export, report): inside a run's checkpoints/ folder or a
+    dataset folder (one holding manifest.json), even with `overwrite`; over an existing file, unless `overwrite`."""
+    folder = os.path.dirname(os.path.realpath(path))  # a link is judged by where it points
+    while True:
+        parent = os.path.dirname(folder)
+        if os.path.isfile(os.path.join(folder, MANIFEST_NAME)):
+            raise MpitrainError(f"{path}: is inside the dataset folder {folder}; write it elsewhere "
+                                "(not even --overwrite writes into a dataset)")
+        if folder == RunDir(parent).checkpoints and os.path.isfile(RunDir(parent).config):
+            raise MpitrainError(f"{path}: is inside the run's checkpoints folder {folder}; write it elsewhere "
+                                "(not even --overwrite writes there)")
+        if parent == folder:
+            break
+        folder = parent
+    refuse_existing(path, overwrite)

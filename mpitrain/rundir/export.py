@@ -28,17 +28,18 @@ import os
 import numpy as np
 
 from mpitrain import __version__
-from mpitrain.errors import ConfigError, MpitrainError
-from mpitrain.files import check_output, write_file
+from mpitrain.base.errors import ConfigError, MpitrainError
+from mpitrain.base.files import write_file
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.embedding import Embedding
+from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh, is_sequence
+from mpitrain.nn.losses import check_loss_fits
 from mpitrain.nn.merge import Add, Concat
 from mpitrain.nn.recurrent import GRU, LSTM
 from mpitrain.nn.sequence import Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
 from mpitrain.nn.tokens import TokenEmbedding
-from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh, is_sequence
-from mpitrain.nn.losses import check_loss_fits
+from mpitrain.rundir.directory import check_output
 
 OPSET = 17
 INPUT = "x"
@@ -441,10 +442,10 @@ def export_run(run_dir: str, checkpoint: str | None = None):
     (`mpitrain.rundir.checkpointer.checkpoint_config`); the checkpoint must have been taken on the
     run's dataset as it is now, since the graph bakes in its manifest.
     """
+    from mpitrain.data.shards import MANIFEST_NAME, read_manifest, sha256_file
+    from mpitrain.nn.graph import build_network
     from mpitrain.parallel.backend import Backend
     from mpitrain.rundir.checkpointer import Checkpointer, checkpoint_config, chosen_checkpoint
-    from mpitrain.nn.graph import build_network
-    from mpitrain.data.shards import MANIFEST_NAME, read_manifest, sha256_file
 
     run_dir = os.path.abspath(run_dir)
     chosen = chosen_checkpoint(run_dir, checkpoint)
@@ -460,9 +461,9 @@ def export_run(run_dir: str, checkpoint: str | None = None):
 
 
 def write_model(proto, path: str, overwrite: bool = False) -> None:
-    """Write an ONNX model to `path`: complete or absent (`mpitrain.files.write_file`). An existing `path` is refused
+    """Write an ONNX model to `path`: complete or absent (`mpitrain.base.files.write_file`). An existing `path` is refused
     unless `overwrite`, and a path inside a run's checkpoints/ or a dataset folder always
-    (`mpitrain.files.check_output`)."""
+    (`mpitrain.rundir.directory.check_output`)."""
     check_output(path, overwrite)
     data = proto.SerializeToString()
     write_file(path, lambda f: f.write(data), binary=True, size=len(data))

@@ -1,6 +1,6 @@
 """What `mpitrain eval` and `predict` leave behind, written by rank 0 (`mpitrain.training.trained` calls these):
 the evaluation as JSON with its picture, and predictions as HDF5. Each file is complete or absent
-(`mpitrain.files.write_file`).
+(`mpitrain.base.files.write_file`).
 
 Predictions by target kind (n rows; k the manifest's `outputs`; attributes: the provenance, `target`, and for
 other targets than class `target_names`, the names of the k columns):
@@ -24,7 +24,7 @@ import json
 import h5py
 import numpy as np
 
-from mpitrain.files import os_errors, write_file
+from mpitrain.base.files import os_errors, write_file
 from mpitrain.rundir.report import class_names, write_confusion_png, write_curves_png, write_scatter_png
 
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpitrain.base.errors import MpitrainError
+from mpitrain.base.files import write_file
 from mpitrain.config.yaml_input import read_yaml
-from mpitrain.errors import MpitrainError
-from mpitrain.files import check_output, write_file
-from mpitrain.rundir.directory import RunDir
+from mpitrain.rundir.directory import RunDir, check_output
 
 FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
                          "Bag", "Ankle boot")

@@ -111,7 +111,7 @@ def _proto(name: str):
 
 def write_events(run_dir: str) -> str:
     """Write a run's events again from its metrics.jsonl (its earlier event files removed); the run directory."""
-    from mpitrain.errors import MpitrainError
+    from mpitrain.base.errors import MpitrainError
     from mpitrain.rundir.directory import RunDir
 
     if not available():

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from mpitrain.errors import MpitrainError
+from mpitrain.base.errors import MpitrainError
 
 
 def add_arguments(parser: argparse.ArgumentParser, default_master: str) -> None:

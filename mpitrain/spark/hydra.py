@@ -11,7 +11,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from mpitrain.errors import MpitrainError
+from mpitrain.base.errors import MpitrainError
 
 LAUNCH, LAUNCH_END = "HYDRA_LAUNCH:", "HYDRA_LAUNCH_END"
 WORKING_MPIS = "MPICH's Hydra mpiexec (pip's `mpich`, MPICH >= 3, Intel MPI's and MVAPICH's mpiexec.hydra)"

@@ -12,8 +12,8 @@ import functools
 import re
 import time
 
-from mpitrain.errors import MpitrainError
-from mpitrain.parallel.threads import POOL_VARIABLES
+from mpitrain.base.errors import MpitrainError
+from mpitrain.base.threads import POOL_VARIABLES
 from mpitrain.spark.logstream import LineServer
 from mpitrain.spark.task import JobFailed, MpiJob, run_barrier_task
 
@@ -67,7 +67,7 @@ def check_settings(conf, ranks: int) -> None:
 def rank_threads(conf) -> dict[str, str]:
     """The thread pools of each rank (pool variable -> threads): those the user gave the executors
     (spark.executorEnv.VAR), else OMP_NUM_THREADS = spark.task.cpus, the cores Spark gives each task, which
-    every other pool follows (`mpitrain.parallel.threads.plan_threads`). Set for the ranks explicitly: what
+    every other pool follows (`mpitrain.base.threads.plan_threads`). Set for the ranks explicitly: what
     the executors' Python workers have may be marked as mpitrain's own sizing by a driver that imported
     mpitrain (local modes start the workers from the driver's environment), and the ranks would resize it."""
     chosen = {v: conf.get(f"spark.executorEnv.{v}") for v in POOL_VARIABLES if conf.get(f"spark.executorEnv.{v}")}

@@ -31,7 +31,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-from mpitrain.parallel.threads import with_pools
+from mpitrain.base.threads import with_pools
 from mpitrain.spark.hydra import Placement, find_mpiexec, launcher_command, read_proxy_commands
 from mpitrain.spark.logstream import LineSender
 from mpitrain.spark.processes import descendants, start_guarded, stop

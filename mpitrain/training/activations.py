@@ -19,13 +19,12 @@ forward pass stops at the node, in evaluation mode (dropout off, batch norm's ru
 """
 from __future__ import annotations
 
-
 import h5py
 import numpy as np
 
-from mpitrain.errors import MpitrainError
-from mpitrain.files import check_output, write_file
-from mpitrain.rundir.directory import RunDir
+from mpitrain.base.errors import MpitrainError
+from mpitrain.base.files import write_file
+from mpitrain.rundir.directory import RunDir, check_output
 from mpitrain.training.evaluation import batched_logits
 from mpitrain.training.trained import Trained, checked_output
 

@@ -56,9 +56,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpitrain.errors import MpitrainError
-from mpitrain.training.scores import (MAX_EXACT_ROWS, Ranking, checked, figures, ranked_columns, regression_figures,
-                                      row_sums, target_metrics)
+from mpitrain.base.errors import MpitrainError
+from mpitrain.training.scores import (
+    MAX_EXACT_ROWS,
+    Ranking,
+    checked,
+    figures,
+    ranked_columns,
+    regression_figures,
+    row_sums,
+    target_metrics,
+)
 
 _LINEAR_WIDTH = 2.0 ** -16  # the bins' width between 1/64 and 63/64
 _OCTAVE_BINS = 1024  # bins per halving of the distance to 0 (to 1) below 1/64 (above 63/64)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mpitrain.errors import DataError
+from mpitrain.base.errors import DataError
 from mpitrain.kernels.loss import score
 from mpitrain.nn.losses import sigmoid, softmax
 from mpitrain.rundir.report import MAX_SCATTER_POINTS

@@ -20,20 +20,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mpitrain.training.allocations import AllocationTrace
+from mpitrain.base.errors import ConfigError, DataError
+from mpitrain.base.files import os_errors, write_file
 from mpitrain.config.sections import Config, ignored_options
-from mpitrain.files import os_errors, write_file
 from mpitrain.data.reader import Batches
 from mpitrain.data.stream import EvalRows
-from mpitrain.errors import ConfigError, DataError
+from mpitrain.nn.updaters import Updater, create_updater
+from mpitrain.parallel.sync import Synchronizer, check_replicas, create_synchronizer, parameter_hash
 from mpitrain.rundir.directory import RunDir
+from mpitrain.training.allocations import AllocationTrace
 from mpitrain.training.evaluation import EVAL_BATCH_SIZE, Evaluation, evaluate
 from mpitrain.training.metrics import MetricsLog, Totals, Traffic, Window, figure, input_wait_ms, per_step
-from mpitrain.nn.updaters import Updater, create_updater
-from mpitrain.training.preemption import StopSignals, Stopped, requeue
+from mpitrain.training.preemption import Stopped, StopSignals, requeue
 from mpitrain.training.pretrain import pretrain
 from mpitrain.training.run import Run, setup_run
-from mpitrain.parallel.sync import Synchronizer, check_replicas, create_synchronizer, parameter_hash
 from mpitrain.training.tbptt import WholeBatch, batch_stepper
 from mpitrain.training.watchdog import Watchdog
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 from tqdm import tqdm
 
-from mpitrain.errors import MpitrainError, describe
+from mpitrain.base.errors import MpitrainError, describe
+from mpitrain.base.files import write_file
 from mpitrain.rundir import tensorboard
 from mpitrain.rundir.directory import RunDir
 
@@ -222,7 +223,7 @@ def append_record(path: str, record: dict) -> None:
 def keep_records(path: str, keep) -> None:
     """Rewrite the metrics file `path` (if any) with only the records for which `keep(record)` holds.
 
-    Atomic (a temporary file, then a rename; when that fails the original stays). A line that
+    Whole or not at all (`mpitrain.base.files.write_file`: when that fails the original stays). A line that
     is not JSON (the last one of a job killed while writing it) is dropped.
     """
     if not os.path.exists(path):
@@ -232,15 +233,7 @@ def keep_records(path: str, keep) -> None:
     kept = [line if line.endswith("\n") else line + "\n" for line in lines if _keeps(line, keep)]
     if kept == lines:
         return  # nothing to drop: the file stays as it is
-    try:
-        with open(path + ".tmp", "w") as f:
-            f.writelines(kept)
-        os.replace(path + ".tmp", path)
-    except OSError as e:
-        if os.path.exists(path + ".tmp"):
-            os.remove(path + ".tmp")
-        raise MpitrainError(f"{os.path.dirname(path)}: {describe(e)} while rewriting {os.path.basename(path)}; "
-                            "it is left as it was") from None
+    write_file(path, lambda f: f.writelines(kept), size=sum(map(len, kept)))  # when it fails, the file stays as it was
 
 
 def _keeps(line: str, keep) -> bool:

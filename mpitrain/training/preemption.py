@@ -67,7 +67,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from mpitrain.errors import DataError, MpitrainError
+from mpitrain.base.errors import DataError, MpitrainError
 
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 READ_FAILED = 1 << 16  # above every signal number: a rank could not read its rows

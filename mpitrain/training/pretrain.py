@@ -26,15 +26,15 @@ import time
 
 import numpy as np
 
+from mpitrain.base.errors import ConfigError, MpitrainError
 from mpitrain.config.sections import OptimizerConfig
-from mpitrain.errors import ConfigError, MpitrainError
-from mpitrain.rundir.directory import RunDir
-from mpitrain.training.metrics import MetricsLog
-from mpitrain.training.preemption import Stopped, requeue
 from mpitrain.nn.layers import Dense, Sigmoid
 from mpitrain.nn.rbm import RBM, bernoulli
 from mpitrain.nn.updaters import create_updater
 from mpitrain.parallel.sync import check_replicas, create_synchronizer
+from mpitrain.rundir.directory import RunDir
+from mpitrain.training.metrics import MetricsLog
+from mpitrain.training.preemption import Stopped, requeue
 
 log = logging.getLogger("mpitrain")
 

@@ -14,19 +14,19 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from mpitrain.parallel.backend import Backend, create_backend
-from mpitrain.rundir.checkpointer import Checkpointer
+from mpitrain.base.errors import ConfigError, describe
 from mpitrain.config.resolved import resolve
 from mpitrain.config.sections import Config
 from mpitrain.data.reader import Batches, DatasetReader, ModelInput
 from mpitrain.data.storage import is_url
-from mpitrain.errors import ConfigError, describe
-from mpitrain.nn.losses import check_loss_fits
 from mpitrain.nn.graph import build_network, model_outputs
+from mpitrain.nn.losses import check_loss_fits
 from mpitrain.nn.model import Network, rank_memory_bytes
+from mpitrain.parallel.backend import Backend, create_backend
+from mpitrain.rundir.checkpointer import Checkpointer
+from mpitrain.rundir.directory import FileLock, RunDir
 from mpitrain.training.pretrain import dbn_layers
 from mpitrain.training.tbptt import check_dataset
-from mpitrain.rundir.directory import FileLock, RunDir
 
 
 @dataclass

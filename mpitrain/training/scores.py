@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpitrain.errors import MpitrainError
+from mpitrain.base.errors import MpitrainError
 
 KINDS = ("class", "binary", "multilabel", "regression")
 

@@ -16,7 +16,7 @@ ordinary step's (each segment's at the parameters it ran with).
 """
 from __future__ import annotations
 
-from mpitrain.errors import ConfigError
+from mpitrain.base.errors import ConfigError
 from mpitrain.nn.segments import Segments
 
 

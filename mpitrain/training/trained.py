@@ -20,15 +20,14 @@ import os
 
 import numpy as np
 
-from mpitrain.errors import MpitrainError
-from mpitrain.files import check_output
+from mpitrain.base.errors import MpitrainError
 from mpitrain.rundir.checkpointer import checkpoint_config, chosen_checkpoint
-from mpitrain.rundir.directory import RunDir
+from mpitrain.rundir.directory import RunDir, check_output
 from mpitrain.rundir.outputs import names_of, output_names, write_evaluation, write_predictions
 from mpitrain.training.evaluation import EVAL_BATCH_SIZE, evaluate, predict
 from mpitrain.training.metrics import figure
-from mpitrain.training.scores import curves
 from mpitrain.training.run import setup_run
+from mpitrain.training.scores import curves
 
 
 class Trained:
@@ -103,7 +102,7 @@ def evaluate_run(run_dir: str, comm, split: str = "test", checkpoint: str | None
 
 def checked_output(comm, out: str | None, overwrite: bool, default: str) -> tuple[str, bool]:
     """(path, overwrite) of an HDF5 output a collective writes: `out` as `overwrite` allows (refused where
-    `mpitrain.files.check_output` refuses it, or a folder), else the tool's own `default`, replaced on every call. A
+    `mpitrain.rundir.directory.check_output` refuses it, or a folder), else the tool's own `default`, replaced on every call. A
     collective: a refusal is an error on every rank."""
     path, overwrite = (out, overwrite) if out else (default, True)
     with comm.agreed_errors():
@@ -120,7 +119,7 @@ def predict_run(run_dir: str, comm, split: str = "test", out: str | None = None,
     model's outputs (probabilities, or regression's values) and the labels to `out` (default
     RUN_DIR/predictions-SPLIT.h5, the tool's own file, replaced on every call; the layout by target kind:
     `mpitrain.rundir.outputs`). An existing `out` is refused unless `overwrite`, and a path inside a run's
-    checkpoints/ or a dataset folder always (`mpitrain.files.check_output`). Returns the path and the row count."""
+    checkpoints/ or a dataset folder always (`mpitrain.rundir.directory.check_output`). Returns the path and the row count."""
     path, overwrite = checked_output(comm, out, overwrite, RunDir(run_dir).predictions(split))
     trained = Trained(run_dir, comm, split, checkpoint, batch_size, allow_other_dataset)
     target = trained.run.target

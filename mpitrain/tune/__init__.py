@@ -3,7 +3,7 @@
 workers (`launcher`) and the results (`results`). See docs/tuning.md."""
 import warnings
 
-from mpitrain.errors import MpitrainError
+from mpitrain.base.errors import MpitrainError
 
 try:
     import optuna  # noqa: F401  (every module here needs it: say so once, as a user error)

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 
-from mpitrain.errors import ConfigError
+from mpitrain.base.errors import ConfigError
 from mpitrain.tune.results import status_table, write_results
 from mpitrain.tune.storage import open_study
 from mpitrain.tune.studyfile import load_study

@@ -7,7 +7,7 @@
     STUDY/history.png, STUDY/importances.png, STUDY/parallel.png   Optuna's matplotlib plots
     STUDY/report.png, STUDY/report.html   the trials side by side (`mpitrain report` of their run directories)
 
-Every file is written under a temporary name and renamed (`mpitrain.files.write_file`), and workers write them
+Every file is written under a temporary name and renamed (`mpitrain.base.files.write_file`), and workers write them
 one at a time (STUDY/results.lock), so a reader always finds whole files.
 """
 from __future__ import annotations
@@ -19,11 +19,11 @@ import os
 import yaml
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 
-from mpitrain.files import write_file
+from mpitrain.base.files import write_file
+from mpitrain.config.yaml_input import read_yaml_file
 from mpitrain.rundir.report import write_report
 from mpitrain.tune.storage import REASON, locked, retried_trials
 from mpitrain.tune.studyfile import Study
-from mpitrain.config.yaml_input import read_yaml_file
 
 RESULTS_GRACE_S = 600  # drawing a large study's plots and report takes a while: a longer grace before the lock breaks
 PLOTS = {"history.png": "plot_optimization_history", "importances.png": "plot_param_importances",

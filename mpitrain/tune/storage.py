@@ -27,9 +27,9 @@ import os
 import time
 from contextlib import contextmanager
 
+from mpitrain.base.errors import ConfigError
+from mpitrain.base.files import write_file
 from mpitrain.data.storage import sha256_of
-from mpitrain.errors import ConfigError
-from mpitrain.files import write_file
 from mpitrain.training.watchdog import Periodic
 from mpitrain.tune.studyfile import STUDY_FILE, Study, changed_keys, grid_values, load_study, study_yaml
 

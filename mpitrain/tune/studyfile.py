@@ -28,10 +28,10 @@ from dataclasses import dataclass
 
 import yaml
 
+from mpitrain.base.errors import ConfigError, MpitrainError
 from mpitrain.config.sections import Config, load_config
 from mpitrain.config.yaml_input import read_yaml_file
 from mpitrain.data.shards import read_manifest
-from mpitrain.errors import ConfigError, MpitrainError
 
 SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "grid": "GridSampler"}
 PRUNERS = {"median": "MedianPruner", "asha": "SuccessiveHalvingPruner", "none": "NopPruner"}

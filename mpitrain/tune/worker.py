@@ -21,7 +21,7 @@ import logging
 
 from optuna.trial import TrialState
 
-from mpitrain.errors import MpitrainError
+from mpitrain.base.errors import MpitrainError
 from mpitrain.rundir import tensorboard
 from mpitrain.training.loop import train
 from mpitrain.training.preemption import Stopped

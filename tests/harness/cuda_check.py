@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+
 def run_cuda_kernels_check(simulator: bool, timeout: int) -> str:
     """Run mpitrain.testing.cuda_kernels_check under the simulator or on the GPU; its output, once it has passed."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}

@@ -12,17 +12,15 @@ import os
 import time
 
 import numpy as np
-
 from numba import cuda
 
 SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 assert SIMULATED or cuda.is_available(), "run with NUMBA_ENABLE_CUDASIM=1, or on a machine with a CUDA GPU"
 
-from mpitrain.testing.threshold_cases import bits, edge_cases, residual_with_fraction  # noqa: E402
-
 from mpitrain.kernels import threshold as kernels  # noqa: E402
 from mpitrain.kernels.threshold import cuda as cuda_kernels  # noqa: E402
 from mpitrain.kernels.threshold import message, reference  # noqa: E402
+from mpitrain.testing.threshold_cases import bits, edge_cases, residual_with_fraction  # noqa: E402
 
 TILES = cuda_kernels.CudaKernels(block=32, per_thread=8)  # n = 1000: 4 blocks of 256 elements
 CARRY = cuda_kernels.CudaKernels(block=4, per_thread=16)  # n = 600: 10 tiles, so the scan carries

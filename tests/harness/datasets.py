@@ -13,6 +13,7 @@ import numpy as np
 from mpitrain.data.shards import Manifest, shard_path, write_manifest, write_shard
 from mpitrain.etl.idx import IMAGES_MAGIC, LABELS_MAGIC
 
+
 def make_dataset(path, n_train=600, n_test=200, shards=3, num_classes=3, shape=(1, 4, 4), seed=0,
                  checksums="fletcher32", target="class") -> Manifest:
     """Write a learnable dataset: uint8 features around a class-specific mean pattern. Its shards carry Fletcher-32

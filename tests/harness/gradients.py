@@ -4,9 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from mpitrain.data.sequences import SequenceBatch
-
-from mpitrain.nn.losses import softmax_cross_entropy
 from mpitrain.nn.layers import is_sequence
+from mpitrain.nn.losses import softmax_cross_entropy
 from mpitrain.nn.model import Sequential
 
 

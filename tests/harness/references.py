@@ -114,6 +114,7 @@ def write_csv(path, x: np.ndarray, y: np.ndarray, label_names: list[str]) -> Non
 def read_split(dataset: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     """Every row of a split of a dataset folder, in order: (x, y) as stored."""
     import h5py
+
     from mpitrain.data.shards import read_manifest
     parts = []
     for shard in read_manifest(dataset).shards(split):

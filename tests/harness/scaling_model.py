@@ -17,8 +17,14 @@ Messages per step are the model's latency terms: its seconds on a network of lat
 """
 from __future__ import annotations
 
-from mpitrain.parallel.costmodel import (SIZE_BYTES, Network, allgather_exchange, allreduce_bytes,
-                                         recursive_exchange, split_exchange)
+from mpitrain.parallel.costmodel import (
+    SIZE_BYTES,
+    Network,
+    allgather_exchange,
+    allreduce_bytes,
+    recursive_exchange,
+    split_exchange,
+)
 from mpitrain.parallel.sync.exchange import choose_exchange
 
 ITEMSIZE = 4  # the benchmark's models are float32

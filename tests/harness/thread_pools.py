@@ -9,6 +9,8 @@ import os
 import sys
 
 import mpitrain  # noqa: F401  (sizes the pools: it must come first)
+
+# isort: split
 import numba
 import numpy as np
 from threadpoolctl import threadpool_info
@@ -31,7 +33,7 @@ def pools() -> dict:
 
 def bare_env(**extra) -> dict:
     """This process's environment without any thread variable, as a user's shell has it."""
-    from mpitrain.parallel.threads import with_pools
+    from mpitrain.base.threads import with_pools
     return {**with_pools(os.environ, {}), "PYTHONUNBUFFERED": "1", **extra}
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+
 def residual_with_fraction(n: int, fraction: float, seed: int = 0, dtype=np.float32):
     """(normal residual, tau sending about `fraction` of it: 0 sends nothing, 1 everything)."""
     residual = np.random.default_rng(seed).standard_normal(n).astype(dtype)

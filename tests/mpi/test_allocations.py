@@ -6,9 +6,8 @@ import os
 import pytest
 
 from mpitrain.testing import launch
-
-from mpitrain.testing.launch import MPITRAIN, mpiexec
 from mpitrain.testing.datasets import make_dataset
+from mpitrain.testing.launch import MPITRAIN, mpiexec
 
 REPO = launch.REPO
 CONFIGS = ["fashion_mlp", "fashion_lenet", "fashion_cnn_bn", "fashion_dbn"]

@@ -8,9 +8,9 @@ import h5py
 import numpy as np
 import pytest
 
-from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, mpiexec
-from mpitrain.testing.datasets import make_dataset, write_config
 from mpitrain.rundir.checkpoint import list_checkpoints
+from mpitrain.testing.datasets import make_dataset, write_config
+from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, mpiexec
 
 CNN = {"layers": [  # LeNet's shape, small: two conv + pool blocks (batch norm in the first), dense, softmax
     {"type": "conv2d", "filters": 4, "kernel": 3, "padding": "same"}, {"type": "batchnorm"}, {"type": "relu"},

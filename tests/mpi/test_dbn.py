@@ -6,13 +6,12 @@ import shutil
 import numpy as np
 import pytest
 
-from mpitrain.testing import launch
-
-from mpitrain.testing.launch import MPITRAIN, mpiexec
-from mpitrain.testing.datasets import make_dataset, make_digits_dataset, write_config
+from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import Config, ModelConfig, load_config
-from mpitrain.errors import ConfigError
 from mpitrain.nn.model import build_model
+from mpitrain.testing import launch
+from mpitrain.testing.datasets import make_dataset, make_digits_dataset, write_config
+from mpitrain.testing.launch import MPITRAIN, mpiexec
 from mpitrain.training.pretrain import _hidden_layers, dbn_layers
 
 REPO = launch.REPO

@@ -7,17 +7,17 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from mpitrain.testing.launch import MPITRAIN, command, mpiexec
-from mpitrain.testing.datasets import make_dataset, make_digits_dataset, read_split, write_config
+from mpitrain.base.errors import ConfigError, DataError, MpitrainError
 from mpitrain.data.reader import input_scaling
-from mpitrain.errors import ConfigError, DataError, MpitrainError
-from mpitrain.rundir.export import export_onnx, onnx_model
+from mpitrain.data.shards import Manifest, sha256_file
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.layers import Dense, Dropout, Flatten, Layer, ReLU
 from mpitrain.nn.losses import sigmoid, softmax
 from mpitrain.nn.model import Sequential
-from mpitrain.data.shards import Manifest, sha256_file
+from mpitrain.rundir.export import export_onnx, onnx_model
+from mpitrain.testing.datasets import make_dataset, make_digits_dataset, read_split, write_config
+from mpitrain.testing.launch import MPITRAIN, command, mpiexec
 
 LENET = [{"type": "conv2d", "filters": 6, "kernel": 3, "padding": "same", "activation": "relu"},
          {"type": "maxpool2d", "pool": 2},

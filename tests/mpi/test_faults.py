@@ -10,11 +10,10 @@ import h5py
 import numpy as np
 import pytest
 
-from mpitrain.testing.launch import MPIEXEC, MPITRAIN, RANK_SCRIPTS, mpiexec
-from mpitrain.testing.datasets import make_dataset, write_config
-from mpitrain.rundir.checkpoint import list_checkpoints, load_checkpoint
 from mpitrain.parallel.sync import parameter_hash
-
+from mpitrain.rundir.checkpoint import list_checkpoints, load_checkpoint
+from mpitrain.testing.datasets import make_dataset, write_config
+from mpitrain.testing.launch import MPIEXEC, MPITRAIN, RANK_SCRIPTS, mpiexec
 
 
 def final_hash(run_dir):

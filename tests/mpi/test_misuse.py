@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import yaml
 
-from mpitrain.testing.launch import MPIEXEC, MPITRAIN, command, mpiexec
-from mpitrain.testing.datasets import flip_a_byte_in_a_chunk, make_dataset, write_config
-from mpitrain.rundir.directory import RunDir
 from mpitrain.data.shards import Manifest, shard_path, write_manifest, write_shard
+from mpitrain.rundir.directory import RunDir
+from mpitrain.testing.datasets import flip_a_byte_in_a_chunk, make_dataset, write_config
+from mpitrain.testing.launch import MPIEXEC, MPITRAIN, command, mpiexec
 
 SMALL = {"train": {"epochs": 1, "batch_size": 16, "seed": 1, "log_every": 10}}
 

@@ -7,8 +7,8 @@ import time
 import h5py
 import pytest
 
-from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, mpiexec
 from mpitrain.testing.datasets import flip_a_byte_in_a_chunk, make_dataset, write_config
+from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, mpiexec
 
 MODES = {
     "allreduce": {"mode": "allreduce"},

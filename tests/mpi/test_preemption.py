@@ -12,9 +12,9 @@ import h5py
 import numpy as np
 import pytest
 
-from mpitrain.testing.launch import MPIEXEC, MPITRAIN, command, mpiexec
-from mpitrain.testing.datasets import make_dataset, write_config
 from mpitrain.rundir.checkpoint import list_checkpoints, load_checkpoint
+from mpitrain.testing.datasets import make_dataset, write_config
+from mpitrain.testing.launch import MPIEXEC, MPITRAIN, command, mpiexec
 
 LONG = {"train": {"epochs": 12, "batch_size": 16, "seed": 1, "log_every": 20},
         "checkpoint": {"every": 100, "unit": "epoch", "keep": 3}}

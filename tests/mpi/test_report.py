@@ -5,15 +5,15 @@ import shutil
 import pytest
 from matplotlib.image import imread
 
-from mpitrain.testing.launch import MPITRAIN, command, mpiexec
-from mpitrain.testing.datasets import make_dataset, write_config
 from mpitrain.cli import main
-from mpitrain.rundir.report import FASHION_MNIST_CLASSES, REPORT_DPI, REPORT_SIZE, class_names
-
-from mpitrain.testing.tables import HEADLINE_BEGIN, HEADLINE_END, main as rewrite_tables, markers  # noqa: E402
 from mpitrain.parallel.costmodel import Network, allgather_exchange, allreduce_bytes, recursive_exchange
 from mpitrain.parallel.sync.exchange import choose_exchange
+from mpitrain.rundir.report import FASHION_MNIST_CLASSES, REPORT_DPI, REPORT_SIZE, class_names
+from mpitrain.testing.datasets import make_dataset, write_config
+from mpitrain.testing.launch import MPITRAIN, command, mpiexec
 from mpitrain.testing.scaling_model import cost
+from mpitrain.testing.tables import HEADLINE_BEGIN, HEADLINE_END, markers  # noqa: E402
+from mpitrain.testing.tables import main as rewrite_tables
 
 REPORT_PIXELS = (REPORT_SIZE[1] * REPORT_DPI, REPORT_SIZE[0] * REPORT_DPI)
 

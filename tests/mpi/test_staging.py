@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from mpitrain.testing.launch import RANK_SCRIPTS, mpiexec
-from mpitrain.testing.datasets import make_dataset, write_config
 from mpitrain.parallel.backend import gpu_available
+from mpitrain.testing.datasets import make_dataset, write_config
+from mpitrain.testing.launch import RANK_SCRIPTS, mpiexec
 
 NO_GPU = "no GPU: cupy is not installed or cupy.is_available() is False; staging device buffers needs a CUDA GPU"
 CHECKS = ["allreduce equals the unstaged sum", "allreduce copies once each way", "bcast equals the unstaged one",

@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from mpitrain.parallel.threads import size_thread_pools
+from mpitrain.base.threads import size_thread_pools
 from mpitrain.testing.launch import MPIEXEC
-from mpitrain.testing.thread_pools import MODULE as THREAD_POOLS, assert_every_pool, bare_env, pools_of
+from mpitrain.testing.thread_pools import MODULE as THREAD_POOLS
+from mpitrain.testing.thread_pools import assert_every_pool, bare_env, pools_of
 
 CORES = len(os.sched_getaffinity(0))
 

@@ -21,11 +21,18 @@ import time
 
 import pytest
 
-from mpitrain.testing.cluster import (PREFIX, SimulatedCluster, cluster_names, missing_capability, namespace_pids, netns_etc_entries,
-                     owner_alive)
-from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, VENV_BIN, command, running
-from mpitrain.testing.datasets import make_dataset, write_config
 from mpitrain.data.shards import read_manifest, sha256_file
+from mpitrain.testing.cluster import (
+    PREFIX,
+    SimulatedCluster,
+    cluster_names,
+    missing_capability,
+    namespace_pids,
+    netns_etc_entries,
+    owner_alive,
+)
+from mpitrain.testing.datasets import make_dataset, write_config
+from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, VENV_BIN, command, running
 from mpitrain.testing.slurm import REPO, SLURM, job_logs, start_slurm, write_mlp_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))

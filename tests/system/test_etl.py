@@ -10,16 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpitrain.testing import launch
-
-from mpitrain.testing.datasets import ROWS, make_idx_folder, read_split, siblings, write_idx
-from mpitrain.testing.launch import FASHION, require_fashion_mnist
-from mpitrain.errors import ConfigError, DataError
+from mpitrain.base.errors import ConfigError, DataError
+from mpitrain.data.shards import check_shard, read_manifest
 from mpitrain.etl.cli import main
 from mpitrain.etl.idx import IMAGES_MAGIC, LABELS_MAGIC, find_splits, read_header, read_records
 from mpitrain.etl.job import run_etl
 from mpitrain.etl.sources import open_source
-from mpitrain.data.shards import check_shard, read_manifest
+from mpitrain.testing import launch
+from mpitrain.testing.datasets import ROWS, make_idx_folder, read_split, siblings, write_idx
+from mpitrain.testing.launch import FASHION, require_fashion_mnist
 
 REPO = Path(launch.REPO)
 
@@ -243,8 +242,8 @@ def test_cli_refuses_existing_out_before_starting_spark(dataset, idx_data, capsy
 def test_etl_overwrite_through_a_link_keeps_the_link_and_clears_only_dead_jobs_temporaries(etl, tmp_path):
     """`mpitrain etl --overwrite` on a link to a dataset (moved here from tests/mpi/test_misuse.py: the command runs
     in this process, on the session's Spark, as tests/system/conftest.py's `etl` runs it)."""
-    from mpitrain.testing.datasets import make_digits_dataset
     from mpitrain.rundir.directory import FileLock
+    from mpitrain.testing.datasets import make_digits_dataset
     old = make_digits_dataset(tmp_path / "data_v1")
     (tmp_path / "current").symlink_to("data_v1")
     dead, live = tmp_path / "data_v1.etl-tmp-deadbeef", tmp_path / "data_v1.etl-tmp-11ve0000"

@@ -12,8 +12,8 @@ import h5py
 import numpy as np
 import pytest
 
+from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.data.shards import MANIFEST_NAME, Manifest, read_manifest
-from mpitrain.errors import ConfigError, DataError
 from mpitrain.etl.job import plan_etl, run_etl
 from mpitrain.testing import launch
 from mpitrain.testing.datasets import write_config

@@ -13,14 +13,13 @@ import h5py
 import numpy as np
 import pytest
 
-from mpitrain.testing import launch
-
-from mpitrain.errors import ConfigError, DataError
+from mpitrain.base.errors import ConfigError, DataError
+from mpitrain.data.shards import read_manifest
 from mpitrain.etl.job import run_etl
 from mpitrain.etl.shuffle import plan_placement, row_keys
 from mpitrain.etl.sources import SourceOptions
 from mpitrain.etl.transforms import FeatureStats, TransformOptions, Transforms
-from mpitrain.data.shards import read_manifest
+from mpitrain.testing import launch
 from mpitrain.testing.datasets import read_split, siblings
 
 REPO = Path(launch.REPO)

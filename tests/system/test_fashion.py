@@ -8,10 +8,10 @@ import shutil
 import subprocess
 import sys
 
-from mpitrain.testing import launch
-from mpitrain.testing.launch import FASHION, MPIEXEC, MPITRAIN, require_fashion_mnist
 from mpitrain.etl.idx import IMAGES_MAGIC, LABELS_MAGIC, find_splits, read_records
+from mpitrain.testing import launch
 from mpitrain.testing.datasets import write_idx
+from mpitrain.testing.launch import FASHION, MPIEXEC, MPITRAIN, require_fashion_mnist
 
 REPO = launch.REPO
 SUBSET = {"train": 4000, "test": 1000}

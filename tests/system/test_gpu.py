@@ -10,14 +10,13 @@ import h5py
 import numpy as np
 import pytest
 
-from mpitrain.testing.launch import MPITRAIN, mpiexec
-from mpitrain.testing.datasets import make_dataset, write_config
-from mpitrain.testing.cuda_check import run_cuda_kernels_check
-from mpitrain.testing.updater_cases import STEPS, step_inputs
-
+from mpitrain.kernels.threshold import message, reference
 from mpitrain.parallel.backend import gpu_available
 from mpitrain.rundir.checkpoint import list_checkpoints
-from mpitrain.kernels.threshold import message, reference
+from mpitrain.testing.cuda_check import run_cuda_kernels_check
+from mpitrain.testing.datasets import make_dataset, write_config
+from mpitrain.testing.launch import MPITRAIN, mpiexec
+from mpitrain.testing.updater_cases import STEPS, step_inputs
 
 pytestmark = pytest.mark.skipif(not gpu_available(), reason="no GPU: cupy is not installed or "
                                 "cupy.is_available() is False; the cupy backend's tests need a CUDA GPU")

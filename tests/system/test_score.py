@@ -17,17 +17,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mpitrain.testing import launch
-
-from mpitrain.testing.launch import FASHION, MPITRAIN, command, mpiexec, require_fashion_mnist
-from mpitrain.testing.datasets import make_digits_dataset, write_config
-from mpitrain.errors import ConfigError, DataError
+from mpitrain.base.errors import ConfigError, DataError
+from mpitrain.data.shards import Manifest, read_manifest, shard_path, write_manifest, write_shard
 from mpitrain.etl.cli import main_score
 from mpitrain.etl.idx import IMAGES_MAGIC, LABELS_MAGIC, find_splits, read_records
 from mpitrain.etl.scoring import plan_scoring, score
 from mpitrain.etl.sources import SourceOptions
-from mpitrain.data.shards import Manifest, read_manifest, shard_path, write_manifest, write_shard
-from mpitrain.testing.datasets import siblings, write_idx
+from mpitrain.testing import launch
+from mpitrain.testing.datasets import make_digits_dataset, siblings, write_config, write_idx
+from mpitrain.testing.launch import FASHION, MPITRAIN, command, mpiexec, require_fashion_mnist
 
 REPO = Path(launch.REPO)
 SUBSET = {"train": 1200, "test": 300}  # real Fashion-MNIST rows
@@ -369,6 +367,7 @@ def clicks_model(spark, tmp_path_factory):
     model (embeddings, concat with the numbers) trained on 2 ranks -> `mpitrain export` and `predict` on the test
     split. Returns (folder, the records, the model file, the run dir)."""
     import argparse
+
     from mpitrain.etl.cli import add_arguments, plan_from_args
     from mpitrain.etl.job import write_dataset
 
@@ -412,13 +411,14 @@ def test_a_table_model_scores_raw_records_through_its_columns(spark, clicks_mode
     """(a) the test split's own records score as `mpitrain predict` scored its rows; (b) new records with categories
     never seen in training (id 1), a missing category (id 0), a missing age (imputed) and one text age (a bad record,
     the encoder's reason): their scores are ONNX Runtime's on `TableEncoder(columns).encode` of them."""
+    import onnx
+
     from mpitrain import cli
     from mpitrain.data.encoding import MISSING_ID, OUT_OF_VOCABULARY_ID, TableEncoder
     from mpitrain.etl import cli as etl_cli
     from mpitrain.rundir.export import metadata
     from mpitrain.testing.datasets import read_split
     from mpitrain.training.scores import target_metrics
-    import onnx
 
     folder, records, model, run_dir = clicks_model
     monkeypatch.setattr(etl_cli, "spark_session", lambda master, name: contextlib.nullcontext(spark))

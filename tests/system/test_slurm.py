@@ -17,9 +17,19 @@ import pytest
 
 from mpitrain.testing.datasets import make_dataset
 from mpitrain.testing.launch import child_processes, wait_until_gone
-from mpitrain.testing.thread_pools import MODULE as THREAD_POOLS, assert_every_pool, pools_of
-from mpitrain.testing.slurm import (ENDED, SLURM, failed_in_mpi_init, job_logs, require_slurm, start_slurm,
-                                    summary_hashes, wait_for, write_mlp_config)
+from mpitrain.testing.slurm import (
+    ENDED,
+    SLURM,
+    failed_in_mpi_init,
+    job_logs,
+    require_slurm,
+    start_slurm,
+    summary_hashes,
+    wait_for,
+    write_mlp_config,
+)
+from mpitrain.testing.thread_pools import MODULE as THREAD_POOLS
+from mpitrain.testing.thread_pools import assert_every_pool, pools_of
 
 
 @pytest.fixture(scope="session")

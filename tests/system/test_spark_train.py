@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from mpitrain.errors import MpitrainError
+from mpitrain.base.errors import MpitrainError
 from mpitrain.rundir.checkpoint import list_checkpoints, load_checkpoint
 from mpitrain.spark.processes import descendants, die_with_parent
 from mpitrain.spark.stage import run_mpi_job

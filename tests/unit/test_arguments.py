@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 import mpitrain
 from mpitrain import api
-from mpitrain.errors import MpitrainError
+from mpitrain.base.errors import MpitrainError
 from mpitrain.testing.datasets import make_dataset
 
 COMM_FIRST = r"expected the Communicator that mpitrain.init\(\) returns \(call comm = mpitrain.init\(\) first"

@@ -1,4 +1,5 @@
-"""docs/architecture.md's layout table lists every module of the package, and no module that is gone."""
+"""docs/architecture.md's layout table lists every module of the package, and no module that is gone; the ground
+floor (mpitrain/base/) imports nothing above it."""
 import glob
 import os
 import re
@@ -32,3 +33,28 @@ def test_the_layout_table_lists_every_module_and_only_those():
     assert len(on_disk) > 50
     assert on_disk - listed == set(), "modules missing from docs/architecture.md's layout table"
     assert listed - on_disk == set(), "modules in docs/architecture.md's layout table that do not exist"
+
+
+def mpitrain_imports(path: str) -> set[str]:
+    """The mpitrain modules a file imports, at its top or inside a function (absolute imports: the package uses
+    no relative ones outside kernels/)."""
+    import ast
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "mpitrain"}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "mpitrain":
+            found.add(node.module)
+    return found
+
+
+def test_the_ground_floor_imports_nothing_of_mpitrain_above_it():
+    """mpitrain/base/ holds what every floor uses (errors, array_module, the workspace, the atomic file writer, the
+    thread plan); it imports only itself, so any module may use it without a cycle (docs/architecture.md)."""
+    ground = sorted(glob.glob(os.path.join(REPO, "mpitrain", "base", "*.py")))
+    assert len(ground) >= 6
+    above = {os.path.relpath(path, REPO): sorted(m for m in mpitrain_imports(path) if not m.startswith("mpitrain.base"))
+             for path in ground}
+    assert {path: modules for path, modules in above.items() if modules} == {}

@@ -4,7 +4,6 @@ mpitrain's layers compute the benchmark checks itself before it times them, `tor
 is the `bench` extra's, not the tests'.)"""
 from __future__ import annotations
 
-
 import numpy as np
 import pyarrow.parquet as pq
 import pytest

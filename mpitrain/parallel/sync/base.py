@@ -7,7 +7,7 @@ import typing
 
 import numpy as np
 
-from mpitrain.parallel.backend import array_module
+from mpitrain.base.arrays import array_module
 
 if typing.TYPE_CHECKING:  # the registry is read when a config is loaded, which needs no MPI
     from mpitrain.parallel.comm import Communicator

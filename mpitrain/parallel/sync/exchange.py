@@ -23,14 +23,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpitrain.parallel.backend import array_module
-from mpitrain.parallel.costmodel import (allgather_exchange, allreduce_bytes, recursive_exchange, split_exchange,
-                                         split_header_bytes)
+from mpitrain.base.arrays import array_module
 from mpitrain.kernels.threshold import implementation, message_count, threshold_decode
 from mpitrain.kernels.threshold.blocks import add_block, block_bounds, cut_message, encode_block, reduce_parts
-from mpitrain.kernels.threshold.counts import (add_counts, add_message, add_scaled, count_dtype, counts_capacity,
-                                               encode_counts)
+from mpitrain.kernels.threshold.counts import (
+    add_counts,
+    add_message,
+    add_scaled,
+    count_dtype,
+    counts_capacity,
+    encode_counts,
+)
 from mpitrain.kernels.threshold.message import read_header
+from mpitrain.parallel.costmodel import (
+    allgather_exchange,
+    allreduce_bytes,
+    recursive_exchange,
+    split_exchange,
+    split_header_bytes,
+)
 
 INT32_BYTES = 4  # a threshold message is int32
 

@@ -39,10 +39,10 @@ from collections import Counter
 
 import numpy as np
 
-from mpitrain.parallel.costmodel import Network, allreduce_bytes
-from mpitrain.errors import MpitrainError
+from mpitrain.base.errors import MpitrainError
 from mpitrain.kernels.threshold import NaNResidual, add_to_residual, message_capacity, threshold_encode, warm_up
 from mpitrain.kernels.threshold.message import HEADER_SIZE
+from mpitrain.parallel.costmodel import Network, allreduce_bytes
 from mpitrain.parallel.sync.base import Synchronizer, clip_gradients
 from mpitrain.parallel.sync.exchange import EXCHANGES, INT32_BYTES, choose_exchange
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpitrain.parallel.backend import array_module
+from mpitrain.base.arrays import array_module
 from mpitrain.parallel.costmodel import allreduce_bytes
 
 

@@ -10,11 +10,11 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from mpitrain.parallel.comm import Communicator
 from mpitrain.config.sections import OptimizerConfig, SyncConfig
 from mpitrain.nn.layers import Dense, ReLU
 from mpitrain.nn.model import Sequential
 from mpitrain.nn.updaters import create_updater
+from mpitrain.parallel.comm import Communicator
 from mpitrain.parallel.sync import create_synchronizer
 
 optimizer = sys.argv[1] if len(sys.argv) > 1 else "sgd"

@@ -6,13 +6,13 @@ Prints one OK line per mode on rank 0.
 import numpy as np
 from mpi4py import MPI
 
-from mpitrain.parallel.comm import Communicator
 from mpitrain.config.sections import OptimizerConfig, SyncConfig
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import Conv2D
 from mpitrain.nn.layers import Dense, Flatten
 from mpitrain.nn.model import Sequential
 from mpitrain.nn.updaters import create_updater
+from mpitrain.parallel.comm import Communicator
 from mpitrain.parallel.sync import create_synchronizer, parameter_hash
 
 comm = Communicator()

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import numpy as np
 from mpi4py import MPI
 
+from mpitrain.base.workspace import Workspace
 from mpitrain.config.sections import SyncConfig
-from mpitrain.nn.workspace import Workspace
 from mpitrain.parallel.sync import create_synchronizer
 
 

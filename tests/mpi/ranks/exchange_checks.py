@@ -19,12 +19,13 @@ Prints one OK line per check on rank 0.
 import numpy as np
 from mpi4py import MPI
 
-from common import Fed, flat_model, report, sharing
+from mpitrain.base.errors import MpitrainError
+from mpitrain.kernels.threshold import threshold_encode
 from mpitrain.parallel.comm import Communicator
 from mpitrain.parallel.costmodel import Network, recursive_exchange, split_exchange, split_header_bytes
-from mpitrain.errors import MpitrainError
-from mpitrain.kernels.threshold import threshold_encode
 from mpitrain.parallel.sync import check_replicas
+
+from common import Fed, flat_model, report, sharing
 
 
 class Counted(Communicator):

@@ -9,11 +9,12 @@ Prints one OK line per check on rank 0.
 import numpy as np
 from mpi4py import MPI
 
-from common import report
-from mpitrain.errors import MpitrainError
+from mpitrain.base.errors import MpitrainError
 from mpitrain.parallel.comm import Communicator
 from mpitrain.testing.score_distributions import noisy_click_model
 from mpitrain.training.distributed_scores import distributed_metrics
+
+from common import report
 
 comm = Communicator(MPI.COMM_WORLD.Dup())
 N = 200_000

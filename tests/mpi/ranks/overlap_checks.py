@@ -11,17 +11,17 @@ averaged at the epoch's end, equal. The last check stages every bucket through h
 import numpy as np
 from mpi4py import MPI
 
-from common import report as agreed
-
-from mpitrain.parallel.backend import create_backend
-from mpitrain.parallel.comm import Communicator, StagedCommunicator
 from mpitrain.config.sections import OptimizerConfig, SyncConfig
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import Conv2D, MaxPool2D
 from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU
 from mpitrain.nn.model import Sequential
 from mpitrain.nn.updaters import create_updater
+from mpitrain.parallel.backend import create_backend
+from mpitrain.parallel.comm import Communicator, StagedCommunicator
 from mpitrain.parallel.sync import check_replicas, create_synchronizer
+
+from common import report as agreed
 
 world = Communicator(MPI.COMM_WORLD.Dup())
 exact = world.size == 2

@@ -17,13 +17,14 @@ import sys
 
 import numpy as np
 
-import common
-from mpitrain.parallel.comm import Communicator
 from mpitrain.config.sections import OptimizerConfig
 from mpitrain.nn.layers import Dense, Tanh
 from mpitrain.nn.model import Sequential
 from mpitrain.nn.updaters import create_updater
+from mpitrain.parallel.comm import Communicator
 from mpitrain.parallel.sync import check_replicas, parameter_hash
+
+import common
 
 comm = Communicator()
 rng = np.random.default_rng(comm.rank)

@@ -31,9 +31,9 @@ import sys
 import time
 
 import mpitrain.cli
+import mpitrain.rundir.report
 import mpitrain.training.loop
 import mpitrain.training.trained
-import mpitrain.rundir.report
 
 folder, moment, args = sys.argv[1], sys.argv[2], sys.argv[3:]
 rank = int(os.environ["PMI_RANK"])
@@ -141,6 +141,7 @@ else:
 
 def train_from_a_script(config: str) -> int:
     import signal
+
     import mpitrain
     from mpitrain.training.preemption import Stopped
 

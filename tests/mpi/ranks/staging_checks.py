@@ -17,16 +17,17 @@ from types import SimpleNamespace
 import numpy as np
 from mpi4py import MPI
 
-import common
-from mpitrain.parallel.backend import create_backend
-from mpitrain.parallel.comm import Communicator, StagedCommunicator
-from mpitrain.parallel.launch import cuda_aware_mpi
 from mpitrain.config.sections import OptimizerConfig, SyncConfig, load_config
 from mpitrain.nn.layers import Dense, Tanh
 from mpitrain.nn.model import Sequential
 from mpitrain.nn.updaters import create_updater
+from mpitrain.parallel.backend import create_backend
+from mpitrain.parallel.comm import Communicator, StagedCommunicator
+from mpitrain.parallel.launch import cuda_aware_mpi
 from mpitrain.parallel.sync import create_synchronizer
 from mpitrain.training.loop import train
+
+import common
 
 name, config_path = sys.argv[1:3]
 plain = Communicator(MPI.COMM_WORLD.Dup())

@@ -8,8 +8,8 @@ import typing
 import numpy as np
 import pytest
 
+from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import Config, ModelConfig, load_config
-from mpitrain.errors import ConfigError
 from mpitrain.nn import flat
 from mpitrain.nn.graph import build_graph
 from mpitrain.nn.model import MAX_UNITS, build_model, check_memory, rank_memory_bytes

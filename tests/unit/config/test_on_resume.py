@@ -5,8 +5,17 @@ import dataclasses
 import yaml
 
 from mpitrain.config.on_resume import first_change, global_batch_change, resume_rules
-from mpitrain.config.sections import ALLOWED, AT_EPOCH_END, REFUSED, Config, DataConfig, ModelConfig, Section, \
-    config_yaml, option
+from mpitrain.config.sections import (
+    ALLOWED,
+    AT_EPOCH_END,
+    REFUSED,
+    Config,
+    DataConfig,
+    ModelConfig,
+    Section,
+    config_yaml,
+    option,
+)
 
 
 def as_recorded(**sections) -> dict:

@@ -6,10 +6,9 @@ import sys
 
 import pytest
 
-from mpitrain.testing import launch
-
+from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import config_yaml, ignored_options, load_config
-from mpitrain.errors import ConfigError
+from mpitrain.testing import launch
 
 REPO = launch.REPO
 

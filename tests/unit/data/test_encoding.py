@@ -5,7 +5,7 @@ import pytest
 
 from mpitrain.data.encoding import (TableEncoder, TableRows, fnv1a64, hash_ids, parse_table, text_hashes,
                                     vocabulary_ids)
-from mpitrain.errors import DataError
+from mpitrain.base.errors import DataError
 
 MASK = (1 << 64) - 1
 

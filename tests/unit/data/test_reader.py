@@ -11,9 +11,9 @@ from mpitrain.testing.datasets import flip_a_byte_in_a_chunk, make_dataset, read
 from mpitrain.data.augment import augment_images
 from mpitrain.parallel.backend import create_backend
 from mpitrain.data.reader import Batches, DatasetReader, ModelInput, eval_rows_for_rank, window_rows
-from mpitrain.errors import ConfigError, DataError
+from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.data.shards import read_manifest
-from mpitrain.nn.workspace import Workspace
+from mpitrain.base.workspace import Workspace
 
 
 def ranks(size: int, rank: int = 0):

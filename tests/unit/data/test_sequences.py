@@ -8,8 +8,8 @@ import pytest
 
 from mpitrain.data.reader import Batches, DatasetReader
 from mpitrain.data.sequences import PAD_MULTIPLE, Ragged, RaggedBuffer, SequenceInputs, SequenceRows
-from mpitrain.errors import DataError
-from mpitrain.nn.workspace import Workspace
+from mpitrain.base.errors import DataError
+from mpitrain.base.workspace import Workspace
 from mpitrain.parallel.backend import create_backend
 from mpitrain.testing.sequences import make_mixed_dataset, make_sequence_dataset, motif_sequences, ragged
 

@@ -11,7 +11,7 @@ from h5py import h5z
 
 from mpitrain.data.shards import (CHUNK_ROWS, COMPRESSIONS, MANIFEST_NAME, read_manifest, shard_path,
                                   write_manifest, write_shard)
-from mpitrain.errors import DataError
+from mpitrain.base.errors import DataError
 from mpitrain.testing.datasets import make_dataset
 
 

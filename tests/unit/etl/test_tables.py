@@ -5,7 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mpitrain.errors import ConfigError
+from mpitrain.base.errors import ConfigError
 from mpitrain.etl.job import plan_etl
 from mpitrain.etl.records import Target
 from mpitrain.etl.sources import SourceOptions, open_source

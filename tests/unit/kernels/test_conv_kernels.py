@@ -6,14 +6,26 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from mpitrain.kernels.activations import KINDS
-from mpitrain.kernels.conv_rows import (activation_backward_rows, activation_backward_rows_reference,
-                                        bias_activation_nchw, bias_activation_nchw_reference)
-from mpitrain.kernels.im2col import (col2im, col2im_channels_last, col2im_channels_last_reference, col2im_reference,
-                                     geometry, im2col, im2col_channels_last, im2col_channels_last_reference,
-                                     im2col_reference)
-from mpitrain.kernels.pool import max_pool, max_pool_backward, max_pool_backward_reference, max_pool_reference
 import mpitrain.nn.conv as conv_module
+from mpitrain.kernels.activations import KINDS
+from mpitrain.kernels.conv_rows import (
+    activation_backward_rows,
+    activation_backward_rows_reference,
+    bias_activation_nchw,
+    bias_activation_nchw_reference,
+)
+from mpitrain.kernels.im2col import (
+    col2im,
+    col2im_channels_last,
+    col2im_channels_last_reference,
+    col2im_reference,
+    geometry,
+    im2col,
+    im2col_channels_last,
+    im2col_channels_last_reference,
+    im2col_reference,
+)
+from mpitrain.kernels.pool import max_pool, max_pool_backward, max_pool_backward_reference, max_pool_reference
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.layers import Flatten
 from mpitrain.nn.model import Sequential

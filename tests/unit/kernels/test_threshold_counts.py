@@ -4,8 +4,14 @@ import numpy as np
 import pytest
 
 from mpitrain.kernels.threshold import message, reference, threshold_encode
-from mpitrain.kernels.threshold.counts import (add_counts, add_message, add_scaled, count_dtype, counts_capacity,
-                                               encode_counts)
+from mpitrain.kernels.threshold.counts import (
+    add_counts,
+    add_message,
+    add_scaled,
+    count_dtype,
+    counts_capacity,
+    encode_counts,
+)
 
 TAU = np.float32(0.5)
 

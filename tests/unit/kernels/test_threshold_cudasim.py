@@ -5,7 +5,6 @@ process may import numba first, so the checks run in a subprocess: cuda_kernels_
 """
 from __future__ import annotations
 
-
 import pytest
 
 from mpitrain.testing.cuda_check import run_cuda_kernels_check

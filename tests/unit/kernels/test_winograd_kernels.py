@@ -5,9 +5,17 @@ import numpy as np
 import pytest
 
 from mpitrain.kernels.im2col import geometry
-from mpitrain.kernels.winograd import (padded_channels_last, padded_size, tiles, winograd_inputs,
-                                       winograd_inputs_adjoint, winograd_outputs, winograd_outputs_adjoint,
-                                       winograd_weights, winograd_weights_adjoint)
+from mpitrain.kernels.winograd import (
+    padded_channels_last,
+    padded_size,
+    tiles,
+    winograd_inputs,
+    winograd_inputs_adjoint,
+    winograd_outputs,
+    winograd_outputs_adjoint,
+    winograd_weights,
+    winograd_weights_adjoint,
+)
 
 GEOMETRIES = [(3, 6, 6, "same"), (2, 7, 5, "same"), (4, 7, 9, "valid"), (1, 3, 3, "valid"), (2, 1, 2, "same")]
 

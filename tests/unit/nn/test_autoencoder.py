@@ -4,9 +4,9 @@ forward pass stops at a chosen node (`mpitrain predict --embeddings`)."""
 import numpy as np
 import pytest
 
+from mpitrain.base.errors import ConfigError, MpitrainError
 from mpitrain.config.sections import ModelConfig
 from mpitrain.data.shards import Manifest
-from mpitrain.errors import ConfigError, MpitrainError
 from mpitrain.nn.graph import build_network
 from mpitrain.nn.losses import mse, multilabel_cross_entropy
 from mpitrain.testing.gradients import numeric_grad

@@ -3,15 +3,16 @@ behaviour (the convolution and pooling kernels against their references: test_co
 import numpy as np
 import pytest
 
+import mpitrain.nn.conv as conv_module
+from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import ModelConfig
-from mpitrain.errors import ConfigError
 from mpitrain.kernels.im2col import geometry
 from mpitrain.nn.batchnorm import BatchNorm
-import mpitrain.nn.conv as conv_module
 from mpitrain.nn.conv import CHANNELS_LAST_FROM, WINOGRAD_FROM, AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh
 from mpitrain.nn.model import Sequential, build_model
 from mpitrain.testing.gradients import check_model_gradients
+
 
 def test_same_padding_keeps_the_size_at_stride_one_and_divides_it_at_stride_two():
     assert (geometry((1, 28, 28), 5, 1, "same").out_height, geometry((1, 28, 28), 5, 1, "same").pad_top) == (28, 2)

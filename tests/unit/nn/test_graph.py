@@ -3,9 +3,9 @@ written, one clear error per wrong node, and an embedding's backward writing onl
 import numpy as np
 import pytest
 
+from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import ModelConfig
 from mpitrain.data.shards import InputGroup, Manifest
-from mpitrain.errors import ConfigError
 from mpitrain.nn.graph import build_graph, build_network
 from mpitrain.nn.losses import binary_cross_entropy, softmax_cross_entropy
 from mpitrain.nn.model import build_model
@@ -176,7 +176,7 @@ def test_stepping_only_the_written_rows_of_a_table_gives_the_whole_buffer_step(m
 
 
 def test_an_id_beyond_its_table_is_a_data_error_naming_the_column():
-    from mpitrain.errors import DataError
+    from mpitrain.base.errors import DataError
     model = build_graph(ModelConfig(graph=ISSUE_GRAPH, loss="binary_cross_entropy"), GROUPS, (5,), 1, np)
     x = table_rows(np.random.default_rng(0), 4)
     x[2, 4] = 4  # column 1 has ids 0..3

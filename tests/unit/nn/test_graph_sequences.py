@@ -5,10 +5,10 @@ clear error per graph that cannot work."""
 import numpy as np
 import pytest
 
+from mpitrain.base.errors import ConfigError, MpitrainError
 from mpitrain.config.sections import ModelConfig
 from mpitrain.data.sequences import SequenceBatch, SequenceInputs
 from mpitrain.data.shards import Manifest
-from mpitrain.errors import ConfigError, MpitrainError
 from mpitrain.nn.graph import build_network
 from mpitrain.nn.losses import softmax_cross_entropy
 from mpitrain.nn.model import build_model
@@ -150,6 +150,7 @@ def test_embeddings_of_a_node_that_gives_a_sequence_are_refused():
 def onnx_run(model, dataset: Manifest, x: SequenceInputs):
     """The ONNX graph of `model` for `dataset` run by onnxruntime on `x` (float32); (its inputs, its output)."""
     import onnxruntime
+
     from mpitrain.rundir.export import onnx_model
     session = onnxruntime.InferenceSession(onnx_model(model, dataset).SerializeToString(),
                                            providers=["CPUExecutionProvider"])

@@ -2,16 +2,12 @@
 import numpy as np
 import pytest
 
+from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import ModelConfig
-from mpitrain.errors import ConfigError
 from mpitrain.nn.layers import Dense, Flatten, ReLU, Sigmoid, Tanh
 from mpitrain.nn.losses import softmax_cross_entropy
 from mpitrain.nn.model import Sequential, build_model
 from mpitrain.testing.gradients import check_model_gradients, numeric_grad
-
-
-
-
 
 
 @pytest.mark.parametrize("activation", [ReLU, Tanh, Sigmoid])

@@ -6,13 +6,24 @@ import numpy as np
 import pytest
 from sklearn.metrics import log_loss, mean_absolute_error, mean_squared_error
 
+from mpitrain.base.errors import ConfigError
+from mpitrain.base.workspace import Workspace
 from mpitrain.config.sections import ModelConfig, load_config
-from mpitrain.errors import ConfigError
 from mpitrain.nn.layers import Dense
-from mpitrain.nn.losses import (LOSS_TARGETS, LOSSES, binary_cross_entropy, check_loss_fits, check_loss_options,
-                                huber, l1, loss_with_options, mse, multilabel_cross_entropy, softmax_cross_entropy)
+from mpitrain.nn.losses import (
+    LOSS_TARGETS,
+    LOSSES,
+    binary_cross_entropy,
+    check_loss_fits,
+    check_loss_options,
+    huber,
+    l1,
+    loss_with_options,
+    mse,
+    multilabel_cross_entropy,
+    softmax_cross_entropy,
+)
 from mpitrain.nn.model import Sequential, build_model
-from mpitrain.nn.workspace import Workspace
 from mpitrain.testing.gradients import numeric_grad
 
 

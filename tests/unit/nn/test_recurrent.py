@@ -6,8 +6,8 @@ import itertools
 import numpy as np
 import pytest
 
+from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import ModelConfig
-from mpitrain.errors import ConfigError
 from mpitrain.nn.model import LAYER_TYPES, Sequential, build_model, check_layer_spec
 from mpitrain.nn.recurrent import GRU, LSTM
 from mpitrain.testing.gradients import check_sequence_layer_gradients, padded_steps
@@ -151,6 +151,7 @@ def check_onnx_runtime(cls, return_sequences, bidirectional, lengths, steps=6, f
     layer's forward on 5 sequences, at valid steps."""
     import onnx
     import onnxruntime as ort
+
     from mpitrain.rundir.export import OPSET, OnnxGraph, emit_layer
     layer, _ = bound_layer(cls, return_sequences, bidirectional, features, dtype="float32", units=5)
     x = np.random.default_rng(5).normal(size=(5, steps, features)).astype(np.float32)

@@ -4,8 +4,8 @@ refused when the config is read, naming the layer."""
 import numpy as np
 import pytest
 
+from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import load_config
-from mpitrain.errors import ConfigError
 from mpitrain.nn.layers import Dense, Dropout, Tanh
 from mpitrain.nn.model import Sequential
 from mpitrain.nn.recurrent import GRU, LSTM

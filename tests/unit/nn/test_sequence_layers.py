@@ -5,13 +5,20 @@ import math
 import numpy as np
 import pytest
 
+from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import ModelConfig
-from mpitrain.errors import ConfigError
 from mpitrain.nn.layers import Dense
 from mpitrain.nn.model import build_model
 from mpitrain.nn.sequence import Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
-from mpitrain.testing.gradients import (sequences, check_sequence_gradients, padded_batch, sequence_gradients, sequence_model,
-                                        set_sequence_lengths, weighted_loss)
+from mpitrain.testing.gradients import (
+    check_sequence_gradients,
+    padded_batch,
+    sequence_gradients,
+    sequence_model,
+    sequences,
+    set_sequence_lengths,
+    weighted_loss,
+)
 
 RAGGED = np.array([9, 6, 7])  # each at least the span (5) of a 3-tap kernel at dilation 2, padded to 11
 

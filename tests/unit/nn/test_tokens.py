@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.config.sections import ModelConfig
 from mpitrain.data.sequences import SequenceBatch
-from mpitrain.errors import ConfigError, DataError
 from mpitrain.nn.model import build_model
 from mpitrain.nn.tokens import TokenEmbedding
 from mpitrain.testing.gradients import numeric_grad, sequence_model

@@ -6,15 +6,15 @@ counts the same copies the GPU path makes, so the CPU run checks the trainer's b
 import numpy as np
 import pytest
 
-from mpitrain.parallel.backend import create_backend, gpu_available
+from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import OptimizerConfig
-from mpitrain.errors import ConfigError
-from mpitrain.training.metrics import Traffic, Window
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.conv import Conv2D, MaxPool2D
 from mpitrain.nn.layers import KEYED_BITS, Dense, Dropout, Flatten, ReLU, keyed_bits
 from mpitrain.nn.model import Sequential
 from mpitrain.nn.updaters import create_updater
+from mpitrain.parallel.backend import create_backend, gpu_available
+from mpitrain.training.metrics import Traffic, Window
 
 NO_GPU = "no GPU: cupy is not installed or cupy.is_available() is False; this test needs a CUDA GPU"
 BACKENDS = ["numpy", pytest.param("cupy", marks=pytest.mark.skipif(not gpu_available(), reason=NO_GPU))]

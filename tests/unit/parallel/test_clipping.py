@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import ModelConfig, OptimizerConfig, SyncConfig, load_config
 from mpitrain.data.shards import InputGroup
-from mpitrain.errors import ConfigError
 from mpitrain.nn.graph import build_graph
 from mpitrain.nn.layers import Dense
 from mpitrain.nn.model import Sequential
@@ -16,6 +16,7 @@ from mpitrain.parallel.backend import create_backend
 from mpitrain.parallel.comm import Communicator
 from mpitrain.parallel.sync import create_synchronizer
 from mpitrain.parallel.sync.base import apply_update
+
 
 def scaled_to(grads, clip_norm):
     """`grads` scaled to norm `clip_norm` as PyTorch's clip_grad_norm_ does: times clip_norm / (norm + 1e-6)."""

@@ -3,8 +3,15 @@ import math
 
 import pytest
 
-from mpitrain.parallel.costmodel import (Network, allgather_exchange, allreduce_bytes, message_elements,
-                                         recursive_exchange, split_exchange, split_header_bytes)
+from mpitrain.parallel.costmodel import (
+    Network,
+    allgather_exchange,
+    allreduce_bytes,
+    message_elements,
+    recursive_exchange,
+    split_exchange,
+    split_header_bytes,
+)
 from mpitrain.parallel.sync.exchange import choose_exchange
 
 MLP = 648010  # parameters of configs/fashion_mlp.yaml

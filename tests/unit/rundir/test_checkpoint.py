@@ -3,8 +3,8 @@ import h5py
 import numpy as np
 import pytest
 
+from mpitrain.base.errors import DataError
 from mpitrain.rundir.checkpoint import Checkpoint, check_fits, list_checkpoints, load_checkpoint, save_checkpoint
-from mpitrain.errors import DataError
 
 LAYOUT = [("00_dense/W", (2, 3)), ("00_dense/b", (3,)), ("02_dense/W", (3, 1)), ("02_dense/b", (1,))]
 

@@ -47,6 +47,7 @@ def test_an_autoencoder_exports_its_reconstruction_as_predict_gives_it(loss, hea
     """`model.target: reconstruction` on uint8 images: the output `reconstruction` [N, features], through a Sigmoid
     under binary cross-entropy, equal to `mpitrain.training.evaluation.outputs_of` the model's outputs."""
     import onnxruntime as ort
+
     from mpitrain.training.evaluation import outputs_of
     manifest = Manifest((1, 4, 4), "uint8", 1 / 255, 0.0, 0.4, 0.2, 10, {}, {})  # a class dataset: labels unread
     graph = [{"name": "pixels", "type": "flatten", "input": "numeric"},

@@ -8,7 +8,7 @@ import pytest
 from mpitrain.nn.layers import Dense
 from mpitrain.nn.sequence import Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
 from mpitrain.rundir.export import OPSET, OnnxGraph, emit_layer
-from mpitrain.testing.gradients import sequences, padded_batch, sequence_model, set_sequence_lengths
+from mpitrain.testing.gradients import padded_batch, sequence_model, sequences, set_sequence_lengths
 
 FEATURES = 3
 

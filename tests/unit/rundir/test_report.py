@@ -4,8 +4,15 @@ import numpy as np
 import sklearn.metrics as sk
 from matplotlib.image import imread
 
-from mpitrain.rundir.report import (MAX_CURVES, curve_points, curves_figure, scatter_figure, scatter_points,
-                                    write_curves_png, write_scatter_png)
+from mpitrain.rundir.report import (
+    MAX_CURVES,
+    curve_points,
+    curves_figure,
+    scatter_figure,
+    scatter_points,
+    write_curves_png,
+    write_scatter_png,
+)
 from mpitrain.training.scores import curves, target_metrics
 
 

@@ -3,7 +3,7 @@ how a failed job is told in one line (mpitrain.spark.task.describe_failure), for
 that the system tests' one host cannot show."""
 import pytest
 
-from mpitrain.errors import MpitrainError
+from mpitrain.base.errors import MpitrainError
 from mpitrain.spark.hydra import Placement, launcher_command, read_proxy_commands
 from mpitrain.spark.task import describe_failure
 

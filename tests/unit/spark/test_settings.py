@@ -5,9 +5,9 @@ spark.task.cpus unless the user set the executors' pool variables (`stage.rank_t
 import pytest
 from pyspark import SparkConf
 
-from mpitrain.errors import MpitrainError
+from mpitrain.base.errors import MpitrainError
+from mpitrain.base.threads import SIZED_MARK, with_pools
 from mpitrain.spark.cli import check_classic_spark
-from mpitrain.parallel.threads import SIZED_MARK, with_pools
 from mpitrain.spark.stage import check_settings, rank_threads
 
 

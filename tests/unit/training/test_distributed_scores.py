@@ -11,10 +11,15 @@ import numpy as np
 import pytest
 from sklearn import metrics as sk
 
-from mpitrain.errors import MpitrainError
+from mpitrain.base.errors import MpitrainError
 from mpitrain.testing.score_distributions import DISTRIBUTIONS
-from mpitrain.training.distributed_scores import (_BIN_EDGES, HISTOGRAM_BINS, distributed_metrics, gather_predictions,
-                                                  score_bins)
+from mpitrain.training.distributed_scores import (
+    _BIN_EDGES,
+    HISTOGRAM_BINS,
+    distributed_metrics,
+    gather_predictions,
+    score_bins,
+)
 from mpitrain.training.scores import Ranking, target_metrics
 
 AUC_ERROR, AVERAGE_PRECISION_ERROR = 1e-6, 1e-5  # the histogram mode's largest errors the module docstring states

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sklearn import metrics as sk
 
-from mpitrain.errors import MpitrainError
+from mpitrain.base.errors import MpitrainError
 from mpitrain.training.scores import curves, target_metrics
 
 RTOL = 1e-12

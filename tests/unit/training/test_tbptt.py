@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import OptimizerConfig, SyncConfig
-from mpitrain.errors import ConfigError
 from mpitrain.nn.layers import Dense, Dropout
 from mpitrain.nn.model import Sequential
 from mpitrain.nn.recurrent import LSTM

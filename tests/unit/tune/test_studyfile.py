@@ -3,9 +3,9 @@
 import pytest
 import yaml
 
+from mpitrain.base.errors import ConfigError
 from mpitrain.cli import main
 from mpitrain.config.sections import load_config
-from mpitrain.errors import ConfigError
 from mpitrain.testing.datasets import make_digits_dataset, write_config
 from mpitrain.tune.studyfile import load_study
 

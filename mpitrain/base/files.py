@@ -1,8 +1,10 @@
-"""Writing a file (config.yaml, summary.json, eval-SPLIT.json, predictions, checkpoints, ONNX models) so that a
-failure never leaves half a file and always says, in one line, which path failed and why.
+"""The one way mpitrain writes a file whole (config.yaml, summary.json, manifest.json, metrics.jsonl trimmed on resume,
+eval-SPLIT.json, predictions, checkpoints, ONNX models): a failure never leaves half a file and always says, in one
+line, which path failed and why.
 
     write_file(path, lambda f: json.dump(summary, f))      # temporary file, fsync, rename
-    check_output(path, overwrite)                          # a file the user named: refused where it would damage
+    with os_errors(path, "reading it"): ...                 # an OSError as one line naming the path
+    refuse_existing(path, overwrite)                        # an existing path refused unless --overwrite
 """
 from __future__ import annotations
 
@@ -11,9 +13,7 @@ import os
 import shutil
 from contextlib import contextmanager
 
-from mpitrain.data.shards import MANIFEST_NAME
-from mpitrain.errors import MpitrainError, describe
-from mpitrain.rundir.directory import RunDir
+from mpitrain.base.errors import MpitrainError, describe
 
 
 def write_file(path: str, write, binary: bool = False, size: int = 0) -> None:
@@ -39,24 +39,6 @@ def refuse_existing(path: str, overwrite: bool, error=MpitrainError) -> None:
     """Refuse an existing `path` (file, folder or link) unless `overwrite`, in the words every command uses."""
     if os.path.lexists(path) and not overwrite:
         raise error(f"{path}: exists; pass --overwrite to replace it")
-
-
-def check_output(path: str, overwrite: bool) -> None:
-    """Refuse to write the file `path` a user named (predict, export, report): inside a run's checkpoints/ folder or a
-    dataset folder (one holding manifest.json), even with `overwrite`; over an existing file, unless `overwrite`."""
-    folder = os.path.dirname(os.path.realpath(path))  # a link is judged by where it points
-    while True:
-        parent = os.path.dirname(folder)
-        if os.path.isfile(os.path.join(folder, MANIFEST_NAME)):
-            raise MpitrainError(f"{path}: is inside the dataset folder {folder}; write it elsewhere "
-                                "(not even --overwrite writes into a dataset)")
-        if folder == RunDir(parent).checkpoints and os.path.isfile(RunDir(parent).config):
-            raise MpitrainError(f"{path}: is inside the run's checkpoints folder {folder}; write it elsewhere "
-                                "(not even --overwrite writes there)")
-        if parent == folder:
-            break
-        folder = parent
-    refuse_existing(path, overwrite)
 
 
 @contextmanager

@@ -8,7 +8,7 @@ the pool: with two ranks on two cores each rank's idle OpenMP threads spin betwe
 take the cores from the other rank's work and from MPI's progress; numba's pool alone did the
 damage (docs/benchmarks.md#threads-per-rank-what-made-the-default-slow).
 
-So `mpitrain/__init__.py` calls `size_thread_pools()` before anything imports numpy or numba:
+So `mpitrain/__init__.py` calls `thread_plan()` before anything imports numpy or numba:
 the number of ranks on this node comes from the launcher's environment, and every pool
 variable the user did not set gets `cores // ranks` (at least 1). The user's own values win;
 a user's `OMP_NUM_THREADS` (what Spark sets for its Python workers: `spark.task.cpus`) is the
@@ -117,6 +117,17 @@ def size_thread_pools(environ=os.environ) -> ThreadPlan:
     if environ is os.environ and ("numpy" in sys.modules or "numba" in sys.modules):
         _lower_started_pools(plan)
     return plan
+
+
+_PLAN: list[ThreadPlan] = []  # this process's plan, made once
+
+
+def thread_plan() -> ThreadPlan:
+    """This process's plan: the first call sizes the pools (`size_thread_pools`), later calls give the same plan.
+    `import mpitrain` makes the first call, before numpy or numba loads; `mpitrain.THREADS` is its plan."""
+    if not _PLAN:
+        _PLAN.append(size_thread_pools())
+    return _PLAN[0]
 
 
 def _lower_started_pools(plan: ThreadPlan) -> None:

@@ -1,4 +1,4 @@
-"""Thread pools sized before they start (mpitrain/parallel/threads.py), from the environment alone: the ranks
+"""Thread pools sized before they start (mpitrain/base/threads.py), from the environment alone: the ranks
 on the node by launcher, each rank's share, the user's values, values an ancestor sized. The pools inside
 real ranks: tests/mpi/test_thread_pools.py, tests/system/test_thread_pools_spark.py and the srun test."""
 from __future__ import annotations
@@ -7,8 +7,16 @@ import os
 
 import pytest
 
-from mpitrain.parallel.threads import (POOL_VARIABLES, SIZED_MARK, ThreadPlan, check_ranks_on_node, plan_threads,
-                              ranks_on_node, size_thread_pools, users_environment)
+from mpitrain.base.threads import (
+    POOL_VARIABLES,
+    SIZED_MARK,
+    ThreadPlan,
+    check_ranks_on_node,
+    plan_threads,
+    ranks_on_node,
+    size_thread_pools,
+    users_environment,
+)
 
 CORES = len(os.sched_getaffinity(0))
 
