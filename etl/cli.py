@@ -3,7 +3,6 @@ share them, and the two jobs share their source, output and bad-record options."
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 
@@ -15,6 +14,7 @@ from mpitrain.etl.shuffle import ORDERS
 from mpitrain.etl.sources import KNOWN_SOURCES, SourceOptions
 from mpitrain.etl.tables import MAX_VOCABULARY, NUMERIC_MISSING, TableOptions
 from mpitrain.etl.transforms import BINARIZE_MODES, TransformOptions
+from mpitrain.spark.session import spark_session
 
 
 def _sizes(separator: str):
@@ -177,28 +177,6 @@ def plan_from_args(args: argparse.Namespace):
                     validation_fraction=args.validation_fraction, max_bad_fraction=args.max_bad_fraction,
                     compression=args.compression, order=args.order, transforms=transforms, source_options=source,
                     tables=tables)
-
-
-@contextlib.contextmanager
-def spark_session(master: str | None, name: str, conf: dict | None = None):
-    """A SparkSession for one job, with the settings `conf`, stopped afterwards; its executors run this Python
-    unless told otherwise."""
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(name)
-    for key, value in (conf or {}).items():
-        builder = builder.config(key, value)
-    if master:
-        builder = builder.master(master)
-    # Without --master, Spark's own default applies: spark-submit always sets spark.master
-    # (its --master, spark-defaults.conf, or local[*]), also when PySpark starts it itself.
-    spark = builder.getOrCreate()
-    try:
-        spark.sparkContext.setLogLevel("WARN")
-        yield spark
-    finally:
-        spark.stop()
 
 
 def run(args: argparse.Namespace) -> int:

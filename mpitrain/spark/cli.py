@@ -33,8 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser, default_master: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Check the request, run the job in Spark, print the outcome; a user error propagates as MpitrainError."""
     from mpitrain.config.sections import load_config
-    from mpitrain.etl.cli import spark_session
     from mpitrain.spark.hydra import check_manual_launcher, find_mpiexec
+    from mpitrain.spark.session import spark_session
     from mpitrain.spark.stage import run_mpi_job
     from mpitrain.spark.task import JobFailed, MpiJob
 

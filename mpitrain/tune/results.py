@@ -21,6 +21,7 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 
 from mpitrain.base.files import write_file
 from mpitrain.config.yaml_input import read_yaml_file
+from mpitrain.rundir.directory import RunDir
 from mpitrain.rundir.report import write_report
 from mpitrain.tune.storage import REASON, locked, retried_trials
 from mpitrain.tune.studyfile import Study
@@ -83,7 +84,7 @@ def _write_results(study: Study, optuna_study, plots: bool) -> list[str]:
 
 def write_best(study: Study, trial) -> str:
     """STUDY/best.yaml: the best trial's config as its run recorded it, training into STUDY/best."""
-    config = read_yaml_file(os.path.join(trial.user_attrs["run_dir"], "config.yaml"), "config file")
+    config = read_yaml_file(RunDir(trial.user_attrs["run_dir"]).config, "config file")
     config["run_dir"] = os.path.join(study.folder, "best")
     header = (f"# trial {trial.number} of {study.folder}: {study.objective.split}.{study.objective.metric} "
               f"{trial.value!r} on {trial.user_attrs['ranks']} ranks; data.test_split is the objective's split.\n"

@@ -1,0 +1,59 @@
+"""mpitrain's command line in this process (mpitrain/cli.py): the parser refuses what it does not know with exit 2,
+a user's error is one line and exit 2, and `info` describes a dataset and checks its shards. The commands that start
+ranks are the mpi layer's (tests/mpi/test_misuse.py)."""
+from __future__ import annotations
+
+import logging
+import signal
+
+import pytest
+
+from mpitrain.cli import main
+from mpitrain.testing.datasets import make_dataset
+from mpitrain.training.preemption import SIGNALS
+
+
+@pytest.fixture(autouse=True)
+def process_state():
+    """main() installs mpitrain's stop handlers (and gives the defaults back) and sets mpitrain's log level: the
+    test process gets its own back afterwards."""
+    saved, level = {number: signal.getsignal(number) for number in SIGNALS}, logging.getLogger("mpitrain").level
+    yield
+    for number, handler in saved.items():
+        signal.signal(number, handler)
+    logging.getLogger("mpitrain").setLevel(level)
+
+
+def test_a_command_it_does_not_know_is_refused_with_exit_2(capsys):
+    with pytest.raises(SystemExit) as ended:
+        main(["frobnicate"])
+    assert ended.value.code == 2
+    assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
+
+
+def test_a_missing_argument_is_refused_with_exit_2(capsys):
+    with pytest.raises(SystemExit) as ended:
+        main(["export", "runs/x"])
+    assert ended.value.code == 2
+    assert "the following arguments are required: --out" in capsys.readouterr().err
+
+
+def test_info_describes_a_dataset_and_verifies_its_shards(tmp_path, capsys):
+    make_dataset(tmp_path / "data", n_train=60, n_test=20, shards=2)
+    assert main(["info", str(tmp_path / "data")]) == 0
+    out = capsys.readouterr().out
+    assert "train: 60 rows in 2 shards" in out and "test: 20 rows in 2 shards" in out
+    assert out.rstrip().endswith("all shards present and well-formed, checksums verified")
+
+
+@pytest.mark.parametrize("command, expected", [
+    (["info", "{tmp}/nowhere"], "mpitrain info: error: {tmp}/nowhere/manifest.json: no such file; expected a dataset "
+                                "folder written by `mpitrain etl`"),
+    (["export", "{tmp}", "--out", "{tmp}/model.onnx"], "mpitrain export: error: {tmp}/checkpoints: no checkpoint; "
+                                                       "train the run first"),
+])
+def test_a_users_error_is_one_line_and_exit_2(tmp_path, capsys, command, expected):
+    assert main([part.format(tmp=tmp_path) for part in command]) == 2
+    err = capsys.readouterr().err
+    assert err == expected.format(tmp=tmp_path) + "\n"
+    assert not (tmp_path / "model.onnx").exists()
