@@ -44,8 +44,8 @@ from mpitrain.data.shards import FEATURE_DTYPES
 from mpitrain.etl.job import FRACTIONS, check_bad_records, task_data_errors
 from mpitrain.etl.output import atomic_folder, check_apart, check_out
 from mpitrain.etl.records import BadRecords
-from mpitrain.etl.sources import Source, SourceOptions, open_source, source_paths
-from mpitrain.etl.target_columns import TABLES, TargetColumns, label_columns
+from mpitrain.etl.sources import SOURCES, Source, SourceOptions, open_source, schemes_that, source_kind, source_paths
+from mpitrain.etl.target_columns import TargetColumns, label_columns
 
 METRICS_NAME = "_metrics.json"  # inside the output folder; also what marks a folder --overwrite may replace
 ROW_ID = "row"  # the key column made for sources without keys of their own
@@ -139,12 +139,13 @@ def plan_scoring(model: str, source: str, out: str, split: str = "", overwrite: 
     check_out(out, overwrite, METRICS_NAME, "predictions")
     scoring = load_model(model)
     shape, target = scoring.feature_shape, scoring.target
-    scheme = source.partition(":")[0]
-    if not options.labeled and scheme not in ("csv", "parquet", "images"):
-        raise ConfigError(f"--no-label: only csv, parquet and images sources may lack labels; {source} has them")
-    if options.keys and scheme != "parquet":
-        raise ConfigError(f"--keys {','.join(options.keys)}: only parquet sources have key columns; {source} "
-                          "gets a `row` (images: `path`)")
+    kind = source_kind(source)
+    if not options.labeled and not kind.unlabeled_records:
+        raise ConfigError(f"--no-label: only {schemes_that('unlabeled_records')} sources may lack labels; {source} "
+                          "has them")
+    if options.keys and not kind.key_columns:
+        raise ConfigError(f"--keys {','.join(options.keys)}: only {schemes_that('key_columns')} sources have key "
+                          f"columns; {source} gets a `row` (images: `path`)")
     if target == "class" and "," in options.label and options.labeled:
         raise ConfigError(f"--label {options.label}: a class model reads one label column")
     options = replace(options, num_classes=scoring.outputs if target == "class" else 0,
@@ -179,9 +180,9 @@ def _table_source(spec: str, options: SourceOptions, scoring: ScoringModel) -> S
     id 0, missing numbers the train mean where the columns impute them); labels checked against the model's target,
     a column per output for other targets than class (`label_columns`)."""
     description, target = scoring.description, scoring.target
-    if spec.partition(":")[0] not in TABLES:
-        raise ConfigError(f"{spec}: a table model reads the columns of csv or parquet records; expected csv:PATH or "
-                          "parquet:PATH")
+    if not source_kind(spec).tabular:
+        raise ConfigError(f"{spec}: a table model reads the columns of {schemes_that('tabular').replace(' and ', ' or ')}"
+                          " records; expected " + " or ".join(f"{s}:PATH" for s, k in SOURCES.items() if k.tabular))
     labels = label_columns(options.label, target, description.get("target_names", []), scoring.outputs) \
         if target != "class" and options.labeled else ()
     return open_source(spec, options=replace(options, columns=description["columns"], target=target,

@@ -5,7 +5,7 @@ a csv or parquet table whose label columns hold 0/1 labels or numbers.
     source = TargetColumns("parquet:rows.parquet", options, "multilabel", columns)
     source.connect(spark); read = source.convert("train", batch)      # read.y: float32 (rows, 2)
 
-The ETL's table sources (`etl/tabular.py`) read one integer class label. This wraps one opened without labels, so
+The ETL's table sources (`etl/sources/table.py`, `csv.py`, `parquet.py`) read one integer class label. This wraps one opened without labels, so
 that its feature columns exclude the label columns, and takes the labels from the records itself: a parquet
 source carries them as extra key columns of its frame; a csv source parses every column as a float32 feature,
 and the label columns are cut out of the parsed values (then the features are checked against the model's dtype).
@@ -19,9 +19,7 @@ import numpy as np
 
 from mpitrain.base.errors import ConfigError
 from mpitrain.etl.records import ReadBatch, checked_batch
-from mpitrain.etl.sources import Source, SourceOptions, open_source
-
-TABLES = ("csv", "parquet")
+from mpitrain.etl.sources import Source, SourceOptions, open_source, schemes_that, source_kind
 
 
 def label_columns(label: str, target: str, names: list[str], width: int) -> tuple[str, ...]:
@@ -41,15 +39,16 @@ class TargetColumns(Source):
     features (the other columns) are the model's `feature_shape` and `feature_dtype` from `options`."""
 
     def __init__(self, spec: str, options: SourceOptions, target: str, columns: tuple[str, ...]):
-        self.scheme = spec.partition(":")[0]
-        if self.scheme not in TABLES:
-            raise ConfigError(f"{spec}: a {target} model reads its labels from columns of csv or parquet records "
-                              f"(--label); score {self.scheme} records with --no-label")
+        self.kind = source_kind(spec)
+        if not self.kind.tabular:
+            raise ConfigError(f"{spec}: a {target} model reads its labels from columns of "
+                              f"{schemes_that('tabular').replace(' and ', ' or ')} records (--label); score "
+                              f"{self.kind.scheme} records with --no-label")
         self.target, self.options = target, options
-        # csv: every column a float32 feature, the labels cut out here; parquet: the features as the model takes them
-        # parquet: the label columns named here ride along as keys, so they are not taken for features
+        # untyped columns (csv): every column a float32 feature, the labels cut out here; typed columns (parquet): the
+        # features as the model takes them, the label columns named here riding along as keys, not taken for features
         unlabeled = replace(options, labeled=False, **({"feature_shape": (), "feature_dtype": "float32"}
-                                                      if self.scheme == "csv" else
+                                                      if not self.kind.typed_columns else
                                                       {"keys": (*options.keys, *(c for c in columns
                                                                                  if not c.isdigit()))}))
         self.inner = open_source(spec, options=unlabeled)
@@ -58,7 +57,7 @@ class TargetColumns(Source):
         self.feature_dtype, self.splits, self.keys = options.feature_dtype, self.inner.splits, ()
 
     def connect(self, spark) -> None:
-        if self.scheme == "parquet":
+        if self.kind.typed_columns:
             from pyspark.sql.types import BooleanType, NumericType
             types = {field.name: field.dataType for field in spark.read.parquet(self.inner.paths["train"]).schema}
             self.names = [self._column(column, list(types)) for column in self.columns]
@@ -97,7 +96,7 @@ class TargetColumns(Source):
 
         read = self.inner.convert(split, batch)
         where, kept = self.inner.paths[split], np.asarray(read.kept, np.int64)
-        if self.scheme == "parquet":
+        if self.kind.typed_columns:
             x = read.x
             labels = np.column_stack([pc.cast(batch.column(name).take(pa.array(kept)), pa.float64())
                                       .to_numpy(zero_copy_only=False) for name in self.names]) \

@@ -58,3 +58,18 @@ def test_the_ground_floor_imports_nothing_of_mpitrain_above_it():
     above = {os.path.relpath(path, REPO): sorted(m for m in mpitrain_imports(path) if not m.startswith("mpitrain.base"))
              for path in ground}
     assert {path: modules for path, modules in above.items() if modules} == {}
+
+
+def test_setup_py_installs_every_package_folder():
+    """Each folder with an __init__.py is in setup.py's `packages` (under its installed name), else a wheel would
+    leave it out: an editable install finds it anyway, so only this test notices."""
+    installed_as = {"mpitrain": "mpitrain", "etl": "mpitrain.etl", "kernels": "mpitrain.kernels",
+                    os.path.join("tests", "harness"): "mpitrain.testing"}
+    folders = set()
+    for folder, name in installed_as.items():
+        for init in glob.glob(os.path.join(REPO, folder, "**", "__init__.py"), recursive=True):
+            inside = os.path.relpath(os.path.dirname(init), os.path.join(REPO, folder))
+            folders.add(name if inside == "." else name + "." + inside.replace(os.sep, "."))
+    with open(os.path.join(REPO, "setup.py")) as f:
+        listed = re.search(r"packages=\[(.*?)\]", f.read(), re.S).group(1)
+    assert folders - set(re.findall(r'"([\w.]+)"', listed)) == set()

@@ -1,4 +1,5 @@
-"""ETL sources, chosen by the `--source` string: `idx:/folder`, `digits:`, `csv:PATH`, `parquet:PATH`, `images:/folder`.
+"""What every ETL source is (`Source`, `RangeSource`), its options (`SourceOptions`) and the path helpers they share;
+each source is a file of this folder, registered in `mpitrain.etl.sources` (`__init__.py`).
 
 A source says how its features are stored (shape, dtype, scale/offset to floats), which
 splits it has (a source without `test` gets one carved by the job), and reads a split as an
@@ -21,15 +22,9 @@ import numpy as np
 from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.config.domains import check_number
 from mpitrain.data.sequences import MAX_LENGTH
-from mpitrain.etl.idx import find_splits, read_records
-from mpitrain.etl.records import ReadBatch, Target, checked_batch
+from mpitrain.etl.records import ReadBatch, Target
 from mpitrain.etl.sequence_columns import DEFAULT_MAX_LENGTH
 
-KNOWN_SOURCES = ("idx:/folder (MNIST-format IDX files, plain or .gz)",
-                 "digits: (scikit-learn's bundled 8x8 digits)",
-                 "csv:PATH (file, folder or glob; label columns, numeric and categorical features)",
-                 "parquet:PATH (label columns; numeric, numeric-array or categorical feature columns)",
-                 "images:/folder (CLASS_NAME/*.png|jpg)")
 READ_ROWS = 10000  # rows per read task of a source read by record ranges
 
 
@@ -77,6 +72,20 @@ class Source(ABC):
     keys: tuple[str, ...] = ()  # columns of `frame` that identify a record (none: scoring numbers the rows)
     target = Target()  # what the labels hold: class labels, unless a table source's --target says otherwise
     table = False  # a table's rows (`TableRows`, encoded after fitting: etl/tables.py), not plain features
+    # What the source is and can do, asked instead of its `--source` scheme (`mpitrain.etl.sources.SOURCES`):
+    scheme = ""  # the `--source` scheme, `SCHEME:ARGUMENT`
+    usage = ""  # `--source`'s form and a few words, for the list of known sources
+    takes_path = True  # the argument is a path (digits: none)
+    separate_test = False  # takes `--test PATH`: a test split of its own
+    unlabeled_records = False  # its records may come without labels (scoring's --no-label)
+    key_columns = False  # records carry columns that identify them (scoring's --keys)
+    tabular = False  # records of named columns: label columns, a table model's columns
+    typed_columns = False  # its columns have types of their own (parquet); else every column is parsed as text
+
+    @classmethod
+    def open(cls, spec: str, argument: str, options: "SourceOptions") -> "Source":
+        """The source of `--source SCHEME:ARGUMENT`, headers validated, no rows read."""
+        return cls(spec, argument, options)
 
     def __init__(self, spec: str, feature_shape: tuple[int, ...], scale: float, num_classes: int | None):
         self.spec = spec
@@ -180,54 +189,6 @@ def check_path(spec: str, path: str) -> str:
     return path
 
 
-class IdxSource(RangeSource):
-    """An IDX folder with splits `train` and `test`; images become [1, rows, cols] scaled by 1/255."""
-
-    def __init__(self, spec: str, folder: str):
-        self.headers = find_splits(folder)
-        train_images = self.headers["train"][0]
-        for images, _ in self.headers.values():
-            if images.row_shape != train_images.row_shape:
-                raise DataError(f"{images.path}: images of shape {list(images.row_shape)}, expected "
-                                f"{list(train_images.row_shape)} like {train_images.path}")
-        super().__init__(spec, (1, *train_images.row_shape), 1 / 255, 10)
-
-    def known_rows(self) -> dict[str, int]:
-        return {split: images.count for split, (images, _) in self.headers.items()}
-
-    def read_range(self, split, start, stop):
-        images, labels = self.headers[split]
-        x = read_records(images, start, stop).reshape(stop - start, *self.feature_shape)
-        return checked_batch(x, read_records(labels, start, stop), self.num_classes, labels.path,
-                             lambda i: start + i)
-
-
-class DigitsSource(RangeSource):
-    """scikit-learn's `load_digits` (1797 rows, values 0..16 scaled by 1/16); the job carves its test split."""
-
-    splits = ("train",)
-
-    def __init__(self, spec: str):
-        super().__init__(spec, (1, 8, 8), 1 / 16, 10)
-
-    def known_rows(self) -> dict[str, int]:
-        return {"train": len(_load_digits().target)}
-
-    def read_range(self, split, start, stop):
-        digits = _load_digits()
-        x = digits.images[start:stop].astype(np.uint8).reshape(stop - start, *self.feature_shape)
-        return checked_batch(x, digits.target[start:stop], self.num_classes, "sklearn load_digits",
-                             lambda i: start + i)
-
-
-def _load_digits():
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError:
-        raise ConfigError("--source digits: needs scikit-learn (pip install scikit-learn)") from None
-    return load_digits()
-
-
 def carved_rows(name: str, fraction: float, rows: int) -> int:
     """Rows a `--NAME-fraction` carves from `rows`; both parts must be non-empty."""
     carved = round(rows * fraction) if 0 < fraction < 1 else 0
@@ -237,26 +198,3 @@ def carved_rows(name: str, fraction: float, rows: int) -> int:
     return carved
 
 
-def open_source(spec: str, test_fraction: float = 0.2, options: SourceOptions = SourceOptions()) -> Source:
-    """Parse `--source` and open it (headers validated, no rows read).
-
-    A source without a test split whose rows are known has `test_fraction` checked here.
-    """
-    from mpitrain.etl.images import ImageFolderSource
-    from mpitrain.etl.tabular import CsvSource, ParquetSource
-
-    scheme, _, argument = spec.partition(":")
-    kinds = {"csv": CsvSource, "parquet": ParquetSource, "images": ImageFolderSource}
-    if scheme == "idx" and argument:
-        source = IdxSource(spec, os.path.abspath(argument))  # tasks may run elsewhere, in another folder
-    elif scheme == "digits" and not argument:
-        source = DigitsSource(spec)
-    elif scheme in kinds and argument:
-        source = kinds[scheme](spec, argument, options)
-    else:
-        raise ConfigError(f"--source {spec!r}: expected one of: {'; '.join(KNOWN_SOURCES)}")
-    if options.test and scheme not in kinds:
-        raise ConfigError(f"--test {options.test}: only csv, parquet and images sources take a separate test split")
-    if "test" not in source.splits and source.known_rows():
-        carved_rows("test", test_fraction, source.known_rows()["train"])
-    return source

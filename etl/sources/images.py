@@ -14,7 +14,7 @@ import numpy as np
 
 from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.etl.records import BadRecords, ReadBatch, checked_batch
-from mpitrain.etl.sources import Source, SourceOptions, split_paths
+from mpitrain.etl.sources.base import Source, SourceOptions, split_paths
 
 EXTENSIONS = "*.{png,PNG,jpg,JPG,jpeg,JPEG}"
 MODES = {"gray": ("L", 1), "rgb": ("RGB", 3)}
@@ -24,6 +24,8 @@ class ImageFolderSource(Source):
     """Class folders of PNG/JPEG images; `--test FOLDER` gives a test split with the same class folders."""
 
     keys = ("path",)
+    scheme, usage = "images", "images:/folder (CLASS_NAME/*.png|jpg)"
+    separate_test = unlabeled_records = True
 
     def __init__(self, spec: str, folder: str, options: SourceOptions):
         self.paths = split_paths(spec, folder, options)
