@@ -46,7 +46,8 @@ from mpitrain.nn.model import build_model  # noqa: E402
 from mpitrain.parallel.costmodel import Network, allgather_exchange, allreduce_bytes, recursive_exchange, split_exchange  # noqa: E402
 from mpitrain.parallel.sync.buckets import gradient_buckets  # noqa: E402
 from mpitrain.parallel.sync.exchange import choose_exchange  # noqa: E402
-from mpitrain.rundir.report import read_metrics  # noqa: E402
+from mpitrain.rundir.directory import RunDir  # noqa: E402
+from mpitrain.rundir.metrics_file import read_metrics  # noqa: E402
 from mpitrain.testing.cluster import SimulatedCluster, missing_capability  # noqa: E402
 
 from common import BIN, HERE, markdown_table, write_results
@@ -162,7 +163,7 @@ def train_row(cluster, data: str, model: str, variant: str, network: Network, ma
             sys.exit(f"{model} {variant} failed on {cluster.description}:\n{result.stderr[-3000:]}")
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
-        windows = [w for w in read_metrics(os.path.join(run_dir, "metrics.jsonl"))[0] if w["epoch"] == 1]
+        windows = [w for w in read_metrics(RunDir(run_dir).metrics)[0] if w["epoch"] == 1]
         config = load_config(config_path, [f"{k}={v}" for k, v in overrides.items()])
     steps = sum(w["samples"] for w in windows) / (BATCH * cluster.size)
     seconds = sum(w["samples"] / w["samples_per_s"] for w in windows)

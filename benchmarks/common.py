@@ -12,7 +12,8 @@ import tempfile
 import time
 
 from mpitrain.base.threads import users_environment
-from mpitrain.rundir.report import read_metrics
+from mpitrain.rundir.directory import RunDir
+from mpitrain.rundir.metrics_file import read_metrics
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORES = len(os.sched_getaffinity(0))
@@ -53,7 +54,7 @@ def run_mpitrain(args, ranks: int, mode: str, extra: dict, epochs: int, env: dic
         subprocess.run(command, check=True, env=env or USER_ENV, capture_output=True, text=True)
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
-        summary["windows"] = read_metrics(os.path.join(run_dir, "metrics.jsonl"))[0]
+        summary["windows"] = read_metrics(RunDir(run_dir).metrics)[0]
         with open(os.path.join(run_dir, "metrics.jsonl")) as f:
             summary["pretrain"] = [r for r in map(json.loads, f) if r["kind"] == "pretrain"]
         return summary

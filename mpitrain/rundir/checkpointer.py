@@ -47,6 +47,7 @@ from mpitrain.rundir.checkpoint import (
     write_checkpoint,
 )
 from mpitrain.rundir.directory import RunDir
+from mpitrain.rundir.metrics_file import drop_records_after, keep_records
 
 log = logging.getLogger("mpitrain")
 
@@ -177,7 +178,7 @@ class Checkpointer:
                 same_ranks = ckpt.ranks == self.comm.size
                 position = Position(ckpt.epoch, ckpt.step, ckpt.iteration, ckpt.sync_numbers, ckpt.sync_arrays,
                                     ckpt.order, ckpt.ranks, ckpt.rank_arrays if same_ranks else {})
-                self.files.drop_records_after(ckpt.epoch, ckpt.step)
+                drop_records_after(self.files.metrics, ckpt.epoch, ckpt.step)
                 log.info("resuming from %s at epoch %d step %d", ckpt.path, ckpt.epoch + 1, ckpt.step)
                 if ckpt.rank_arrays and not same_ranks:
                     log.info("the checkpoint holds each of its %d ranks' own %s; this run has %d ranks, so every rank "
@@ -312,7 +313,7 @@ class Checkpointer:
             ckpt = load_checkpoint(path)
             check_fits(ckpt, layout, None, self.manifest_sha256, self.data_path)
             finished.append(ckpt.params)
-        self.files.keep_metrics(lambda r: r.get("kind") == "pretrain" and r.get("layer", 0) < len(finished))
+        keep_records(self.files.metrics, lambda r: r.get("kind") == "pretrain" and r.get("layer", 0) < len(finished))
         return finished
 
     def save_layer(self, index: int, layout: list, params: np.ndarray, epochs: int) -> str:

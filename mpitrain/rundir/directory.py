@@ -1,4 +1,4 @@
-"""The run directory: `RunDir` owns every path under it, and the trimming of its metrics on resume; a
+"""The run directory: `RunDir` owns every path under it (what is in metrics.jsonl: `metrics_file.py`); a
 run directory belongs to one job at a time, and a run's own config.yaml always points at its own folder.
 
     run = RunDir("runs/fashion_mlp")
@@ -116,19 +116,6 @@ class RunDir:
     def holds_a_run(self) -> bool:
         """Whether the folder holds a run's files (checkpoints, metrics or a summary)."""
         return any(os.path.exists(p) for p in (self.checkpoints, self.metrics, self.summary))
-
-    def keep_metrics(self, keep) -> None:
-        """Keep only the records of metrics.jsonl for which `keep(record)` holds (a resumed run's trimming)."""
-        from mpitrain.training.metrics import keep_records
-        keep_records(self.metrics, keep)
-
-    def drop_records_after(self, epoch: int, step: int) -> None:
-        """Drop the records a run resumed at step `step` of epoch `epoch` writes again: windows past that step and
-        epoch records from `epoch` on. Records are matched by (epoch, step within it), so resuming on another rank
-        count (other steps per epoch) keeps the earlier ones as they were."""
-        self.keep_metrics(lambda r: r.get("kind") not in ("window", "epoch")
-                          or (r["kind"] == "window" and (r["epoch"], r["step"]) <= (epoch, step))
-                          or (r["kind"] == "epoch" and r["epoch"] < epoch))
 
 
 class FileLock:

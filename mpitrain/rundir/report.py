@@ -26,14 +26,12 @@ from mpitrain.base.errors import MpitrainError
 from mpitrain.base.files import write_file
 from mpitrain.config.yaml_input import read_yaml
 from mpitrain.rundir.directory import RunDir, check_output
+from mpitrain.rundir.metrics_file import read_metrics
 
 FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
                          "Bag", "Ankle boot")
 REPORT_SIZE = (15, 8)  # inches; at REPORT_DPI: 1500 x 800 pixels
 REPORT_DPI = 100
-RECORD_KEYS = {"window": ("global_step", "samples_per_s", "bytes_sent_per_step"),
-               "epoch": ("epoch", "train_loss", "test_loss", "test_accuracy"),
-               "pretrain": ("layer", "epoch", "reconstruction_error")}
 MAX_CURVE_POINTS = 2000  # points drawn per curve; more: an evenly spaced subset of them, both ends kept
 MAX_CURVES = 10  # labels drawn per panel (multilabel); the title says how many there are
 MAX_SCATTER_POINTS = 20000  # rows drawn per predicted-vs-true panel; more: a seeded sample of them
@@ -75,31 +73,6 @@ def read_run(run_dir: str) -> Run:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise MpitrainError(f"{path}: cannot read it ({e}); expected the file `mpitrain train` writes") from None
     return Run(os.path.basename(os.path.normpath(run_dir)), mode, windows, epochs, summary, files.eval_pngs())
-
-
-def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
-    """(window records, epoch records) of a metrics.jsonl, checked line by line."""
-    expected = "one JSON object per line, as `mpitrain train` writes"
-    try:
-        with open(path) as f:
-            lines = f.read().splitlines()
-    except OSError as e:
-        raise MpitrainError(f"{path}: cannot read ({e.strerror}); expected the metrics file of a run") from None
-    records = {kind: [] for kind in RECORD_KEYS}
-    for number, line in enumerate(lines, start=1):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            raise MpitrainError(f"{path}: line {number} is not valid JSON (truncated or corrupt?); "
-                                f"expected {expected}") from None
-        keys = RECORD_KEYS.get(record.get("kind")) if isinstance(record, dict) else None
-        if keys is None or any(key not in record for key in keys):
-            raise MpitrainError(f"{path}: line {number} is not a window, epoch or pretrain record; expected {expected} "
-                                f"with these keys: {RECORD_KEYS}")
-        records[record["kind"]].append(record)
-    if not records["epoch"]:
-        raise MpitrainError(f"{path}: no epoch record; expected at least one finished epoch")
-    return records["window"], records["epoch"]
 
 
 def write_report(run_dirs: list[str], out_dir: str, overwrite: bool = False) -> tuple[str, str]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import glob
 import importlib
 import importlib.util
-import json
 import os
 import time
 
@@ -113,14 +112,14 @@ def write_events(run_dir: str) -> str:
     """Write a run's events again from its metrics.jsonl (its earlier event files removed); the run directory."""
     from mpitrain.base.errors import MpitrainError
     from mpitrain.rundir.directory import RunDir
+    from mpitrain.rundir.metrics_file import read_records
 
     if not available():
         raise MpitrainError("TensorBoard event files need the tensorboard package: pip install 'mpitrain[tensorboard]'")
     path = RunDir(run_dir).metrics
     if not os.path.exists(path):
         raise MpitrainError(f"{run_dir}: no metrics.jsonl; expected a run directory written by `mpitrain train`")
-    with open(path) as f:
-        records = [json.loads(line) for line in f if line.strip()]
+    records = read_records(path)
     windows = [r for r in records if r.get("kind") == "window"]
     steps_per_epoch = _steps_per_epoch(windows)
     for old in glob.glob(os.path.join(run_dir, EVENTS_GLOB)):

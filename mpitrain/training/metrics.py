@@ -4,7 +4,6 @@ Rank 0 shows a tqdm bar when stderr is a terminal, plain log lines otherwise (ba
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -14,10 +13,10 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 from tqdm import tqdm
 
-from mpitrain.base.errors import MpitrainError, describe
-from mpitrain.base.files import write_file
+from mpitrain.base.errors import MpitrainError
 from mpitrain.rundir import tensorboard
 from mpitrain.rundir.directory import RunDir
+from mpitrain.rundir.metrics_file import append_record
 
 log = logging.getLogger("mpitrain")
 
@@ -113,7 +112,7 @@ class Window:
 class MetricsLog:
     """Collects windows from all ranks (a collective) and appends records to RUN_DIR/metrics.jsonl.
 
-    Which earlier records a resumed run keeps is decided by the checkpointer, through `RunDir.keep_metrics`.
+    Which earlier records a resumed run keeps is decided by the checkpointer (`mpitrain.rundir.metrics_file`).
 
     Communication time per step comes two ways: `mpi_ms_per_step`, the ranks' mean time inside
     MPI (what communication cost them, waiting for slower ranks included), and
@@ -204,44 +203,6 @@ class MetricsLog:
         if self.events is not None:
             self.events.close()
             self.events = None
-
-
-def append_record(path: str, record: dict) -> None:
-    """Append one JSON line to the metrics file `path`; when the write fails, the file is cut back to what
-    it held, so no partial line stays behind."""
-    size = os.path.getsize(path) if os.path.exists(path) else 0
-    try:
-        with open(path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-    except OSError as e:
-        if os.path.exists(path):
-            os.truncate(path, size)
-        raise MpitrainError(f"{path}: {describe(e)} while appending a record; the file holds the records "
-                            "written before") from None
-
-
-def keep_records(path: str, keep) -> None:
-    """Rewrite the metrics file `path` (if any) with only the records for which `keep(record)` holds.
-
-    Whole or not at all (`mpitrain.base.files.write_file`: when that fails the original stays). A line that
-    is not JSON (the last one of a job killed while writing it) is dropped.
-    """
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        lines = f.readlines()
-    kept = [line if line.endswith("\n") else line + "\n" for line in lines if _keeps(line, keep)]
-    if kept == lines:
-        return  # nothing to drop: the file stays as it is
-    write_file(path, lambda f: f.writelines(kept), size=sum(map(len, kept)))  # when it fails, the file stays as it was
-
-
-def _keeps(line: str, keep) -> bool:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
-        return False
-    return isinstance(record, dict) and keep(record)
 
 
 def input_wait_ms(input_seconds: list[float], steps: int) -> float:

@@ -73,3 +73,48 @@ def test_setup_py_installs_every_package_folder():
     with open(os.path.join(REPO, "setup.py")) as f:
         listed = re.search(r"packages=\[(.*?)\]", f.read(), re.S).group(1)
     assert folders - set(re.findall(r'"([\w.]+)"', listed)) == set()
+
+
+# The floors, lowest first (docs/architecture.md#layout): a module imports its own floor and those below, never one
+# above. `mpitrain` itself (the package: the thread plan, the version, the API's names loaded on first use) is
+# reachable from every floor.
+FLOORS = ("base", "kernels", "data", "nn", "parallel", "config", "rundir", "training", "spark", "etl", "tune",
+          "arguments", "api", "cli", "__main__")
+# Imports that still run up a floor, each with the reason, until it is taken down; the test fails once one is gone,
+# so the list only shrinks.
+UPWARD = {("config", "rundir"): "config/sections.py's load_config gives a run's own config.yaml its own folder "
+                                "(rundir.directory.own_run_dir)"}
+
+
+def floor_of(module: str) -> str:
+    """The floor of an installed module name: mpitrain.X..., mpitrain.etl..., mpitrain.kernels..."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "mpitrain"
+
+
+def installed_modules() -> dict[str, str]:
+    """{installed module name: its file} of mpitrain, etl/ and kernels/ (not the test harness)."""
+    found = {}
+    for folder, name in (("mpitrain", "mpitrain"), ("etl", "mpitrain.etl"), ("kernels", "mpitrain.kernels")):
+        for path in glob.glob(os.path.join(REPO, folder, "**", "*.py"), recursive=True):
+            inside = os.path.relpath(path, os.path.join(REPO, folder))[:-3].replace(os.sep, ".")
+            if folder == "mpitrain" and inside.split(".")[0] in ("etl", "kernels"):
+                continue
+            found[name if inside == "__init__" else f"{name}.{inside.removesuffix('.__init__')}"] = path
+    return found
+
+
+def test_no_module_imports_a_floor_above_its_own():
+    """Relative imports (kernels/ uses them) stay inside a folder, so the absolute ones are all that can climb."""
+    upward = {}
+    for module, path in installed_modules().items():
+        floor = floor_of(module)
+        if floor == "mpitrain":
+            continue
+        assert floor in FLOORS, f"{module}: its folder {floor!r} is not in FLOORS (tests/unit/test_layout.py)"
+        for imported in mpitrain_imports(path):
+            to = floor_of(imported)
+            if to != "mpitrain" and FLOORS.index(to) > FLOORS.index(floor):
+                upward.setdefault((floor, to), []).append(f"{module} imports {imported}")
+    assert {pair: found for pair, found in upward.items() if pair not in UPWARD} == {}
+    assert set(UPWARD) <= set(upward), "an import listed in UPWARD is gone: take it off the list"

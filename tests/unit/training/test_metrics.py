@@ -1,48 +1,9 @@
-"""metrics.jsonl: the records a resumed run keeps (the run directory drops those written after its checkpoint),
-and the time steps waited for their batches."""
-import json
-
+"""The metrics of a run as training gathers them: the time each collective took, and the time steps waited for their
+batches (the file they go to: tests/unit/rundir/test_metrics_file.py)."""
 import numpy as np
 
 from mpitrain.parallel.backend import create_backend
-from mpitrain.rundir.directory import RunDir
-from mpitrain.training.metrics import Traffic, Window, append_record, input_wait_ms
-
-
-def records(tmp_path) -> list:
-    return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-
-
-def test_resume_drops_records_past_the_checkpoint_and_keeps_other_kinds(tmp_path):
-    path = str(tmp_path / "metrics.jsonl")
-    for epoch in range(3):
-        for step in (5, 10):
-            append_record(path, {"kind": "window", "epoch": epoch, "step": step, "global_step": epoch * 10 + step})
-        append_record(path, {"kind": "epoch", "epoch": epoch})
-    append_record(path, {"kind": "pretrain", "layer": 0})
-    run = RunDir(str(tmp_path))
-    run.drop_records_after(2, 0)  # the checkpoint after epoch 2 was never written: epoch 2 runs again
-    assert [r["global_step"] for r in records(tmp_path) if r["kind"] == "window"] == [5, 10, 15, 20]
-    assert [r["epoch"] for r in records(tmp_path) if r["kind"] == "epoch"] == [0, 1]
-    assert [r["kind"] for r in records(tmp_path)].count("pretrain") == 1
-    run.drop_records_after(1, 5)  # mid-epoch checkpoint: step 5 of epoch 1 is kept, later ones go
-    assert [r["global_step"] for r in records(tmp_path) if r["kind"] == "window"] == [5, 10, 15]
-    assert [r["epoch"] for r in records(tmp_path) if r["kind"] == "epoch"] == [0]
-
-
-def test_records_are_kept_by_epoch_and_step_whatever_the_rank_count(tmp_path):
-    """Two ranks had 10 steps per epoch; the resumed run on four has 5: epoch 0's records stay as written,
-    and a line cut short by a killed job goes."""
-    path = str(tmp_path / "metrics.jsonl")
-    for step in (5, 10):
-        append_record(path, {"kind": "window", "epoch": 0, "step": step, "global_step": step})
-    append_record(path, {"kind": "epoch", "epoch": 0})
-    append_record(path, {"kind": "window", "epoch": 1, "step": 5, "global_step": 15})
-    with open(tmp_path / "metrics.jsonl", "a") as f:
-        f.write('{"kind": "window", "epo')
-    RunDir(str(tmp_path)).drop_records_after(1, 0)
-    assert [(r["kind"], r["epoch"], r.get("step")) for r in records(tmp_path)] == \
-        [("window", 0, 5), ("window", 0, 10), ("epoch", 0, None)]
+from mpitrain.training.metrics import Traffic, Window, input_wait_ms
 
 
 def test_each_collective_is_timed_once():
