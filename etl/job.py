@@ -396,7 +396,7 @@ def task_data_errors():
         yield
     except Exception as e:
         # Spark wraps a task's exception into its own, keeping only the worker's traceback text.
-        found = re.search(r"^mpitrain\.errors\.DataError: (.*)$", str(e), re.MULTILINE)
+        found = re.search(rf"^{re.escape(DataError.__module__)}\.DataError: (.*)$", str(e), re.MULTILINE)
         if found is None:
             raise
         raise DataError(found.group(1)) from None

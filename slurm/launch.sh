@@ -1,7 +1,7 @@
 # Sourced by train.sbatch and tune.sbatch after slurm/common.sh: sets `launch`, the command line that starts one
 # MPI job over the allocation's tasks (srun with the plugin that fits the MPI library, or the venv's mpiexec),
 # and `cpus`, the cores per rank. MPITRAIN_LAUNCHER, MPITRAIN_SRUN_MPI, MPICH_CH4_NETMOD: see train.sbatch.
-# Each rank sizes its thread pools itself before they start (mpitrain/parallel/threads.py): --cpus-per-task
+# Each rank sizes its thread pools itself before they start (mpitrain/base/threads.py): --cpus-per-task
 # threads under srun, else the node's cores divided by its ranks. Values you exported win.
 cpus=${SLURM_CPUS_PER_TASK:-1}
 

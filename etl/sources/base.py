@@ -38,7 +38,7 @@ class SourceOptions:
     test: str = ""  # a separate test split at this path, same kind and layout as the source
     label: str = ""  # csv, parquet: label columns, names or 0-based indices, comma-separated (default: csv the
     # first column, parquet "label")
-    target: str = ""  # csv, parquet: class, binary, multilabel or regression; "": inferred (etl/tabular.py)
+    target: str = ""  # csv, parquet: class, binary, multilabel or regression; "": inferred (etl/sources/table.py)
     header: bool = True  # csv: the first line names the columns
     features: tuple[str, ...] = ()  # csv, parquet: feature columns (default: all but the labels and keys)
     categorical: tuple[str, ...] = ()  # csv, parquet: columns of strings or integers that become ids (a table)

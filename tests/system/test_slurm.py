@@ -129,6 +129,7 @@ def test_cancelled_training_resumes_from_its_checkpoint(slurm, tmp_path):
     assert sorted(set(finished)) == list(range(epochs)), finished  # the first job's epochs, then the resumed ones
 
 
+@pytest.mark.alone  # a requeue under the mpi tests' load once came back FAILED (the job step took 32 s to die)
 def test_usr1_mid_epoch_checkpoints_requeues_and_ends_where_an_uninterrupted_run_does(slurm, tmp_path):
     """scancel --signal=USR1 reaches mpitrain's handler in every rank (the MPI library installs one of its own,
     which would let training go on): they checkpoint at that step, rank 0 requeues the job, it runs again,
