@@ -34,7 +34,6 @@ import logging
 import sys
 
 from mpitrain import arguments as a
-from mpitrain.config import sections
 from mpitrain.config.sections import (
     CheckpointConfig,
     CommConfig,
@@ -58,13 +57,13 @@ from mpitrain.nn.model import Sequential
 from mpitrain.parallel import sync
 from mpitrain.parallel.comm import Communicator
 from mpitrain.parallel.launch import install_abort_hook
-from mpitrain.rundir import export
+from mpitrain.rundir import directory, export
 from mpitrain.training import evaluation, loop, run, trained
 
 # The entry points, each checking its arguments first (`mpitrain.arguments`): what they take, what to call first.
 RUN_PARTS = {"config": a.CONFIG, "comm": a.COMM, "reader": a.READER.or_none(), "model": a.MODEL.or_none(),
              "sync": a.SYNC.or_none()}
-load_config = a.checked(sections.load_config, "load_config", path=a.PATH, overrides=a.OVERRIDES)
+load_config = a.checked(directory.load_run_config, "load_config", path=a.PATH, overrides=a.OVERRIDES)
 train = a.checked(loop.train, "train", **RUN_PARTS)
 setup_run = a.checked(run.setup_run, "setup_run", **RUN_PARTS)
 create_synchronizer = a.checked(sync.create_synchronizer, "create_synchronizer", config=a.SYNC_CONFIG, comm=a.COMM)

@@ -172,9 +172,9 @@ def _setup_logging(rank: int) -> None:
 
 
 def _train(args, comm) -> int:
-    from mpitrain.config.sections import load_config
+    from mpitrain.rundir.directory import load_run_config
     from mpitrain.training.loop import train
-    train(load_config(args.config, args.set + ([args.resume] if args.resume else [])), comm)
+    train(load_run_config(args.config, args.set + ([args.resume] if args.resume else [])), comm)
     return 0
 
 

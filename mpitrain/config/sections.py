@@ -36,7 +36,6 @@ from mpitrain.nn.segments import check_layers
 from mpitrain.nn.updaters import UPDATERS
 from mpitrain.parallel.backend import BACKENDS
 from mpitrain.parallel.sync import EXCHANGES, SYNCHRONIZERS
-from mpitrain.rundir.directory import own_run_dir
 
 log = logging.getLogger("mpitrain")
 
@@ -435,19 +434,14 @@ SECTIONS = ("data", "model", "optimizer", "train", "sync", "checkpoint", "comm",
 def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
     """Read a YAML config, apply `section.key=value` overrides, validate, resolve paths.
 
-    `run_dir` defaults to `runs/<config file stem>`; a run's own config.yaml (its folder holds
-    the run's files) always gets its own folder, so a copied run directory never writes into
-    the original; `--set run_dir=...` wins over both. `data.path` and `run_dir` become
-    absolute, so the saved `RUN_DIR/config.yaml` works from any directory.
+    `run_dir` defaults to `runs/<config file stem>`; `--set run_dir=...` wins over the file's.
+    `data.path` and `run_dir` become absolute, so the saved `RUN_DIR/config.yaml` works from any
+    directory. (What a run's own config.yaml trains is the run directory's rule:
+    `mpitrain.rundir.directory.load_run_config`.)
     """
     raw = read_yaml_file(path, "config file")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
-    own = own_run_dir(path)
-    if own and os.path.abspath(str(raw.get("run_dir", ""))) != own:
-        log.info("%s is the config of the run in %s: run_dir is that folder (the file says %s)", path, own,
-                 raw.get("run_dir"))
-        raw["run_dir"] = own
     where = Origin(path)
     for override in overrides:
         _apply_override(raw, override, where)

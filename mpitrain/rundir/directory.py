@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import glob
+import logging
 import os
 import re
 import socket
@@ -25,8 +26,10 @@ from dataclasses import dataclass
 
 from mpitrain.base.errors import MpitrainError
 from mpitrain.base.files import refuse_existing
+from mpitrain.config.sections import Config, load_config
 from mpitrain.data.shards import MANIFEST_NAME
 
+log = logging.getLogger("mpitrain")
 CHECKPOINT_NAME = re.compile(r"ckpt-(\d{4})-(\d{6})\.h5$")  # resume at step SSSSSS of epoch EEEE (0-based)
 EVENTS_GLOB = "events.out.tfevents.*"  # TensorBoard's event files (mpitrain.rundir.tensorboard), named by its writer
 # `mpitrain eval`'s picture by target kind: the confusion matrix, ROC and precision-recall curves, predicted vs true
@@ -154,6 +157,17 @@ def own_run_dir(config_path: str) -> str | None:
     folder = os.path.dirname(os.path.abspath(config_path))
     run = RunDir(folder)
     return folder if os.path.abspath(config_path) == run.config and run.holds_a_run() else None
+
+
+def load_run_config(path: str, overrides=()) -> Config:
+    """`load_config` for a run: a config file that is a run's own config.yaml (its folder holds the run's files)
+    trains that folder whatever its `run_dir` says, so a copied run directory never writes into the original;
+    `--set run_dir=...` among `overrides` still wins."""
+    own = own_run_dir(path)
+    if own:
+        log.info("%s is the config of the run in %s: run_dir is that folder", path, own)
+        overrides = [f"run_dir={own}", *overrides]
+    return load_config(path, overrides)
 
 
 def check_output(path: str, overwrite: bool) -> None:

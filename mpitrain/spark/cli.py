@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser, default_master: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check the request, run the job in Spark, print the outcome; a user error propagates as MpitrainError."""
-    from mpitrain.config.sections import load_config
+    from mpitrain.rundir.directory import load_run_config
     from mpitrain.spark.hydra import check_manual_launcher, find_mpiexec
     from mpitrain.spark.session import spark_session
     from mpitrain.spark.stage import run_mpi_job
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         raise MpitrainError(f"--conf {' '.join(args.conf)}: expected KEY=VALUE")
     check_classic_spark(args.master, settings)
     overrides = [*args.set, *(["resume=auto"] if args.resume else [])]
-    config = load_config(args.config, overrides)  # a config error is one line now, not N ranks' later
+    config = load_run_config(args.config, overrides)  # a config error is one line now, not N ranks' later
     check_manual_launcher(find_mpiexec(args.mpiexec))
     python_args = ("-m", "mpitrain", "train", os.path.abspath(args.config), *(f"--set={o}" for o in overrides))
     # the ranks run where `mpiexec` would have been typed: the driver's working directory (it must exist on
