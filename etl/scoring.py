@@ -181,7 +181,7 @@ def _table_source(spec: str, options: SourceOptions, scoring: ScoringModel) -> S
     a column per output for other targets than class (`label_columns`)."""
     description, target = scoring.description, scoring.target
     if not source_kind(spec).tabular:
-        raise ConfigError(f"{spec}: a table model reads the columns of {schemes_that('tabular').replace(' and ', ' or ')}"
+        raise ConfigError(f"{spec}: a table model reads the columns of {schemes_that('tabular', 'or')}"
                           " records; expected " + " or ".join(f"{s}:PATH" for s, k in SOURCES.items() if k.tabular))
     labels = label_columns(options.label, target, description.get("target_names", []), scoring.outputs) \
         if target != "class" and options.labeled else ()

@@ -5,10 +5,11 @@ a csv or parquet table whose label columns hold 0/1 labels or numbers.
     source = TargetColumns("parquet:rows.parquet", options, "multilabel", columns)
     source.connect(spark); read = source.convert("train", batch)      # read.y: float32 (rows, 2)
 
-The ETL's table sources (`etl/sources/table.py`, `csv.py`, `parquet.py`) read one integer class label. This wraps one opened without labels, so
-that its feature columns exclude the label columns, and takes the labels from the records itself: a parquet
-source carries them as extra key columns of its frame; a csv source parses every column as a float32 feature,
-and the label columns are cut out of the parsed values (then the features are checked against the model's dtype).
+The ETL's table sources (`etl/sources/table.py`, `csv.py`, `parquet.py`) read one integer class label. This wraps
+one opened without labels, so that its feature columns exclude the label columns, and takes the labels from the
+records itself: a parquet source carries them as extra key columns of its frame; a csv source parses every column
+as a float32 feature, and the label columns are cut out of the parsed values (then the features are checked against
+the model's dtype).
 A label that is missing or not a number, or not 0 or 1 for binary and multilabel targets, makes the record bad.
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ class TargetColumns(Source):
         self.kind = source_kind(spec)
         if not self.kind.tabular:
             raise ConfigError(f"{spec}: a {target} model reads its labels from columns of "
-                              f"{schemes_that('tabular').replace(' and ', ' or ')} records (--label); score "
+                              f"{schemes_that('tabular', 'or')} records (--label); score "
                               f"{self.kind.scheme} records with --no-label")
         self.target, self.options = target, options
         # untyped columns (csv): every column a float32 feature, the labels cut out here; typed columns (parquet): the

@@ -36,10 +36,11 @@ def source_kind(spec: str) -> type[Source]:
     return kind
 
 
-def schemes_that(capability: str) -> str:
-    """The schemes of the sources that have `capability` (a class attribute), in words: "csv, parquet and images"."""
+def schemes_that(capability: str, conjunction: str = "and") -> str:
+    """The schemes of the sources that have `capability` (a class attribute), in words: "csv, parquet and images"
+    (`conjunction` "or": "csv or parquet")."""
     schemes = [scheme for scheme, kind in SOURCES.items() if getattr(kind, capability)]
-    return " and ".join([", ".join(schemes[:-1]), schemes[-1]] if len(schemes) > 1 else schemes)
+    return f" {conjunction} ".join([", ".join(schemes[:-1]), schemes[-1]] if len(schemes) > 1 else schemes)
 
 
 def open_source(spec: str, test_fraction: float = 0.2, options: SourceOptions = SourceOptions()) -> Source:

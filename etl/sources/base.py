@@ -83,7 +83,7 @@ class Source(ABC):
     typed_columns = False  # its columns have types of their own (parquet); else every column is parsed as text
 
     @classmethod
-    def open(cls, spec: str, argument: str, options: "SourceOptions") -> "Source":
+    def open(cls, spec: str, argument: str, options: SourceOptions) -> Source:
         """The source of `--source SCHEME:ARGUMENT`, headers validated, no rows read."""
         return cls(spec, argument, options)
 

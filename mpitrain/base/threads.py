@@ -16,6 +16,7 @@ default for every pool. Nothing here imports numpy: it runs first.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -119,15 +120,11 @@ def size_thread_pools(environ=os.environ) -> ThreadPlan:
     return plan
 
 
-_PLAN: list[ThreadPlan] = []  # this process's plan, made once
-
-
+@functools.cache
 def thread_plan() -> ThreadPlan:
     """This process's plan: the first call sizes the pools (`size_thread_pools`), later calls give the same plan.
     `import mpitrain` makes the first call, before numpy or numba loads; `mpitrain.THREADS` is its plan."""
-    if not _PLAN:
-        _PLAN.append(size_thread_pools())
-    return _PLAN[0]
+    return size_thread_pools()
 
 
 def _lower_started_pools(plan: ThreadPlan) -> None:

@@ -26,7 +26,7 @@ def test_every_source_class_is_registered_under_its_scheme():
 
 
 def test_capabilities_in_words():
-    assert schemes_that("tabular") == "csv and parquet"
+    assert schemes_that("tabular") == "csv and parquet" and schemes_that("tabular", "or") == "csv or parquet"
     assert schemes_that("unlabeled_records") == schemes_that("separate_test") == "csv, parquet and images"
     assert schemes_that("key_columns") == "parquet"
     assert source_kind("parquet:/data/x.parquet").typed_columns and not source_kind("csv:x.csv").typed_columns
