@@ -24,7 +24,7 @@ setup(
     description="Data-parallel deep learning on HPC clusters: Spark ETL to HDF5, MPI training",
     python_requires=">=3.10",
     packages=["mpitrain", "mpitrain.base", "mpitrain.config", "mpitrain.parallel", "mpitrain.parallel.sync", "mpitrain.data",
-              "mpitrain.training", "mpitrain.rundir", "mpitrain.nn", "mpitrain.spark", "mpitrain.etl",
+              "mpitrain.training", "mpitrain.rundir", "mpitrain.nn", "mpitrain.nn.onnx", "mpitrain.spark", "mpitrain.etl",
               "mpitrain.etl.sources", "mpitrain.kernels",
               "mpitrain.kernels.threshold", "mpitrain.tune", "mpitrain.testing"],
     package_dir={"mpitrain.etl": "etl", "mpitrain.kernels": "kernels", "mpitrain.testing": "tests/harness"},

@@ -4,9 +4,10 @@ from __future__ import annotations
 import numpy as np
 
 from mpitrain.kernels import batchnorm as kernels
-from mpitrain.nn.layers import FusesActivation, refuse_sequence
+from mpitrain.nn.layers import FusesActivation, layer_type, refuse_sequence
 
 
+@layer_type("batchnorm")
 class BatchNorm(FusesActivation):
     """y = gamma * (x - mean) / sqrt(var + eps) + beta per feature (dense) or per channel (conv), then its
     `activation` (as DL4J's BatchNormalization layer has one), which runs fused in the same kernel.

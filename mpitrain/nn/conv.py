@@ -41,7 +41,7 @@ from mpitrain.kernels.conv_rows import activation_backward_rows, bias_activation
 from mpitrain.kernels.im2col import PADDINGS, col2im, col2im_channels_last, geometry, im2col, im2col_channels_last
 from mpitrain.kernels.pool import max_pool, max_pool_backward
 from mpitrain.nn.conv_winograd import tile_bytes_per_image, winograd_backward, winograd_forward
-from mpitrain.nn.layers import FusesActivation, Layer, initial_weights
+from mpitrain.nn.layers import FusesActivation, Layer, initial_weights, layer_type
 
 # From this many input channels a conv2d layer's windows run channels last (`Conv2D.channels_last`).
 CHANNELS_LAST_FROM = 8
@@ -68,6 +68,7 @@ def _window_geometry(input_shape, kernel, stride, padding, layer: str):
     return geometry(input_shape, kernel, stride, padding)
 
 
+@layer_type("conv2d")
 class Conv2D(FusesActivation):
     """`filters` kernels of `kernel` x `kernel` (or [kh, kw]) over all input channels, plus a bias each;
     with `fuse_activation`, the activation layer after it runs here, fused with the bias add.
@@ -241,6 +242,7 @@ class _Pool2D(Layer):
         return self.ws("dx", (len(dy), g.channels, g.height, g.width), dy.dtype)
 
 
+@layer_type("maxpool2d")
 class MaxPool2D(_Pool2D):
     """The largest value of each window (`kernels.pool`); its gradient goes to the first largest element."""
 
@@ -256,6 +258,7 @@ class MaxPool2D(_Pool2D):
         return dx
 
 
+@layer_type("avgpool2d")
 class AvgPool2D(_Pool2D):
     """The mean of each window, over its im2col row; padding counts as zeros in the mean. A sum, then a
     scaling in place (numpy's `mean` and a broadcasting multiply with `out=` allocate buffers); backward

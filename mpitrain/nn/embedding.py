@@ -27,7 +27,7 @@ import numpy as np
 from mpitrain.base.arrays import array_module
 from mpitrain.base.errors import DataError
 from mpitrain.kernels.embedding import gather_rows, scatter_add_rows
-from mpitrain.nn.layers import Layer
+from mpitrain.nn.layers import Layer, layer_type
 
 
 def auto_dim(ids: int) -> int:
@@ -51,6 +51,7 @@ class TableGrad:
         return self.start + self.rows * self.dim
 
 
+@layer_type("embedding", graph_only=True)
 class Embedding(Layer):
     """Per categorical column j, output row i is table_j[ids[i, j]]; see the module docstring."""
 

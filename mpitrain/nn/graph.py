@@ -43,11 +43,11 @@ from mpitrain.base.arrays import array_module
 from mpitrain.base.errors import ConfigError
 from mpitrain.data.sequences import SequenceBatch, SequenceInputs
 from mpitrain.nn.embedding import Embedding
+from mpitrain.nn.layer_types import GRAPH_TYPES
 from mpitrain.nn.layers import is_sequence, varying
-from mpitrain.nn.merge import Add, Concat, Merge
+from mpitrain.nn.merge import Merge
 from mpitrain.nn.model import (
     LAYER_ARGUMENTS,
-    LAYER_TYPES,
     Network,
     _fuse_activations,
     _with_activation_layers,
@@ -56,7 +56,6 @@ from mpitrain.nn.model import (
     estimated_size,
 )
 
-GRAPH_TYPES = {**LAYER_TYPES, "embedding": Embedding, "concat": Concat, "add": Add}
 MERGES = ("concat", "add")
 NODE_KEYS = ("name", "type", "input", "inputs")
 

@@ -29,9 +29,27 @@ from mpitrain.base.workspace import Workspace, WorkspacePart
 from mpitrain.kernels.activations import KEYED_BITS, activation_backward, bias_activation, dropout, keyed_bits_reference
 from mpitrain.kernels.rows import flat_rows
 
+LAYER_CLASSES: dict[str, type] = {}  # every layer type a config names, by that name (`layer_type`)
+
+
+def layer_type(name: str, graph_only: bool = False):
+    """Class decorator: register a Layer as the type a config names `{type: NAME}`, in `model.layers` and
+    `model.graph`, or with `graph_only` (a layer that reads a graph's column groups or several inputs) in
+    `model.graph` alone. `mpitrain.nn.layer_types` collects them. Not a collective."""
+    def register(cls):
+        assert name not in LAYER_CLASSES, f"two layer types named {name!r}"
+        cls.type_name, cls.graph_only = name, graph_only
+        LAYER_CLASSES[name] = cls
+        return cls
+    return register
+
 
 class Layer:
-    """Base: a layer without parameters that passes shapes through."""
+    """Base: a layer without parameters that passes shapes through. `type_name` is the name a config gives its
+    type (set by `layer_type`; None for a class no config names)."""
+
+    type_name: str | None = None
+    graph_only = False
 
     _ws: WorkspacePart | None = None
     lengths = None  # a sequence input's lengths (B,), set by the model before forward (docs/sequences.md)
@@ -94,6 +112,7 @@ class FusesActivation(Layer):
         self.kind = kind
 
 
+@layer_type("dense")
 class Dense(FusesActivation):
     """y = x W + b on the flattened input; `activation` is expanded by the model builder (and then fused here).
 
@@ -169,18 +188,22 @@ class _Activation(Layer):
         return dx
 
 
+@layer_type("relu")
 class ReLU(_Activation):
     kind = "relu"
 
 
+@layer_type("tanh")
 class Tanh(_Activation):
     kind = "tanh"
 
 
+@layer_type("sigmoid")
 class Sigmoid(_Activation):
     kind = "sigmoid"
 
 
+@layer_type("flatten")
 class Flatten(Layer):
     def output_shape(self, input_shape):
         refuse_sequence(input_shape, "flatten", "its size would change with the batch's padded length")
@@ -194,6 +217,7 @@ class Flatten(Layer):
         return dy.reshape(self.input_shape)
 
 
+@layer_type("dropout")
 class Dropout(Layer):
     """Zeroes each input with probability `rate` in training and scales the rest by 1/(1-rate).
 

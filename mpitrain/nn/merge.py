@@ -10,7 +10,7 @@ batch to batch.
 from __future__ import annotations
 
 from mpitrain.base.arrays import array_module
-from mpitrain.nn.layers import Layer, varying
+from mpitrain.nn.layers import Layer, layer_type, varying
 
 
 class Merge(Layer):
@@ -20,6 +20,7 @@ class Merge(Layer):
         raise NotImplementedError
 
 
+@layer_type("concat", graph_only=True)
 class Concat(Merge):
     """Inputs side by side along their last axis; every other axis must agree (flatten first to join a table's
     embeddings (columns, dim) with numeric columns (k,))."""
@@ -47,6 +48,7 @@ class Concat(Merge):
         return grads
 
 
+@layer_type("add", graph_only=True)
 class Add(Merge):
     """The elementwise sum of inputs of one shape (a residual connection)."""
 

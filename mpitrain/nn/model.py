@@ -18,19 +18,12 @@ from mpitrain.base.errors import ConfigError
 from mpitrain.data.sequences import SequenceBatch
 from mpitrain.data.shards import MAX_IDS
 from mpitrain.kernels.im2col import PADDINGS
-from mpitrain.nn.batchnorm import BatchNorm
-from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.flat import FlatModel, flat_views
-from mpitrain.nn.layers import ACTIVATIONS, INIT_SCHEMES, Dense, Dropout, Flatten, FusesActivation, Layer, is_sequence
+from mpitrain.nn.layer_types import LAYER_TYPES
+from mpitrain.nn.layers import ACTIVATIONS, INIT_SCHEMES, FusesActivation, Layer, is_sequence
 from mpitrain.nn.losses import check_loss_options, loss_with_options
-from mpitrain.nn.recurrent import GRU, LSTM
-from mpitrain.nn.sequence import SEQUENCE_PADDINGS, Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
+from mpitrain.nn.sequence import SEQUENCE_PADDINGS
 from mpitrain.nn.tokens import TokenEmbedding
-
-LAYER_TYPES = {"dense": Dense, "flatten": Flatten, "conv2d": Conv2D, "maxpool2d": MaxPool2D,
-               "avgpool2d": AvgPool2D, "dropout": Dropout, "batchnorm": BatchNorm, **ACTIVATIONS,
-               "conv1d": Conv1D, "global_max_pool": GlobalMaxPool1D, "global_avg_pool": GlobalAvgPool1D,
-               "lstm": LSTM, "gru": GRU, "token_embedding": TokenEmbedding}
 
 
 class Network(FlatModel):

@@ -28,7 +28,7 @@ import numpy as np
 
 from mpitrain.base.arrays import array_module
 from mpitrain.kernels.recurrent import gru_step, gru_step_backward, lstm_step, lstm_step_backward
-from mpitrain.nn.layers import Layer, initial_weights
+from mpitrain.nn.layers import Layer, initial_weights, layer_type
 
 
 class Recurrent(Layer):
@@ -210,6 +210,7 @@ class Recurrent(Layer):
         return self._array(name, like.shape, like.dtype)
 
 
+@layer_type("lstm")
 class LSTM(Recurrent):
     """Long short-term memory, gates i, o, f, c (ONNX's order), no peepholes:
 
@@ -236,6 +237,7 @@ class LSTM(Recurrent):
         xp.matmul(grad_in, p["R"].T, out=into["h"])
 
 
+@layer_type("gru")
 class GRU(Recurrent):
     """Gated recurrent unit, gates z, r, h (ONNX's order), the reset gate applied after the recurrent product
     (ONNX's `linear_before_reset=1`, as PyTorch and cuDNN):

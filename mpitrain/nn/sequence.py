@@ -21,7 +21,7 @@ import numpy as np
 
 from mpitrain.base.arrays import array_module
 from mpitrain.kernels.activations import activation_backward, bias_activation
-from mpitrain.nn.layers import FusesActivation, Layer, initial_weights, is_sequence, varying
+from mpitrain.nn.layers import FusesActivation, Layer, initial_weights, is_sequence, layer_type, varying
 
 SEQUENCE_PADDINGS = ("causal", "same", "valid")
 
@@ -65,6 +65,7 @@ def _zero_padding(xp, array, mask) -> None:
         xp.copyto(array, 0, where=mask[:, :, None])
 
 
+@layer_type("conv1d")
 class Conv1D(FusesActivation):
     """`filters` kernels of `kernel` taps `dilation` steps apart over all F features of a sequence, every `stride`-th
     step, plus a bias each; with `fuse_activation`, the activation layer after it runs here, fused with the bias add.
@@ -74,7 +75,7 @@ class Conv1D(FusesActivation):
     `same` pads (span - 1) // 2 on the left and the rest of span - 1 on the right, ceil(L / stride) steps out;
     `valid` pads nothing, floor((L - span) / stride) + 1 steps out, and refuses a sequence shorter than the span.
     The padding is the same for every sequence of a batch (not chosen from L), which keeps a sequence's outputs
-    independent of its batch, and ONNX's Conv takes the same pads (`mpitrain.rundir.export`).
+    independent of its batch, and ONNX's Conv takes the same pads (`mpitrain.nn.onnx.sequence`).
     `W` is (kernel, F, filters), `b` (filters,).
     """
 
@@ -197,6 +198,7 @@ class _GlobalPool1D(Layer):
         return masked
 
 
+@layer_type("global_max_pool")
 class GlobalMaxPool1D(_GlobalPool1D):
     """Each feature's largest value over a sequence's valid steps; its gradient goes to that (first largest) step.
 
@@ -222,6 +224,7 @@ class GlobalMaxPool1D(_GlobalPool1D):
         return dx
 
 
+@layer_type("global_avg_pool")
 class GlobalAvgPool1D(_GlobalPool1D):
     """Each feature's mean over a sequence's valid steps (sum, then times 1 / length); the gradient spreads evenly
     over them."""

@@ -18,9 +18,10 @@ import numpy as np
 from mpitrain.base.arrays import array_module
 from mpitrain.base.errors import DataError
 from mpitrain.kernels.embedding import gather_rows, scatter_add_rows
-from mpitrain.nn.layers import Layer, is_sequence
+from mpitrain.nn.layers import Layer, is_sequence, layer_type
 
 
+@layer_type("token_embedding")
 class TokenEmbedding(Layer):
     """Row ids[b, t] of a table of `ids` rows of `dim` values, per step of a sequence of ids; see the module."""
 

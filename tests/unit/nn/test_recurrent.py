@@ -152,7 +152,7 @@ def check_onnx_runtime(cls, return_sequences, bidirectional, lengths, steps=6, f
     import onnx
     import onnxruntime as ort
 
-    from mpitrain.rundir.export import OPSET, OnnxGraph, emit_layer
+    from mpitrain.nn.onnx import OPSET, OnnxGraph, emit_layer
     layer, _ = bound_layer(cls, return_sequences, bidirectional, features, dtype="float32", units=5)
     x = np.random.default_rng(5).normal(size=(5, steps, features)).astype(np.float32)
     layer.lengths = lengths

@@ -6,8 +6,8 @@ import onnxruntime as ort
 import pytest
 
 from mpitrain.nn.layers import Dense
+from mpitrain.nn.onnx import OPSET, OnnxGraph, emit_layer
 from mpitrain.nn.sequence import Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
-from mpitrain.rundir.export import OPSET, OnnxGraph, emit_layer
 from mpitrain.testing.gradients import padded_batch, sequence_model, sequences, set_sequence_lengths
 
 FEATURES = 3

@@ -1,0 +1,75 @@
+"""ONNX emitters of the layers on sequences (N, T, F) of lengths `graph.lengths`: conv1d, the global pools over
+time and the token embedding, each masking the padded steps it must not read."""
+from __future__ import annotations
+
+import numpy as np
+
+from mpitrain.nn.onnx.graph import emits, host
+from mpitrain.nn.sequence import Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
+from mpitrain.nn.tokens import TokenEmbedding
+
+
+def _valid_steps(graph, x, name: str) -> str:
+    """(N, T, 1) bool: True at the valid steps of the sequences `x` (N, T, F) of lengths `graph.lengths`."""
+    steps = graph.node("Gather", [graph.node("Shape", [x], f"{name}/steps"), graph.constant(f"{name}/time_axis", 1,
+                                                                                              np.int64)],
+                       f"{name}/steps", axis=0)
+    index = graph.node("Range", [graph.constant(f"{name}/zero", 0, np.int64), steps,
+                                 graph.constant(f"{name}/one", 1, np.int64)], f"{name}/steps")
+    lengths = graph.node("Unsqueeze", [graph.lengths, graph.constant(f"{name}/row_axis", [1], np.int64)],
+                         f"{name}/lengths")
+    return graph.node("Unsqueeze", [graph.node("Less", [index, lengths], f"{name}/valid"),
+                                    graph.constant(f"{name}/feature_axis", [2], np.int64)], f"{name}/valid")
+
+
+def _masked(graph, x, name: str, fill: float) -> str:
+    """`x` (N, T, F) with its padded steps set to `fill` (Where, so whatever the padding holds); `x` itself without
+    lengths (every step valid)."""
+    if graph.lengths is None:
+        return x
+    return graph.node("Where", [_valid_steps(graph, x, name), x, graph.constant(f"{name}/fill", fill)], name)
+
+
+@emits(TokenEmbedding)
+def token_embedding(graph, layer, x, name, input_shape):
+    """Gather of the table's rows by the ids (N, T, 1) as int64, padded steps read as id 0 (their values are free)."""
+    ids = graph.node("Cast", [_masked(graph, x, f"{name}/input", 0.0)], f"{name}/ids", to=graph.onnx.TensorProto.INT64)
+    ids = graph.node("Squeeze", [ids, graph.constant(f"{name}/feature_axis", [2], np.int64)], f"{name}/ids")
+    return graph.node("Gather", [graph.constant(f"{name}/table", layer.params["table"]), ids], name, axis=0)
+
+
+@emits(Conv1D)
+def conv1d(graph, layer, x, name, input_shape):
+    """Mask, then Conv over (N, F, T) with the layer's pads, stride and dilation (`Conv1D`: the same for every
+    sequence, so one Conv serves ragged batches); the output lengths from `graph.lengths` as `output_lengths`."""
+    x = graph.node("Transpose", [_masked(graph, x, f"{name}/input", 0.0)], f"{name}/input", perm=[0, 2, 1])
+    y = graph.node("Conv", [x, graph.constant(f"{name}/W", host(layer.params["W"]).transpose(2, 1, 0)),
+                            graph.constant(f"{name}/b", layer.params["b"])], name,
+                   kernel_shape=[layer.kernel], strides=[layer.stride], dilations=[layer.dilation],
+                   pads=[layer.pad_left, layer.pad_right])
+    if graph.lengths is not None:
+        shift = graph.constant(f"{name}/shift", layer.pad_left + layer.pad_right - layer.span + layer.stride, np.int64)
+        graph.lengths = graph.node("Div", [graph.node("Add", [graph.lengths, shift], f"{name}/lengths"),
+                                           graph.constant(f"{name}/stride", layer.stride, np.int64)], f"{name}/lengths")
+    return graph.node("Transpose", [y], name, perm=[0, 2, 1])
+
+
+@emits(GlobalMaxPool1D)
+def global_max_pool(graph, layer, x, name, input_shape):
+    x = _masked(graph, x, f"{name}/input", -np.inf)
+    graph.lengths = None
+    return graph.node("ReduceMax", [x], name, axes=[1], keepdims=0)
+
+
+@emits(GlobalAvgPool1D)
+def global_avg_pool(graph, layer, x, name, input_shape):
+    """The valid steps' sum over the lengths (as floats); without lengths, ReduceMean over all steps."""
+    if graph.lengths is None:
+        return graph.node("ReduceMean", [x], name, axes=[1], keepdims=0)
+    total = graph.node("ReduceSum", [_masked(graph, x, f"{name}/input", 0.0),
+                                     graph.constant(f"{name}/time_axis", [1], np.int64)], name, keepdims=0)
+    lengths = graph.node("Cast", [graph.lengths], f"{name}/lengths",
+                         to=graph.onnx.helper.np_dtype_to_tensor_dtype(graph.dtype))
+    graph.lengths = None
+    return graph.node("Div", [total, graph.node("Unsqueeze", [lengths, graph.constant(f"{name}/row_axis", [1], np.int64)],
+                                                f"{name}/lengths")], name)
