@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mpitrain.base.domains import check_number
 from mpitrain.base.errors import ConfigError, DataError
-from mpitrain.config.domains import check_number
 from mpitrain.data.encoding import TableRows
 from mpitrain.data.sequences import MAX_LENGTH, SequenceRows, token_ids
 from mpitrain.data.shards import CHUNK_ROWS, COMPRESSIONS, MANIFEST_NAME, Manifest, shard_path, write_manifest

@@ -38,8 +38,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from mpitrain.base.domains import check_number
 from mpitrain.base.errors import ConfigError, DataError
-from mpitrain.config.domains import check_number
 from mpitrain.data.shards import FEATURE_DTYPES
 from mpitrain.etl.job import FRACTIONS, check_bad_records, task_data_errors
 from mpitrain.etl.output import atomic_folder, check_apart, check_out

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpitrain.base.domains import check_number
 from mpitrain.base.errors import ConfigError, DataError
-from mpitrain.config.domains import check_number
 from mpitrain.kernels.activations import splitmix64
 from mpitrain.kernels.rows import flat_rows
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpitrain.base.domains import check_number
 from mpitrain.base.errors import ConfigError, DataError
-from mpitrain.config.domains import check_number
 from mpitrain.data.sequences import MAX_LENGTH
 from mpitrain.etl.records import ReadBatch, Target
 from mpitrain.etl.sequence_columns import DEFAULT_MAX_LENGTH

@@ -15,18 +15,27 @@ import difflib
 import logging
 import math
 import os
-import types
 import typing
 from dataclasses import dataclass, field
 
 import yaml
 
 from mpitrain.base.errors import ConfigError
-from mpitrain.config.domains import in_domain
+from mpitrain.base.options import (
+    ALLOWED,
+    AT_EPOCH_END,
+    REFUSED,
+    Options,
+    check_value,
+    coerce,
+    option,
+    optional_feature,
+    origin_of,
+    section,
+)
 from mpitrain.config.yaml_input import read_yaml, read_yaml_file
 from mpitrain.data.augment import AUGMENT_DEFAULTS
 from mpitrain.data.storage import is_url
-from mpitrain.kernels.threshold.message import ENCODINGS as MESSAGE_ENCODINGS
 from mpitrain.nn.graph import GRAPH_TYPES, check_node_spec
 from mpitrain.nn.layers import INIT_SCHEMES
 from mpitrain.nn.losses import LOSS_OPTIONS, LOSS_TARGETS, LOSSES, RECONSTRUCTION_LOSSES, check_loss_options
@@ -35,61 +44,16 @@ from mpitrain.nn.rbm import VISIBLE_UNITS
 from mpitrain.nn.segments import check_layers
 from mpitrain.nn.updaters import UPDATERS
 from mpitrain.parallel.backend import BACKENDS
-from mpitrain.parallel.sync import EXCHANGES, SYNCHRONIZERS
+from mpitrain.parallel.sync import SYNCHRONIZERS
+from mpitrain.parallel.sync.base import options_of
 
 log = logging.getLogger("mpitrain")
 
-ENCODINGS = ("auto", *MESSAGE_ENCODINGS)
-EXCHANGE_CHOICES = ("auto", *EXCHANGES)
-ADAPTIVE_DEFAULTS = {"min_sparsity": 1.0e-4, "max_sparsity": 1.0e-2, "decay": 0.965936}
-RESIDUAL_CLIP_DEFAULTS = {"factor": 5.0, "every": 5}
 PROPAGATE = ("mean", "sample")
 
 
-# Whether a key may change when a run resumes (`option(on_resume=...)`, else its section's `ON_RESUME`):
-REFUSED = "refused"  # it gives a checkpoint's numbers their meaning: a resume that changes it is refused
-AT_EPOCH_END = "at an epoch's end"  # it sets the epoch's order: refused when resuming a mid-epoch checkpoint
-ALLOWED = "allowed"  # it takes effect from the resumed step
-ON_RESUME = (REFUSED, AT_EPOCH_END, ALLOWED)
-
-
-def option(default, doc: str, choices: typing.Iterable | None = None, domain: str | None = None,
-           on_resume: str | None = None):
-    """A config field: its default, what it means, and its domain: for a choice the allowed values, for a number
-    the interval it must lie in, e.g. "(0, 1]" ("[" and "]" include an end, "(" and ")" exclude it; every number
-    must also be finite, and every interval has a finite upper end: a sane bound); and whether it may change on
-    resume (one of `ON_RESUME`; None: as its section's `ON_RESUME` says)."""
-    assert on_resume in (None, *ON_RESUME), on_resume
-    metadata = {"doc": doc, "choices": tuple(choices) if choices is not None else None, "domain": domain,
-                "on_resume": on_resume}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
-def section(cls, doc: str, factory=None):
-    """A config section (a nested dataclass) and what it is for."""
-    return field(default_factory=factory or cls, metadata={"doc": doc, "choices": None, "domain": None})
-
-
-class Section:
-    """Base of the config sections: checks each field against the domain its `option` declares. `ON_RESUME` is
-    whether a key of the section may change on resume where its `option` does not say: refused unless a section
-    says otherwise, so a new key is kept until someone decides it may change."""
-
-    ON_RESUME: typing.ClassVar[str] = REFUSED
-
-    def check_domains(self, where: str, prefix: str) -> None:
-        for f in dataclasses.fields(self):
-            value, choices, domain = getattr(self, f.name), f.metadata.get("choices"), f.metadata.get("domain")
-            _check(choices is None or value in choices, where, prefix + f.name, value, f"one of {choices}")
-            if domain and isinstance(value, (int, float)) and not isinstance(value, bool):
-                kind = "an integer" if isinstance(value, int) else "a number"
-                _check(in_domain(value, domain), where, prefix + f.name, value, f"{kind} in {domain}")
-
-
 @dataclass(frozen=True)
-class DataConfig(Section):
+class DataConfig(Options):
     path: str = option("", "The dataset written by `mpitrain etl` (it holds manifest.json): a folder, relative to "
                            "the current folder, or a URL read through fsspec (s3://bucket/prefix, https://...; "
                            "`pip install 'mpitrain[remote]'`).", on_resume=ALLOWED)
@@ -122,19 +86,19 @@ class DataConfig(Section):
                "drawn by (seed, epoch, rank, step) so a resume sees the same images.", on_resume=ALLOWED)
 
     def validate(self, where):
-        _check(self.path != "", where, "data.path", self.path, "the dataset folder written by `mpitrain etl`")
+        check_value(self.path != "", where, "data.path", self.path, "the dataset folder written by `mpitrain etl`")
         self.check_domains(where, "data.")
-        _check(isinstance(self.storage_options, dict), where, "data.storage_options", self.storage_options,
+        check_value(isinstance(self.storage_options, dict), where, "data.storage_options", self.storage_options,
                "a mapping of fsspec options")
-        augment = _options(self.augment, AUGMENT_DEFAULTS, where, "data.augment")
+        augment = optional_feature(self.augment, AUGMENT_DEFAULTS, where, "data.augment")
         if augment:
-            _check(0 <= augment["shift"] <= 1024, where, "data.augment.shift", augment["shift"],
+            check_value(0 <= augment["shift"] <= 1024, where, "data.augment.shift", augment["shift"],
                    "a number of pixels in [0, 1024]")
         return dataclasses.replace(self, augment=augment)
 
 
 @dataclass(frozen=True)
-class ModelConfig(Section):
+class ModelConfig(Options):
     layers: list = option([], "The layers in order, each a mapping {type: NAME, ...its arguments}; a dense or "
                               "conv2d layer's `activation` adds that activation layer after it. Layer types: "
                               + ", ".join(f"`{name}`" for name in LAYER_TYPES) + ". Left out with "
@@ -173,12 +137,12 @@ class ModelConfig(Section):
                 check_node_spec(spec, f"model.graph[{i}]")
             loss_options = check_loss_options(self.loss, self.loss_options, "model.loss_options")
         except ConfigError as e:  # e names the key: model.layers[i]..., model.graph[i]..., model.loss_options...
-            raise ConfigError(f"{_of(where, str(e).split(' ')[0])}: {e}") from None
+            raise ConfigError(f"{origin_of(where, str(e).split(' ')[0])}: {e}") from None
         return dataclasses.replace(self, loss_options=loss_options)
 
 
 @dataclass(frozen=True)
-class OptimizerConfig(Section):
+class OptimizerConfig(Options):
     ON_RESUME = ALLOWED
 
     type: str = option("sgd", "The updater: SGD (with momentum or Nesterov momentum), AdaGrad, Adam or RMSProp.",
@@ -199,7 +163,7 @@ class OptimizerConfig(Section):
 
 
 @dataclass(frozen=True)
-class TrainConfig(Section):
+class TrainConfig(Options):
     ON_RESUME = ALLOWED
 
     epochs: int = option(1, "Epochs to train (a resumed run continues up to this many).", domain="[1, 1e6]")
@@ -245,23 +209,14 @@ class TrainConfig(Section):
 
 
 @dataclass(frozen=True)
-class SyncConfig(Section):
+class SyncKeys(Options):
+    """The keys of `sync` every mode reads; `SyncConfig` adds each mode's own beside them."""
+
     ON_RESUME = ALLOWED
 
     mode: str = option("allreduce", "How the ranks keep one model: allreduce (gradients every step), averaging "
                                     "(parameters every `frequency` steps), sharing (threshold-encoded updates) or "
                                     "none. See docs/sync-modes.md.", SYNCHRONIZERS)
-    frequency: typing.Union[int, str] = option(1, "averaging: steps between averagings, or 'epoch'.", domain="[1, 1e9]")
-    average_updater: bool = option(False, "averaging: average the updater state too (DL4J's "
-                                          "ParameterAveragingTrainingMaster).")
-    overlap: bool = option(True, "allreduce: post a non-blocking Allreduce on each bucket of gradients as backward "
-                                 "finishes it, driving MPI between layers; the last bucket (done when backward "
-                                 "ends) by a blocking Allreduce, then wait for all before the update; false: one "
-                                 "blocking Allreduce after backward. The results are the same.")
-    bucket_mb: float = option(1.0, "allreduce with overlap: the largest bucket, in MB (1e6 bytes); whole layers, "
-                                   "last layer first; a layer larger than this is a bucket of its own, 0 gives one "
-                                   "bucket per layer. The default was chosen on the simulated cluster "
-                                   "(docs/cluster.md, benchmarks/cluster.py's bucket rows).", domain="[0, 1e6]")
     embeddings: str = option("auto", "allreduce and averaging: an embedding table goes by the rows the ranks "
                                      "touched (ids and values: an Allgatherv) whenever that is fewer bytes than an "
                                      "Allreduce of the table (auto), or always whole (dense). averaging sends rows "
@@ -269,51 +224,39 @@ class SyncConfig(Section):
                              ("auto", "dense"))
     check_replicas: bool = option(True, "Compare a hash of the parameters across ranks at every epoch end (modes "
                                         "that promise identical replicas).")
-    threshold: float = option(1.0e-3, "sharing: the initial threshold tau.", domain="(0, 1e6]")
-    adaptive: typing.Union[bool, dict] = option(
-        True, "sharing: adapt tau to keep the sparsity in a band: false, true (the defaults) or a mapping "
-              "{min_sparsity: 1e-4, max_sparsity: 1e-2, decay: 0.965936}.")
-    residual_clip: typing.Union[bool, dict] = option(
-        True, "sharing: clip the residual to +-factor*tau every `every` steps: false, true (the defaults) or a "
-              "mapping {factor: 5.0, every: 5}.")
-    encoding: str = option("auto", "sharing: message body: sparse indices, a bitmap, or auto (a bitmap once "
-                                    "denser than 1/16).", ENCODINGS)
-    exchange: str = option("auto", "sharing: how the messages cross the network: allgather (every rank receives "
-                                   "every message: bytes per rank grow with the ranks), split (each rank sums one "
-                                   "index block of all messages, then the sums are allgathered, sparse or dense: "
-                                   "never more bytes than a dense Allreduce, plus headers), recursive (the messages "
-                                   "as integer counts, summed by recursive halving and gathered by recursive "
-                                   "doubling: 2 log2 N messages per rank, blocks sparse or dense) or auto (each "
-                                   "step, the one the cost model of latency_us and link_gbps predicts fastest).",
-                           EXCHANGE_CHOICES)
-    latency_us: float = option(1.0, "sharing: the network's latency per message in microseconds, as the cost model "
-                                    "of exchange: auto sees it; it steers auto's choice and nothing else.",
-                                    domain="[0, 1e7]")
-    link_gbps: float = option(100.0, "sharing: the network's link rate in Gb/s (100: InfiniBand EDR), as the cost "
-                                     "model of exchange: auto sees it; it steers auto's choice and nothing else.",
-                                     domain="(0, 1e5]")
 
-    def validate(self, where, section: str = "sync"):
-        self.check_domains(where, f"{section}.")
-        _check(self.frequency == "epoch" or isinstance(self.frequency, int), where, f"{section}.frequency",
-               self.frequency, "a number of steps, or 'epoch'")
-        adaptive = _options(self.adaptive, ADAPTIVE_DEFAULTS, where, f"{section}.adaptive")
-        if adaptive:
-            a = adaptive
-            _check(0 < a["min_sparsity"] < a["max_sparsity"] <= 1, where, f"{section}.adaptive",
-                   a, "0 < min_sparsity < max_sparsity <= 1")
-            _check(0 < a["decay"] < 1, where, f"{section}.adaptive.decay", a["decay"], "a number in (0, 1)")
-        clip = _options(self.residual_clip, RESIDUAL_CLIP_DEFAULTS, where, f"{section}.residual_clip")
-        if clip:
-            _check(1 <= clip["factor"] <= 1e6, where, f"{section}.residual_clip.factor", clip["factor"],
-                   "a number in [1, 1e6]")
-            _check(isinstance(clip["every"], int) and 1 <= clip["every"] <= 1e9, where,
-                   f"{section}.residual_clip.every", clip["every"], "an integer in [1, 1e9]")
-        return dataclasses.replace(self, adaptive=adaptive, residual_clip=clip)
+    def validate(self, where, key: str = "sync"):
+        """Every key checked, each mode's by its own `Options.validate` (whichever mode runs: a run's config.yaml
+        holds them all), and normalized (`true` options as their defaults)."""
+        self.check_domains(where, f"{key}.")
+        normalized = {}
+        for synchronizer in SYNCHRONIZERS.values():
+            options = options_of(synchronizer.Options, self).validate(where, f"{key}.")
+            normalized.update({f.name: getattr(options, f.name) for f in dataclasses.fields(options)})
+        return dataclasses.replace(self, **normalized)
+
+
+def _sync_config():
+    """SyncConfig: `SyncKeys` and every mode's own keys (`Synchronizer.Options`, declared beside the mode), flat
+    under `sync` as a user writes them; a key whose option leaves its rule on resume to its class gets that class's
+    (`Options.ON_RESUME`)."""
+    fields = []
+    for synchronizer in SYNCHRONIZERS.values():
+        hints = typing.get_type_hints(synchronizer.Options)
+        for f in dataclasses.fields(synchronizer.Options):
+            metadata = {**f.metadata, "on_resume": f.metadata["on_resume"] or synchronizer.Options.ON_RESUME}
+            fields.append((f.name, hints[f.name], field(default=f.default, default_factory=f.default_factory,
+                                                        metadata=metadata)))
+    cls = dataclasses.make_dataclass("SyncConfig", fields, bases=(SyncKeys,), frozen=True)
+    cls.__module__, cls.__doc__ = __name__, "How the ranks keep one model: every key of `sync`."
+    return cls
+
+
+SyncConfig = _sync_config()
 
 
 @dataclass(frozen=True)
-class PretrainConfig(Section):
+class PretrainConfig(Options):
     """Greedy layer-wise RBM pretraining of a deep belief net (mpitrain.training.pretrain); off while `layers` is empty."""
 
     ON_RESUME = ALLOWED
@@ -344,14 +287,14 @@ class PretrainConfig(Section):
     def validate(self, where):
         ok = all(isinstance(units, int) and not isinstance(units, bool) and 1 <= units <= MAX_UNITS
                  for units in self.layers)
-        _check(ok, where, "pretrain.layers", self.layers,
+        check_value(ok, where, "pretrain.layers", self.layers,
                f"a list of hidden-unit counts in [1, {MAX_UNITS}], e.g. [500, 500, 2000]")
         self.check_domains(where, "pretrain.")
         return dataclasses.replace(self, sync=self.sync.validate(where, "pretrain.sync"))
 
 
 @dataclass(frozen=True)
-class CheckpointConfig(Section):
+class CheckpointConfig(Options):
     ON_RESUME = ALLOWED
 
     every: int = option(1, "Checkpoint every this many units.", domain="[1, 1e9]")
@@ -366,7 +309,7 @@ class CheckpointConfig(Section):
 
 
 @dataclass(frozen=True)
-class CommConfig(Section):
+class CommConfig(Options):
     ON_RESUME = ALLOWED
 
     cuda_aware: typing.Union[bool, str] = option(
@@ -379,7 +322,7 @@ class CommConfig(Section):
 
 
 @dataclass(frozen=True)
-class Config(Section):
+class Config(Options):
     ON_RESUME = ALLOWED
 
     data: DataConfig = section(DataConfig, "The dataset and how batches are made of it.")
@@ -407,19 +350,19 @@ class Config(Section):
         config = dataclasses.replace(self, **{name: getattr(self, name).validate(where) for name in SECTIONS})
         config.check_domains(where, "")
         model, pretrain = config.model, config.pretrain
-        _check(len(model.layers) > 0 or len(pretrain.layers) > 0 or len(model.graph) > 0, where, "model.layers",
+        check_value(len(model.layers) > 0 or len(pretrain.layers) > 0 or len(model.graph) > 0, where, "model.layers",
                model.layers, "a non-empty list of layers (or model.graph's nodes, or pretrain.layers, from which a "
                              "deep belief net's layers are built)")
-        _check(not (model.layers and model.graph), where, "model.graph", f"{len(model.graph)} nodes",
+        check_value(not (model.layers and model.graph), where, "model.graph", f"{len(model.graph)} nodes",
                "empty beside model.layers (a model is a list of layers or a graph of nodes, not both)")
-        _check(not (model.graph and pretrain.layers), where, "pretrain.layers", pretrain.layers,
+        check_value(not (model.graph and pretrain.layers), where, "pretrain.layers", pretrain.layers,
                "empty with model.graph (a deep belief net is pretrained for a list of dense layers)")
         try:
             check_layers(config.train.tbptt_steps, model.layers, model.graph)
         except ConfigError as e:
-            raise ConfigError(f"{_of(where, 'train.tbptt_steps')}: {e}") from None
+            raise ConfigError(f"{origin_of(where, 'train.tbptt_steps')}: {e}") from None
         if pretrain.layers and pretrain.visible == "bernoulli":
-            _check(not config.data.normalize, where, "data.normalize", config.data.normalize,
+            check_value(not config.data.normalize, where, "data.normalize", config.data.normalize,
                    "false with pretrain.visible: bernoulli (Bernoulli units take inputs in [0, 1]; "
                    "or use pretrain.visible: gaussian for standardized inputs)")
         return config
@@ -452,23 +395,17 @@ def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:
                                                         else os.path.abspath(config.data.path)))
 
 
-# Which sync mode reads each of the sync section's options (the others apply to every mode).
-SYNC_OPTION_MODES = {"overlap": "allreduce", "bucket_mb": "allreduce", "frequency": "averaging",
-                     "average_updater": "averaging", "threshold": "sharing", "adaptive": "sharing",
-                     "residual_clip": "sharing", "encoding": "sharing", "exchange": "sharing", "latency_us": "sharing",
-                     "link_gbps": "sharing"}
-
-
 def ignored_options(config: Config) -> list[str]:
     """The options a config sets (away from their defaults) for a sync mode it does not use, e.g. sync.threshold
     under allreduce: training warns about them."""
     ignored = []
-    for section, sync, default in (("sync", config.sync, SyncConfig()),
-                                   ("pretrain.sync", config.pretrain.sync, PretrainConfig().sync)):
-        default = dataclasses.replace(default, mode=sync.mode).validate(section)
-        ignored += [f"{section}.{key} (read by {mode} only; {section}.mode is {sync.mode})"
-                    for key, mode in SYNC_OPTION_MODES.items()
-                    if mode != sync.mode and getattr(sync, key) != getattr(default, key)]
+    for key, sync, default in (("sync", config.sync, SyncConfig()),
+                               ("pretrain.sync", config.pretrain.sync, PretrainConfig().sync)):
+        default = dataclasses.replace(default, mode=sync.mode).validate(key)
+        ignored += [f"{key}.{f.name} (read by {mode} only; {key}.mode is {sync.mode})"
+                    for mode, synchronizer in SYNCHRONIZERS.items() if mode != sync.mode
+                    for f in dataclasses.fields(synchronizer.Options)
+                    if getattr(sync, f.name) != getattr(default, f.name)]
     return ignored
 
 
@@ -516,10 +453,10 @@ def _apply_override(raw: dict, override: str, where: Origin) -> None:
     where.overrides[key] = override
     *sections, last = key.split(".")
     node = raw
-    for section in sections:  # a number indexes a list: model.layers.0.units
-        node = _item(node, section, override) if isinstance(node, list) else node.setdefault(section, {})
+    for part in sections:  # a number indexes a list: model.layers.0.units
+        node = _item(node, part, override) if isinstance(node, list) else node.setdefault(part, {})
         if not isinstance(node, (dict, list)):
-            raise ConfigError(f"--set {override}: {section!r} is not a section")
+            raise ConfigError(f"--set {override}: {part!r} is not a section")
     if isinstance(node, list):
         _item(node, last, override)
         node[int(last)] = value
@@ -550,7 +487,7 @@ def _build(cls, raw, where: str, prefix: str, base=None):
     """Turn a mapping into dataclass `cls` (keys missing from it keep `base`'s values, or the class defaults),
     rejecting unknown keys and wrong types."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{_of(where, prefix[:-1])}: {prefix or 'config'} is {raw!r}, expected a mapping")
+        raise ConfigError(f"{origin_of(where, prefix[:-1])}: {prefix or 'config'} is {raw!r}, expected a mapping")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - known)
@@ -559,7 +496,7 @@ def _build(cls, raw, where: str, prefix: str, base=None):
         close = difflib.get_close_matches(key, [prefix + name for name in known], n=1) or \
             difflib.get_close_matches(key, config_keys(), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ConfigError(f"{_of(where, key)}: unknown key {key!r}; {hint}expected one of {sorted(known)}")
+        raise ConfigError(f"{origin_of(where, key)}: unknown key {key!r}; {hint}expected one of {sorted(known)}")
     base = base if base is not None else cls()
     values = {}
     for name, value in raw.items():
@@ -567,40 +504,8 @@ def _build(cls, raw, where: str, prefix: str, base=None):
         if dataclasses.is_dataclass(kind):
             values[name] = _build(kind, value, where, f"{prefix}{name}.", getattr(base, name))
         else:
-            values[name] = _coerce(value, kind, where, prefix + name)
+            values[name] = coerce(value, kind, where, prefix + name)
     return dataclasses.replace(base, **values)
-
-
-def _coerce(value, kind, where: str, key: str):
-    allowed = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
-    for option in allowed:
-        option = typing.get_origin(option) or option
-        if option is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        if option is float and isinstance(value, str):
-            try:
-                return float(value)  # PyYAML reads `1e-3` (no dot) as a string
-            except ValueError:
-                pass
-        if isinstance(value, option) and not (option is int and isinstance(value, bool)):
-            return value
-    names = " or ".join(getattr(a, "__name__", str(a)) for a in allowed)
-    raise ConfigError(f"{_of(where, key)}: {key} is {value!r}, expected {names}")
-
-
-def _options(value, defaults: dict, where: str, key: str):
-    """An optional feature: false stays false, true -> the defaults, a mapping -> the defaults updated by it."""
-    if value is False:
-        return False
-    if value is True:
-        return dict(defaults)
-    unknown = sorted(set(value) - set(defaults))
-    if unknown:
-        raise ConfigError(f"{_of(where, key)}: unknown key {key}.{unknown[0]}; expected one of {sorted(defaults)}")
-    merged = dict(defaults)
-    for name, item in value.items():
-        merged[name] = _coerce(item, type(defaults[name]), where, f"{key}.{name}")
-    return merged
 
 
 def _check_finite(value, where: str, key: str) -> None:
@@ -616,14 +521,4 @@ def _check_finite(value, where: str, key: str) -> None:
         for i, item in enumerate(value):
             _check_finite(item, where, f"{key[:-1]}[{i}].")
     elif isinstance(value, float):
-        _check(math.isfinite(value), where, key[:-1], value, "a finite number (not .inf or .nan)")
-
-
-def _of(where: str, key: str) -> str:
-    """What gave `key` its value: the override that set it, or `where` (the file, or the caller's words)."""
-    return where.of(key) if isinstance(where, Origin) else where
-
-
-def _check(ok: bool, where: str, key: str, value, expected: str) -> None:
-    if not ok:
-        raise ConfigError(f"{_of(where, key)}: {key} is {value!r}, expected {expected}")
+        check_value(math.isfinite(value), where, key[:-1], value, "a finite number (not .inf or .nan)")

@@ -50,6 +50,10 @@ class Layer:
 
     type_name: str | None = None
     graph_only = False
+    # Truncated BPTT (`mpitrain.nn.segments`): whether each step's output depends on that step's input alone
+    # (`per_step`), and otherwise why a segment cannot run the layer (`not_cut`; a recurrent layer carries state).
+    per_step = False
+    not_cut = "it does not take sequences step by step"
 
     _ws: WorkspacePart | None = None
     lengths = None  # a sequence input's lengths (B,), set by the model before forward (docs/sequences.md)
@@ -120,6 +124,8 @@ class Dense(FusesActivation):
     the batch's (B, T, F) as B*T rows of one GEMM, its arrays from the grow-only workspace (`varying`). Padded steps
     give values nobody reads, and their gradient rows are zero, so they add nothing to W's and b's gradients."""
 
+    per_step = True
+
     sequence = False  # whether the input is a sequence (None, F): set by `param_shapes`
 
     def __init__(self, units: int, activation: str = "none", init: str | None = None):
@@ -169,6 +175,8 @@ class Dense(FusesActivation):
 class _Activation(Layer):
     """An element-wise activation (`kind`), from its input to a workspace array and back, in one pass each way;
     with `fused` (the layer before runs it, `FusesActivation.fuse_activation`) it passes input and gradient through."""
+
+    per_step = True
 
     kind = "none"
     fused = False
@@ -226,6 +234,8 @@ class Dropout(Layer):
     The draw is `keyed_bits`, the same on numpy and cupy, so both backends drop the same units;
     the numba kernel draws each element's bits and applies the mask in one pass.
     """
+
+    per_step = True
 
     key = (0,)
 

@@ -16,21 +16,18 @@ import math
 from mpitrain.base.arrays import array_module
 from mpitrain.base.errors import ConfigError
 from mpitrain.data.sequences import SequenceBatch
+from mpitrain.nn.layer_types import LAYER_TYPES
 from mpitrain.nn.layers import varying
 from mpitrain.nn.recurrent import Recurrent
-
-# The layer types a segment can run through: each step's output depends on that step's input and, for the
-# recurrent layers, on the state carried from the step before. Any other type is refused, for its reason.
-CARRIES_STATE = ("lstm", "gru")
-PER_STEP = ("dense", "dropout", "relu", "tanh", "sigmoid", "token_embedding")
-NOT_CUT = {"conv1d": "its kernel reads steps before a segment's first (or after its last)",
-           "global_max_pool": "it reduces a whole sequence, which no segment holds",
-           "global_avg_pool": "it reduces a whole sequence, which no segment holds"}
 
 
 def check_layers(steps: int, layers: list, graph: list) -> None:
     """Refuse truncated BPTT (`steps` > 0) for a model whose layers (`model.layers`' specs) cannot run segment by
-    segment, or a `model.graph`: a ConfigError naming `model.layers[i]` and why. Checked with the config."""
+    segment, or a `model.graph`: a ConfigError naming `model.layers[i]` and why. Checked with the config.
+
+    A segment runs a layer whose each step's output depends on that step's input alone (its class says `per_step`)
+    and a recurrent layer (the state carried from the step before) that returns every step's output in one
+    direction; any other layer is refused for its class's reason (`not_cut`)."""
     if not steps:
         return
     if graph:
@@ -38,20 +35,23 @@ def check_layers(steps: int, layers: list, graph: list) -> None:
                           "runs model.layers)")
     for i, spec in enumerate(layers):
         kind = spec["type"]
-        if kind in CARRIES_STATE:
+        cls = LAYER_TYPES[kind]
+        if issubclass(cls, Recurrent):
             if spec.get("bidirectional", False):
                 why = "a bidirectional layer reads each sequence backwards from its end, which no segment holds"
             elif not spec.get("return_sequences", False):
                 why = "it returns its last state, not a state per step"
             else:
                 continue
-        elif kind in PER_STEP:
+        elif cls.per_step:
             continue
         else:
-            why = NOT_CUT.get(kind, "it does not take sequences step by step")
+            why = cls.not_cut
+        recurrent = [name for name, each in LAYER_TYPES.items() if issubclass(each, Recurrent)]
+        per_step = [name for name, each in LAYER_TYPES.items() if each.per_step]
         raise ConfigError(f"train.tbptt_steps is {steps}, but model.layers[{i}] ({kind}) cannot be cut into "
-                          f"segments: {why}; expected {' or '.join(CARRIES_STATE)} with return_sequences and one "
-                          f"direction, or {', '.join(PER_STEP)} (or train.tbptt_steps: 0)")
+                          f"segments: {why}; expected {' or '.join(recurrent)} with return_sequences and one "
+                          f"direction, or {', '.join(per_step)} (or train.tbptt_steps: 0)")
 
 
 class Segments:

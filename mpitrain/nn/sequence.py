@@ -79,6 +79,8 @@ class Conv1D(FusesActivation):
     `W` is (kernel, F, filters), `b` (filters,).
     """
 
+    not_cut = "its kernel reads steps before a segment's first (or after its last)"
+
     lengths = None  # the input's (B,) lengths, set by the model before each forward; None: every step valid
 
     def __init__(self, filters: int, kernel: int, stride: int = 1, dilation: int = 1, padding: str = "causal",
@@ -179,6 +181,8 @@ class Conv1D(FusesActivation):
 
 class _GlobalPool1D(Layer):
     """A sequence (None, F) to one vector (F,) per row, over each sequence's valid steps."""
+
+    not_cut = "it reduces a whole sequence, which no segment holds"
 
     lengths = None  # the input's (B,) lengths, set by the model before each forward; None: every step valid
 

@@ -25,6 +25,8 @@ from mpitrain.nn.layers import Layer, is_sequence, layer_type
 class TokenEmbedding(Layer):
     """Row ids[b, t] of a table of `ids` rows of `dim` values, per step of a sequence of ids; see the module."""
 
+    per_step = True
+
     def __init__(self, dim: int = 16, ids="auto", init: str | None = None):
         if not (isinstance(dim, int) and not isinstance(dim, bool) and dim >= 1):
             raise ValueError(f"dim {dim!r}, expected an integer >= 1 (one table)")

@@ -37,7 +37,7 @@ from mpitrain.base.files import write_file
 from mpitrain.config.on_resume import first_change, global_batch_change, set_back, shown
 from mpitrain.config.sections import REFUSED, Config, config_yaml, load_config, recorded_config
 from mpitrain.config.yaml_input import read_yaml
-from mpitrain.parallel.sync.base import parameter_hash
+from mpitrain.parallel.sync.base import is_array, parameter_hash
 from mpitrain.rundir.checkpoint import (
     Checkpoint,
     check_fits,
@@ -158,7 +158,7 @@ class Checkpointer:
         `config` (this run's, resolved) changes what may not change on resume (`mpitrain.config.on_resume`).
 
         A collective: every rank calls it and gets the same Position (the sync arrays and each rank's own arrays on
-        rank 0 only; `Synchronizer.load_arrays` and `load_rank_arrays` hand them on). The model and updater get the
+        rank 0 only; `Synchronizer.load_state` and `load_rank_arrays` hand them on). The model and updater get the
         checkpoint's merged state; a checkpoint written by as many ranks as this run has also gives each rank's own
         arrays (an exact resume), one of another number of ranks does not, and that is logged. With `pretraining`,
         a fresh start keeps metrics.jsonl for `finished_layers` to sort out while pretraining has finished layers.
@@ -228,11 +228,12 @@ class Checkpointer:
         differ = [name for index, name in enumerate(candidates) if len({hashes[index] for _, _, hashes in reports}) > 1]
         merged = {**local, **{name: sync.merged(name, local[name]) for name in differ}}  # the same order everywhere
         own = {name: self.comm.gather_host(to_host(local[name])) for name in differ}  # on rank 0
+        numbers = {name: value for name, value in sync.state().items() if not is_array(value)}  # its arrays: local
         with self.comm.agreed_errors():  # a full disk on rank 0 ends every rank, not just rank 0
             if self.comm.is_root:
                 save_checkpoint(self.run_dir, Checkpoint(
                     to_host(merged["params"]), to_host(merged["updater_state"]), epoch, step, updater.iteration,
-                    model.layout, sync.numbers(), self.manifest_sha256, self.config_yaml,
+                    model.layout, numbers, self.manifest_sha256, self.config_yaml,
                     stats=to_host(merged["stats"]), stats_layout=model.stats_layout,
                     sync_arrays={name.removeprefix("sync/"): to_host(array) for name, array in merged.items()
                                  if name.startswith("sync/")},

@@ -144,8 +144,7 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
         pretrain(config, comm, model, batches, run.reader.eval_rows(config.data.train_split), run.checkpointer,
                  watchdog, stop)
     sync.start(model, updater)  # every rank starts from rank 0's parameters and updater state
-    sync.load_numbers(start.sync_numbers)
-    sync.load_arrays(start.sync_arrays)  # e.g. sharing's mean residual, saved by rank 0
+    sync.load_state(start.sync_numbers, start.sync_arrays)  # e.g. sharing's tau, and its mean residual (rank 0's)
     sync.load_rank_arrays(model, updater, start.rank_arrays)  # as many ranks as wrote it: each rank's own state
     if comm.is_root:
         plan = batches.rows.plan

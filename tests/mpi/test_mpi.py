@@ -120,7 +120,7 @@ def test_sharing_keeps_its_promises(n, exchange):
                   "adaptive tau falls when too sparse", "adaptive tau rises when too dense",
                   "adaptive tau stays inside the band", "mixed sparse and bitmap messages decode exactly",
                   "the merged residual keeps the pending updates and every rank's state",
-                  "a resumed synchronizer starts every rank from the saved residual",
+                  "a resumed synchronizer starts every rank from the saved residual, tau and step count",
                   "on as many ranks each rank gets its own residual back"):
         assert f"OK {check} {n}" in result.stdout, result.stdout
 

@@ -12,6 +12,10 @@
 |             | blocks or recursive halving and     | dense allreduce's bytes and log2 N messages per rank  |
 |             | doubling (SparCML)                  | on many ranks                                         |
 | `none`      | nothing                             | one rank, or independent runs for baselines           |
+
+A mode is a `Synchronizer` in a file of its own with its options dataclass (`Options`) and checkpoint state
+(`state_names`) beside it, plus its line in `SYNCHRONIZERS`; the config's `sync` section is composed of every
+mode's options (docs/sync-modes.md, "Adding a mode or a codec").
 """
 from __future__ import annotations
 

@@ -1,13 +1,16 @@
 """The one small interface every synchronization mode implements."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import typing
+from dataclasses import dataclass
 
 import numpy as np
 
 from mpitrain.base.arrays import array_module
+from mpitrain.base.options import Options
 
 if typing.TYPE_CHECKING:  # the registry is read when a config is loaded, which needs no MPI
     from mpitrain.parallel.comm import Communicator
@@ -15,12 +18,28 @@ if typing.TYPE_CHECKING:  # the registry is read when a config is loaded, which 
 log = logging.getLogger("mpitrain")
 
 
+@dataclass(frozen=True)
+class NoOptions(Options):
+    """A mode that reads no keys of `sync` beyond every mode's."""
+
+
+def options_of(cls, config):
+    """Options dataclass `cls` with the values of `config`'s keys of the same names (a `SyncConfig`, which holds
+    every mode's keys side by side). Not a collective."""
+    return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+
+
+def is_array(value) -> bool:
+    """Whether a value of a mode's `state()` is an array (a live buffer) rather than a number."""
+    return hasattr(value, "shape")
+
+
 class Synchronizer:
     """Keeps the replicas of one model in step; the trainer never knows which mode it has.
 
     Every method that takes a model is a collective: every rank calls it, in the same order
     (`start` once; `grads_ready` during backward; `step` after each backward; `end_epoch` after an epoch's last step;
-    `load_arrays` then `load_rank_arrays` once when resuming), and so is `merged`. The model is any
+    `load_state` then `load_rank_arrays` once when resuming), and so is `merged`. The model is any
     `mpitrain.nn.flat.FlatModel` (a `Sequential`, an RBM): a mode sees its flat `params`,
     `grads` and `stats`, and the updater's flat `state`.
 
@@ -36,12 +55,17 @@ class Synchronizer:
     (`load_rank_arrays`), so it continues bit for bit; on another number of ranks every rank starts from the merged
     state.
 
-    Three names, three meanings: `metrics()` are the numbers a mode reports per metrics
-    window (tau, sparsity); `numbers()` and `arrays()` are what a checkpoint keeps of the
-    mode to resume it (sharing's tau; its residual). Neither is the updater's `state` nor
-    the model's running statistics `stats`.
+    A mode declares its own keys of `sync` as a small dataclass, `Options` (the config composes `SyncConfig` of
+    every mode's: `mpitrain.config.sections`), read as `self.options`; the keys every mode reads (`mode`,
+    `embeddings`, `check_replicas`) are `self.config`'s. Its checkpoint state is one pair: `state()`, the
+    attributes `state_names` names (numbers, the same on every rank: sharing's tau; arrays, this rank's live
+    buffers: its residual), and `load_state`, which takes them back. `metrics()` are the numbers a mode reports per
+    metrics window (tau, sparsity); neither is the updater's `state` nor the model's running statistics `stats`.
     """
 
+    Options: typing.ClassVar[type] = NoOptions
+    #: the attributes that hold what a checkpoint keeps of the mode to resume it exactly (`state`)
+    state_names: typing.ClassVar[tuple[str, ...]] = ()
     #: the names of `local_arrays` whose values may differ between ranks; a checkpoint keeps each rank's own of
     #: those that do. Every mode: the running statistics, averaged at epoch ends only.
     rank_local: tuple[str, ...] = ("stats",)
@@ -49,6 +73,7 @@ class Synchronizer:
 
     def __init__(self, comm: Communicator, config):
         self.comm, self.config = comm, config
+        self.options = options_of(self.Options, config)
         self.reset()
 
     def reset(self) -> None:
@@ -89,20 +114,17 @@ class Synchronizer:
         if self.replicas_identical and model.stats.size:
             self.comm.average_(model.stats)
 
-    def numbers(self) -> dict:
-        """Numbers a checkpoint must keep so a resumed run continues exactly (e.g. sharing's tau); the same on every
-        rank."""
-        return {}
-
-    def arrays(self) -> dict:
-        """This mode's arrays a checkpoint must keep beside `numbers` (sharing's residual), the live buffers."""
-        return {}
+    def state(self) -> dict:
+        """What a checkpoint keeps of this mode to resume it exactly, by name (`state_names`): numbers, the same on
+        every rank (sharing's tau and step count), and arrays, this rank's live buffers to read and leave alone
+        (sharing's residual). Not a collective."""
+        return {name: getattr(self, name) for name in self.state_names}
 
     def local_arrays(self, model, updater) -> dict:
         """This rank's training state by its name in a checkpoint: `params`, `stats`, `updater_state` and
-        `sync/NAME` for each of `arrays()`. The live buffers themselves, to read and leave alone. Not a collective."""
+        `sync/NAME` for each array of `state()`. The live buffers themselves, to read and leave alone. Not a collective."""
         return {"params": model.params, "stats": model.stats, "updater_state": updater.state,
-                **{f"sync/{name}": array for name, array in self.arrays().items()}}
+                **{f"sync/{name}": value for name, value in self.state().items() if is_array(value)}}
 
     def merged(self, name: str, array):
         """The one value a checkpoint keeps of `local_arrays()[name]` (`array`, one of `rank_local`) when the ranks'
@@ -113,24 +135,26 @@ class Synchronizer:
         self.comm.average_(mean)
         return mean
 
-    def load_numbers(self, numbers: dict) -> None:
-        """Take back what `numbers` returned (of this mode, or another mode's: then nothing applies)."""
-
-    def load_arrays(self, saved: dict) -> None:
-        """Copy the arrays rank 0 read from a checkpoint (`saved`; empty on the other ranks) into this
-        mode's `arrays` on every rank; arrays this mode does not keep are dropped, saying so. A collective."""
-        own = self.arrays()
-        for name in sorted(set(saved) - set(own)):  # only rank 0 has read any
+    def load_state(self, numbers: dict, arrays: dict) -> None:
+        """Take back a checkpoint's `state()`, after `start`: `numbers` (every rank has them) into the attributes
+        of those names, as the type they have; `arrays` (read by rank 0; empty on the other ranks) copied into the
+        live buffers on every rank. What this mode does not keep (another mode's state: `sync.mode` may change on
+        resume) is left alone, and a dropped array is named. A collective."""
+        own = self.state()
+        for name, value in numbers.items():
+            if name in own and not is_array(own[name]):
+                setattr(self, name, type(own[name])(value))
+        arrays_kept = {name for name, value in own.items() if is_array(value)}
+        for name in sorted(set(arrays) - arrays_kept):  # only rank 0 has read any
             log.warning("the checkpoint's %r (of another sync mode) is dropped: sync.mode %s does not keep it",
                         name, self.config.mode)
-        for name in self.comm.bcast_obj(sorted(set(saved) & set(own))):
+        for name in self.comm.bcast_obj(sorted(set(arrays) & arrays_kept)):
             if self.comm.is_root:
-                own[name][...] = array_module(own[name]).asarray(saved[name])
+                own[name][...] = array_module(own[name]).asarray(arrays[name])
             self.comm.bcast_(own[name])
 
     def load_rank_arrays(self, model, updater, saved: dict) -> None:
-        """Give each rank its own arrays of a checkpoint written by as many ranks, after `start`, `load_numbers`
-        and `load_arrays`: `saved` maps names of `local_arrays` to the ranks' arrays stacked in rank order (on rank
+        """Give each rank its own arrays of a checkpoint written by as many ranks, after `start` and `load_state`: `saved` maps names of `local_arrays` to the ranks' arrays stacked in rank order (on rank
         0; empty elsewhere). Only the names this mode lets differ (`rank_local`) are taken: another mode's
         rank-local parameters would split this mode's one model. A collective."""
         own = self.local_arrays(model, updater)

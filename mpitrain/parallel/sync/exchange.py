@@ -13,10 +13,11 @@
 
 Every replica gets the mean of the ranks' sent updates and the replicas stay bit-identical;
 the exchanges differ from each other only in the order the same terms are summed.
-An exchange is a callable `(comm, message, sizes, params, received) -> elements sent by all
-ranks`, where `sizes` is every rank's message size (the Allgather the step has done),
-`params` the flat parameters it adds to and `received` a reusable int32 buffer of at least
-the sizes' sum. `choose_exchange` gives every rank the same choice, as it
+An exchange is a callable `(comm, codec, message, sizes, params, received) -> elements sent by
+all ranks`, where `codec` made the messages (`mpitrain.parallel.sync.codec`; `allgather` decodes
+through it, `split` and `recursive` read the threshold message's blocks and counts themselves),
+`sizes` is every rank's message size (the Allgather the step has done), `params` the flat
+parameters it adds to and `received` a reusable int32 buffer of at least the sizes' sum. `choose_exchange` gives every rank the same choice, as it
 reads only the allgathered sizes, the model's size and the config.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from mpitrain.base.arrays import array_module
-from mpitrain.kernels.threshold import implementation, message_count, threshold_decode
+from mpitrain.kernels.threshold import implementation
 from mpitrain.kernels.threshold.blocks import add_block, block_bounds, cut_message, encode_block, reduce_parts
 from mpitrain.kernels.threshold.counts import (
     add_counts,
@@ -46,20 +47,20 @@ from mpitrain.parallel.costmodel import (
 INT32_BYTES = 4  # a threshold message is int32
 
 
-def allgather(comm, message, sizes, params, received=None) -> int:
+def allgather(comm, codec, message, sizes, params, received=None) -> int:
     """Every rank gets every message (Allgatherv, into `received` when given: int32, at least the sizes' sum) and
-    adds each, in rank order, divided by the ranks. A collective."""
+    adds each, in rank order, divided by the ranks, through the codec. A collective."""
     messages = comm.allgatherv(message, sizes, received)
-    for each in messages:  # rank order on every rank: identical sums, identical replicas
-        threshold_decode(each, params, 1.0 / comm.size)
-    return sum(message_count(each) for each in messages)
+    # rank order on every rank: identical sums, identical replicas
+    return sum(codec.decode(each, params, 1.0 / comm.size) for each in messages)
 
 
-def split(comm, message, sizes, params, received=None) -> int:
+def split(comm, codec, message, sizes, params, received=None) -> int:
     """Rank j sums block j of every message in rank order (an Alltoallv of the blocks: a sparse reduce-scatter);
     every rank adds every reduced block (an Allgatherv), so each block's sum is made once and copied. A collective.
     (`sizes` is not needed: the Alltoallv exchanges the sizes of the parts.) Its parts and blocks are new arrays
-    each step (`received` is not used): the one exchange whose step still allocates."""
+    each step (`received` is not used): the one exchange whose step still allocates. The messages are the
+    threshold codec's (`codec` is not used)."""
     bounds = block_bounds(params.size, comm.size)
     parts, part_sizes = cut_message(message, bounds)
     own = array_module(params).zeros(int(bounds[comm.rank + 1] - bounds[comm.rank]), dtype=params.dtype)
@@ -68,14 +69,15 @@ def split(comm, message, sizes, params, received=None) -> int:
     return sum(add_block(block, params[lo:hi]) for block, lo, hi in zip(reduced, bounds[:-1], bounds[1:]))
 
 
-def recursive(comm, message, sizes, params, received=None) -> int:
+def recursive(comm, codec, message, sizes, params, received=None) -> int:
     """The messages as integer counts (every rank sends the same tau), summed by recursive halving and gathered by
     recursive doubling over the largest power of two of ranks, P'; each rank beyond it first hands its counts to
     a partner inside and gets the sum back at the end. 2 log2 P' pairwise exchanges (+2), each a count block of
     half or a growing part of the parameters, sparse or dense (SparCML's recursive doubling, after a sparse
     reduce-scatter). Counts add exactly, so every rank holds the same sums whatever the pairs' order, and adds
     count x tau / P to `params`. A collective made of pairwise exchanges. Its counts and blocks are new arrays
-    each step (`sizes` and `received` are not used)."""
+    each step (`sizes` and `received` are not used). The messages are the threshold codec's (`codec` is not
+    used)."""
     n, rank, ranks = params.size, comm.rank, comm.size
     xp = array_module(params)
     counts = xp.zeros(n, dtype=count_dtype(ranks))
@@ -131,11 +133,12 @@ def _halve_and_double(comm, counts, sent, tau, me: int, core: int, extra: int, i
 EXCHANGES = {"allgather": allgather, "split": split, "recursive": recursive}
 
 
-def choose_exchange(setting: str, network, sizes, n: int, itemsize: int) -> str:
-    """`setting` itself, or for `auto`: of the exchanges that put no more bytes on a rank's wire than a dense ring
-    Allreduce of the `n` parameters of `itemsize` bytes (plus the split exchange's headers), the one `network`'s
-    cost model predicts fastest for messages of `sizes` int32 (one per rank); ties go to `allgather`, then
-    `recursive`. `split` stays within that bound by construction. Not a collective.
+def choose_exchange(setting: str, network, sizes, n: int, itemsize: int, carried=tuple(EXCHANGES)) -> str:
+    """`setting` itself, or for `auto`: of the exchanges that carry the codec's messages (`carried`) and put no more
+    bytes on a rank's wire than a dense ring Allreduce of the `n` parameters of `itemsize` bytes (plus the split
+    exchange's headers), the one `network`'s cost model predicts fastest for messages of `sizes` int32 (one per
+    rank); ties go to `allgather`, then `recursive`. `split` stays within that bound by construction; `allgather`
+    is the fallback where it is the only one carried. Not a collective.
 
     The bytes come first: where the allgather outgrows a dense Allreduce the model may still call it faster on
     an idle network (its steps are fewer), but on a shared one every byte competes, and `sharing` is chosen to
@@ -146,5 +149,5 @@ def choose_exchange(setting: str, network, sizes, n: int, itemsize: int) -> str:
     costs = {"allgather": allgather_exchange(network, nbytes), "recursive": recursive_exchange(network, nbytes, n),
              "split": split_exchange(network, nbytes, n, itemsize)}
     bound = allreduce_bytes(n * itemsize, len(sizes)) + split_header_bytes(len(sizes))
-    return min((name for name, (_, wire) in costs.items() if name == "split" or wire <= bound),
-               key=lambda name: costs[name][0])
+    within = [name for name, (_, wire) in costs.items() if name in carried and (name == "split" or wire <= bound)]
+    return min(within or ["allgather"], key=lambda name: costs[name][0])

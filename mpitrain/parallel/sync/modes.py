@@ -1,9 +1,46 @@
 """The dense synchronization modes: none, allreduce (gradients), averaging (parameters)."""
 from __future__ import annotations
 
+import typing
+from dataclasses import dataclass
+
+from mpitrain.base.options import ALLOWED, Options, check_value, option
 from mpitrain.parallel.sync.base import Synchronizer, apply_update
 from mpitrain.parallel.sync.buckets import gradient_buckets
 from mpitrain.parallel.sync.sparse import average_table_rows, exchange_tables
+
+
+@dataclass(frozen=True)
+class AllreduceOptions(Options):
+    """The keys of `sync` that `allreduce` reads (beside every mode's: `mpitrain.config.sections.SyncConfig`)."""
+
+    ON_RESUME = ALLOWED
+
+    overlap: bool = option(True, "allreduce: post a non-blocking Allreduce on each bucket of gradients as backward "
+                                 "finishes it, driving MPI between layers; the last bucket (done when backward "
+                                 "ends) by a blocking Allreduce, then wait for all before the update; false: one "
+                                 "blocking Allreduce after backward. The results are the same.")
+    bucket_mb: float = option(1.0, "allreduce with overlap: the largest bucket, in MB (1e6 bytes); whole layers, "
+                                   "last layer first; a layer larger than this is a bucket of its own, 0 gives one "
+                                   "bucket per layer. The default was chosen on the simulated cluster "
+                                   "(docs/cluster.md, benchmarks/cluster.py's bucket rows).", domain="[0, 1e6]")
+
+
+@dataclass(frozen=True)
+class AveragingOptions(Options):
+    """The keys of `sync` that `averaging` reads (beside every mode's)."""
+
+    ON_RESUME = ALLOWED
+
+    frequency: typing.Union[int, str] = option(1, "averaging: steps between averagings, or 'epoch'.", domain="[1, 1e9]")
+    average_updater: bool = option(False, "averaging: average the updater state too (DL4J's "
+                                          "ParameterAveragingTrainingMaster).")
+
+    def validate(self, where, prefix):
+        self.check_domains(where, prefix)
+        check_value(self.frequency == "epoch" or isinstance(self.frequency, int), where, f"{prefix}frequency",
+                    self.frequency, "a number of steps, or 'epoch'")
+        return self
 
 
 class NoSync(Synchronizer):
@@ -37,21 +74,23 @@ class AllreduceSync(Synchronizer):
     after the dense part, by the rows each rank touched (`mpitrain.parallel.sync.sparse`).
     """
 
+    Options = AllreduceOptions
+
     def start(self, model, updater) -> None:
         super().start(model, updater)
         dense = model.dense_start
         self.buckets = [(begin + dense, end + dense) for begin, end in
-                        gradient_buckets(model.layout[len(model.sparse_tables):], self.config.bucket_mb * 1e6,
+                        gradient_buckets(model.layout[len(model.sparse_tables):], self.options.bucket_mb * 1e6,
                                          model.grads.itemsize)]
         self.posted = []
 
     def grads_ready(self, model, start: int) -> None:
-        if self.config.overlap:
+        if self.options.overlap:
             self._post(model, start)
             self.comm.progress(self.posted)
 
     def step(self, model, updater) -> None:
-        if self.config.overlap:
+        if self.options.overlap:
             self._post(model, 0)  # what backward did not announce (a model without the hook: all of it)
             begin, end = self.buckets[-1]
             self.comm.complete(self.posted, last=model.grads[begin:end])
@@ -85,7 +124,9 @@ class AveragingSync(Synchronizer):
     are averaged whole, as after a resume (each rank's own parameters) and with `embeddings: dense`.
     """
 
+    Options = AveragingOptions
     rank_local = ("params", "stats", "updater_state")
+    state_names = ("steps_since_average",)
 
     def reset(self) -> None:
         self.steps_since_average = 0
@@ -101,18 +142,12 @@ class AveragingSync(Synchronizer):
             self.changed = [None if rows is None else model.xp.union1d(rows, table.touched)
                             for rows, table in zip(self.changed, model.sparse_tables)]
         self.steps_since_average += 1
-        if self.config.frequency != "epoch" and self.steps_since_average >= self.config.frequency:
+        if self.options.frequency != "epoch" and self.steps_since_average >= self.options.frequency:
             self._average(model, updater)
 
     def _end_epoch(self, model, updater) -> None:
         if self.steps_since_average:
             self._average(model, updater)
-
-    def numbers(self) -> dict:
-        return {"steps_since_average": self.steps_since_average}
-
-    def load_numbers(self, numbers: dict) -> None:
-        self.steps_since_average = int(numbers.get("steps_since_average", 0))
 
     def _average(self, model, updater) -> None:
         self.comm.average_(model.params[model.dense_start:])
@@ -121,6 +156,6 @@ class AveragingSync(Synchronizer):
             empty = model.xp.zeros(0, model.xp.int64)
             self.changed = [empty if self.track_rows else None for _ in model.sparse_tables]
         self.average_stats(model)
-        if self.config.average_updater and updater.state.size:
+        if self.options.average_updater and updater.state.size:
             self.comm.average_(updater.state)
         self.steps_since_average = 0

@@ -77,10 +77,10 @@ report("the merged residual keeps the pending updates and every rank's state",
 resumed = sharing(threshold=2.0 ** -8, adaptive=False, residual_clip=False)
 resumed.start(model, updater)
 saved = {"residual": merged.copy()} if comm.is_root else {}  # as rank 0 reads a checkpoint
-resumed.load_numbers(sync.numbers())
-resumed.load_arrays(saved)
-report("a resumed synchronizer starts every rank from the saved residual",
-       np.array_equal(resumed.residual, merged) and np.abs(resumed.residual).max() > 0)
+resumed.load_state({"tau": sync.tau, "steps": sync.steps}, saved)
+report("a resumed synchronizer starts every rank from the saved residual, tau and step count",
+       np.array_equal(resumed.residual, merged) and np.abs(resumed.residual).max() > 0
+       and (resumed.tau, resumed.steps) == (sync.tau, sync.steps))
 own = comm.gather_host(sync.residual)  # as a checkpoint keeps each rank's own (rank 0)
 resumed.load_rank_arrays(model, updater, {"sync/residual": own} if comm.is_root else {})
 report("on as many ranks each rank gets its own residual back", np.array_equal(resumed.residual, sync.residual))

@@ -4,18 +4,9 @@ import dataclasses
 
 import yaml
 
+from mpitrain.base.options import ALLOWED, AT_EPOCH_END, REFUSED, Options, option
 from mpitrain.config.on_resume import first_change, global_batch_change, resume_rules
-from mpitrain.config.sections import (
-    ALLOWED,
-    AT_EPOCH_END,
-    REFUSED,
-    Config,
-    DataConfig,
-    ModelConfig,
-    Section,
-    config_yaml,
-    option,
-)
+from mpitrain.config.sections import Config, DataConfig, ModelConfig, config_yaml
 
 
 def as_recorded(**sections) -> dict:
@@ -37,7 +28,7 @@ def test_every_key_has_a_rule_and_a_section_refuses_unless_it_says_otherwise():
         "train.seed"}
 
     @dataclasses.dataclass(frozen=True)
-    class NewSection(Section):  # a section someone adds: its keys are kept until they say otherwise
+    class NewSection(Options):  # a section someone adds: its keys are kept until they say otherwise
         new_key: int = option(1, "A new key.")
         free_key: int = option(1, "A key declared free.", on_resume=ALLOWED)
 

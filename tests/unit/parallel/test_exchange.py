@@ -9,6 +9,7 @@ import pytest
 
 from mpitrain.kernels.threshold import message_count, threshold_decode, threshold_encode
 from mpitrain.parallel.costmodel import allreduce_bytes, split_header_bytes
+from mpitrain.parallel.sync.codec import ThresholdCodec
 from mpitrain.parallel.sync.exchange import allgather, recursive
 
 TAU = 0.5
@@ -48,7 +49,7 @@ def run_ranks(messages, params, exchange=recursive):
         mine = params.copy()
         comms[rank].messages = messages
         try:
-            results[rank] = (mine, exchange(comms[rank], messages[rank], None, mine), comms[rank])
+            results[rank] = (mine, exchange(comms[rank], ThresholdCodec(), messages[rank], None, mine), comms[rank])
         except ValueError as e:
             results[rank] = e
 

@@ -1,5 +1,5 @@
 """Number domains written as intervals, "(0, 1]" ("[" and "]" include an end, "(" and ")" exclude it): the config's
-keys declare theirs beside their defaults (`mpitrain.config.sections.option`), the ETL's options beside theirs.
+keys declare theirs beside their defaults (`mpitrain.base.options.option`), the ETL's options beside theirs.
 
     check_number("--test-fraction", 1.5, "[0, 1)")   # ConfigError: --test-fraction 1.5: expected a number in [0, 1)
 """
