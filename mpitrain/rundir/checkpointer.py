@@ -66,6 +66,7 @@ class Position:
     order: tuple = (0, 0)  # the epoch order's (global batch, window rows) the checkpoint stopped in
     ranks: int = 0  # the number of ranks that wrote the checkpoint (0: unknown, or no checkpoint)
     rank_arrays: dict = field(default_factory=dict)  # {name: (ranks, size)}, when `ranks` is this run's; rank 0 only
+    schedule_state: dict = field(default_factory=dict)  # the learning-rate schedule's counters (`Schedule.state`)
 
 
 def _unused(path: str) -> str:
@@ -177,7 +178,8 @@ class Checkpointer:
                 updater.state[...] = self.backend.to_device(ckpt.updater_state)
                 same_ranks = ckpt.ranks == self.comm.size
                 position = Position(ckpt.epoch, ckpt.step, ckpt.iteration, ckpt.sync_numbers, ckpt.sync_arrays,
-                                    ckpt.order, ckpt.ranks, ckpt.rank_arrays if same_ranks else {})
+                                    ckpt.order, ckpt.ranks, ckpt.rank_arrays if same_ranks else {},
+                                    ckpt.schedule_state)
                 drop_records_after(self.files.metrics, ckpt.epoch, ckpt.step)
                 log.info("resuming from %s at epoch %d step %d", ckpt.path, ckpt.epoch + 1, ckpt.step)
                 if ckpt.rank_arrays and not same_ranks:
@@ -187,9 +189,9 @@ class Checkpointer:
             elif self.comm.is_root:
                 self._start_afresh(pretraining)
         numbers = self.comm.bcast_obj((position.epoch, position.step, position.iteration, position.sync_numbers,
-                                       position.order, position.ranks))
+                                       position.order, position.ranks, position.schedule_state))
         return Position(*numbers[:4], sync_arrays=position.sync_arrays, order=tuple(numbers[4]), ranks=numbers[5],
-                        rank_arrays=position.rank_arrays)
+                        rank_arrays=position.rank_arrays, schedule_state=numbers[6])
 
     def write_config(self, config) -> None:
         """Rank 0 writes RUN_DIR/config.yaml, the config as the run uses it, which every checkpoint then carries
@@ -199,8 +201,8 @@ class Checkpointer:
             if self.comm.is_root:
                 write_file(self.files.config, lambda f: f.write(self.config_yaml))
 
-    def save(self, epoch: int, step: int, model, updater, sync, order: tuple = (0, 0), read_failure: str | None = None) \
-            -> str:
+    def save(self, epoch: int, step: int, model, updater, sync, order: tuple = (0, 0), read_failure: str | None = None,
+             schedule_state: dict | None = None) -> str:
         """Checkpoint "resume at step `step` of epoch `epoch`" (of the epoch order `order`: global batch, window rows);
         never one with NaN or Inf parameters, nor after a rank failed to read its rows (`read_failure`, its message:
         it trained on a stand-in batch since). Returns its path.
@@ -237,7 +239,8 @@ class Checkpointer:
                     stats=to_host(merged["stats"]), stats_layout=model.stats_layout,
                     sync_arrays={name.removeprefix("sync/"): to_host(array) for name, array in merged.items()
                                  if name.startswith("sync/")},
-                    meaning=meaning(model, updater), order=tuple(order), ranks=self.comm.size, rank_arrays=own),
+                    meaning=meaning(model, updater), order=tuple(order), ranks=self.comm.size, rank_arrays=own,
+                    schedule_state=schedule_state or {}),
                     self.keep)
         return self.files.checkpoint(epoch, step)
 

@@ -114,7 +114,7 @@ def step_time_breakdown(windows: list[dict]) -> dict[str, np.ndarray]:
 def report_panels(runs: list[Run]) -> list[str]:
     """The panels that fit these runs: loss always; accuracy when a run has one (not regression); throughput and
     the step-time breakdown when a run recorded windows; bytes sent when a run sent any (more than one rank); the
-    sharing panels when a run shares."""
+    sharing panels when a run shares; the learning rate when a run's changed (a schedule, `lr_decay`)."""
     windows = [w for run in runs for w in run.windows]
     fits = {"loss": True,
             "accuracy": any(r["test_accuracy"] is not None for run in runs for r in run.epochs),
@@ -122,7 +122,8 @@ def report_panels(runs: list[Run]) -> list[str]:
             "step time": bool(windows),
             "bytes": any(w["bytes_sent_per_step"] > 0 for w in windows),
             "tau": any("tau" in w for w in windows),
-            "sparsity": any("sparsity" in w for w in windows)}
+            "sparsity": any("sparsity" in w for w in windows),
+            "learning rate": any(len({w["lr"] for w in run.windows if "lr" in w}) > 1 for run in runs)}
     return [name for name, fit in fits.items() if fit]
 
 
@@ -132,7 +133,8 @@ PANELS = {"loss": ("loss per epoch: train solid, test dashed", "epoch", "loss"),
           "step time": ("time per step: compute, MPI not hidden, input wait", "step", "ms per step"),
           "bytes": ("bytes sent per step per rank", "step", "bytes"),
           "tau": ("sharing: threshold tau", "step", "tau"),
-          "sparsity": ("sharing: sparsity of all messages", "step", "sent / (ranks x params)")}
+          "sparsity": ("sharing: sparsity of all messages", "step", "sent / (ranks x params)"),
+          "learning rate": ("learning rate (optimizer.schedule)", "step", "lr")}
 
 
 def _report_figure(runs: list[Run]):
@@ -158,7 +160,7 @@ def _report_figure(runs: list[Run]):
             axes["accuracy"].plot(epoch, accuracy, "o-", color=color, label=run.label)
         step = [r["global_step"] for r in run.windows]
         for name, key in (("throughput", "samples_per_s"), ("bytes", "bytes_sent_per_step"), ("tau", "tau"),
-                          ("sparsity", "sparsity")):
+                          ("sparsity", "sparsity"), ("learning rate", "lr")):
             if name in axes and run.windows and all(key in r for r in run.windows):
                 axes[name].plot(step, [r[key] for r in run.windows], ".-", color=color, label=run.label)
         if "step time" in axes and run.windows:

@@ -27,8 +27,8 @@ from mpitrain.rundir.directory import EVENTS_GLOB
 WINDOW_SCALARS = {"loss": "train/loss", "accuracy": "train/accuracy", "samples_per_s": "speed/samples_per_s",
                   "mpi_ms_per_step": "time/mpi_ms_per_step", "comm_ms_per_step": "time/comm_ms_per_step",
                   "input_wait_ms_per_step": "time/input_wait_ms_per_step",
-                  "bytes_sent_per_step": "traffic/bytes_sent_per_step", "sparsity": "sharing/sparsity",
-                  "threshold": "sharing/threshold"}
+                  "bytes_sent_per_step": "traffic/bytes_sent_per_step", "lr": "train/lr",
+                  "sparsity": "sharing/sparsity", "tau": "sharing/threshold"}
 EPOCH_SCALARS = {"train_loss": "epoch/train_loss", "test_accuracy": "epoch/test_accuracy",
                  "test_loss": "epoch/test_loss"}
 

@@ -25,6 +25,7 @@ from mpitrain.base.files import os_errors, write_file
 from mpitrain.config.sections import Config, ignored_options
 from mpitrain.data.reader import Batches
 from mpitrain.data.stream import EvalRows
+from mpitrain.nn.schedules import Schedule
 from mpitrain.nn.updaters import Updater, create_updater
 from mpitrain.parallel.sync import Synchronizer, check_replicas, create_synchronizer, parameter_hash
 from mpitrain.rundir.directory import RunDir
@@ -81,7 +82,8 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
 @dataclass
 class _Loop:
     """What the epochs need beyond the run's parts: batches, test rows, updater, synchronizer, metrics, start, the
-    allocation trace (`train.trace_allocations`), and how a step trains on its batch (whole, or by truncated BPTT)."""
+    allocation trace (`train.trace_allocations`), how a step trains on its batch (whole, or by truncated BPTT), and
+    the learning rate's schedule."""
 
     batches: Batches
     test_rows: EvalRows
@@ -92,6 +94,7 @@ class _Loop:
     step: int
     allocations: AllocationTrace
     stepper: WholeBatch
+    schedule: Schedule
 
 
 @dataclass
@@ -154,8 +157,11 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
                  plan.chunk_reads(comm.size), model.n_params, config.sync.mode, run.backend.name,
                  ", collectives staged through host memory" if comm.staged else "")
     metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs)
+    schedule = Schedule(config.optimizer, batches.steps_per_epoch, config.train.epochs)
+    schedule.load_state(start.schedule_state)
     return _Loop(batches, test_rows, updater, sync, metrics, start.epoch, start.step,
-                 AllocationTrace(config.train.trace_allocations), batch_stepper(config.train.tbptt_steps, model, comm))
+                 AllocationTrace(config.train.trace_allocations), batch_stepper(config.train.tbptt_steps, model, comm),
+                 schedule)
 
 
 def _continue_order(run: Run, batches: Batches, start) -> Batches:
@@ -220,7 +226,6 @@ def _train_epoch(run: Run, loop: _Loop, epoch: int, start_step: int, watchdog: W
     and the checkpoint cadence. Returns the epoch's totals on this rank."""
     comm, grads_ready = run.comm, functools.partial(loop.sync.grads_ready, run.model)  # backward tells the sync
     loop.metrics.start_epoch(epoch, start_step)
-    loop.updater.start_epoch(epoch)
     window, totals = Window(), Totals()
     tick = time.perf_counter()
     batches = loop.batches.epoch(epoch, start_step)
@@ -229,6 +234,7 @@ def _train_epoch(run: Run, loop: _Loop, epoch: int, start_step: int, watchdog: W
             x, y = _next_batch(loop, batches, stop)
             waited = time.perf_counter() - tick  # for this batch: the prefetch was behind
             watchdog.beat(f"epoch {epoch + 1} step {step + 1}")
+            loop.updater.lr = loop.schedule.rate(epoch, step)
             before = Traffic.of(comm)
             loss, correct = _step(run, loop, epoch, step, x, y, grads_ready)
             window.add(step, loss, correct, len(y), time.perf_counter() - tick, Traffic.of(comm) - before, waited)
@@ -263,7 +269,7 @@ def _save(run: Run, loop: _Loop, epoch: int, step: int, stop: StopSignals) -> st
     rank once this or another rank failed to read its rows (`stop.read_failure`: it trained on stand-in batches)."""
     plan = loop.batches.rows.plan
     return run.checkpointer.save(epoch, step, run.model, loop.updater, loop.sync, (plan.global_batch, plan.window_rows),
-                                 stop.read_failure)
+                                 stop.read_failure, loop.schedule.state())
 
 
 def _step(run: Run, loop: _Loop, epoch: int, step: int, x, y, grads_ready):
@@ -280,7 +286,7 @@ def _record_window(run: Run, loop: _Loop, epoch: int, step: int, window: Window)
     copied = time.perf_counter()
     totals = window.totals(run.backend)  # the window's one device -> host copy ...
     totals.seconds += time.perf_counter() - copied  # ... waits for its queued GPU work
-    loop.metrics.window(epoch, step, totals, loop.sync.metrics())
+    loop.metrics.window(epoch, step, totals, {"lr": loop.updater.lr, **loop.sync.metrics()})
     return totals
 
 
@@ -322,6 +328,8 @@ def _end_epoch(run: Run, loop: _Loop, epoch: int, totals: Totals, done: _Done, w
         done.hashes = check_replicas(comm, *map(run.backend.to_host, (model.params, model.stats)))
     with loop.allocations.span("evaluation"):
         done.evaluation = _evaluate(run, loop)
+    loop.schedule.end_epoch({"loss": done.evaluation.loss, "accuracy": done.evaluation.accuracy,
+                             **done.evaluation.metrics})  # reduce_on_plateau's count, before the checkpoint keeps it
     record = {"epoch": epoch, "nodes": comm.nodes, "ranks_per_node": comm.local_size,
               "train_loss": totals.loss_sum / max(totals.samples, 1),
               "test_accuracy": done.evaluation.accuracy, "test_loss": done.evaluation.loss,

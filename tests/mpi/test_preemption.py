@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from mpitrain.rundir.checkpoint import list_checkpoints, load_checkpoint
+from mpitrain.rundir.metrics_file import read_metrics
 from mpitrain.testing.datasets import make_dataset, write_config
 from mpitrain.testing.launch import MPIEXEC, MPITRAIN, command, mpiexec
 
@@ -39,11 +40,21 @@ def caught_signals(pid: int) -> int:
         return int(next(line for line in f if line.startswith("SigCgt")).split()[1], 16)
 
 
+# Each mode with a learning-rate schedule whose state a resume must carry: where it is in the run (a warm-up and a
+# cosine by step), and reduce_on_plateau's counters of the epochs' test losses.
+SCHEDULES = {"allreduce": {"type": "cosine", "unit": "step", "warmup": 40, "min_lr": 0.005},
+             "averaging": {"type": "reduce_on_plateau", "patience": 0, "factor": 0.5, "threshold": 0.3},
+             "sharing": {"type": "constant"}}
+
+
 @pytest.mark.parametrize("sync", [{"mode": "allreduce"}, {"mode": "averaging", "frequency": 3},
                                   {"mode": "sharing", "threshold": 2.0e-3}], ids=["allreduce", "averaging", "sharing"])
 def test_sigterm_to_one_rank_stops_every_rank_with_a_checkpoint_and_resume_ends_bit_identical(data, tmp_path, sync):
-    reference = write_config(tmp_path / "reference.yaml", data, run_dir=str(tmp_path / "reference"), sync=sync, **LONG)
-    config = write_config(tmp_path / "exp.yaml", data, run_dir=str(tmp_path / "run"), sync=sync, **LONG)
+    optimizer = {"type": "sgd", "lr": 0.05, "momentum": 0.9, "schedule": SCHEDULES[sync["mode"]]}
+    reference = write_config(tmp_path / "reference.yaml", data, run_dir=str(tmp_path / "reference"), sync=sync,
+                             optimizer=optimizer, **LONG)
+    config = write_config(tmp_path / "exp.yaml", data, run_dir=str(tmp_path / "run"), sync=sync,
+                          optimizer=optimizer, **LONG)
     job = subprocess.Popen([MPIEXEC, "-n", "2", MPITRAIN, "train", config], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     metrics = tmp_path / "run" / "metrics.jsonl"
@@ -73,6 +84,12 @@ def test_sigterm_to_one_rank_stops_every_rank_with_a_checkpoint_and_resume_ends_
     hashes = [json.loads((tmp_path / name / "summary.json").read_text())["replica_hashes"]
               for name in ("run", "reference")]
     assert hashes[0] == hashes[1] and len(set(hashes[0])) == 1  # each rank's final parameters, bit for bit
+    run, uninterrupted = ({(w["epoch"], w["step"]): w["lr"] for w in read_metrics(str(tmp_path / name / "metrics.jsonl"))[0]}
+                          for name in ("run", "reference"))
+    assert all(run[window] == lr for window, lr in uninterrupted.items())  # the same rate at every window's end
+    assert len(run) == len(uninterrupted) + 1  # and one window more: the one the signal ended
+    if sync["mode"] != "sharing":
+        assert len(set(uninterrupted.values())) > 2 and min(uninterrupted.values()) < 0.05  # the schedule moved it
 
 
 def trained_with_three_checkpoints(data, tmp_path) -> tuple[str, list]:

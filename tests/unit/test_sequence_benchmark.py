@@ -1,7 +1,6 @@
 """The pieces of benchmarks/sequences.py: IDX images as Parquet sequences of their pixel rows (what `mpitrain etl
 --sequence rows` reads) and the FLOPs per sample its speed rows are divided by. (That its PyTorch twins compute what
-mpitrain's layers compute the benchmark checks itself before it times them, `torch_sequences.check_twins`: PyTorch
-is the `bench` extra's, not the tests'.)"""
+mpitrain's layers compute the benchmark checks itself before it times them, `torch_sequences.check_twins`.)"""
 from __future__ import annotations
 
 import numpy as np

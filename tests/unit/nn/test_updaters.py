@@ -77,12 +77,6 @@ def test_state_is_one_flat_buffer(kind, slots):
         assert np.shares_memory(slot, updater.state)
 
 
-def test_learning_rate_decays_per_epoch():
-    updater = create_updater(OptimizerConfig(type="sgd", lr=0.1, lr_decay=0.5), P.copy(), MASK)
-    updater.start_epoch(2)
-    np.testing.assert_allclose(updater.delta(G, P), -0.025 * G)
-
-
 @pytest.mark.parametrize("kind, slots", [("sgd", 0), ("adagrad", 1), ("rmsprop", 1), ("adam", 2)])
 def test_loading_the_kernel_leaves_the_updater_untouched(kind, slots):
     updater = create_updater(OptimizerConfig(type=kind, momentum=0.9, l2=0.01), P.copy(), MASK)

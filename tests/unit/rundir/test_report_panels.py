@@ -6,8 +6,8 @@ import pytest
 from mpitrain.rundir.report import PANELS, Run, _report_figure, report_panels, step_time_breakdown
 
 
-def windows(sharing=False, bytes_sent=1000.0, n=4, steps=10):
-    return [{"kind": "window", "epoch": 0, "step": steps * (i + 1), "global_step": steps * (i + 1),
+def windows(sharing=False, bytes_sent=1000.0, n=4, steps=10, lr=lambda i: 0.1):
+    return [{"kind": "window", "epoch": 0, "step": steps * (i + 1), "global_step": steps * (i + 1), "lr": lr(i),
              "samples": 64 * steps, "samples_per_s": 64 * steps / (0.01 * steps * (i + 1)),  # 10, 20, 30, 40 ms/step
              "bytes_sent_per_step": bytes_sent, "mpi_ms_per_step": 2.0 * (i + 1), "input_wait_ms_per_step": 1.0,
              "comm_ms_per_step": 3.0 * (i + 1), **({"tau": 1e-3, "sparsity": 1e-2} if sharing else {})}
@@ -25,7 +25,9 @@ def run(name, mode="allreduce", accuracy=0.5, **window_options):
     ([run("regression", accuracy=None, bytes_sent=0.0)], ["loss", "throughput", "step time"]),
     ([run("a"), run("s", mode="sharing")], ["loss", "accuracy", "throughput", "step time", "bytes", "tau",
                                             "sparsity"]),
-], ids=["allreduce", "one-rank", "regression", "with-sharing"])
+    ([run("a"), run("s", mode="sharing", lr=lambda i: 0.1 / (i + 1))],
+     ["loss", "accuracy", "throughput", "step time", "bytes", "tau", "sparsity", "learning rate"]),
+], ids=["allreduce", "one-rank", "regression", "with-sharing", "with-a-schedule"])
 def test_only_the_panels_that_fit_the_runs_are_drawn(runs, panels):
     assert report_panels(runs) == panels
     figure = _report_figure(runs)

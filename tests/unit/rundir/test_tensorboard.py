@@ -19,7 +19,8 @@ def write_run(folder):
             records.append({"kind": "window", "epoch": epoch, "step": step, "global_step": epoch * STEPS + step,
                             "loss": 1.0 / (epoch * STEPS + step), "accuracy": 0.1 * step, "samples": 64,
                             "samples_per_s": 100.0 + step, "bytes_sent_per_step": 8.0, "mpi_ms_per_step": 0.5,
-                            "comm_ms_per_step": 0.7, "input_wait_ms_per_step": 0.1, "rank_losses": [1.0, 1.0]})
+                            "comm_ms_per_step": 0.7, "input_wait_ms_per_step": 0.1, "rank_losses": [1.0, 1.0],
+                            "lr": 0.1 * 0.5 ** epoch})
         records.append({"kind": "epoch", "epoch": epoch, "train_loss": 0.5 - epoch / 10, "test_accuracy": 0.8 + epoch
                         / 100, "test_loss": 0.4, "replica_hashes": []})
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -46,6 +47,13 @@ def test_report_writes_a_finished_run_s_scalars_as_tensorboard_events(tmp_path, 
     assert found["train/loss"] == [(w["global_step"], pytest.approx(w["loss"])) for w in windows]
     assert found["time/mpi_ms_per_step"] == [(w["global_step"], pytest.approx(0.5)) for w in windows]
     assert found["epoch/test_accuracy"] == [(STEPS, pytest.approx(0.8)), (2 * STEPS, pytest.approx(0.81))]
+    assert found["train/lr"] == [(w["global_step"], pytest.approx(w["lr"])) for w in windows]
+
+
+def test_a_sharing_window_gives_its_threshold_and_sparsity():
+    found = dict((tag, value) for tag, value, _ in scalars({"kind": "window", "global_step": 3, "tau": 1e-3,
+                                                            "sparsity": 0.01, "exchange": "allgather"}, 5))
+    assert found == {"sharing/threshold": pytest.approx(1e-3), "sharing/sparsity": pytest.approx(0.01)}
 
 
 def test_only_numbers_become_scalars():
