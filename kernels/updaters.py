@@ -5,6 +5,8 @@
     adagrad_step(h, g, p, decay, lr, eps, out)                      # h += G^2; out = -lr G / (sqrt(h) + eps)
     rmsprop_step(h, g, p, decay, lr, rho, eps, out)                 # h = rho h + (1 - rho) G^2; out as AdaGrad
     adam_step(m, v, g, p, decay, lr, beta1, beta2, eps, t, out)     # bias-corrected Adam at step t (from 1)
+    adam_variant_step(m, v, vmax, g, p, decay, wd, lr, beta1, beta2, eps, t, out)  # AMSGrad (vmax), AdamW (wd)
+    nadam_step(m, v, g, p, decay, lr, beta1, beta2, eps, mu, mu_next, product, product_next, t, out)  # NAdam
 
 G = g + decay p is the gradient with L2 (`decay`: l2 on weights, 0 on biases), or g itself
 when `decay` is None (no L2: p and decay are not read). The state slots (v, h, m) are updated in
@@ -63,6 +65,36 @@ def adam_step(m, v, g, p, decay, lr: float, beta1: float, beta2: float, eps: flo
     step, eps_hat = adam_correction(lr, beta1, beta2, eps, t)
     _adam_cpu(m, v, g, p, decay, dtype(beta1), dtype(1 - beta1), dtype(beta2), dtype(1 - beta2),
               dtype(step), dtype(eps_hat), out)
+
+
+@numpy_or_reference("adam_variant_step_reference")
+def adam_variant_step(m, v, vmax, g, p, decay, wd, lr: float, beta1: float, beta2: float, eps: float, t: int,
+                      out) -> None:
+    """Adam's step `t` with AMSGrad and/or AdamW's decoupled weight decay: `vmax` (None: plain Adam's denominator)
+    keeps the largest second moment so far and divides by it; `wd` (None: none) is the decay per parameter (the
+    weight decay on weights, 0 on biases), out -= lr wd p beside the gradient's step, which `decay` (L2) may still
+    enter as in `adam_step`."""
+    dtype = m.dtype.type
+    step, eps_hat = adam_correction(lr, beta1, beta2, eps, t)
+    _adam_variant_cpu(m, v, m[:0] if vmax is None else vmax, vmax is not None, g, p, decay, wd, dtype(lr),
+                      dtype(beta1), dtype(1 - beta1), dtype(beta2), dtype(1 - beta2), dtype(step), dtype(eps_hat), out)
+
+
+@numpy_or_reference("nadam_step_reference")
+def nadam_step(m, v, g, p, decay, lr: float, beta1: float, beta2: float, eps: float, mu: float, mu_next: float,
+               product: float, product_next: float, t: int, out) -> None:
+    """NAdam's step `t` (Dozat 2016, as PyTorch's NAdam): m, v as Adam's; out = -(lr (1 - mu) / (1 - product) G
+    + lr mu_next / (1 - product_next) m) / (sqrt(v / (1 - beta2^t)) + eps), where mu is the momentum of step t,
+    mu_next of step t + 1 and product, product_next their running products (`nadam_momenta`)."""
+    dtype = m.dtype.type
+    _nadam_cpu(m, v, g, p, decay, dtype(beta1), dtype(1 - beta1), dtype(beta2), dtype(1 - beta2),
+               dtype(1 - beta2 ** t), dtype(eps), dtype(lr * (1 - mu) / (1 - product)),
+               dtype(lr * mu_next / (1 - product_next)), out)
+
+
+def nadam_momentum(beta1: float, momentum_decay: float, t: int) -> float:
+    """NAdam's momentum of step t: beta1 (1 - 0.96^(t momentum_decay) / 2)."""
+    return beta1 * (1.0 - 0.5 * 0.96 ** (t * momentum_decay))
 
 
 def adam_correction(lr: float, beta1: float, beta2: float, eps: float, t: int) -> tuple:
@@ -144,6 +176,36 @@ def _adam_cpu(m, v, g, p, decay, beta1, gain1, beta2, gain2, step, eps_hat, out)
         out[i] = _normalized_step(mi, vi, eps_hat, step)
 
 
+@njit(parallel=True, cache=True)
+def _adam_variant_cpu(m, v, vmax, amsgrad, g, p, decay, wd, lr, beta1, gain1, beta2, gain2, step, eps_hat, out):
+    """`adam_variant_step` on numpy arrays (`vmax` empty without `amsgrad`; `wd` None without decoupled decay)."""
+    for i in prange(m.size):
+        gi = _gradient(g, p, decay, i)
+        mi = beta1 * m[i] + gain1 * gi
+        vi = _decayed_square(v[i], gi, beta2, gain2)
+        m[i] = mi
+        v[i] = vi
+        if amsgrad:
+            vi = max(vmax[i], vi)
+            vmax[i] = vi
+        di = _normalized_step(mi, vi, eps_hat, step)
+        if wd is not None:
+            di -= lr * wd[i] * p[i]
+        out[i] = di
+
+
+@njit(parallel=True, cache=True)
+def _nadam_cpu(m, v, g, p, decay, beta1, gain1, beta2, gain2, correction2, eps, grad_step, moment_step, out):
+    """`nadam_step` on numpy arrays."""
+    for i in prange(m.size):
+        gi = _gradient(g, p, decay, i)
+        mi = beta1 * m[i] + gain1 * gi
+        vi = _decayed_square(v[i], gi, beta2, gain2)
+        m[i] = mi
+        v[i] = vi
+        out[i] = -(grad_step * gi + moment_step * mi) / (math.sqrt(vi / correction2) + eps)
+
+
 def sgd_step_reference(g, p, decay, lr: float, out) -> None:
     """`sgd_step` for any array module: G into `out`, scaled there."""
     array_module(out).multiply(_gradient_reference(g, p, decay, out), -lr, out=out)
@@ -186,6 +248,38 @@ def adam_step_reference(m, v, g, p, decay, lr: float, beta1: float, beta2: float
     _decayed_square_reference(v, g, beta2, out)
     step, eps_hat = adam_correction(lr, beta1, beta2, eps, t)
     _normalized_step_reference(m, v, eps_hat, step, out)
+
+
+def adam_variant_step_reference(m, v, vmax, g, p, decay, wd, lr: float, beta1: float, beta2: float, eps: float,
+                                t: int, out) -> None:
+    """`adam_variant_step` for any array module, with `out` as scratch; AdamW's decay allocates one array."""
+    xp = array_module(m)
+    g = _gradient_reference(g, p, decay, None)
+    m *= beta1
+    m += xp.multiply(g, 1 - beta1, out=out)
+    _decayed_square_reference(v, g, beta2, out)
+    if vmax is not None:
+        xp.maximum(vmax, v, out=vmax)
+    step, eps_hat = adam_correction(lr, beta1, beta2, eps, t)
+    _normalized_step_reference(m, v if vmax is None else vmax, eps_hat, step, out)
+    if wd is not None:
+        out -= lr * wd * p
+
+
+def nadam_step_reference(m, v, g, p, decay, lr: float, beta1: float, beta2: float, eps: float, mu: float,
+                         mu_next: float, product: float, product_next: float, t: int, out) -> None:
+    """`nadam_step` for any array module, with `out` as scratch; its sum allocates one array."""
+    xp = array_module(m)
+    g = _gradient_reference(g, p, decay, None)
+    m *= beta1
+    m += xp.multiply(g, 1 - beta1, out=out)
+    _decayed_square_reference(v, g, beta2, out)
+    xp.divide(v, 1 - beta2 ** t, out=out)
+    xp.sqrt(out, out=out)
+    out += eps
+    numerator = g * (lr * (1 - mu) / (1 - product)) + m * (lr * mu_next / (1 - product_next))
+    xp.divide(numerator, out, out=out)
+    out *= -1
 
 
 def _gradient_reference(g, p, decay, out):

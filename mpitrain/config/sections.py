@@ -146,17 +146,26 @@ class ModelConfig(Options):
 class OptimizerConfig(Options):
     ON_RESUME = ALLOWED
 
-    type: str = option("sgd", "The updater: SGD (with momentum or Nesterov momentum), AdaGrad, Adam or RMSProp.",
-                       UPDATERS, on_resume=REFUSED)
+    type: str = option("sgd", "The updater: SGD (with momentum or Nesterov momentum), AdaGrad, RMSProp, Adam, AdamW "
+                              "(Adam with decoupled weight decay) or NAdam (Adam with Nesterov momentum), each as "
+                              "PyTorch's (docs/recipes.md).", UPDATERS, on_resume=REFUSED)
     lr: float = option(0.01, "The learning rate.", domain="(0, 1000]")
     lr_decay: float = option(1.0, "Per-epoch decay: epoch e (from 0) runs at lr * lr_decay**e.", domain="(0, 1]")
     momentum: float = option(0.0, "SGD's momentum (0: plain SGD).", domain="[0, 1)")
     nesterov: bool = option(False, "SGD: Nesterov momentum instead of classical momentum.")
-    l2: float = option(0.0, "L2 weight decay on weights (never on biases or batch-norm scales).", domain="[0, 1000]")
-    beta1: float = option(0.9, "Adam: decay of the first-moment estimate.", domain="[0, 1)")
-    beta2: float = option(0.999, "Adam: decay of the second-moment estimate.", domain="[0, 1)")
+    l2: float = option(0.0, "L2 weight decay on weights (never on biases or batch-norm scales), added to the gradient "
+                            "(PyTorch's weight_decay of SGD and Adam).", domain="[0, 1000]")
+    weight_decay: float = option(0.01, "adamw: decoupled weight decay on weights (never on biases or batch-norm "
+                                       "scales): each step takes lr weight_decay p from them, apart from the "
+                                       "gradient (PyTorch's AdamW weight_decay).", domain="[0, 1000]")
+    beta1: float = option(0.9, "Adam, AdamW, NAdam: decay of the first-moment estimate.", domain="[0, 1)")
+    beta2: float = option(0.999, "Adam, AdamW, NAdam: decay of the second-moment estimate.", domain="[0, 1)")
     rho: float = option(0.95, "RMSProp: decay of the mean squared gradient.", domain="[0, 1)")
-    eps: float = option(1e-8, "AdaGrad, RMSProp, Adam: added to the denominator.", domain="(0, 1]")
+    eps: float = option(1e-8, "AdaGrad, RMSProp, Adam, AdamW, NAdam: added to the denominator.", domain="(0, 1]")
+    amsgrad: bool = option(False, "adam, adamw: AMSGrad, dividing by the largest second moment so far (a third "
+                                  "slot of updater state).", on_resume=REFUSED)
+    momentum_decay: float = option(0.004, "nadam: the momentum of step t is beta1 (1 - 0.96^(t momentum_decay) / 2).",
+                                   domain="[0, 1]")
     schedule: ScheduleOptions = section(ScheduleOptions, "How the learning rate moves during training: a schedule "
                                                          "(`type`) with its options, and a linear warm-up "
                                                          "(docs/recipes.md).")
@@ -164,6 +173,8 @@ class OptimizerConfig(Options):
     def validate(self, where):
         self.check_domains(where, "optimizer.")
         schedule = self.schedule.validate(where, "optimizer.schedule.")
+        check_value(not self.amsgrad or self.type in ("adam", "adamw"), where, "optimizer.amsgrad", self.amsgrad,
+                    f"false with optimizer.type {self.type} (AMSGrad is Adam's and AdamW's)")
         check_value(self.lr_decay == 1 or schedule.type == "constant", where, "optimizer.lr_decay", self.lr_decay,
                     f"1 with optimizer.schedule.type {schedule.type} (lr_decay is the exponential schedule by epoch: "
                     f"schedule {{type: exponential, gamma: {self.lr_decay}}}; set one of them)")

@@ -11,7 +11,16 @@ place and writes the delta into a preallocated buffer, so a step allocates nothi
 from __future__ import annotations
 
 from mpitrain.base.arrays import array_module
-from mpitrain.kernels.updaters import adagrad_step, adam_step, momentum_step, rmsprop_step, sgd_step
+from mpitrain.kernels.updaters import (
+    adagrad_step,
+    adam_step,
+    adam_variant_step,
+    momentum_step,
+    nadam_momentum,
+    nadam_step,
+    rmsprop_step,
+    sgd_step,
+)
 
 
 class Updater:
@@ -36,6 +45,8 @@ class Updater:
         self.out = xp.empty_like(params)
         # L2 coefficient per parameter (l2 on weights, 0 on biases); None: no L2, the kernels skip it
         self.decay = decay_mask * config.l2 if config.l2 else None
+        # decoupled weight decay per parameter (AdamW's, on weights only, as L2); None: none
+        self.wd = decay_mask * config.weight_decay if self.decoupled and config.weight_decay else None
         self.iteration = 0
         self.lr = config.lr
         self._load_kernel(xp, params.dtype)
@@ -43,24 +54,27 @@ class Updater:
     def _load_kernel(self, xp, dtype) -> None:
         """Run the step once on tiny zero arrays, so numba's first call (about 0.5 s) is not the first step's."""
         tiny = xp.zeros(4, dtype=dtype)
-        decay = None if self.decay is None else xp.zeros(4, dtype=self.decay.dtype)
-        self._step([tiny] * self.n_slots, tiny, tiny, decay, tiny, 1)
+        decay, wd = (None if mask is None else xp.zeros(4, dtype=mask.dtype) for mask in (self.decay, self.wd))
+        self._step([tiny] * self.n_slots, tiny, tiny, decay, wd, tiny, 1)
 
     #: whether a parameter without gradient (and without L2) keeps its value: then an embedding table's untouched
     #: rows need no step (`mpitrain.parallel.sync.base.apply_update`)
     steps_rows_alone = False
+    #: whether `optimizer.weight_decay` is this updater's (decoupled from the gradient: AdamW)
+    decoupled = False
 
     def delta(self, grads, params, begin: int = 0):
         """The step to add to `params` for gradient `grads` (the returned buffer is reused): the whole flat buffer,
         or its part from `begin` on (`grads` and `params` are then that part)."""
         self.iteration += 1
         part = slice(begin, begin + params.size)
-        return self._step([slot[part] for slot in self.slots] if begin else self.slots, grads, params,
-                          self.decay[part] if begin and self.decay is not None else self.decay,
+        decay, wd = (mask[part] if begin and mask is not None else mask for mask in (self.decay, self.wd))
+        return self._step([slot[part] for slot in self.slots] if begin else self.slots, grads, params, decay, wd,
                           self.out[part] if begin else self.out, self.iteration)
 
-    def _step(self, slots, grads, params, decay, out, t):
-        """Step `t` on these state slots, writing the delta into `out` (or a slot); returns the delta."""
+    def _step(self, slots, grads, params, decay, wd, out, t):
+        """Step `t` on these state slots, writing the delta into `out` (or a slot); returns the delta. `decay` is
+        the L2 per parameter, `wd` the decoupled weight decay (None: none)."""
         raise NotImplementedError
 
 
@@ -77,7 +91,7 @@ class SGD(Updater):
         it, into `out` when given. Only where `steps_rows_alone`."""
         return array_module(grads).multiply(grads, -self.lr, out=out)
 
-    def _step(self, slots, grads, params, decay, out, t):
+    def _step(self, slots, grads, params, decay, wd, out, t):
         c = self.config
         if not c.momentum:
             sgd_step(grads, params, decay, self.lr, out)
@@ -93,7 +107,7 @@ class AdaGrad(Updater):
 
     slot_names = ("sum_of_squared_gradients",)
 
-    def _step(self, slots, grads, params, decay, out, t):
+    def _step(self, slots, grads, params, decay, wd, out, t):
         adagrad_step(slots[0], grads, params, decay, self.lr, self.config.eps, out)
         return out
 
@@ -103,25 +117,68 @@ class RMSProp(Updater):
 
     slot_names = ("mean_squared_gradient",)
 
-    def _step(self, slots, grads, params, decay, out, t):
+    def _step(self, slots, grads, params, decay, wd, out, t):
         c = self.config
         rmsprop_step(slots[0], grads, params, decay, self.lr, c.rho, c.eps, out)
         return out
 
 
 class Adam(Updater):
-    """Adam with bias correction: delta = -lr m_hat / (sqrt(v_hat) + eps) (`iteration` is t)."""
+    """Adam with bias correction: delta = -lr m_hat / (sqrt(v_hat) + eps) (`iteration` is t); with `amsgrad` the
+    largest v_hat so far divides (Reddi et al. 2018), in a third slot."""
 
-    slot_names = ("first_moment", "second_moment")
+    def __init__(self, config, params, decay_mask, clip_norm: float = 0.0):
+        self.slot_names = ("first_moment", "second_moment", *(("max_second_moment",) if config.amsgrad else ()))
+        super().__init__(config, params, decay_mask, clip_norm)
 
-    def _step(self, slots, grads, params, decay, out, t):
+    def _step(self, slots, grads, params, decay, wd, out, t):
         c = self.config
-        m, v = slots
-        adam_step(m, v, grads, params, decay, self.lr, c.beta1, c.beta2, c.eps, t, out)
+        if c.amsgrad or wd is not None:
+            adam_variant_step(slots[0], slots[1], slots[2] if c.amsgrad else None, grads, params, decay, wd,
+                              self.lr, c.beta1, c.beta2, c.eps, t, out)
+        else:
+            adam_step(slots[0], slots[1], grads, params, decay, self.lr, c.beta1, c.beta2, c.eps, t, out)
         return out
 
 
-UPDATERS = {"sgd": SGD, "adagrad": AdaGrad, "rmsprop": RMSProp, "adam": Adam}
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter 2019, PyTorch's AdamW): each step also takes
+    lr weight_decay p from the weights (never biases or normalization scales, as `l2`), apart from the
+    gradient's moments."""
+
+    decoupled = True
+
+
+class NAdam(Updater):
+    """Adam with Nesterov momentum (Dozat 2016), PyTorch's NAdam: the momentum of step t is
+    beta1 (1 - 0.96^(t momentum_decay) / 2), and its running product is computed from t (kept across steps, found
+    again from the iteration after a resume)."""
+
+    slot_names = ("first_moment", "second_moment")
+
+    def __init__(self, config, params, decay_mask, clip_norm: float = 0.0):
+        self.products = (0, 1.0)  # (t, the product of the momenta of steps 1..t)
+        super().__init__(config, params, decay_mask, clip_norm)
+
+    def _product(self, t: int) -> float:
+        """The product of the momenta of steps 1..t, from the last one computed when it is t - 1 or t."""
+        c = self.config
+        done, product = self.products if self.products[0] <= t else (0, 1.0)
+        for step in range(done + 1, t + 1):
+            product *= nadam_momentum(c.beta1, c.momentum_decay, step)
+        self.products = (t, product)
+        return product
+
+    def _step(self, slots, grads, params, decay, wd, out, t):
+        c = self.config
+        mu, mu_next = (nadam_momentum(c.beta1, c.momentum_decay, step) for step in (t, t + 1))
+        product = self._product(t)
+        nadam_step(slots[0], slots[1], grads, params, decay, self.lr, c.beta1, c.beta2, c.eps, mu, mu_next, product,
+                   product * mu_next, t, out)
+        return out
+
+
+UPDATERS = {"sgd": SGD, "adagrad": AdaGrad, "rmsprop": RMSProp, "adam": Adam, "adamw": AdamW, "nadam": NAdam}
 
 
 def create_updater(config, params, decay_mask, clip_norm: float = 0.0) -> Updater:

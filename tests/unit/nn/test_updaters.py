@@ -114,6 +114,45 @@ def test_fused_kernel_matches_its_reference(name, dtype, n, l2, strided):
         p += out
 
 
+def nadam_arguments(t: int) -> tuple:
+    """NAdam's scalar arguments at step t (beta1 0.9, momentum decay 0.004), its momenta's products from step 1."""
+    mu = [kernels.nadam_momentum(0.9, 0.004, step) for step in range(1, t + 2)]
+    return 0.002, 0.9, 0.999, 1e-8, mu[t - 1], mu[t], float(np.prod(mu[:t])), float(np.prod(mu)), t
+
+
+# The variants the Adam family added: AMSGrad's third slot, AdamW's decoupled decay (an array per parameter), NAdam;
+# contiguous buffers, as the updaters hand them (the strided paths are the older kernels').
+VARIANTS = {
+    "amsgrad": ("adam_variant_step", 3, lambda t, wd: (None, 0.001, 0.9, 0.999, 1e-8, t)),
+    "adamw": ("adam_variant_step", 3, lambda t, wd: (wd, 0.001, 0.9, 0.999, 1e-8, t)),
+    "nadam": ("nadam_step", 2, lambda t, wd: nadam_arguments(t)),
+}
+
+
+@pytest.mark.parametrize("l2", [False, True], ids=["no-l2", "l2"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_an_adam_variant_kernel_matches_its_reference(name, dtype, l2):
+    function, slots, args = VARIANTS[name]
+    kernel, reference = getattr(kernels, function), getattr(kernels, function + "_reference")
+    rng = np.random.default_rng(11)
+    n = 1001
+    state, g, p, decay, out = step_inputs(rng, n, dtype, slots, l2, False)
+    if name == "adamw":  # the third slot is AMSGrad's: None for plain AdamW
+        state[2] = None
+    wd = (rng.random(n) < 0.8).astype(dtype) * dtype(0.05)
+    expected_state, expected_out = [None if s is None else s.copy() for s in state], out.copy()
+    for t in (1, 2, 3):
+        g[...] = rng.normal(size=n)
+        kernel(*state, g, p, decay, *args(t, wd), out)
+        reference(*expected_state, g, p, decay, *args(t, wd), expected_out)
+        for got, expected in zip([*state, out], [*expected_state, expected_out]):
+            if got is not None:
+                assert got.dtype == dtype
+                assert_close(got, expected)
+        p += out
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_momentum_writes_its_delta_into_the_velocity(dtype):
     rng = np.random.default_rng(5)
@@ -183,12 +222,14 @@ def test_updater_matches_the_unfused_formulas_over_steps(name, dtype, rtol, l2):
 
 
 @pytest.mark.parametrize("l2", [0.0, 1e-2])
-@pytest.mark.parametrize("name", list(UPDATER_CONFIGS))
+@pytest.mark.parametrize("name", [*UPDATER_CONFIGS, "adamw", "amsgrad", "nadam"])
 def test_a_step_allocates_no_array(name, l2):
     rng = np.random.default_rng(4)
     n = 100_000
     p, g = rng.normal(size=(2, n)).astype(np.float32)
-    updater = create_updater(OptimizerConfig(**UPDATER_CONFIGS[name], l2=l2), p, np.ones(n, dtype=np.float32))
+    config = UPDATER_CONFIGS.get(name) or {"adamw": dict(type="adamw", lr=0.001), "nadam": dict(type="nadam", lr=0.002),
+                                           "amsgrad": dict(type="adam", lr=0.001, amsgrad=True)}[name]
+    updater = create_updater(OptimizerConfig(**config, l2=l2), p, np.ones(n, dtype=np.float32))
     tracemalloc.start()
     try:
         updater.delta(g, p)
