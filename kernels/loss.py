@@ -2,6 +2,7 @@
 
     softmax_cross_entropy(logits, labels, grad, totals)  # totals = [mean loss, correct]; grad filled
     weighted_softmax_cross_entropy(logits, labels, weights, grad, totals)  # the mean weighted by weights[label]
+    smoothed_softmax_cross_entropy(logits, labels, weights, eps, grad, totals)  # label smoothing eps (weights or None)
     score(logits, labels, confusion, loss_sum)           # adds each row's loss and (label, prediction) count
 
 A row's maximum, sum of exponentials, loss, prediction (the first largest logit, as
@@ -77,6 +78,33 @@ def _weighted_softmax_cross_entropy_cpu(logits, labels, weights, grad, totals):
 
 
 @njit(cache=True)
+def _smoothed_softmax_cross_entropy_cpu(logits, labels, weights, eps, grad, totals):
+    n, c = logits.shape
+    spread = eps / c
+    total_weight, weight_sum = 0.0, 0.0  # the rows' label weights; every class's weight
+    for j in range(c):
+        weight_sum += 1.0 if weights is None else weights[j]
+    for r in range(n):
+        total_weight += 1.0 if weights is None else weights[labels[r]]
+    loss, correct = 0.0, 0
+    for r in range(n):
+        label = labels[r]
+        largest, at, total = _row(logits, r)
+        log_total = math.log(total)
+        weight = 1.0 if weights is None else weights[label]
+        smooth = 0.0  # sum over classes of w_k (-log p_k)
+        for j in range(c):
+            w = 1.0 if weights is None else weights[j]
+            smooth += w * (log_total - (logits[r, j] - largest))
+            p = math.exp(logits[r, j] - largest) / total
+            grad[r, j] = ((1.0 - eps) * weight * (p - (j == label)) + spread * (weight_sum * p - w)) / total_weight
+        loss += (1.0 - eps) * weight * (log_total - (logits[r, label] - largest)) + spread * smooth
+        correct += at == label
+    totals[0] = loss / total_weight
+    totals[1] = correct
+
+
+@njit(cache=True)
 def _score_cpu(logits, labels, confusion, loss_sum):
     n, c = logits.shape
     for r in range(n):
@@ -98,6 +126,15 @@ def weighted_softmax_cross_entropy(logits, labels, weights, grad, totals) -> Non
     """As `softmax_cross_entropy`, each row weighted by weights[label] (float64, one per class): totals[0] = sum of
     w * loss / sum of w, grad = w * (softmax - onehot) / sum of w (PyTorch's CrossEntropyLoss with `weight`)."""
     _weighted_softmax_cross_entropy_cpu(logits, labels, weights, grad, totals)
+
+
+@numpy_or_reference("smoothed_softmax_cross_entropy_reference")
+def smoothed_softmax_cross_entropy(logits, labels, weights, eps: float, grad, totals) -> None:
+    """Cross-entropy against labels smoothed by `eps` (each row's target (1 - eps) onehot + eps / classes), each row
+    weighted as `weighted_softmax_cross_entropy` (`weights` None: all 1): PyTorch's CrossEntropyLoss(weight,
+    label_smoothing), whose smoothing term weighs each class's log-probability by its own weight, the mean divided
+    by the rows' label weights."""
+    _smoothed_softmax_cross_entropy_cpu(logits, labels, weights, eps, grad, totals)
 
 
 @numpy_or_reference("score_reference")
@@ -134,6 +171,22 @@ def weighted_softmax_cross_entropy_reference(logits, labels, weights, grad, tota
     probabilities[xp.arange(n), labels] -= 1
     grad[...] = probabilities * row_weights[:, None] / row_weights.sum()
     totals[0] = (row_weights * losses).sum() / row_weights.sum()
+    totals[1] = (logits.argmax(axis=1) == labels).sum()
+
+
+def smoothed_softmax_cross_entropy_reference(logits, labels, weights, eps: float, grad, totals) -> None:
+    xp, (n, c) = array_module(logits), logits.shape
+    losses, exp, sums = _row_losses_reference(logits, labels)
+    log_probabilities = xp.log(exp / sums)
+    weights = xp.ones(c) if weights is None else weights
+    row_weights, total = weights[labels], weights[labels].sum()
+    smooth = -(log_probabilities * weights).sum(axis=1)
+    probabilities = exp / sums
+    onehot = xp.zeros_like(probabilities)
+    onehot[xp.arange(n), labels] = 1
+    grad[...] = ((1 - eps) * row_weights[:, None] * (probabilities - onehot)
+                 + eps / c * (weights.sum() * probabilities - weights)) / total
+    totals[0] = ((1 - eps) * (row_weights * losses).sum() + eps / c * smooth.sum()) / total
     totals[1] = (logits.argmax(axis=1) == labels).sum()
 
 

@@ -120,8 +120,9 @@ class ModelConfig(Options):
     loss_options: dict = option({}, "The loss's options: " + "; ".join(
         f"{loss}: {', '.join(names)}" for loss, names in LOSS_OPTIONS.items() if names) + ". pos_weight (> 0, "
         "default 1) multiplies the positive term of the sigmoid cross-entropy; class_weights (a list of positive "
-        "numbers, one per class) weigh each row by its label's weight (the mean is sum w * loss / sum w); delta "
-        "(> 0, default 1) is where Huber's loss turns from quadratic to linear.")
+        "numbers, one per class) weigh each row by its label's weight (the mean is sum w * loss / sum w); "
+        "label_smoothing (in [0, 1), default 0) trains towards (1 - eps) onehot + eps / classes, as PyTorch's; "
+        "delta (> 0, default 1) is where Huber's loss turns from quadratic to linear.")
     init: str = option("xavier", "Initial weights: Glorot uniform (xavier) or He normal (he); a layer's own "
                                  "`init` wins.", INIT_SCHEMES, on_resume=ALLOWED)
     dtype: str = option("float32", "The floating-point type of parameters and activations.", ("float32", "float64"))

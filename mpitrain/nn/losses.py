@@ -41,22 +41,28 @@ def _check_targets(logits, targets) -> None:
                          "expected the same shape")
 
 
-def softmax_cross_entropy(logits, labels, ws=None, class_weights=None):
+def softmax_cross_entropy(logits, labels, ws=None, class_weights=None, label_smoothing=0.0):
     """(mean cross-entropy, correct predictions, gradient softmax(logits) - onehot(labels) over the batch).
 
     The loss and count are float64 numbers of the logits' device (no host round trip); the
     gradient is the workspace part `ws`'s array (a new one when `ws` is None), so a step
     allocates nothing. `class_weights` (one positive number per class; a float64 array of the
     logits' device allocates nothing) weigh each row by its label's weight: the mean is
-    sum(w * loss) / sum(w), as PyTorch's CrossEntropyLoss with `weight`.
+    sum(w * loss) / sum(w), as PyTorch's CrossEntropyLoss with `weight`. `label_smoothing` eps trains towards
+    (1 - eps) onehot + eps / classes, as PyTorch's `label_smoothing` (with weights, its form); evaluation's loss
+    stays the plain cross-entropy.
     """
     grad, totals = _outputs(logits, ws)
-    if class_weights is None:
-        kernels.softmax_cross_entropy(logits, labels, grad, totals)
-    else:
+    weights = None
+    if class_weights is not None:
         weights = array_module(logits).asarray(class_weights, dtype=np.float64)
         if weights.shape != (logits.shape[1],):
             raise ValueError(f"{len(weights)} class weights for {logits.shape[1]} classes; expected one per class")
+    if label_smoothing:
+        kernels.smoothed_softmax_cross_entropy(logits, labels, weights, float(label_smoothing), grad, totals)
+    elif weights is None:
+        kernels.softmax_cross_entropy(logits, labels, grad, totals)
+    else:
         kernels.weighted_softmax_cross_entropy(logits, labels, weights, grad, totals)
     return _results(totals, grad)
 
@@ -127,7 +133,7 @@ TARGET_KINDS = {"class": "integer labels", "binary": "one column of 0/1 labels",
 RECONSTRUCTION_LOSSES = ("mse", "binary_cross_entropy")
 
 # The options (model.loss_options) each loss takes.
-LOSS_OPTIONS = {"softmax_cross_entropy": ("class_weights",), "binary_cross_entropy": ("pos_weight",),
+LOSS_OPTIONS = {"softmax_cross_entropy": ("class_weights", "label_smoothing"), "binary_cross_entropy": ("pos_weight",),
                 "multilabel_cross_entropy": ("pos_weight",), "mse": (), "l1": (), "huber": ("delta",)}
 
 
@@ -141,6 +147,8 @@ OPTION_CHECKS = {
     "delta": (_positive, "a positive number (where Huber's loss turns from quadratic to linear)"),
     "class_weights": (lambda v: isinstance(v, (list, tuple)) and len(v) > 0 and all(map(_positive, v)),
                       "a list of positive numbers, one per class"),
+    "label_smoothing": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1,
+                        "a number in [0, 1) (the share of each row's target spread over the classes)"),
 }
 
 

@@ -42,6 +42,8 @@ def targets_for(kind, rng, n, k, dtype=np.float64):
 
 # (loss, its options, columns of logits)
 CASES = [("softmax_cross_entropy", {}, 4), ("softmax_cross_entropy", {"class_weights": [0.5, 2.0, 1.0, 3.0]}, 4),
+         ("softmax_cross_entropy", {"label_smoothing": 0.1}, 4),
+         ("softmax_cross_entropy", {"class_weights": [0.5, 2.0, 1.0, 3.0], "label_smoothing": 0.2}, 4),
          ("binary_cross_entropy", {}, 1), ("binary_cross_entropy", {"pos_weight": 3.0}, 1),
          ("multilabel_cross_entropy", {}, 3), ("multilabel_cross_entropy", {"pos_weight": 0.25}, 3),
          ("mse", {}, 2), ("l1", {}, 2), ("huber", {}, 2), ("huber", {"delta": 0.3}, 2)]
@@ -245,3 +247,30 @@ def test_targets_of_another_shape_than_the_logits_are_refused():
         binary_cross_entropy(np.zeros((4, 2)), np.zeros((4, 2)))
     with pytest.raises(ValueError, match=r"2 class weights for 3 classes"):
         softmax_cross_entropy(np.zeros((4, 3)), np.zeros(4, np.int32), class_weights=[1.0, 2.0])
+
+
+@pytest.mark.parametrize("weights", [None, [0.5, 2.0, 1.0, 3.0, 0.7]], ids=["plain", "class-weights"])
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_label_smoothing_gives_pytorchs_loss_and_gradient(eps, weights):
+    import torch
+
+    from mpitrain.kernels import loss as kernels
+
+    rng = np.random.default_rng(7)
+    logits = rng.normal(size=(9, 5)) * 3
+    labels = targets_for("class", rng, 9, 5)
+    options = {"label_smoothing": eps, **({"class_weights": weights} if weights else {})}
+    loss, correct, grad = loss_with_options("softmax_cross_entropy", options)(logits, labels, None)
+    z = torch.tensor(logits, requires_grad=True)
+    theirs = torch.nn.functional.cross_entropy(z, torch.tensor(labels, dtype=torch.long), label_smoothing=eps,
+                                               weight=None if weights is None else torch.tensor(weights, dtype=torch.float64))
+    theirs.backward()
+    assert float(loss) == pytest.approx(theirs.item(), rel=1e-12)
+    np.testing.assert_allclose(grad, z.grad.numpy(), rtol=1e-10, atol=1e-14)
+    assert int(correct) == int((logits.argmax(axis=1) == labels).sum())
+    if eps:  # the cupy path's reference gives the kernel's numbers
+        w = None if weights is None else np.asarray(weights)
+        grad_ref, totals = np.empty_like(logits), np.zeros(2)
+        kernels.smoothed_softmax_cross_entropy_reference(logits, labels, w, eps, grad_ref, totals)
+        assert totals[0] == pytest.approx(float(loss), rel=1e-12) and totals[1] == int(correct)
+        np.testing.assert_allclose(grad_ref, grad, rtol=1e-12, atol=1e-15)
