@@ -23,7 +23,7 @@ import json
 
 from mpitrain.config.sections import AT_EPOCH_END, REFUSED, Config
 
-BY_GLOBAL_BATCH = ("train.batch_size", "train.global_batch_size")  # compared by the global batch they give
+BY_GLOBAL_BATCH = ("train.batch_size", "train.global_batch_size", "train.accumulate")  # by the global batch they give
 UNSET = type("Unset", (), {"__repr__": lambda self: "unset"})()  # an option mapping's entry one side lacks
 
 
@@ -62,8 +62,9 @@ def global_batch_change(saved: dict, now: dict, saved_batch: int, batch: int, ra
         return None
     train = {key: _get(now, key)[1] for key in BY_GLOBAL_BATCH}
     changed = [key for key in BY_GLOBAL_BATCH if _get(saved, key)[0] and _get(saved, key)[1] != train[key]]
+    accumulated = f" x train.accumulate {train['train.accumulate']}" if (train["train.accumulate"] or 1) > 1 else ""
     how = f"train.global_batch_size {train['train.global_batch_size']}" if train["train.global_batch_size"] else \
-        f"train.batch_size {train['train.batch_size']} x {ranks} ranks"
+        f"train.batch_size {train['train.batch_size']}{accumulated} x {ranks} ranks"
     if changed:
         what = f"{changed[-1]} was {_get(saved, changed[-1])[1]}, so this run's is"
     else:  # the same keys on another number of ranks, or a checkpoint that recorded no config

@@ -187,12 +187,19 @@ class TrainConfig(Options):
     ON_RESUME = ALLOWED
 
     epochs: int = option(1, "Epochs to train (a resumed run continues up to this many).", domain="[1, 1e6]")
-    batch_size: int = option(64, "Rows per step on each rank: N ranks train on N x batch_size rows per step (when "
+    batch_size: int = option(64, "Rows of each forward and backward on each rank (a micro-batch, with accumulate): "
+                                 "N ranks train on N x accumulate x batch_size rows per step (when "
                                  "global_batch_size is 0).", domain="[1, 16777216]", on_resume=AT_EPOCH_END)
-    global_batch_size: int = option(0, "Rows per step over all ranks; N ranks (N must divide it) train on "
-                                       "global_batch_size / N rows each, and step k's rows are the same on any "
-                                       "number of ranks. 0: batch_size x the number of ranks.",
+    global_batch_size: int = option(0, "Rows per step (per parameter update) over all ranks; N ranks (N x "
+                                       "accumulate must divide it) train on global_batch_size / N rows each, and "
+                                       "step k's rows are the same on any number of ranks. 0: batch_size x "
+                                       "accumulate x the number of ranks.",
                                        domain="[0, 1073741824]", on_resume=AT_EPOCH_END)
+    accumulate: int = option(1, "Gradient accumulation: each step is this many micro-batches of batch_size rows on "
+                                "each rank, their gradients averaged before one update (and one synchronization, "
+                                "in every sync mode): the step of a batch this many times larger, in the memory of "
+                                "one micro-batch (docs/recipes.md). 1: none.", domain="[1, 65536]",
+                             on_resume=AT_EPOCH_END)
     seed: int = option(0, "Seeds initial weights, shuffling, dropout and augmentation.",
                        domain="[0, 1e18]", on_resume=AT_EPOCH_END)
     clip_norm: float = option(0.0, "Gradient clipping by norm: each step's gradient, as the sync mode hands it to the "
@@ -220,8 +227,8 @@ class TrainConfig(Options):
                                             "workspaces). Slows training: for diagnosis.")
 
     def global_batch(self, ranks: int) -> int:
-        """The rows of one step over `ranks` ranks."""
-        return self.global_batch_size or self.batch_size * ranks
+        """The rows of one step (one parameter update) over `ranks` ranks."""
+        return self.global_batch_size or self.batch_size * self.accumulate * ranks
 
     def validate(self, where):
         self.check_domains(where, "train.")
@@ -377,6 +384,8 @@ class Config(Options):
                "empty beside model.layers (a model is a list of layers or a graph of nodes, not both)")
         check_value(not (model.graph and pretrain.layers), where, "pretrain.layers", pretrain.layers,
                "empty with model.graph (a deep belief net is pretrained for a list of dense layers)")
+        check_value(config.train.accumulate == 1 or not config.train.tbptt_steps, where, "train.accumulate",
+                    config.train.accumulate, "1 with train.tbptt_steps (truncated BPTT updates after each segment)")
         try:
             check_layers(config.train.tbptt_steps, model.layers, model.graph)
         except ConfigError as e:

@@ -35,7 +35,7 @@ from mpitrain.training.metrics import MetricsLog, Totals, Traffic, Window, figur
 from mpitrain.training.preemption import Stopped, StopSignals, requeue
 from mpitrain.training.pretrain import pretrain
 from mpitrain.training.run import Run, setup_run
-from mpitrain.training.tbptt import WholeBatch, batch_stepper
+from mpitrain.training.steps import Stepper, batch_stepper
 from mpitrain.training.watchdog import Watchdog
 
 log = logging.getLogger("mpitrain")
@@ -93,7 +93,7 @@ class _Loop:
     epoch: int
     step: int
     allocations: AllocationTrace
-    stepper: WholeBatch
+    stepper: Stepper
     schedule: Schedule
 
 
@@ -160,7 +160,8 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
     schedule = Schedule(config.optimizer, batches.steps_per_epoch, config.train.epochs)
     schedule.load_state(start.schedule_state)
     return _Loop(batches, test_rows, updater, sync, metrics, start.epoch, start.step,
-                 AllocationTrace(config.train.trace_allocations), batch_stepper(config.train.tbptt_steps, model, comm),
+                 AllocationTrace(config.train.trace_allocations),
+                 batch_stepper(config.train.tbptt_steps, model, comm, config.train.accumulate),
                  schedule)
 
 

@@ -152,7 +152,8 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
             check_loss_fits(config.model.loss, manifest.target, reader.path)
         check_dataset(config.train.tbptt_steps, manifest, reader.path)  # before a per-step model meets the target
         if model is None:
-            budget = (config.train.global_batch(comm.size) // comm.size, rank_memory_bytes(comm.local_size))
+            micro_batch = config.train.global_batch(comm.size) // (comm.size * config.train.accumulate)
+            budget = (micro_batch, rank_memory_bytes(comm.local_size))
             model = build_network(config.model, manifest, comm.backend.xp, budget)
         else:
             _check_fits(model, config.model, manifest, comm.backend)

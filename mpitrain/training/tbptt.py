@@ -1,7 +1,7 @@
-"""A training step on a batch: whole, or by truncated backpropagation through time (`train.tbptt_steps`, K;
-docs/sequences.md, "Truncated backpropagation through time").
+"""A training step by truncated backpropagation through time (`train.tbptt_steps`, K; docs/sequences.md,
+"Truncated backpropagation through time"); `mpitrain.training.steps` picks it.
 
-    stepper = batch_stepper(config.train.tbptt_steps, model, comm)    # WholeBatch when K is 0
+    stepper = TruncatedBPTT(K, model, comm)
     loss, correct = stepper.step(model, x, y, key, grads_ready, sync, updater)
 
 Truncated, a batch's sequences are cut into segments of K steps (`mpitrain.nn.segments`); each segment is a
@@ -29,18 +29,7 @@ def check_dataset(steps: int, manifest, path: str) -> None:
                           "class per step beside the sequence: docs/sequences.md); expected train.tbptt_steps: 0")
 
 
-class WholeBatch:
-    """A step as one forward and backward on the whole batch, then the sync step."""
-
-    def step(self, model, x, y, key: tuple, grads_ready, sync, updater):
-        """Train on batch (`x`, `y`) and update (a collective: the sync step); (mean loss, correct) on the device;
-        `key` seeds dropout (`Network.train_batch`)."""
-        loss, correct = model.train_batch(x, y, key=key, grads_ready=grads_ready)
-        sync.step(model, updater)
-        return loss, correct
-
-
-class TruncatedBPTT(WholeBatch):
+class TruncatedBPTT:
     """A step in segments of `steps` time steps of `model`'s batches (the module's docstring), the count agreed
     over `comm`."""
 
@@ -69,8 +58,3 @@ class TruncatedBPTT(WholeBatch):
         finally:
             self.segments.reset()
         return (loss_sum / valid).astype(loss.dtype), (correct_sum / valid).astype(loss.dtype)
-
-
-def batch_stepper(steps: int, model, comm) -> WholeBatch:
-    """The step of `train.tbptt_steps` `steps`: truncated BPTT over `comm`, or whole batches when 0."""
-    return TruncatedBPTT(steps, model, comm) if steps else WholeBatch()

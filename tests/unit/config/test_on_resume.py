@@ -25,7 +25,7 @@ def test_every_key_has_a_rule_and_a_section_refuses_unless_it_says_otherwise():
         "model.target", "optimizer.type", "optimizer.amsgrad", "pretrain.layers"}
     assert {key for key, rule in rules.items() if rule == AT_EPOCH_END} == {
         "data.train_split", "data.shuffle", "data.max_rows", "train.batch_size", "train.global_batch_size",
-        "train.seed"}
+        "train.accumulate", "train.seed"}
 
     @dataclasses.dataclass(frozen=True)
     class NewSection(Options):  # a section someone adds: its keys are kept until they say otherwise

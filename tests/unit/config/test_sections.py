@@ -61,7 +61,7 @@ def test_frequency_epoch_and_run_dir(tmp_path):
     ("", ["data.augment={rotate: 10}"], r"unknown key data.augment.rotate"),
     ("", ["model.loss=regression"], r"model.loss is 'regression', expected one of \('softmax_cross_entropy', "),
     ("", ["model.loss_options={pos_weight: 2}"], r"unknown key model.loss_options.pos_weight for loss "
-                                                 r"softmax_cross_entropy; expected one of \['class_weights'\]"),
+                                                 r"softmax_cross_entropy; expected one of \['class_weights', 'label_smoothing'\]"),
     ("", ["model.loss=huber", "model.loss_options.delta=0"], r"model.loss_options.delta is 0, expected a positive"),
     ("backend: tpu", [], r"backend is 'tpu', expected one of \('auto', 'numpy', 'cupy'\)"),
     ("comm: {cuda_aware: maybe}", [], r"comm.cuda_aware is 'maybe', expected one of \('auto', True, False\)"),

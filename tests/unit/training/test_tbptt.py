@@ -16,7 +16,8 @@ from mpitrain.parallel.backend import create_backend
 from mpitrain.parallel.comm import Communicator
 from mpitrain.parallel.sync import create_synchronizer
 from mpitrain.testing.sequences import padded_batch, tagged_sequences
-from mpitrain.training.tbptt import TruncatedBPTT, WholeBatch, batch_stepper, check_dataset
+from mpitrain.training.steps import WholeBatch, batch_stepper
+from mpitrain.training.tbptt import TruncatedBPTT, check_dataset
 
 
 def one_rank():
