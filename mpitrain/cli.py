@@ -27,6 +27,8 @@ from mpitrain.training.preemption import (
 )
 
 log = logging.getLogger("mpitrain")
+CHECKPOINT_HELP = ("a checkpoint file, best (early stopping's best) or latest (the newest); default: the best when the "
+                   "run has one, else the newest")
 OVERWRITE_HELP = ("replace an existing --out file (never one in a run's checkpoints/ or a dataset folder; the file is "
                   "written under a temporary name and renamed)")
 
@@ -85,12 +87,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="continue from the run's newest checkpoint (the same as --set resume=auto)")
     train.set_defaults(run=_train)
 
-    for name, run, help_text in (("eval", _eval, "evaluate a run's newest checkpoint on a split"),
+    for name, run, help_text in (("eval", _eval, "evaluate a run's checkpoint (its best, else its newest) on a split"),
                                  ("predict", _predict, "write a run's predictions for a split to HDF5")):
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("run_dir", help="a run directory written by `mpitrain train`")
         sub.add_argument("--split", default="test")
-        sub.add_argument("--checkpoint", help="checkpoint file (default: the run's newest)")
+        sub.add_argument("--checkpoint", help=CHECKPOINT_HELP)
         sub.add_argument("--batch-size", type=int, help="rows per scoring batch on each rank (default: "
                                                              "mpitrain.training.evaluation.EVAL_BATCH_SIZE)")
         sub.add_argument("--allow-other-dataset", action="store_true",
@@ -113,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
 
     export = commands.add_parser("export", help="write a run's checkpoint as an ONNX model (one process)")
     export.add_argument("run_dir", help="a run directory written by `mpitrain train`")
-    export.add_argument("--checkpoint", help="checkpoint file (default: the run's newest)")
+    export.add_argument("--checkpoint", help=CHECKPOINT_HELP)
     export.add_argument("--out", required=True, help="the ONNX file to write, e.g. model.onnx")
     export.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     export.set_defaults(run=_export)

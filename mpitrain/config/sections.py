@@ -41,6 +41,7 @@ from mpitrain.nn.layers import INIT_SCHEMES
 from mpitrain.nn.losses import LOSS_OPTIONS, LOSS_TARGETS, LOSSES, RECONSTRUCTION_LOSSES, check_loss_options
 from mpitrain.nn.model import LAYER_TYPES, MAX_UNITS, check_layer_spec
 from mpitrain.nn.rbm import VISIBLE_UNITS
+from mpitrain.nn.schedules import UNITS as SCHEDULE_UNITS
 from mpitrain.nn.schedules import ScheduleOptions
 from mpitrain.nn.segments import check_layers
 from mpitrain.nn.updaters import UPDATERS
@@ -183,6 +184,29 @@ class OptimizerConfig(Options):
 
 
 @dataclass(frozen=True)
+class EarlyStoppingOptions(Options):
+    """`train.early_stopping`: off while `monitor` is empty."""
+
+    ON_RESUME = ALLOWED
+
+    monitor: str = option("", "The metric of the evaluation of data.test_split that decides (loss, accuracy, auc, "
+                              "average_precision, f1, r2, rmse, mae, ...); empty: no early stopping "
+                              "(docs/recipes.md).")
+    patience: int = option(3, "Evaluations without improvement before training stops.", domain="[1, 1e6]")
+    min_delta: float = option(0.0, "The least change of the metric that counts as an improvement (absolute).",
+                              domain="[0, 1e9]")
+    every: int = option(1, "Evaluate every this many units.", domain="[1, 1e9]")
+    unit: str = option("epoch", "What `every` counts: epoch (the evaluation at each epoch's end) or step (an "
+                                "evaluation of its own after that step).", SCHEDULE_UNITS)
+
+    def validate(self, where, prefix):
+        self.check_domains(where, prefix)
+        check_value(self.monitor == "" or self.monitor.isidentifier(), where, f"{prefix}monitor", self.monitor,
+                    "the name of a metric, e.g. loss or accuracy")
+        return self
+
+
+@dataclass(frozen=True)
 class TrainConfig(Options):
     ON_RESUME = ALLOWED
 
@@ -221,6 +245,9 @@ class TrainConfig(Options):
                 "before the first step), rank 0 runs "
                 "`scontrol requeue $SLURM_JOB_ID`: auto does so inside a Slurm job. Never after SIGTERM (scancel, "
                 "or preemption, which Slurm requeues itself).", ("auto", True, False))
+    early_stopping: EarlyStoppingOptions = section(EarlyStoppingOptions, "Stop training once a metric of the "
+                                                                         "evaluation has stopped improving, keeping "
+                                                                         "the best checkpoint (docs/recipes.md).")
     trace_allocations: bool = option(False, "Measure with tracemalloc what each training step and each evaluation "
                                             "allocates after the first ones (summary.json's allocated_bytes; 0 "
                                             "but for a few Python objects: a step writes into preallocated "
@@ -232,7 +259,7 @@ class TrainConfig(Options):
 
     def validate(self, where):
         self.check_domains(where, "train.")
-        return self
+        return dataclasses.replace(self, early_stopping=self.early_stopping.validate(where, "train.early_stopping."))
 
 
 @dataclass(frozen=True)

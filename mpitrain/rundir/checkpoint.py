@@ -51,7 +51,7 @@ class Checkpoint:
     order: tuple = (0, 0)  # the epoch order's (global batch, window rows) at `step`; (0, 0): written before there was one
     ranks: int = 0  # the number of ranks that wrote it (0: written before it was recorded, or not by a training run)
     rank_arrays: dict = field(default_factory=dict)  # {name: (ranks, size)}: each rank's own of the arrays that differed
-    schedule_state: dict = field(default_factory=dict)  # the learning-rate schedule's counters (`Schedule.state`)
+    loop_state: dict = field(default_factory=dict)  # the loop's counters: {schedule: ..., early_stopping: ...}
 
     def merged_array(self, name: str) -> np.ndarray:
         """The one array of `name` (params, stats, updater_state or sync/NAME): what `rank_arrays[name]` merges."""
@@ -70,6 +70,11 @@ def save_checkpoint(run_dir: str, ckpt: Checkpoint, keep: int) -> str:
     for old in list_checkpoints(run_dir)[:-keep]:
         os.remove(old)
     return path
+
+
+def write_best(run_dir: str, ckpt: Checkpoint) -> str:
+    """Write RUN_DIR/checkpoints/best.h5 atomically, replacing the one before (early stopping's best)."""
+    return write_checkpoint(RunDir(run_dir).best_checkpoint, ckpt)
 
 
 def write_checkpoint(path: str, ckpt: Checkpoint) -> str:
@@ -103,7 +108,7 @@ def _write(f: h5py.File, ckpt: Checkpoint) -> None:
                    layout=json.dumps([[name, list(shape)] for name, shape in ckpt.layout]),
                    stats_layout=json.dumps([[name, list(shape)] for name, shape in ckpt.stats_layout]),
                    sync_state=json.dumps(ckpt.sync_numbers), meaning=json.dumps(ckpt.meaning),
-                   schedule_state=json.dumps(ckpt.schedule_state),
+                   loop_state=json.dumps(ckpt.loop_state),
                    manifest_sha256=ckpt.manifest_sha256, config=ckpt.config_yaml, global_batch=ckpt.order[0],
                    window_rows=ckpt.order[1])
 
@@ -134,7 +139,7 @@ def load_checkpoint(path: str, rank_arrays: bool = True) -> Checkpoint:
                               (int(a.get("global_batch", 0)), int(a.get("window_rows", 0))),
                               int(a.get("ranks", 0)))
             ckpt.rank_arrays = _rank_arrays(f, ckpt) if rank_arrays else {}
-            ckpt.schedule_state = json.loads(a.get("schedule_state", "{}"))
+            ckpt.loop_state = json.loads(a.get("loop_state", "{}"))
             return ckpt
     except (OSError, KeyError, ValueError) as e:
         raise DataError(f"{path}: not a readable mpitrain checkpoint ({e})") from None

@@ -44,6 +44,7 @@ from mpitrain.rundir.checkpoint import (
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
+    write_best,
     write_checkpoint,
 )
 from mpitrain.rundir.directory import RunDir
@@ -66,7 +67,7 @@ class Position:
     order: tuple = (0, 0)  # the epoch order's (global batch, window rows) the checkpoint stopped in
     ranks: int = 0  # the number of ranks that wrote the checkpoint (0: unknown, or no checkpoint)
     rank_arrays: dict = field(default_factory=dict)  # {name: (ranks, size)}, when `ranks` is this run's; rank 0 only
-    schedule_state: dict = field(default_factory=dict)  # the learning-rate schedule's counters (`Schedule.state`)
+    loop_state: dict = field(default_factory=dict)  # the loop's counters: {schedule: ..., early_stopping: ...}
 
 
 def _unused(path: str) -> str:
@@ -79,9 +80,16 @@ def _unused(path: str) -> str:
 
 
 def chosen_checkpoint(run_dir: str, path: str | None = None) -> Checkpoint:
-    """Checkpoint `path`, by default the newest of `run_dir`, loaded without each rank's own arrays (eval, predict,
-    export and score use the merged model). Not a collective."""
-    if path is None:
+    """Checkpoint `path`, loaded without each rank's own arrays (eval, predict, export and score use the merged
+    model): a file, `best` (early stopping's best, checkpoints/best.h5), `latest` (the newest), or by default the
+    best where the run has one, else the newest. Not a collective."""
+    best = RunDir(run_dir).best_checkpoint
+    if path == "best" or (path is None and os.path.exists(best)):
+        if not os.path.exists(best):
+            raise DataError(f"{best}: no best checkpoint (the run trained without train.early_stopping); expected "
+                            "--checkpoint latest or a file")
+        path = best
+    elif path in (None, "latest"):
         checkpoints = list_checkpoints(run_dir)
         if not checkpoints:
             raise DataError(f"{run_dir}/checkpoints: no checkpoint; train the run first")
@@ -179,7 +187,7 @@ class Checkpointer:
                 same_ranks = ckpt.ranks == self.comm.size
                 position = Position(ckpt.epoch, ckpt.step, ckpt.iteration, ckpt.sync_numbers, ckpt.sync_arrays,
                                     ckpt.order, ckpt.ranks, ckpt.rank_arrays if same_ranks else {},
-                                    ckpt.schedule_state)
+                                    ckpt.loop_state)
                 drop_records_after(self.files.metrics, ckpt.epoch, ckpt.step)
                 log.info("resuming from %s at epoch %d step %d", ckpt.path, ckpt.epoch + 1, ckpt.step)
                 if ckpt.rank_arrays and not same_ranks:
@@ -189,9 +197,9 @@ class Checkpointer:
             elif self.comm.is_root:
                 self._start_afresh(pretraining)
         numbers = self.comm.bcast_obj((position.epoch, position.step, position.iteration, position.sync_numbers,
-                                       position.order, position.ranks, position.schedule_state))
+                                       position.order, position.ranks, position.loop_state))
         return Position(*numbers[:4], sync_arrays=position.sync_arrays, order=tuple(numbers[4]), ranks=numbers[5],
-                        rank_arrays=position.rank_arrays, schedule_state=numbers[6])
+                        rank_arrays=position.rank_arrays, loop_state=numbers[6])
 
     def write_config(self, config) -> None:
         """Rank 0 writes RUN_DIR/config.yaml, the config as the run uses it, which every checkpoint then carries
@@ -202,7 +210,7 @@ class Checkpointer:
                 write_file(self.files.config, lambda f: f.write(self.config_yaml))
 
     def save(self, epoch: int, step: int, model, updater, sync, order: tuple = (0, 0), read_failure: str | None = None,
-             schedule_state: dict | None = None) -> str:
+             loop_state: dict | None = None, best: bool = False) -> str:
         """Checkpoint "resume at step `step` of epoch `epoch`" (of the epoch order `order`: global batch, window rows);
         never one with NaN or Inf parameters, nor after a rank failed to read its rows (`read_failure`, its message:
         it trained on a stand-in batch since). Returns its path.
@@ -213,6 +221,10 @@ class Checkpointer:
         differ between ranks (`sync.rank_local`). Of those that do differ, `sync.merged` computes the one value
         kept as the run's model (the ranks' mean, in a new buffer; `none`: rank 0's) and rank 0 gathers every
         rank's own, for an exact resume on as many ranks. Then rank 0 writes.
+        
+        With `best`, the checkpoint is the run's best (early stopping's): RUN_DIR/checkpoints/best.h5, replacing
+        the one before, which no `checkpoint.keep` deletes and no resume reads; eval, predict and export take it
+        (`chosen_checkpoint`).
         """
         to_host = self.backend.to_host
         local = sync.local_arrays(model, updater)
@@ -233,16 +245,19 @@ class Checkpointer:
         numbers = {name: value for name, value in sync.state().items() if not is_array(value)}  # its arrays: local
         with self.comm.agreed_errors():  # a full disk on rank 0 ends every rank, not just rank 0
             if self.comm.is_root:
-                save_checkpoint(self.run_dir, Checkpoint(
+                ckpt = Checkpoint(
                     to_host(merged["params"]), to_host(merged["updater_state"]), epoch, step, updater.iteration,
                     model.layout, numbers, self.manifest_sha256, self.config_yaml,
                     stats=to_host(merged["stats"]), stats_layout=model.stats_layout,
                     sync_arrays={name.removeprefix("sync/"): to_host(array) for name, array in merged.items()
                                  if name.startswith("sync/")},
                     meaning=meaning(model, updater), order=tuple(order), ranks=self.comm.size, rank_arrays=own,
-                    schedule_state=schedule_state or {}),
-                    self.keep)
-        return self.files.checkpoint(epoch, step)
+                    loop_state=loop_state or {})
+                if best:
+                    write_best(self.run_dir, ckpt)
+                else:
+                    save_checkpoint(self.run_dir, ckpt, self.keep)
+        return self.files.best_checkpoint if best else self.files.checkpoint(epoch, step)
 
     def _start_afresh(self, pretraining: bool) -> None:
         """(Rank 0) A run directory without a checkpoint to resume: refused while it holds checkpoints set aside as
@@ -283,7 +298,7 @@ class Checkpointer:
                         f"kept aside as *.damaged): {'; '.join(problems)}")
 
     def restore(self, model, checkpoint: str | Checkpoint | None = None, other_dataset: bool = False) -> Checkpoint:
-        """Load `checkpoint` (a path, default the run's newest, or one `chosen_checkpoint` loaded) into `model` on this
+        """Load `checkpoint` (a path, `best`, `latest` or by default `chosen_checkpoint`'s, or one it loaded) into `model` on this
         rank and return it.
 
         Not a collective: each rank reads the file (evaluation and prediction). A checkpoint

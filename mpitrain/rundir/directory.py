@@ -63,6 +63,11 @@ class RunDir:
     report_png = _in_run_dir("report.png")
     report_html = _in_run_dir("report.html")
 
+    @property
+    def best_checkpoint(self) -> str:
+        """checkpoints/best.h5: early stopping's best model (never resumed from, never deleted by `keep`)."""
+        return os.path.join(self.checkpoints, "best.h5")
+
     def checkpoint(self, epoch: int, step: int) -> str:
         """The checkpoint that resumes at step `step` of epoch `epoch` (0-based)."""
         return os.path.join(self.checkpoints, f"ckpt-{epoch:04d}-{step:06d}.h5")

@@ -30,6 +30,7 @@ from mpitrain.nn.updaters import Updater, create_updater
 from mpitrain.parallel.sync import Synchronizer, check_replicas, create_synchronizer, parameter_hash
 from mpitrain.rundir.directory import RunDir
 from mpitrain.training.allocations import AllocationTrace
+from mpitrain.training.early_stopping import EarlyStopping
 from mpitrain.training.evaluation import EVAL_BATCH_SIZE, Evaluation, evaluate
 from mpitrain.training.metrics import MetricsLog, Totals, Traffic, Window, figure, input_wait_ms, per_step
 from mpitrain.training.preemption import Stopped, StopSignals, requeue
@@ -83,7 +84,7 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
 class _Loop:
     """What the epochs need beyond the run's parts: batches, test rows, updater, synchronizer, metrics, start, the
     allocation trace (`train.trace_allocations`), how a step trains on its batch (whole, or by truncated BPTT), and
-    the learning rate's schedule."""
+    the learning rate's schedule and early stopping's counters."""
 
     batches: Batches
     test_rows: EvalRows
@@ -95,6 +96,11 @@ class _Loop:
     allocations: AllocationTrace
     stepper: Stepper
     schedule: Schedule
+    stopping: EarlyStopping
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of the loop's own counters (`Position.loop_state`)."""
+        return {"schedule": self.schedule.state(), "early_stopping": self.stopping.state()}
 
 
 @dataclass
@@ -132,8 +138,15 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
 
     model.init_params(config.train.seed, config.model.init)
     start = run.checkpointer.resume(model, updater, config, pretraining=bool(config.pretrain.layers))
-    if start.epoch >= config.train.epochs and comm.bcast_obj(os.path.exists(RunDir(config.run_dir).summary)):
-        if comm.is_root:
+    stopping = EarlyStopping(config.train.early_stopping)
+    stopping.load_state(start.loop_state.get("early_stopping", {}))
+    stopped_early = stopping.stop and stopping.on
+    if (start.epoch >= config.train.epochs or stopped_early) \
+            and comm.bcast_obj(os.path.exists(RunDir(config.run_dir).summary)):
+        if comm.is_root and stopped_early:
+            log.info("%s is finished: early stopping ended it after %d epochs (%s did not improve); its files are "
+                     "left as they are", config.run_dir, start.epoch, config.train.early_stopping.monitor)
+        elif comm.is_root:
             log.info("%s is finished: %d epochs trained, train.epochs is %d; its files are left as they are (a "
                      "larger train.epochs continues it)", config.run_dir, start.epoch, config.train.epochs)
         return None
@@ -158,11 +171,11 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
                  ", collectives staged through host memory" if comm.staged else "")
     metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs)
     schedule = Schedule(config.optimizer, batches.steps_per_epoch, config.train.epochs)
-    schedule.load_state(start.schedule_state)
+    schedule.load_state(start.loop_state.get("schedule", {}))
     return _Loop(batches, test_rows, updater, sync, metrics, start.epoch, start.step,
                  AllocationTrace(config.train.trace_allocations),
                  batch_stepper(config.train.tbptt_steps, model, comm, config.train.accumulate),
-                 schedule)
+                 schedule, stopping)
 
 
 def _continue_order(run: Run, batches: Batches, start) -> Batches:
@@ -187,14 +200,19 @@ def _continue_order(run: Run, batches: Batches, start) -> Batches:
 
 def _train_epochs(run: Run, loop: _Loop, watchdog: Watchdog, stop: StopSignals, on_epoch=None) -> _Done:
     """The epochs from where the run starts, each its steps (`_train_epoch`) then its end (`_end_epoch`), then
-    `on_epoch(epoch, record)` when given."""
+    `on_epoch(epoch, record)` when given; until early stopping ends them (at an epoch's end, or after a step)."""
     done, start_step = _Done(), loop.step
     try:
-        for epoch in range(loop.epoch, run.config.train.epochs):
-            totals = _train_epoch(run, loop, epoch, start_step, watchdog, stop)
+        for epoch in range(loop.epoch, run.config.train.epochs if not loop.stopping.stop else loop.epoch):
+            totals = _train_epoch(run, loop, epoch, start_step, watchdog, stop, done)
+            if loop.stopping.stop:  # after a step of this epoch: its end does not come
+                _count(done, totals, Traffic())
+                break
             record = _end_epoch(run, loop, epoch, totals, done, watchdog, stop)
             if on_epoch is not None:
                 on_epoch(epoch, record)
+            if loop.stopping.stop:
+                break
             start_step = 0
     finally:
         loop.metrics.close()  # however the epochs end: a worker trains trial after trial in one process
@@ -222,9 +240,11 @@ def _stop_after_last_step(run: Run, stop: StopSignals) -> None:
                       f"{run.checkpointer.paths()[-1]}; wrote summary.json{report}; nothing left to resume")
 
 
-def _train_epoch(run: Run, loop: _Loop, epoch: int, start_step: int, watchdog: Watchdog, stop: StopSignals) -> Totals:
-    """The steps of `epoch` from `start_step`: each step, then its metrics window when one ends, the stop agreement
-    and the checkpoint cadence. Returns the epoch's totals on this rank."""
+def _train_epoch(run: Run, loop: _Loop, epoch: int, start_step: int, watchdog: Watchdog, stop: StopSignals,
+                 done: _Done) -> Totals:
+    """The steps of `epoch` from `start_step`: each step, then its metrics window when one ends, the stop agreement,
+    the checkpoint cadence and early stopping's evaluations by step (the last one's evaluation goes into `done`).
+    Returns the epoch's totals on this rank, early when early stopping ends training after a step."""
     comm, grads_ready = run.comm, functools.partial(loop.sync.grads_ready, run.model)  # backward tells the sync
     loop.metrics.start_epoch(epoch, start_step)
     window, totals = Window(), Totals()
@@ -246,6 +266,14 @@ def _train_epoch(run: Run, loop: _Loop, epoch: int, start_step: int, watchdog: W
                 window = Window()
             if stop_signal:
                 _stop_with_checkpoint(run, loop, epoch, step, stop_signal, watchdog, stop)
+            if not last and loop.stopping.due(epoch, step, loop.batches.steps_per_epoch, epoch_end=False):
+                done.evaluation = _evaluate(run, loop)
+                _observe(run, loop, done.evaluation, epoch, step + 1, stop)
+                if loop.stopping.stop:
+                    if (step + 1) % run.config.train.log_every:
+                        totals += _record_window(run, loop, epoch, step, window)
+                    _save(run, loop, epoch, step + 1, stop)
+                    return totals
             if _step_checkpoint_due(run.config, step) and not last:
                 _save(run, loop, epoch, step + 1, stop)
             tick = time.perf_counter()
@@ -265,12 +293,28 @@ def _next_batch(loop: _Loop, batches, stop: StopSignals):
     return loop.batches.zeros()
 
 
-def _save(run: Run, loop: _Loop, epoch: int, step: int, stop: StopSignals) -> str:
-    """Checkpoint "resume at step `step` of epoch `epoch`" in the run's epoch order (a collective); refused on every
-    rank once this or another rank failed to read its rows (`stop.read_failure`: it trained on stand-in batches)."""
+def _save(run: Run, loop: _Loop, epoch: int, step: int, stop: StopSignals, best: bool = False) -> str:
+    """Checkpoint "resume at step `step` of epoch `epoch`" in the run's epoch order (a collective), or with `best`
+    the run's best (checkpoints/best.h5); refused on every rank once this or another rank failed to read its rows
+    (`stop.read_failure`: it trained on stand-in batches)."""
     plan = loop.batches.rows.plan
     return run.checkpointer.save(epoch, step, run.model, loop.updater, loop.sync, (plan.global_batch, plan.window_rows),
-                                 stop.read_failure, loop.schedule.state())
+                                 stop.read_failure, loop.state(), best)
+
+
+def _observe(run: Run, loop: _Loop, evaluation: Evaluation, epoch: int, step: int, stop: StopSignals) -> None:
+    """Early stopping counts `evaluation` of the model at "step `step` of epoch `epoch`": a new best is written as
+    checkpoints/best.h5 (a collective: every rank decides the same from the same numbers)."""
+    metrics = {"loss": evaluation.loss, "accuracy": evaluation.accuracy, **evaluation.metrics}
+    improved = loop.stopping.observe(metrics, epoch, step)
+    if improved:
+        _save(run, loop, epoch, step, stop, best=True)
+    if run.comm.is_root:
+        s = loop.stopping
+        log.info("early stopping: %s %s, best %s; %s", s.options.monitor, figure(metrics[s.options.monitor]),
+                 figure(s.best), "stopping: no improvement in %d evaluations" % s.waited if s.stop
+                 else "a new best" if improved else "%d of %d evaluations without improvement" % (s.waited,
+                                                                                                 s.options.patience))
 
 
 def _step(run: Run, loop: _Loop, epoch: int, step: int, x, y, grads_ready):
@@ -320,25 +364,32 @@ def _end_epoch(run: Run, loop: _Loop, epoch: int, totals: Totals, done: _Done, w
     watchdog.beat(f"the end of epoch {epoch + 1} (sync, replica check, evaluation, checkpoint)")
     before = Traffic.of(comm)
     sync.end_epoch(model, loop.updater)
-    done.traffic += totals.traffic + (Traffic.of(comm) - before)
-    done.seconds += totals.seconds
-    done.samples += totals.samples
-    done.steps += totals.steps
-    done.input_seconds += totals.input_seconds
+    _count(done, totals, Traffic.of(comm) - before)
     if sync.replicas_identical and config.sync.check_replicas:
         done.hashes = check_replicas(comm, *map(run.backend.to_host, (model.params, model.stats)))
     with loop.allocations.span("evaluation"):
         done.evaluation = _evaluate(run, loop)
     loop.schedule.end_epoch({"loss": done.evaluation.loss, "accuracy": done.evaluation.accuracy,
                              **done.evaluation.metrics})  # reduce_on_plateau's count, before the checkpoint keeps it
+    if loop.stopping.due(epoch, loop.batches.steps_per_epoch - 1, loop.batches.steps_per_epoch, epoch_end=True):
+        _observe(run, loop, done.evaluation, epoch + 1, 0, stop)
     record = {"epoch": epoch, "nodes": comm.nodes, "ranks_per_node": comm.local_size,
               "train_loss": totals.loss_sum / max(totals.samples, 1),
               "test_accuracy": done.evaluation.accuracy, "test_loss": done.evaluation.loss,
               "replica_hashes": done.hashes}
     loop.metrics.end_epoch(record)
-    if _epoch_checkpoint_due(config, epoch):
+    if _epoch_checkpoint_due(config, epoch) or loop.stopping.stop:
         _save(run, loop, epoch + 1, 0, stop)  # the end of training is always kept
     return record
+
+
+def _count(done: _Done, totals: Totals, end_traffic: Traffic) -> None:
+    """Add an epoch's (or its steps') totals to what the epochs did, with the traffic of its end."""
+    done.traffic += totals.traffic + end_traffic
+    done.seconds += totals.seconds
+    done.samples += totals.samples
+    done.steps += totals.steps
+    done.input_seconds += totals.input_seconds
 
 
 def _evaluate(run: Run, loop: _Loop) -> Evaluation:
@@ -369,6 +420,8 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
         "transfers": backend.transfers.to_dict(),
         "evaluation": evaluation.to_dict(),
     }
+    if loop.stopping.on:  # why training ended, where, and which checkpoint eval, predict and export take
+        summary["early_stopping"] = {**loop.stopping.summary(), "best_checkpoint": RunDir(config.run_dir).best_checkpoint}
     if config.train.trace_allocations:  # the largest over the ranks, per span kind
         summary["allocated_bytes"] = {kind: max(worst.get(kind, 0) for worst in comm.allgather_obj(
             loop.allocations.worst())) for kind in ("step", "evaluation")}
