@@ -29,6 +29,7 @@ from mpitrain.nn.schedules import Schedule
 from mpitrain.nn.updaters import Updater, create_updater
 from mpitrain.parallel.sync import Synchronizer, check_replicas, create_synchronizer, parameter_hash
 from mpitrain.rundir.directory import RunDir
+from mpitrain.training.accumulation import micro_batch
 from mpitrain.training.allocations import AllocationTrace
 from mpitrain.training.early_stopping import EarlyStopping
 from mpitrain.training.evaluation import EVAL_BATCH_SIZE, Evaluation, evaluate
@@ -172,10 +173,26 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
     metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs)
     schedule = Schedule(config.optimizer, batches.steps_per_epoch, config.train.epochs)
     schedule.load_state(start.loop_state.get("schedule", {}))
+    _warm_up(run, batches, (config.train.seed, comm.rank, start.epoch, start.step))
     return _Loop(batches, test_rows, updater, sync, metrics, start.epoch, start.step,
                  AllocationTrace(config.train.trace_allocations),
                  batch_stepper(config.train.tbptt_steps, model, comm, config.train.accumulate),
                  schedule, stopping)
+
+
+def _warm_up(run: Run, batches: Batches, key: tuple) -> None:
+    """One forward and backward of a micro-batch of zeros before the first timed step, with the first step's dropout
+    `key`: numba compiles (or loads from its cache) the step's kernels, and the workspace takes its arrays, here, so
+    the first metrics window's samples/s (and summary.json's) counts training, not compilation. The parameters are
+    not touched (no sync step), and the running statistics and gradients are set back: training goes on bit for bit
+    as without it. Not a collective."""
+    model = run.model
+    x, y = batches.zeros()
+    micro = len(y) // run.config.train.accumulate
+    stats = model.stats.copy()
+    model.train_batch(micro_batch(x, slice(0, micro)), y[:micro], key=key)
+    model.stats[...] = stats
+    model.grads[...] = 0
 
 
 def _continue_order(run: Run, batches: Batches, start) -> Batches:
