@@ -96,6 +96,7 @@ bench: setup fashion-mnist
 	$(PY) benchmarks/tables.py --out benchmarks/results
 	$(PY) benchmarks/dbn.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/autoencoder.py --out benchmarks/results
+	$(PY) benchmarks/recipes.py --out benchmarks/results
 	$(PY) benchmarks/sequences.py --out benchmarks/results
 	$(PY) -m mpitrain.testing.tables --results benchmarks/results --page docs/benchmarks.md --readme README.md
 

@@ -35,6 +35,8 @@ SECTIONS = [("throughput", "Throughput per sync mode, beside PyTorch DDP (`bench
             ("tables", "Tables through the whole pipeline: beside scikit-learn and the true probabilities "
                        "(`benchmarks/tables.py`)"),
             ("autoencoder", "A dense autoencoder on digits beside PCA (`benchmarks/autoencoder.py`)"),
+            ("recipes", "A recipe of today: warm-up, cosine and early stopping beside fixed epochs "
+                        "(`benchmarks/recipes.py`)"),
             ("spark_train", "Training inside a Spark barrier stage beside mpiexec (`benchmarks/spark_train.py`)"),
             ("sequences", "Sequence models through the whole pipeline, beside PyTorch DDP (`benchmarks/sequences.py`)"),
             ("resnet", "A residual net on Fashion-MNIST: accuracy, and speed beside PyTorch DDP "

@@ -87,7 +87,7 @@ def test_sigterm_to_one_rank_stops_every_rank_with_a_checkpoint_and_resume_ends_
     run, uninterrupted = ({(w["epoch"], w["step"]): w["lr"] for w in read_metrics(str(tmp_path / name / "metrics.jsonl"))[0]}
                           for name in ("run", "reference"))
     assert all(run[window] == lr for window, lr in uninterrupted.items())  # the same rate at every window's end
-    assert len(run) == len(uninterrupted) + 1  # and one window more: the one the signal ended
+    assert len(set(run) - set(uninterrupted)) <= 1  # and the window the signal ended, unless it ended there anyway
     if sync["mode"] != "sharing":
         assert len(set(uninterrupted.values())) > 2 and min(uninterrupted.values()) < 0.05  # the schedule moved it
 
