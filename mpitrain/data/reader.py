@@ -229,6 +229,18 @@ class Batches:
         else:
             yield from (self._batch(view, epoch, step) for step in steps)
 
+    def warm_up(self) -> None:
+        """Run the kernels a batch goes through (gathering and scaling its rows) once, on one stored row of zeros into
+        buffer pair 1, so numba compiles or loads them here and not in the prefetch thread's first batch (the first
+        step's time). Not a collective."""
+        manifest = self.rows.shards.manifest
+        x, y = self._buffers(1)
+        stored_x = np.zeros((1, *x.shape[1:]), manifest.feature_dtype)
+        stored_y = np.zeros((1, *manifest.target_shape), manifest.target_dtype)
+        gather_scaled(stored_x, stored_y, np.zeros(1, np.int64), self.scale, self.shift, x[:1], y[:1])
+        if self.augment:
+            scaled(stored_x, self.scale, self.shift, x[:1])
+
     def zeros(self):
         """A batch of zeros in buffer pair 0: what a rank whose read failed trains on until every rank knows (a
         sequence dataset's: sequences of one zero step)."""

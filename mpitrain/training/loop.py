@@ -181,12 +181,14 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
 
 
 def _warm_up(run: Run, batches: Batches, key: tuple) -> None:
-    """One forward and backward of a micro-batch of zeros before the first timed step, with the first step's dropout
-    `key`: numba compiles (or loads from its cache) the step's kernels, and the workspace takes its arrays, here, so
+    """The batch's kernels once (`Batches.warm_up`), then one forward and backward of a micro-batch of zeros before
+    the first timed step, with the first step's dropout `key`: numba compiles (or loads from its cache) the step's
+    kernels, and the workspace takes its arrays, here, so
     the first metrics window's samples/s (and summary.json's) counts training, not compilation. The parameters are
     not touched (no sync step), and the running statistics and gradients are set back: training goes on bit for bit
     as without it. Not a collective."""
     model = run.model
+    batches.warm_up()
     x, y = batches.zeros()
     micro = len(y) // run.config.train.accumulate
     stats = model.stats.copy()
