@@ -12,8 +12,13 @@ from mpitrain.training.loop import _warm_up
 
 
 class ZeroBatches:
+    """Batches of zeros; `warm_up` counted."""
+
     def __init__(self, rows: int):
-        self.rows = rows
+        self.rows, self.warmed = rows, 0
+
+    def warm_up(self):
+        self.warmed += 1
 
     def zeros(self):
         return np.zeros((self.rows, 4), np.float32), np.zeros(self.rows, np.int32)
@@ -26,7 +31,9 @@ def test_the_warm_up_step_changes_no_state_and_takes_one_micro_batch():
     model.grads[...] = 1.0
     params, stats = model.params.copy(), model.stats.copy()
     run = types.SimpleNamespace(model=model, config=types.SimpleNamespace(train=types.SimpleNamespace(accumulate=4)))
-    _warm_up(run, ZeroBatches(32), (0, 0, 0, 0))
+    batches = ZeroBatches(32)
+    _warm_up(run, batches, (0, 0, 0, 0))
+    assert batches.warmed == 1  # the batch's own kernels too
     assert np.array_equal(model.params, params) and np.array_equal(model.stats, stats)
     assert not model.grads.any()
     shapes = {shape for _, _, shape, _, _ in model.workspace.table()}
