@@ -60,11 +60,9 @@ def rmsprop_step(h, g, p, decay, lr: float, rho: float, eps: float, out) -> None
 
 @numpy_or_reference("adam_step_reference")
 def adam_step(m, v, g, p, decay, lr: float, beta1: float, beta2: float, eps: float, t: int, out) -> None:
-    """Adam's step `t` (from 1): m, v moving averages of G and G^2 in place; out the bias-corrected step."""
-    dtype = m.dtype.type
-    step, eps_hat = adam_correction(lr, beta1, beta2, eps, t)
-    _adam_cpu(m, v, g, p, decay, dtype(beta1), dtype(1 - beta1), dtype(beta2), dtype(1 - beta2),
-              dtype(step), dtype(eps_hat), out)
+    """Adam's step `t` (from 1): m, v moving averages of G and G^2 in place; out the bias-corrected step (the
+    variants' kernel without AMSGrad and decoupled decay: the same operations in the same order)."""
+    adam_variant_step(m, v, None, g, p, decay, None, lr, beta1, beta2, eps, t, out)
 
 
 @numpy_or_reference("adam_variant_step_reference")
@@ -165,20 +163,9 @@ def _rmsprop_cpu(h, g, p, decay, lr, rho, gain, eps, out):
 
 
 @njit(parallel=True, cache=True)
-def _adam_cpu(m, v, g, p, decay, beta1, gain1, beta2, gain2, step, eps_hat, out):
-    """`adam_step` on numpy arrays, the bias correction folded into step and eps_hat (`adam_correction`)."""
-    for i in prange(m.size):
-        gi = _gradient(g, p, decay, i)
-        mi = beta1 * m[i] + gain1 * gi
-        vi = _decayed_square(v[i], gi, beta2, gain2)
-        m[i] = mi
-        v[i] = vi
-        out[i] = _normalized_step(mi, vi, eps_hat, step)
-
-
-@njit(parallel=True, cache=True)
 def _adam_variant_cpu(m, v, vmax, amsgrad, g, p, decay, wd, lr, beta1, gain1, beta2, gain2, step, eps_hat, out):
-    """`adam_variant_step` on numpy arrays (`vmax` empty without `amsgrad`; `wd` None without decoupled decay)."""
+    """`adam_variant_step` (and `adam_step`) on numpy arrays, the bias correction folded into step and eps_hat
+    (`adam_correction`); `vmax` empty without `amsgrad`, `wd` None without decoupled decay."""
     for i in prange(m.size):
         gi = _gradient(g, p, decay, i)
         mi = beta1 * m[i] + gain1 * gi
@@ -242,12 +229,7 @@ def rmsprop_step_reference(h, g, p, decay, lr: float, rho: float, eps: float, ou
 def adam_step_reference(m, v, g, p, decay, lr: float, beta1: float, beta2: float, eps: float, t: int,
                         out) -> None:
     """`adam_step` for any array module, with `out` as scratch for the moments' increments."""
-    g = _gradient_reference(g, p, decay, None)
-    m *= beta1
-    m += array_module(m).multiply(g, 1 - beta1, out=out)
-    _decayed_square_reference(v, g, beta2, out)
-    step, eps_hat = adam_correction(lr, beta1, beta2, eps, t)
-    _normalized_step_reference(m, v, eps_hat, step, out)
+    adam_variant_step_reference(m, v, None, g, p, decay, None, lr, beta1, beta2, eps, t, out)
 
 
 def adam_variant_step_reference(m, v, vmax, g, p, decay, wd, lr: float, beta1: float, beta2: float, eps: float,
