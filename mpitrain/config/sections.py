@@ -127,6 +127,12 @@ class ModelConfig(Options):
     init: str = option("xavier", "Initial weights: Glorot uniform (xavier) or He normal (he); a layer's own "
                                  "`init` wins.", INIT_SCHEMES, on_resume=ALLOWED)
     dtype: str = option("float32", "The floating-point type of parameters and activations.", ("float32", "float64"))
+    init_from: str = option("", "Fine-tuning: a trained run (RUN_DIR: its best checkpoint, else its newest) or a "
+                                "checkpoint file whose arrays start this model. Every parameter and running "
+                                "statistic of the same name (a list's layer by position and type, 00_dense/W; a "
+                                "graph's node by its name) and shape is copied, the rest start fresh; the log "
+                                "names both. Read when the run starts from scratch (docs/recipes.md).",
+                            on_resume=ALLOWED)
 
     def validate(self, where):
         self.check_domains(where, "model.")

@@ -37,6 +37,7 @@ from mpitrain.base.files import write_file
 from mpitrain.config.on_resume import first_change, global_batch_change, set_back, shown
 from mpitrain.config.sections import REFUSED, Config, config_yaml, load_config, recorded_config
 from mpitrain.config.yaml_input import read_yaml
+from mpitrain.nn.flat import flat_views
 from mpitrain.parallel.sync.base import is_array, parameter_hash
 from mpitrain.rundir.checkpoint import (
     Checkpoint,
@@ -95,6 +96,26 @@ def chosen_checkpoint(run_dir: str, path: str | None = None) -> Checkpoint:
             raise DataError(f"{run_dir}/checkpoints: no checkpoint; train the run first")
         path = checkpoints[-1]
     return load_checkpoint(path, rank_arrays=False)
+
+
+def copy_matching(model, ckpt: Checkpoint, to_device) -> dict[str, list[str]]:
+    """Copy each array of `ckpt` (parameters and running statistics, by their layout's names) into `model`'s array of
+    the same name and shape (through `to_device`); {copied, skipped (same name, other shape), fresh (not in it)}:
+    names. Not a collective."""
+    theirs = dict(zip((name for name, _ in ckpt.layout), flat_views(ckpt.params, ckpt.layout)))
+    theirs.update(zip((name for name, _ in ckpt.stats_layout), flat_views(ckpt.stats, ckpt.stats_layout)))
+    ours = list(zip(model.layout, flat_views(model.params, model.layout)))
+    ours += list(zip(model.stats_layout, flat_views(model.stats, model.stats_layout)))
+    found = {"copied": [], "skipped": [], "fresh": []}
+    for (name, shape), view in ours:
+        if name not in theirs:
+            found["fresh"].append(name)
+        elif tuple(theirs[name].shape) != tuple(shape):
+            found["skipped"].append(f"{name} {list(theirs[name].shape)} here {list(shape)}")
+        else:
+            view[...] = to_device(theirs[name])
+            found["copied"].append(name)
+    return found
 
 
 def checkpoint_config(run_dir: str, ckpt: Checkpoint, overrides: tuple = ()) -> Config:
@@ -316,6 +337,27 @@ class Checkpointer:
                             "and `predict` take --allow-other-dataset to use it anyway")
         self._restore(ckpt, model)
         return ckpt
+
+    def init_from(self, model, source: str) -> dict:
+        """(Rank 0) Start `model` from another run's trained parameters (`model.init_from`): `source` is a run
+        directory (its best checkpoint, else its newest) or a checkpoint file. Every parameter and running
+        statistic whose name (`LAYER/ARRAY` of the layout: a list's layer by its position and type, a graph's node
+        by its name) and shape match is copied; the others keep their fresh values. Logs and returns what was
+        copied, what was skipped (the same name, another shape) and what starts fresh."""
+        path = os.path.abspath(source)
+        if not os.path.exists(path):
+            raise DataError(f"model.init_from is {source!r}: no such run directory or checkpoint file")
+        ckpt = chosen_checkpoint(path) if os.path.isdir(path) else load_checkpoint(path, rank_arrays=False)
+        found = copy_matching(model, ckpt, self.backend.to_device)
+        log.info("model.init_from %s: copied %d arrays (%s), skipped %d of another shape (%s), %d start fresh (%s)",
+                 ckpt.path, len(found["copied"]), ", ".join(found["copied"]) or "none", len(found["skipped"]),
+                 ", ".join(found["skipped"]) or "none", len(found["fresh"]), ", ".join(found["fresh"]) or "none")
+        if not found["copied"]:
+            raise DataError(f"model.init_from {ckpt.path}: no array of it fits this model (its layers "
+                            f"{sorted({name.split('/')[0] for name, _ in ckpt.full_layout})}, this model's "
+                            f"{sorted({name.split('/')[0] for name, _ in model.layout})}); expected layers of the "
+                            "same names and shapes")
+        return found
 
     def finished_layers(self, layouts: list[list]) -> list[np.ndarray]:
         """(Rank 0) The parameters of pretraining's finished layers, in order up to the first missing one.

@@ -151,6 +151,10 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
             log.info("%s is finished: %d epochs trained, train.epochs is %d; its files are left as they are (a "
                      "larger train.epochs continues it)", config.run_dir, start.epoch, config.train.epochs)
         return None
+    if config.model.init_from and start.iteration == 0:  # a fresh start: rank 0's arrays reach every rank at start
+        with comm.agreed_errors():
+            if comm.is_root:
+                run.checkpointer.init_from(model, config.model.init_from)
     updater.iteration = start.iteration
     batches = _continue_order(run, batches, start)
     run.checkpointer.write_config(config)
