@@ -95,6 +95,17 @@ class ScheduleOptions(Options):
 LOWER_IS_BETTER = ("loss", "mse", "rmse", "mae")
 
 
+def monitored(metrics: dict, monitor: str, key: str) -> tuple[float, bool]:
+    """(the value of metric `monitor` among an evaluation's `metrics`, whether lower is better); a ConfigError naming
+    the config `key` that asked for it and the numbers the evaluation has, when it has no such number. Reduce on
+    plateau and early stopping both watch a metric so."""
+    value = metrics.get(monitor)
+    if value is None:
+        numbers = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+        raise ConfigError(f"{key} is {monitor!r}, but the evaluation has no such number; expected one of {numbers}")
+    return float(value), monitor in LOWER_IS_BETTER
+
+
 class Schedule:
     """The learning rate of a run of `epochs` epochs of `steps_per_epoch` steps under `optimizer` (an
     OptimizerConfig: `lr`, `lr_decay` and its `schedule`). Nothing here is a collective: every rank computes the same
@@ -151,16 +162,11 @@ class Schedule:
         o = self.options
         if o.type != "reduce_on_plateau":
             return
-        value = metrics.get(o.monitor)
-        if value is None:
-            numbers = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
-            raise ConfigError(f"optimizer.schedule.monitor is {o.monitor!r}, but the evaluation after each epoch has "
-                              f"no such number; expected one of {numbers}")
-        lower = o.monitor in LOWER_IS_BETTER
+        value, lower = monitored(metrics, o.monitor, "optimizer.schedule.monitor")
         better = self.best is None or (value < self.best * (1 - o.threshold) if lower
                                        else value > self.best * (1 + o.threshold))
         if better:
-            self.best, self.bad_epochs = float(value), 0
+            self.best, self.bad_epochs = value, 0
         else:
             self.bad_epochs += 1
         if self.cooling:

@@ -14,8 +14,7 @@ counters go into every checkpoint (`state`), so a resumed run stops where one th
 """
 from __future__ import annotations
 
-from mpitrain.base.errors import ConfigError
-from mpitrain.nn.schedules import LOWER_IS_BETTER
+from mpitrain.nn.schedules import monitored
 
 
 class EarlyStopping:
@@ -45,13 +44,7 @@ class EarlyStopping:
         resume at step `step` of epoch `epoch` (an epoch's end: (epoch + 1, 0)); whether it is the best so far.
         Sets `stop` once `patience` evaluations in a row have not improved."""
         o = self.options
-        value = metrics.get(o.monitor)
-        if value is None:
-            numbers = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
-            raise ConfigError(f"train.early_stopping.monitor is {o.monitor!r}, but the evaluation has no such number; "
-                              f"expected one of {numbers}")
-        value = float(value)
-        lower = o.monitor in LOWER_IS_BETTER
+        value, lower = monitored(metrics, o.monitor, "train.early_stopping.monitor")
         improved = self.best is None or (value < self.best - o.min_delta if lower else value > self.best + o.min_delta)
         if improved:
             self.best, self.best_at, self.waited = value, [epoch, step], 0

@@ -53,6 +53,11 @@ class Evaluation:
     def loss(self) -> float:
         return self.loss_sum / self.rows
 
+    def figures(self) -> dict:
+        """Its figures by name, which a schedule's or early stopping's `monitor` names: loss, accuracy and the
+        target kind's metrics (auc, f1, r2, rmse, ...)."""
+        return {"loss": self.loss, "accuracy": self.accuracy, **self.metrics}
+
     def to_dict(self) -> dict:
         if self.confusion is None:
             return {"accuracy": self.accuracy, "loss": self.loss, "rows": self.rows, **self.metrics}

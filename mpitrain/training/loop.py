@@ -328,7 +328,7 @@ def _save(run: Run, loop: _Loop, epoch: int, step: int, stop: StopSignals, best:
 def _observe(run: Run, loop: _Loop, evaluation: Evaluation, epoch: int, step: int, stop: StopSignals) -> None:
     """Early stopping counts `evaluation` of the model at "step `step` of epoch `epoch`": a new best is written as
     checkpoints/best.h5 (a collective: every rank decides the same from the same numbers)."""
-    metrics = {"loss": evaluation.loss, "accuracy": evaluation.accuracy, **evaluation.metrics}
+    metrics = evaluation.figures()
     improved = loop.stopping.observe(metrics, epoch, step)
     if improved:
         _save(run, loop, epoch, step, stop, best=True)
@@ -392,8 +392,7 @@ def _end_epoch(run: Run, loop: _Loop, epoch: int, totals: Totals, done: _Done, w
         done.hashes = check_replicas(comm, *map(run.backend.to_host, (model.params, model.stats)))
     with loop.allocations.span("evaluation"):
         done.evaluation = _evaluate(run, loop)
-    loop.schedule.end_epoch({"loss": done.evaluation.loss, "accuracy": done.evaluation.accuracy,
-                             **done.evaluation.metrics})  # reduce_on_plateau's count, before the checkpoint keeps it
+    loop.schedule.end_epoch(done.evaluation.figures())  # reduce_on_plateau's count, before the checkpoint keeps it
     if loop.stopping.due(epoch, loop.batches.steps_per_epoch - 1, loop.batches.steps_per_epoch, epoch_end=True):
         _observe(run, loop, done.evaluation, epoch + 1, 0, stop)
     record = {"epoch": epoch, "nodes": comm.nodes, "ranks_per_node": comm.local_size,
