@@ -120,6 +120,17 @@ def _decayed_square(h, gi, rho, gain):
 
 
 @register_jitable
+def _moments(m, v, g, p, decay, i, beta1, gain1, beta2, gain2):
+    """(G, m, v) of element i: the gradient with L2, and Adam's moving averages of G and G^2, stored in place."""
+    gi = _gradient(g, p, decay, i)
+    mi = beta1 * m[i] + gain1 * gi
+    vi = _decayed_square(v[i], gi, beta2, gain2)
+    m[i] = mi
+    v[i] = vi
+    return gi, mi, vi
+
+
+@register_jitable
 def _normalized_step(numerator, h, eps, lr):
     """-lr numerator / (sqrt(h) + eps), divided first as the unfused step did."""
     return numerator / (math.sqrt(h) + eps) * -lr
@@ -167,11 +178,7 @@ def _adam_variant_cpu(m, v, vmax, amsgrad, g, p, decay, wd, lr, beta1, gain1, be
     """`adam_variant_step` (and `adam_step`) on numpy arrays, the bias correction folded into step and eps_hat
     (`adam_correction`); `vmax` empty without `amsgrad`, `wd` None without decoupled decay."""
     for i in prange(m.size):
-        gi = _gradient(g, p, decay, i)
-        mi = beta1 * m[i] + gain1 * gi
-        vi = _decayed_square(v[i], gi, beta2, gain2)
-        m[i] = mi
-        v[i] = vi
+        _, mi, vi = _moments(m, v, g, p, decay, i, beta1, gain1, beta2, gain2)
         if amsgrad:
             vi = max(vmax[i], vi)
             vmax[i] = vi
@@ -185,11 +192,7 @@ def _adam_variant_cpu(m, v, vmax, amsgrad, g, p, decay, wd, lr, beta1, gain1, be
 def _nadam_cpu(m, v, g, p, decay, beta1, gain1, beta2, gain2, correction2, eps, grad_step, moment_step, out):
     """`nadam_step` on numpy arrays."""
     for i in prange(m.size):
-        gi = _gradient(g, p, decay, i)
-        mi = beta1 * m[i] + gain1 * gi
-        vi = _decayed_square(v[i], gi, beta2, gain2)
-        m[i] = mi
-        v[i] = vi
+        gi, mi, vi = _moments(m, v, g, p, decay, i, beta1, gain1, beta2, gain2)
         out[i] = -(grad_step * gi + moment_step * mi) / (math.sqrt(vi / correction2) + eps)
 
 
