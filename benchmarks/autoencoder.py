@@ -40,7 +40,8 @@ LINEAR_EPOCHS = 100
 
 
 def pixels(data: str, split: str) -> np.ndarray:
-    """A split's rows as the autoencoder reads them (data.normalize off): stored * scale + offset, (rows, 64)."""
+    """A split's rows in the data's units, which eval's mse is in whatever data.normalize is: stored * scale +
+    offset, (rows, 64)."""
     manifest = read_manifest(data)
     x, _ = read_split(data, split)
     return x.reshape(len(x), -1).astype(np.float64) * manifest.scale + manifest.offset

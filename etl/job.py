@@ -25,6 +25,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,7 +33,15 @@ from mpitrain.base.domains import check_number
 from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.data.encoding import TableRows
 from mpitrain.data.sequences import MAX_LENGTH, SequenceRows, token_ids
-from mpitrain.data.shards import CHUNK_ROWS, COMPRESSIONS, MANIFEST_NAME, Manifest, shard_path, write_manifest
+from mpitrain.data.shards import (
+    CHUNK_ROWS,
+    COMPRESSIONS,
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    shard_path,
+    write_manifest,
+)
 from mpitrain.data.storage import is_url
 from mpitrain.etl.output import atomic_folder, check_apart, check_out
 from mpitrain.etl.records import BadRecords, ReadBatch
@@ -191,6 +200,20 @@ def write_dataset(spark, plan: EtlPlan) -> Manifest:
     return manifest
 
 
+class ShardWritten(NamedTuple):
+    """What a shard task reports of the shard it wrote: its ShardInfo, label counts, the sum and the sum of squares
+    of its model-visible feature values and (a regression target) of its targets per column, and its sequence
+    columns' step statistics."""
+
+    info: ShardInfo
+    counts: np.ndarray
+    total: float
+    squares: float
+    target_total: np.ndarray
+    target_squares: np.ndarray
+    steps: dict
+
+
 @dataclass
 class KeyedRows:
     """Rows with their shuffle keys; `seen` and `bad` carry a read batch's record counts through the shuffle."""
@@ -297,8 +320,7 @@ def _label_counts(y: np.ndarray, kind: str, num_classes: int) -> np.ndarray:
 
 def _shard_task(shard: int, pieces, placement: Placement, shards: int, transforms: Transforms, tmp: str,
                 num_classes: int, compression: str, kind: str):
-    """Write one shard from its pieces into `tmp` (a folder or a staging URL); returns
-    [(split, ShardInfo, label counts, sum, sum of squares)]."""
+    """Write one shard from its pieces into `tmp` (a folder or a staging URL); returns [(split, ShardWritten)]."""
     position, keys, x, y = (_join(list(parts)) for parts in zip(*(piece for _, piece in pieces)))
     order = np.argsort(position)
     keys, x, y = keys[order], x[order], y[order]
@@ -310,8 +332,10 @@ def _shard_task(shard: int, pieces, placement: Placement, shards: int, transform
     scale, offset = transforms.scale_offset
     values = stored.astype(np.float64) * scale + offset
     steps = {name: _sequence_stats(seqs) for name, seqs in sequences.items()}
-    return [(split, info, _label_counts(y, kind, num_classes), float(values.sum()), float(np.square(values).sum()),
-             steps)]
+    targets = y.astype(np.float64).reshape(len(y), -1) if kind == "regression" else np.zeros((0, 0))
+    return [(split, ShardWritten(info, _label_counts(y, kind, num_classes), float(values.sum()),
+                                 float(np.square(values).sum()), targets.sum(axis=0), np.square(targets).sum(axis=0),
+                                 steps))]
 
 
 def _train_rows(parts, placement: Placement, kind: str):
@@ -385,7 +409,7 @@ def _write_splits(spark, plan: EtlPlan, tmp: str) -> Manifest:
             .mapPartitionsWithIndex(lambda shard, pieces: _shard_task(shard, pieces, placement, shards, transforms,
                                                                       tmp, num_classes, compression, kind)).collect()
         for output in placement.outputs:
-            written[output] = [result[1:] for result in results if result[0] == output]
+            written[output] = [shard for split, shard in results if split == output]
     return _manifest(plan, transforms, num_classes, written, all_bad.count)
 
 
@@ -407,9 +431,10 @@ def _manifest(plan: EtlPlan, transforms: Transforms, num_classes: int, written: 
     source, columns = plan.source, transforms.columns
     stats = written[STATS_SPLIT]
     feature_shape = (sum(map(len, columns.values())),) if columns else tuple(source.feature_shape)
-    count = sum(info.rows for info, *_ in stats) * math.prod(feature_shape)
-    mean = sum(total for _, _, total, _, _ in stats) / max(count, 1)
-    std = math.sqrt(max(sum(squares for _, _, _, squares, _ in stats) / max(count, 1) - mean * mean, 0.0))
+    rows = sum(shard.info.rows for shard in stats)
+    count = rows * math.prod(feature_shape)
+    mean = sum(shard.total for shard in stats) / max(count, 1)
+    std = math.sqrt(max(sum(shard.squares for shard in stats) / max(count, 1) - mean * mean, 0.0))
     sequences = _sequence_columns(source, written) if plan.options.source_options.sequences else []
     if columns or sequences:  # a table's row, a sequence, go to the model as stored (docs/tables.md, sequences.md)
         mean, std = 0.0, 1.0
@@ -424,13 +449,23 @@ def _manifest(plan: EtlPlan, transforms: Transforms, num_classes: int, written: 
     return Manifest(
         feature_shape=feature_shape, feature_dtype=transforms.feature_dtype,
         scale=scale, offset=offset, mean=mean, std=std, num_classes=num_classes,
-        label_counts={split: [int(c) for c in sum(counts for _, counts, *_ in written[split])] for split in order},
-        splits={split: [info for info, *_ in written[split]] for split in order},
+        label_counts={split: [int(c) for c in sum(shard.counts for shard in written[split])] for split in order},
+        splits={split: [shard.info for shard in written[split]] for split in order},
         source=source.spec, seed=plan.seed, transforms=carved + transforms.manifest_entries(),
         class_names=list(source.class_names), bad_records=bad_records,
         compression=plan.options.compression, chunk_rows=CHUNK_ROWS, checksums="fletcher32", target=target.kind,
         target_names=list(target.columns) if target.kind != "class" else [], columns=columns, sequences=sequences,
-        step_target=getattr(source, "step_target", ""))
+        step_target=getattr(source, "step_target", ""), **_target_statistics(stats, rows, target.kind))
+
+
+def _target_statistics(stats: list[ShardWritten], rows: int, kind: str) -> dict[str, list[float]]:
+    """A regression target's `target_mean` and `target_std` per column over the train split's rows (a std of 0
+    counts as 1: a constant column is only centred), for `data.standardize_targets`; nothing for other targets."""
+    if kind != "regression":
+        return {}
+    mean = sum(shard.target_total for shard in stats) / rows
+    std = np.sqrt(np.maximum(sum(shard.target_squares for shard in stats) / rows - mean * mean, 0.0))
+    return {"target_mean": mean.tolist(), "target_std": np.where(std > 0, std, 1.0).tolist()}
 
 
 def _sequence_columns(source, written: dict[str, list[tuple]]) -> list[dict]:
@@ -438,11 +473,11 @@ def _sequence_columns(source, written: dict[str, list[tuple]]) -> list[dict]:
     split (the reader sizes its windows by their mean)."""
     columns = []
     for name in source.sequences:
-        stats = [steps[name] for results in written.values() for *_, steps in results]
+        stats = [shard.steps[name] for results in written.values() for shard in results]
         column = {"name": name, "features": source.step_features[name], "max_length": source.options.max_length,
                   "longest": max(total_longest for _, total_longest, _, _ in stats),
                   "shortest": min(shortest for _, _, shortest, _ in stats),
-                  "steps": {split: sum(steps[name][0] for *_, steps in results) for split, results in written.items()}}
+                  "steps": {split: sum(shard.steps[name][0] for shard in results) for split, results in written.items()}}
         ids = [bound for *_, bound in stats if bound is not None]
         if ids and min(ids) > 0:  # every value a non-negative integer: token ids, 0..ids-1
             column["ids"] = max(ids)

@@ -265,14 +265,18 @@ def _spark_job(job):
 
 
 def _target(manifest) -> str:
-    """The target in a few words: `10 classes`, `target binary (clicked)`, `target multilabel (3 labels: a, b, c)`."""
+    """The target in a few words: `10 classes`, `target binary (clicked)`, `target multilabel (3 labels: a, b, c)`,
+    a regression target's train statistics (`target regression (price); train split's price mean 12 std 3`)."""
     if manifest.target == "class":
         return f"{manifest.num_classes} classes" + (f" ({', '.join(manifest.class_names[:10])}"
                                                     f"{' ...' if len(manifest.class_names) > 10 else ''})"
                                                     if manifest.class_names else "")
     names = manifest.target_names
+    statistics = ", ".join(f"{name} mean {mean:.6g} std {std:.6g}"
+                           for name, mean, std in zip(names, manifest.target_mean, manifest.target_std))
     return f"target {manifest.target} (" + (f"{len(names)} {'labels' if manifest.target == 'multilabel' else 'values'}"
-                                            f": " if len(names) > 1 else "") + f"{', '.join(names)})"
+                                            f": " if len(names) > 1 else "") + f"{', '.join(names)})" \
+        + (f"; train split's {statistics}" if statistics else "")
 
 
 def _columns(manifest) -> list[str]:

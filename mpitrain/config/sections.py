@@ -72,6 +72,11 @@ class DataConfig(Options):
     test_split: str = option("test", "The split evaluated after every epoch.", on_resume=ALLOWED)
     normalize: bool = option(True, "Standardize inputs with the manifest's mean and std (after its scale and offset); "
                                    "false keeps scale * stored + offset.")
+    standardize_targets: bool = option(True, "A regression target is trained standardized, by its train split's "
+                                             "mean and std per column (the manifest's target_mean and target_std, "
+                                             "which `mpitrain etl` records); eval's metrics, predict, the ONNX "
+                                             "export and Spark scoring give values in the target's own units. "
+                                             "false trains on the target as stored (docs/recipes.md).")
     verify_checksums: bool = option(True, "Verify the rows read: shards with per-chunk Fletcher-32 checksums are "
                                           "checked chunk by chunk as they arrive (always, by HDF5); older shards "
                                           "by their whole file's sha256 when first opened (this switch).",

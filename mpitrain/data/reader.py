@@ -21,6 +21,8 @@ import threading
 
 import numpy as np
 
+from mpitrain.base.errors import ConfigError, DataError
+from mpitrain.base.workspace import Workspace, WorkspacePart
 from mpitrain.data.augment import augment_images
 from mpitrain.data.chunks import ShardFiles
 from mpitrain.data.order import Blocks, EpochPlan
@@ -28,9 +30,8 @@ from mpitrain.data.sequences import SequenceBatch, SequenceInputs
 from mpitrain.data.shards import Manifest, read_manifest_and_sha256
 from mpitrain.data.storage import Storage
 from mpitrain.data.stream import EvalRows, TrainRows, model_input, padded_rows
-from mpitrain.base.errors import ConfigError, DataError
+from mpitrain.data.units import Units, output_units, target_units
 from mpitrain.kernels.rows import gather_scaled, scaled
-from mpitrain.base.workspace import Workspace, WorkspacePart
 
 log = logging.getLogger(__name__)
 MB = 1 << 20
@@ -143,11 +144,20 @@ def input_scaling(manifest: Manifest, normalize: bool) -> tuple[float, float]:
 
 
 class ModelInput:
-    """Stored features (uint8 or float32) as normalized floats on the backend: `to_input(stored, out)`."""
+    """Stored features (uint8 or float32) as normalized floats on the backend: `to_input(stored, out)`; with the
+    units of the targets (`targets`: a regression target standardized under `standardize_targets`) and of a
+    model's outputs (`output_units`), `mpitrain.data.units`."""
 
-    def __init__(self, manifest: Manifest, backend, dtype, normalize: bool, ws: WorkspacePart):
+    def __init__(self, manifest: Manifest, backend, dtype, normalize: bool, ws: WorkspacePart,
+                 standardize_targets: bool = True):
         self.backend, self.dtype, self.ws = backend, np.dtype(dtype), ws
+        self.manifest, self.normalize, self.standardize_targets = manifest, normalize, standardize_targets
         self.scale, self.shift = input_scaling(manifest, normalize)
+        self.targets = target_units(manifest, standardize_targets)
+
+    def output_units(self, reconstruction: bool = False, loss: str = "") -> Units:
+        """The units the outputs of a model of these inputs are in (`mpitrain.data.units.output_units`)."""
+        return output_units(self.manifest, self.normalize, self.standardize_targets, reconstruction, loss)
 
     def __call__(self, stored: np.ndarray, out=None):
         """`stored` as model input: in `out` (a backend array of the right shape) when given, else a new array. A
@@ -212,11 +222,12 @@ class Batches:
     """
 
     def __init__(self, rows: TrainRows, manifest, backend, dtype, seed: int, rank: int, normalize: bool = True,
-                 prefetch: bool = True, augment: dict | bool = False, ws: WorkspacePart | None = None, record=None):
+                 prefetch: bool = True, augment: dict | bool = False, ws: WorkspacePart | None = None, record=None,
+                 standardize_targets: bool = True):
         self.rows, self.batch_size, self.backend, self.dtype = rows, rows.rank_batch, backend, np.dtype(dtype)
         self.seed, self.rank, self.prefetch, self.augment, self.record = seed, rank, prefetch, augment, record
         self.ws = ws or Workspace(backend.xp).part("batches")
-        self.to_model_input = ModelInput(manifest, backend, dtype, normalize, self.ws)
+        self.to_model_input = ModelInput(manifest, backend, dtype, normalize, self.ws, standardize_targets)
         self.scale, self.shift = self.to_model_input.scale, self.to_model_input.shift
         self.steps_per_epoch = rows.plan.steps
 
@@ -265,6 +276,7 @@ class Batches:
         x, y = self._buffers(slot)
         if sequences:  # each sequence column padded to the batch's longest of it, a step target's classes alike
             gather_scaled(stored_x, stored_y, index, self.scale, self.shift, x, y)  # fixed features: (B, 0) if none
+            self.to_model_input.targets.to_model(y, out=y)
             batch, y = padded_rows(self.rows.shards.manifest, sequences, x, y, index, self.ws, str(slot), self.dtype)
             with self._device():
                 batch = self.to_model_input.on_device(batch, f"batch{slot}")
@@ -275,6 +287,7 @@ class Batches:
             y[...] = stored_y[index]
         else:
             gather_scaled(stored_x, stored_y, index, self.scale, self.shift, x, y)
+        self.to_model_input.targets.to_model(y, out=y)  # a regression target standardized in place, else as read
         return self._on_device(x, f"x{slot}"), self._on_device(y, f"y{slot}")
 
     def _device(self):

@@ -22,9 +22,9 @@ import h5py
 import hdf5plugin  # registers the lz4 and zstd filters with HDF5 before any shard is opened
 import numpy as np
 
-from mpitrain.data.storage import Storage, sha256_of
 from mpitrain.base.errors import DataError, describe
 from mpitrain.base.files import write_file
+from mpitrain.data.storage import Storage, sha256_of
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -89,6 +89,11 @@ class Manifest:
     # first sequence column's lengths) as `sequences/NAME/...`; then y holds each row's largest step class (what
     # carving stratifies by and `label_counts` counts). "": one target per row, in y.
     step_target: str = ""
+    # A regression target's mean and standard deviation per column of y, over the train split's rows as stored (std
+    # 0 counts as 1): what `data.standardize_targets` trains on (`mpitrain.data.units`). Empty for other targets, and
+    # in a manifest written before the ETL recorded them.
+    target_mean: list[float] = field(default_factory=list)
+    target_std: list[float] = field(default_factory=list)
 
     @property
     def input_shape(self) -> tuple:
@@ -312,8 +317,8 @@ def read_manifest_and_sha256(dataset_dir: str, storage: Storage | None = None) -
         class_names=[str(name) for name in class_names], bad_records=int(data.get("bad_records", 0)),
         compression=compression, chunk_rows=chunk_rows, checksums=checksums, target=target,
         target_names=[str(name) for name in target_names], columns=columns, sequences=sequences,
-        step_target=_checked_step_target(data.get("step_target", ""), path, sequences, target), **numbers), \
-        hashlib.sha256(raw).hexdigest()
+        step_target=_checked_step_target(data.get("step_target", ""), path, sequences, target),
+        **_checked_target_statistics(data, path, target, target_names), **numbers), hashlib.sha256(raw).hexdigest()
 
 
 def _checked_sequences(sequences, path: str) -> list[dict]:
@@ -335,6 +340,23 @@ def _checked_step_target(name, path: str, sequences: list[dict], target: str) ->
         raise DataError(f"{path}: step_target {name!r}, expected \"\" or the name of a class label column of a "
                         "dataset with sequences")
     return name
+
+
+def _checked_target_statistics(data: dict, path: str, target: str, target_names: list) -> dict[str, list[float]]:
+    """The manifest's `target_mean` and `target_std`: both absent or empty, or (a regression target) one finite
+    number per target column each, the std's positive."""
+    mean, std = data.get("target_mean", []), data.get("target_std", [])
+    if mean == [] and std == []:
+        return {}
+
+    def numbers(values, low: float = -math.inf) -> bool:
+        return isinstance(values, list) and len(values) == len(target_names) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > low for v in values)
+    if target != "regression" or not numbers(mean) or not numbers(std, 0.0):
+        raise DataError(f"{path}: target_mean {str(mean)[:100]} and target_std {str(std)[:100]}, expected both empty, "
+                        f"or for a regression target one finite number per target column each "
+                        f"({len(target_names)}), the std's positive")
+    return {"target_mean": [float(v) for v in mean], "target_std": [float(v) for v in std]}
 
 
 def _checked_columns(columns, path: str, feature_shape: tuple[int, ...], feature_dtype: str) -> dict[str, list[dict]]:

@@ -31,6 +31,7 @@ import numpy as np
 from mpitrain import __version__
 from mpitrain.base.errors import MpitrainError
 from mpitrain.base.files import write_file
+from mpitrain.data.units import IDENTITY, Units, output_units
 from mpitrain.nn.losses import check_loss_fits
 from mpitrain.nn.onnx import OPSET, OnnxGraph, check_exportable, emit_layers, emit_nodes, require_onnx
 from mpitrain.rundir.directory import check_output
@@ -74,25 +75,30 @@ def onnx_sequence_inputs(manifest) -> dict[str, tuple[str, str]]:
     return named
 
 
-def emit_output_head(graph: OnnxGraph, x: str, target: str, loss: str = "") -> str:
+def emit_output_head(graph: OnnxGraph, x: str, target: str, loss: str = "", units: Units = IDENTITY) -> str:
     """The model's last output `x` as the graph's output for a target kind (`OUTPUT_HEADS`): Softmax, Sigmoid or
     the values, cast to float32, under the output's name (`probabilities`, `values` or `reconstruction`: an
-    autoencoder's, through a Sigmoid under its `loss` binary_cross_entropy, as `mpitrain predict` gives it)."""
+    autoencoder's, through a Sigmoid under its `loss` binary_cross_entropy, as `mpitrain predict` gives it). Values
+    come back in the data's `units` (`mpitrain.data.units`: a Mul by std and an Add of the mean), as predict's do."""
     op, output = OUTPUT_HEADS[target]
     if target == "reconstruction" and loss == "binary_cross_entropy":
         op = "Sigmoid"
     if op is not None:
         x = graph.node(op, [x], "output", **({"axis": -1} if op == "Softmax" else {}))
+    if not units.identity:
+        x = graph.node("Mul", [x, graph.constant("output/std", units.std)], "output")
+        x = graph.node("Add", [x, graph.constant("output/mean", units.mean)], "output")
     if graph.dtype != np.float32:
         x = graph.node("Cast", [x], "output", to=graph.onnx.TensorProto.FLOAT)
     graph.nodes.append(graph.onnx.helper.make_node("Identity", [x], [output], name=f"output/{output}"))
     return output
 
 
-def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = None):
+def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = None,
+               standardize_targets: bool = True):
     """The ONNX ModelProto of `model` (a Sequential) for rows of the dataset of `manifest`.
 
-    `normalize` is the run's `data.normalize`; `metadata` ({key: text}) goes into
+    `normalize` and `standardize_targets` are the run's `data.` keys; `metadata` ({key: text}) goes into
     `metadata_props` beside the manifest's description. A layer ONNX cannot express
     (one of the user's own Layer classes) is refused by name, and so is a loss that does not fit the manifest's
     target (the graph's head follows the target: `OUTPUT_HEADS`).
@@ -119,7 +125,8 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
     else:
         x = emit_input_scaling(graph, INPUT, *input_scaling(manifest, normalize))
     x = emit_nodes(graph, model, x, columns) if hasattr(model, "nodes") else emit_layers(graph, model, x)
-    output = emit_output_head(graph, x, target, model.loss)
+    units = output_units(manifest, normalize, standardize_targets, model.reconstruction, model.loss)
+    output = emit_output_head(graph, x, target, model.loss, units)
     inputs = [helper.make_tensor_value_info(INPUT, helper.np_dtype_to_tensor_dtype(np.dtype(manifest.feature_dtype)),
                                             ["N", *manifest.feature_shape])]  # N: any batch size
     if manifest.sequences:  # T: any padded length, each column's own
@@ -139,7 +146,8 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
     proto.producer_version = __version__
     description = {key: getattr(manifest, key) for key in MANIFEST_KEYS}
     description["feature_shape"] = list(description["feature_shape"])
-    props = {"normalize": json.dumps(bool(normalize)), "manifest": json.dumps(description), **(metadata or {})}
+    props = {"normalize": json.dumps(bool(normalize)), "standardize_targets": json.dumps(bool(standardize_targets)),
+             "manifest": json.dumps(description), **(metadata or {})}
     helper.set_model_props(proto, {key: str(value) for key, value in props.items()})
     onnx.checker.check_model(proto, full_check=True)
     return proto
@@ -151,11 +159,11 @@ def _steps(manifest, column: str) -> str:
 
 
 def export_onnx(model, manifest, path: str, normalize: bool = True, metadata: dict | None = None,
-                overwrite: bool = False):
-    """Write `onnx_model(model, manifest, normalize, metadata)` to `path` (a temporary file, then a rename); an
-    existing `path` is refused unless `overwrite` (`write_model`)."""
+                overwrite: bool = False, standardize_targets: bool = True):
+    """Write `onnx_model(model, manifest, normalize, metadata, standardize_targets)` to `path` (a temporary file,
+    then a rename); an existing `path` is refused unless `overwrite` (`write_model`)."""
     check_output(path, overwrite)
-    proto = onnx_model(model, manifest, normalize, metadata)
+    proto = onnx_model(model, manifest, normalize, metadata, standardize_targets)
     write_model(proto, path, overwrite)
     return proto
 
@@ -182,7 +190,7 @@ def export_run(run_dir: str, checkpoint: str | None = None):
         .restore(model, chosen).path
     return onnx_model(model, manifest, config.data.normalize,
                       {"run_dir": run_dir, "checkpoint": os.path.abspath(checkpoint), "manifest_sha256": sha256,
-                       "dataset": config.data.path})
+                       "dataset": config.data.path}, config.data.standardize_targets)
 
 
 def write_model(proto, path: str, overwrite: bool = False) -> None:

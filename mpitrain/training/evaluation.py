@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mpitrain.base.errors import DataError
+from mpitrain.data.units import Units
 from mpitrain.kernels.loss import score
 from mpitrain.nn.losses import sigmoid, softmax
 from mpitrain.rundir.report import MAX_SCATTER_POINTS
@@ -108,6 +109,16 @@ def batched_logits(model, rows, to_input, batch_size: int, until=None):
         yield logits, labels
 
 
+def scored_batches(model, rows, to_input, batch_size: int, units: Units):
+    """`batched_logits` with each batch's labels twice: as the loss reads them (the model's units) and in `units`,
+    the data's, beside which the outputs are scored (their `units.to_data`)."""
+    for logits, labels in batched_logits(model, rows, to_input, batch_size):
+        if model.reconstruction:  # the labels are the model's input, in its units
+            yield logits, labels, units.to_data(labels)
+        else:
+            yield logits, units.to_model(labels), labels
+
+
 def _host(array):
     """A numpy array of a numpy or cupy array."""
     return array.get() if hasattr(array, "get") else array
@@ -163,11 +174,12 @@ def evaluate_targets(model, rows, to_input, batch_size: int, comm, backend, targ
     regression's sample for the picture (`mpitrain.training.distributed_scores`)."""
     totals = np.zeros(4)  # loss sum, correct, rows, ranks that failed to read
     outputs, labels, failure = [], [], None
+    units = to_input.output_units(model.reconstruction, model.loss)
     try:
-        for logits, batch_labels in batched_logits(model, rows, to_input, batch_size):
-            loss, correct, _ = model.loss_fn(logits, backend.to_device(batch_labels), model.loss_ws)
+        for logits, loss_labels, batch_labels in scored_batches(model, rows, to_input, batch_size, units):
+            loss, correct, _ = model.loss_fn(logits, backend.to_device(loss_labels), model.loss_ws)
             totals[:3] += (float(loss) * len(batch_labels), float(correct), len(batch_labels))
-            outputs.append(backend.to_host(outputs_of(logits, target, model.loss)).astype(np.float64))
+            outputs.append(units.to_data(backend.to_host(outputs_of(logits, target, model.loss)).astype(np.float64)))
             labels.append(batch_labels.astype(np.float64))
     except DataError as e:
         failure = str(e)
@@ -205,9 +217,9 @@ def predict(model, rows, to_input, batch_size: int, backend, target: str = "clas
     `predicted` their `decisions` (the class, 0/1 labels, or the values), labels int32 (rows,) for class targets,
     float32 (rows, outputs) otherwise."""
     outputs, labels = [], []
-    width = model.output_shape[0]
-    for logits, batch_labels in batched_logits(model, rows, to_input, batch_size):
-        outputs.append(backend.to_host(outputs_of(logits, target, model.loss).astype(np.float32)))
+    width, units = model.output_shape[0], to_input.output_units(model.reconstruction, model.loss)
+    for logits, _, batch_labels in scored_batches(model, rows, to_input, batch_size, units):
+        outputs.append(units.to_data(backend.to_host(outputs_of(logits, target, model.loss))).astype(np.float32))
         labels.append(batch_labels.copy() if target == "class" else
                       np.array(batch_labels, np.float32).reshape(-1, width))  # a copy: the batch is reused
     empty = np.empty(0, np.int32) if target == "class" else np.empty((0, width), np.float32)

@@ -80,12 +80,14 @@ class Run:
                                       train.seed, data.shuffle, window)
         return Batches(rows, self.reader.manifest, self.backend, self.config.model.dtype, train.seed, self.comm.rank,
                        normalize=data.normalize, prefetch=data.prefetch, augment=data.augment,
-                       ws=self.model.workspace.part("batches"), record=debug_rows_hook(self.comm.rank))
+                       ws=self.model.workspace.part("batches"), record=debug_rows_hook(self.comm.rank),
+                       standardize_targets=data.standardize_targets)
 
     def model_input(self) -> ModelInput:
         """Stored rows to model input, as training normalizes them (evaluation and prediction)."""
-        return ModelInput(self.reader.manifest, self.backend, self.config.model.dtype, self.config.data.normalize,
-                          self.model.workspace.part("batches"))
+        data = self.config.data
+        return ModelInput(self.reader.manifest, self.backend, self.config.model.dtype, data.normalize,
+                          self.model.workspace.part("batches"), data.standardize_targets)
 
 
 def debug_rows_hook(rank: int):

@@ -19,11 +19,13 @@ def make_dataset(path, n_train=600, n_test=200, shards=3, num_classes=3, shape=(
     """Write a learnable dataset: uint8 features around a class-specific mean pattern. Its shards carry Fletcher-32
     checksums per chunk, as the ETL writes them; `checksums=""` makes the manifest say they do not (an older
     dataset's: readers then check the whole file's sha256). `target` other than class turns the class into y:
-    binary, "is it class 0"; multilabel, "is it class 0" and "is it class 1"; regression, two numbers from the class
-    and the features: class / (classes - 1) plus a tenth of the row's mean feature, and one minus that."""
+    binary, "is it class 0"; multilabel, "is it class 0" and "is it class 1"; regression, two numbers of unlike
+    scales from v = class / (classes - 1) plus a tenth of the row's mean pixel / 255: 200 + 100 v (a target in
+    raw units, hundreds, as a user's often is) and 1 - v, with their train mean and std in the manifest as the ETL
+    records them."""
     rng = np.random.default_rng(seed)
     centers = rng.uniform(40, 215, size=(num_classes, *shape))
-    splits, counts = {}, {}
+    splits, counts, statistics = {}, {}, {}
     for split, n in (("train", n_train), ("test", n_test)):
         y = rng.integers(0, num_classes, size=n).astype(np.int32)
         x = np.clip(centers[y] + rng.normal(0, 30, size=(n, *shape)), 0, 255).astype(np.uint8)
@@ -32,11 +34,14 @@ def make_dataset(path, n_train=600, n_test=200, shards=3, num_classes=3, shape=(
         splits[split] = [write_shard(str(path), shard_path(split, i), x[a:b], y[a:b])
                          for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
         counts[split] = np.bincount(y, minlength=num_classes).tolist() if target == "class" else []
+        if split == "train" and target == "regression":  # the ETL's target statistics
+            statistics = {"target_mean": y.mean(axis=0, dtype=np.float64).tolist(),
+                          "target_std": y.std(axis=0, dtype=np.float64).tolist()}
     scaled = x / 255.0
     manifest = Manifest(feature_shape=tuple(shape), feature_dtype="uint8", scale=1 / 255, offset=0.0,
                         mean=float(scaled.mean()), std=float(scaled.std()), num_classes=num_classes,
                         label_counts=counts, splits=splits, source="synthetic", seed=seed, checksums=checksums,
-                        target=target, target_names=TARGET_NAMES[target])
+                        target=target, target_names=TARGET_NAMES[target], **statistics)
     write_manifest(str(path), manifest)
     return manifest
 
@@ -51,7 +56,7 @@ def _target_of(target: str, labels: np.ndarray, x: np.ndarray) -> np.ndarray:
     if target in ("binary", "multilabel"):
         return np.stack([labels == c for c in range(len(TARGET_NAMES[target]))], axis=1).astype(np.float32)
     value = labels / max(labels.max(initial=1), 1) + 0.1 * x.reshape(len(x), -1).mean(axis=1) / 255.0
-    return np.stack([value, 1.0 - value], axis=1).astype(np.float32)
+    return np.stack([200.0 + 100.0 * value, 1.0 - value], axis=1).astype(np.float32)
 
 
 def flip_a_byte_in_a_chunk(shard, dataset: str = "x", chunk: int = 0) -> None:

@@ -1,6 +1,7 @@
 """Autoencoders and residual nets (issue 32, items 3 and 4) through the command line on 2 ranks.
 
-configs/digits_autoencoder.yaml's model on scikit-learn's digits: its test MSE well under the mean predictor's,
+configs/digits_autoencoder.yaml's model on scikit-learn's digits (data.normalize on, the default): its test MSE, in
+the data's units as stored (pixels / 16), well under the mean predictor's,
 `predict --embeddings code` gives the code of every row as a forward pass to that node does, the ONNX graph gives
 `predict`'s reconstructions, and configs that cannot reconstruct are one line and exit 2 on every rank.
 configs/fashion_resnet.yaml's graph (conv stem, residual blocks with batch norm, global pooling) trains on image rows
@@ -45,7 +46,7 @@ def autoencoder(tmp_path_factory):
     make_digits_dataset(folder / "data")
     config = shipped("digits_autoencoder.yaml")
     path = write_config(folder / "exp.yaml", folder / "data", model=config["model"], optimizer=config["optimizer"],
-                        data={"normalize": False}, train={"epochs": 20, "batch_size": 16, "log_every": 1000})
+                        train={"epochs": 20, "batch_size": 16, "log_every": 1000})
     result = mpiexec(2, MPITRAIN, "train", path, timeout=300)
     assert result.returncode == 0, result.stderr
     return folder
@@ -60,7 +61,8 @@ def test_an_autoencoder_reconstructs_far_better_than_the_mean(autoencoder):
     mean_predictor = float(((test - train.mean(axis=0)) ** 2).mean())
     assert written["rows"] == len(test) and written["accuracy"] is None
     assert written["mse"] < 0.4 * mean_predictor, (written["mse"], mean_predictor)
-    assert written["loss"] == pytest.approx(written["mse"], rel=1e-6)  # the loss is the MSE over rows and features
+    std = read_manifest(str(autoencoder / "data")).std  # the loss: the MSE of the standardized pixels it trains on
+    assert written["loss"] == pytest.approx(written["mse"] / std ** 2, rel=1e-5)
     summary = json.loads((autoencoder / "run" / "summary.json").read_text())
     assert summary["evaluation"]["mse"] == pytest.approx(written["mse"], rel=1e-6)
 
@@ -73,7 +75,7 @@ def test_predict_writes_reconstructions_and_the_embeddings_of_a_node(autoencoder
     with h5py.File(run_dir / "predictions-test.h5") as f:
         assert sorted(f) == ["label", "predicted"] and f.attrs["target"] == "reconstruction"
         reconstruction, label = f["predicted"][...], f["label"][...]
-    np.testing.assert_allclose(label, x.reshape(len(x), 64) / 16, rtol=1e-6)  # the input as the model reads it
+    np.testing.assert_allclose(label, x.reshape(len(x), 64) / 16, rtol=1e-6, atol=1e-6)  # the input as stored
     with h5py.File(run_dir / "embeddings-test.h5") as f:
         assert f.attrs["node"] == "code"
         codes, labels = f["embeddings"][...], f["label"][...]
@@ -82,9 +84,11 @@ def test_predict_writes_reconstructions_and_the_embeddings_of_a_node(autoencoder
     model = build_network(config.model, read_manifest(str(autoencoder / "data")), np)
     checkpoint = load_checkpoint(str(sorted((run_dir / "checkpoints").glob("ckpt-*.h5"))[-1]), rank_arrays=False)
     model.params[...], model.stats[...] = checkpoint.params, checkpoint.stats
-    inputs = (x / 16).astype(np.float32)
+    manifest = read_manifest(str(autoencoder / "data"))
+    inputs = ((x / 16 - manifest.mean) / manifest.std).astype(np.float32)  # data.normalize
     np.testing.assert_allclose(codes, model.forward(inputs, until="code"), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(reconstruction, model.forward(inputs), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(reconstruction, model.forward(inputs) * manifest.std + manifest.mean, rtol=1e-5,
+                               atol=1e-6)  # in the data's units
     np.testing.assert_allclose(onnx_outputs(tmp_path, run_dir, x, "reconstruction"), reconstruction, atol=1e-5)
     wrong = mpiexec(2, MPITRAIN, "predict", run_dir, "--embeddings", "hidden", timeout=120)
     assert wrong.returncode == 2 and wrong.stderr.count("--embeddings 'hidden': the model (model.graph) has no such "

@@ -41,20 +41,27 @@ def caught_signals(pid: int) -> int:
 
 
 # Each mode with a learning-rate schedule whose state a resume must carry: where it is in the run (a warm-up and a
-# cosine by step), and reduce_on_plateau's counters of the epochs' test losses.
+# cosine by step), and reduce_on_plateau's counters of the epochs' test losses; sharing with early stopping's
+# counters instead (min_delta 100: the best is the first epoch's, so it stops after the fourth, after the resume),
+# stopped by SIGUSR1 (a batch system's warning) rather than SIGTERM.
 SCHEDULES = {"allreduce": {"type": "cosine", "unit": "step", "warmup": 40, "min_lr": 0.005},
              "averaging": {"type": "reduce_on_plateau", "patience": 0, "factor": 0.5, "threshold": 0.3},
              "sharing": {"type": "constant"}}
+EARLY_STOPPING = {"sharing": {"monitor": "loss", "patience": 3, "min_delta": 100.0}}
+SIGNALS = {"allreduce": signal.SIGTERM, "averaging": signal.SIGTERM, "sharing": signal.SIGUSR1}
 
 
 @pytest.mark.parametrize("sync", [{"mode": "allreduce"}, {"mode": "averaging", "frequency": 3},
                                   {"mode": "sharing", "threshold": 2.0e-3}], ids=["allreduce", "averaging", "sharing"])
-def test_sigterm_to_one_rank_stops_every_rank_with_a_checkpoint_and_resume_ends_bit_identical(data, tmp_path, sync):
-    optimizer = {"type": "sgd", "lr": 0.05, "momentum": 0.9, "schedule": SCHEDULES[sync["mode"]]}
+def test_a_signal_to_one_rank_stops_every_rank_with_a_checkpoint_and_resume_ends_bit_identical(data, tmp_path, sync):
+    mode, sent = sync["mode"], SIGNALS[sync["mode"]]
+    optimizer = {"type": "sgd", "lr": 0.05, "momentum": 0.9, "schedule": SCHEDULES[mode]}
+    sections = {**LONG, "train": {**LONG["train"], **({"early_stopping": EARLY_STOPPING[mode]}
+                                                      if mode in EARLY_STOPPING else {})}}
     reference = write_config(tmp_path / "reference.yaml", data, run_dir=str(tmp_path / "reference"), sync=sync,
-                             optimizer=optimizer, **LONG)
+                             optimizer=optimizer, **sections)
     config = write_config(tmp_path / "exp.yaml", data, run_dir=str(tmp_path / "run"), sync=sync,
-                          optimizer=optimizer, **LONG)
+                          optimizer=optimizer, **sections)
     job = subprocess.Popen([MPIEXEC, "-n", "2", MPITRAIN, "train", config], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     metrics = tmp_path / "run" / "metrics.jsonl"
@@ -63,17 +70,17 @@ def test_sigterm_to_one_rank_stops_every_rank_with_a_checkpoint_and_resume_ends_
         time.sleep(0.05)
     pids = rank_pids(config)
     assert len(pids) == 2 and job.poll() is None, "the job ended before the signal"
-    assert all(caught_signals(pid) >> (signal.SIGTERM - 1) & 1 for pid in pids)  # a handler is installed
-    os.kill(pids[1], signal.SIGTERM)
+    assert all(caught_signals(pid) >> (sent - 1) & 1 for pid in pids)  # a handler is installed
+    os.kill(pids[1], sent)
     out, err = job.communicate(timeout=60)
     assert job.returncode == 3, err
-    stopped = re.search(r"mpitrain train: stopped by SIGTERM at epoch (\d+) step (\d+): wrote (\S+); resume with the "
-                        r"same command", err)
+    stopped = re.search(rf"mpitrain train: stopped by {sent.name} at epoch (\d+) step (\d+): wrote (\S+); resume with "
+                        r"the same command", err)
     assert stopped and "Traceback" not in err, err
-    assert [line for line in err.splitlines() if "SIGTERM" in line] == [stopped.group(0)]  # one line, rank 0's
+    assert [line for line in err.splitlines() if sent.name in line] == [stopped.group(0)]  # one line, rank 0's
     assert os.path.basename(stopped.group(3)) == f"ckpt-{int(stopped.group(1)) - 1:04d}-{int(stopped.group(2)):06d}.h5"
     assert not (tmp_path / "run" / "summary.json").exists()
-    if sync["mode"] != "allreduce":  # stopped mid-epoch: the ranks' own updater states (and more) differ
+    if mode != "allreduce":  # stopped mid-epoch: the ranks' own updater states (and more) differ
         assert load_checkpoint(stopped.group(3)).rank_arrays.keys() >= {"updater_state"}
 
     resumed = mpiexec(2, MPITRAIN, "train", config, timeout=120)
@@ -81,14 +88,19 @@ def test_sigterm_to_one_rank_stops_every_rank_with_a_checkpoint_and_resume_ends_
     assert f"resuming from {stopped.group(3)}" in resumed.stderr
     uninterrupted = mpiexec(2, MPITRAIN, "train", reference, timeout=120)
     assert uninterrupted.returncode == 0, uninterrupted.stderr
-    hashes = [json.loads((tmp_path / name / "summary.json").read_text())["replica_hashes"]
-              for name in ("run", "reference")]
+    summaries = [json.loads((tmp_path / name / "summary.json").read_text()) for name in ("run", "reference")]
+    hashes = [summary["replica_hashes"] for summary in summaries]
     assert hashes[0] == hashes[1] and len(set(hashes[0])) == 1  # each rank's final parameters, bit for bit
+    if mode in EARLY_STOPPING:  # the counters came through the resume: it stopped where the reference did
+        found, expected = ({key: value for key, value in summary["early_stopping"].items() if key != "best_checkpoint"}
+                           for summary in summaries)  # best_checkpoint: each run's own folder
+        assert found == expected
+        assert summaries[0]["early_stopping"]["stopped_at"] == [4, 0], summaries[0]["early_stopping"]
     run, uninterrupted = ({(w["epoch"], w["step"]): w["lr"] for w in read_metrics(str(tmp_path / name / "metrics.jsonl"))[0]}
                           for name in ("run", "reference"))
     assert all(run[window] == lr for window, lr in uninterrupted.items())  # the same rate at every window's end
     assert len(set(run) - set(uninterrupted)) <= 1  # and the window the signal ended, unless it ended there anyway
-    if sync["mode"] != "sharing":
+    if mode != "sharing":
         assert len(set(uninterrupted.values())) > 2 and min(uninterrupted.values()) < 0.05  # the schedule moved it
 
 

@@ -1,6 +1,8 @@
 """Targets beside class labels (issue 28): binary, multilabel and regression datasets train on 2 ranks with their
 losses, evaluate with their metrics and pictures, predict probabilities or values, export to ONNX graphs that give
-`mpitrain predict`'s outputs, and a loss that does not fit the target is one line before anything runs."""
+`mpitrain predict`'s outputs, and a loss that does not fit the target is one line before anything runs. The
+regression target is in raw units (hundreds beside units): it trains standardized, and eval, predict and the export
+give values in the target's own units."""
 import json
 
 import h5py
@@ -9,6 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from matplotlib.image import imread
+from sklearn.metrics import r2_score
 
 from mpitrain.testing.datasets import TARGET_NAMES, make_dataset, read_split, write_config
 from mpitrain.testing.launch import MPITRAIN, command, mpiexec
@@ -17,9 +20,9 @@ from mpitrain.training.scores import target_metrics
 
 HIDDEN = {"type": "dense", "units": 16, "activation": "relu"}
 CASES = {  # target: (loss, outputs, what the test split's metrics must reach, eval's picture, the graph's head)
-    "binary": ("binary_cross_entropy", 1, lambda m: m["auc"] > 0.95 and m["accuracy"] > 0.85, "curves", "Sigmoid"),
-    "multilabel": ("multilabel_cross_entropy", 2, lambda m: m["auc_macro"] > 0.95, "curves", "Sigmoid"),
-    "regression": ("mse", 2, lambda m: m["r2"] > 0.8 and m["accuracy"] is None, "scatter", "Gemm"),
+    "binary": ("binary_cross_entropy", 1, lambda m: m["auc"] > 0.95 and m["accuracy"] > 0.85, "curves", ["Sigmoid"]),
+    "multilabel": ("multilabel_cross_entropy", 2, lambda m: m["auc_macro"] > 0.95, "curves", ["Sigmoid"]),
+    "regression": ("mse", 2, lambda m: m["r2"] > 0.8 and m["accuracy"] is None, "scatter", ["Gemm", "Mul", "Add"]),
 }
 
 
@@ -76,6 +79,9 @@ def test_predict_writes_probabilities_or_values_and_the_onnx_graph_gives_them(tr
     written = json.loads((run_dir / "eval-test.json").read_text())  # the test above ran eval first
     for key, value in target_metrics(target, labels, outputs).items():  # eval clips log_loss at float64's eps
         assert written[key] == pytest.approx(value, rel=1e-5), key
+    if target == "regression":  # in the target's own units: scikit-learn's R² of predict's values is eval's
+        assert written["r2"] == pytest.approx(r2_score(labels, outputs), rel=1e-5)
+        assert (np.abs(outputs.mean(axis=0) - y.mean(axis=0)) < 0.2 * y.std(axis=0)).all()  # each column's scale
 
     out = folder / "model.onnx"
     exported = command(MPITRAIN, "export", run_dir, "--out", out)
@@ -83,7 +89,8 @@ def test_predict_writes_probabilities_or_values_and_the_onnx_graph_gives_them(tr
     name = "values" if target == "regression" else "probabilities"
     assert f"-> {name} float32[N, {width}]" in exported.stdout
     proto = onnx.load(str(out))
-    assert [n.op_type for n in proto.graph.node][-2:] == [CASES[target][4], "Identity"]
+    head = CASES[target][4] + ["Identity"]  # regression: the values times the target's std plus its mean
+    assert [n.op_type for n in proto.graph.node][-len(head):] == head
     assert json.loads({p.key: p.value for p in proto.metadata_props}["manifest"])["target"] == target
     session = ort.InferenceSession(out.read_bytes(), providers=["CPUExecutionProvider"])
     got = session.run([name], {"x": x})[0]

@@ -198,6 +198,9 @@ def test_regression_target_inferred_from_numbers(etl, parquet_table, tmp_path):
     standardize = manifest.transforms[-1]
     row = np.rint(x[:, 0] * standardize["std"][0] + standardize["mean"][0]).astype(int)
     np.testing.assert_array_equal(y[:, 0], np.array(raw["amount"], np.float32)[row])
+    # the target as stored, its train split's mean and std recorded for data.standardize_targets
+    np.testing.assert_allclose(manifest.target_mean, [y[:, 0].mean(dtype=np.float64)], rtol=1e-9)
+    np.testing.assert_allclose(manifest.target_std, [y[:, 0].std(dtype=np.float64)], rtol=1e-6)
 
 
 # --- errors: one line naming the column, exit 2, nothing written ---

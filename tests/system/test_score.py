@@ -258,10 +258,12 @@ def table_model(tmp_path: Path, target: str) -> tuple[str, callable]:
     loss, names, _, _ = TABLE_TARGETS[target]
     model = Sequential([Dense(8, activation="tanh"), Dense(max(len(names), 1))], (5,), loss=loss)
     model.init_params(0, "xavier")
+    statistics = {"target_mean": [100.0, -3.0], "target_std": [20.0, 0.5]} if target == "regression" else {}
     manifest = Manifest(feature_shape=(5,), feature_dtype="float32", scale=1.0, offset=0.0, mean=0.5, std=2.0,
-                        num_classes=0, label_counts={}, splits={}, target=target, target_names=names)
+                        num_classes=0, label_counts={}, splits={}, target=target, target_names=names, **statistics)
     export_onnx(model, manifest, str(tmp_path / "model.onnx"))
-    head = (lambda values: values) if target == "regression" else sigmoid
+    # regression: trained on standardized targets, scored in the target's own units (mpitrain.data.units)
+    head = (lambda values: values * [20.0, 0.5] + [100.0, -3.0]) if target == "regression" else sigmoid
     return str(tmp_path / "model.onnx"), lambda x: head(model.forward((x - 0.5) / 2.0, False))
 
 
@@ -278,7 +280,8 @@ def test_other_targets_score_probabilities_or_values_with_their_metrics(spark, t
     n, k = 60, max(len(names), 1)
     x = rng.normal(0, 2, (n, 5)).astype(np.float32)
     expected = forward(x)
-    y = rng.normal(0, 1, (n, k)) if target == "regression" else (rng.random((n, k)) < expected).astype(np.float64)
+    y = rng.normal([100.0, -3.0], [20.0, 0.5], (n, k)) if target == "regression" else \
+        (rng.random((n, k)) < expected).astype(np.float64)
     y[9, -1] = np.nan if target == "regression" else 0.5  # a bad label
     good = np.arange(n) != 9
     if kind == "parquet":

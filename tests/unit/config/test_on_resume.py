@@ -21,7 +21,7 @@ def test_every_key_has_a_rule_and_a_section_refuses_unless_it_says_otherwise():
     assert set(rules.values()) <= {REFUSED, AT_EPOCH_END, ALLOWED}
     assert all(key in rules for key in ("data.normalize", "sync.mode", "pretrain.sync.mode", "checkpoint.keep"))
     assert {key for key, rule in rules.items() if rule == REFUSED} == {
-        "data.normalize", "model.layers", "model.graph", "model.loss", "model.loss_options", "model.dtype",
+        "data.normalize", "data.standardize_targets", "model.layers", "model.graph", "model.loss", "model.loss_options", "model.dtype",
         "model.target", "optimizer.type", "optimizer.amsgrad", "pretrain.layers"}
     assert {key for key, rule in rules.items() if rule == AT_EPOCH_END} == {
         "data.train_split", "data.shuffle", "data.max_rows", "train.batch_size", "train.global_batch_size",

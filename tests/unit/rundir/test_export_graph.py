@@ -1,10 +1,12 @@
 """Graph models as ONNX: ONNX Runtime on a table's rows equals the model's own forward within 1e-5 (embeddings as
-Gather, concat, add, per-column and shared dimensions), for binary, class and regression heads."""
+Gather, concat, add, per-column and shared dimensions), for binary, class and regression heads; regression values
+and an autoencoder's reconstruction in the data's units (`mpitrain.data.units`)."""
 import numpy as np
 import pytest
 
 from mpitrain.config.sections import ModelConfig
 from mpitrain.data.shards import Manifest
+from mpitrain.data.units import output_units
 from mpitrain.nn.graph import build_network
 from mpitrain.rundir.export import onnx_model
 
@@ -20,7 +22,7 @@ WIDE_AND_DEEP = [{"name": "wide", "type": "embedding", "input": "categorical", "
                  {"name": "all", "type": "concat", "inputs": ["wflat", "sum", "numeric"]}]
 HEADS = {"binary": ("binary_cross_entropy", 1, lambda z: 1 / (1 + np.exp(-z))),
          "class": ("softmax_cross_entropy", 3, lambda z: np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)),
-         "regression": ("mse", 2, lambda z: z)}
+         "regression": ("mse", 2, lambda z: z * [30.0, 0.5] + [250.0, -1.0])}  # the manifest's target statistics
 
 
 @pytest.mark.parametrize("target", sorted(HEADS))
@@ -29,7 +31,8 @@ def test_onnx_runtime_gives_the_graph_models_outputs(target):
     loss, outputs, head = HEADS[target]
     manifest = Manifest((5,), "float32", 1.0, 0.0, 0.0, 1.0, outputs if target == "class" else 2, {}, {},
                         target=target, target_names=[] if target == "class" else [f"t{j}" for j in range(outputs)],
-                        columns=COLUMNS)
+                        columns=COLUMNS, **({"target_mean": [250.0, -1.0], "target_std": [30.0, 0.5]}
+                                            if target == "regression" else {}))
     graph = [*WIDE_AND_DEEP, {"name": "out", "type": "dense", "input": "all", "units": outputs}]
     model = build_network(ModelConfig(graph=graph, loss=loss), manifest, np)
     model.init_params(3, "xavier")
@@ -42,10 +45,12 @@ def test_onnx_runtime_gives_the_graph_models_outputs(target):
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("loss, head", [("mse", lambda z: z), ("binary_cross_entropy", lambda z: 1 / (1 + np.exp(-z)))])
+@pytest.mark.parametrize("loss, head", [("mse", lambda z: z * 0.2 + 0.4),  # the pixels / 255 data.normalize standardized
+                                        ("binary_cross_entropy", lambda z: 1 / (1 + np.exp(-z)))])
 def test_an_autoencoder_exports_its_reconstruction_as_predict_gives_it(loss, head):
     """`model.target: reconstruction` on uint8 images: the output `reconstruction` [N, features], through a Sigmoid
-    under binary cross-entropy, equal to `mpitrain.training.evaluation.outputs_of` the model's outputs."""
+    under binary cross-entropy, equal to `mpitrain.training.evaluation.outputs_of` the model's outputs; under mse in
+    the data's units as stored (pixels / 255), not the standardized units the model reconstructs."""
     import onnxruntime as ort
 
     from mpitrain.training.evaluation import outputs_of
@@ -60,6 +65,7 @@ def test_an_autoencoder_exports_its_reconstruction_as_predict_gives_it(loss, hea
     assert [o.name for o in proto.graph.output] == ["reconstruction"]
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     x = ((rows / 255 - 0.4) / 0.2).astype(np.float32)  # the manifest's scaling, data.normalize on
-    expected = outputs_of(model.forward(x), "reconstruction", loss)
+    units = output_units(manifest, True, True, reconstruction=True, loss=loss)
+    expected = units.to_data(outputs_of(model.forward(x), "reconstruction", loss))
     np.testing.assert_allclose(expected, head(model.forward(x).astype(np.float64)), rtol=1e-6)
     np.testing.assert_allclose(session.run(["reconstruction"], {"x": rows})[0], expected, rtol=1e-5, atol=1e-5)
