@@ -7,8 +7,9 @@ configs/fashion_mlp.yaml --set ...` evaluated on the validation split after ever
 `mpitrain eval --split test`, which takes early stopping's best checkpoint. The test split is seen once per run.
 
 - fixed: the config as shipped, 10 epochs of SGD with momentum at lr 0.05 decayed by 0.75 per epoch;
-- recipe: the same model and lr, `lr_decay` 1, warm-up over the first 300 steps then cosine to 0 by step over 10
-  epochs, early stopping on validation accuracy (patience 2, min_delta 0.001).
+- recipe: the same model and lr, `lr_decay` 1, warm-up over the first 300 steps then cosine to 0 by step over 6
+  epochs (the schedule's span is the run's), early stopping on validation accuracy (patience 2, min_delta 0.001)
+  as a guard: a shorter run annealed to its end, as a user of today's recipes would write it.
 
 Goal: the recipe's test accuracy at least the fixed run's, in fewer epochs.
 
@@ -26,20 +27,22 @@ from mpitrain.testing.launch import FASHION
 from common import HERE, markdown_table, mpitrain, train, write_results
 
 CONFIG = os.path.join(os.path.dirname(HERE), "configs", "fashion_mlp.yaml")
-EPOCHS = 10
-RECIPE = {"optimizer.lr_decay": 1.0, "optimizer.schedule": {"type": "cosine", "unit": "step", "warmup": 300},
+EPOCHS = 10  # the fixed run's
+RECIPE_EPOCHS = 6
+RECIPE = {"train.epochs": RECIPE_EPOCHS, "optimizer.lr_decay": 1.0, "optimizer.schedule": {"type": "cosine", "unit": "step", "warmup": 300},
           "train.early_stopping": {"monitor": "accuracy", "patience": 2, "min_delta": 0.001}}
 
 
 def trained(data: str, run_dir: str, overrides: dict) -> dict:
     """Train on 2 ranks (validation after each epoch), then `mpitrain eval --split test`: the figures of the run."""
-    summary = train(2, CONFIG, {"data.path": data, "data.test_split": "validation", "run_dir": run_dir,
-                                "resume": "never", "train.epochs": EPOCHS, **overrides})
+    settings = {"data.path": data, "data.test_split": "validation", "run_dir": run_dir, "resume": "never",
+                "train.epochs": EPOCHS, **overrides}
+    summary = train(2, CONFIG, settings)
     mpitrain("eval", run_dir, "--split", "test", ranks=2)
     with open(os.path.join(run_dir, "eval-test.json")) as f:
         test = json.load(f)
     stopping = summary.get("early_stopping", {})
-    epochs = stopping["stopped_at"][0] if stopping.get("stopped_early") else EPOCHS
+    epochs = stopping["stopped_at"][0] if stopping.get("stopped_early") else settings["train.epochs"]
     return {"test_accuracy": test["accuracy"], "epochs_trained": epochs,
             "best_validation_accuracy": stopping.get("best"), "best_at": stopping.get("best_at"),
             "last_validation_accuracy": summary["test_accuracy"], "samples_per_s": summary["samples_per_s"]}
@@ -51,6 +54,7 @@ def measure(work: str) -> dict:
     fixed = trained(data, os.path.join(work, "fixed"), {})
     recipe = trained(data, os.path.join(work, "recipe"), RECIPE)
     return {"dataset": "fashion-mnist", "config": "configs/fashion_mlp.yaml", "ranks": 2, "max_epochs": EPOCHS,
+            "recipe_epochs": RECIPE_EPOCHS,
             "recipe": RECIPE, "fixed": fixed, "warmup_cosine_early_stopping": recipe,
             "goal": "the recipe's test accuracy at least the fixed run's, in fewer epochs",
             "met": bool(recipe["test_accuracy"] >= fixed["test_accuracy"]
@@ -61,14 +65,15 @@ def markdown(result: dict) -> str:
     fixed, recipe = result["fixed"], result["warmup_cosine_early_stopping"]
     rows = [["fixed: lr 0.05 x 0.75 per epoch", str(fixed["epochs_trained"]), f"{fixed['last_validation_accuracy']:.4f}",
              f"{fixed['test_accuracy']:.4f}", "the last epoch's", f"{fixed['samples_per_s']:,.0f}"],
-            ["warm-up 300 steps, cosine by step, early stopping (accuracy, patience 2)", str(recipe["epochs_trained"]),
+            [f"warm-up 300 steps, cosine by step over {result['recipe_epochs']} epochs, early stopping (accuracy, "
+             "patience 2)", str(recipe["epochs_trained"]),
              f"{recipe['best_validation_accuracy']:.4f}", f"{recipe['test_accuracy']:.4f}",
              f"best.h5 (after {recipe['best_at'][0]} epochs)", f"{recipe['samples_per_s']:,.0f}"]]
     table = markdown_table(["recipe", "epochs", "validation accuracy", "test accuracy", "evaluated checkpoint",
                             "samples/s"], rows, "lrrrlr")
     met = "met" if result["met"] else "**not met**"
     return (table + f"\n\nFashion-MNIST MLP 784-500-500-10 (configs/fashion_mlp.yaml), SGD with momentum 0.9, batch 64 "
-            f"per rank on 2 ranks, at most {result['max_epochs']} epochs; validation: 10% of the train rows, carved by "
+            f"per rank on 2 ranks, {result['max_epochs']} epochs fixed, {result['recipe_epochs']} for the recipe; validation: 10% of the train rows, carved by "
             f"the ETL. Goal ({result['goal']}): {met}.\n")
 
 

@@ -35,7 +35,8 @@ OVERWRITE_HELP = ("replace an existing --out file (never one in a run's checkpoi
 
 def main(argv=None) -> int:
     hold_stop_signals()  # first: a signal from here on is one to stop at (mpitrain.training.preemption)
-    parser = _parser()
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    parser = _parser(next((a for a in argv if not a.startswith("-")), None))
     args = parser.parse_args(argv)
     rank = 0
     try:
@@ -75,7 +76,9 @@ def _ended(command: str, comm) -> int:
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; the Spark commands' options (which import the ETL's and Spark's modules) only when
+    `command` is one of them, or None (every command: `--help`). A rank of `train` imports no Spark job."""
     parser = argparse.ArgumentParser(prog="mpitrain", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -120,21 +123,23 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     export.set_defaults(run=_export)
 
-    from mpitrain.etl.cli import add_arguments, add_score_arguments, run, run_score
     etl = commands.add_parser("etl", help="run the Spark ETL job in local mode (same as spark-submit etl/prepare.py)")
-    add_arguments(etl)
-    etl.set_defaults(run=_spark_job(run))
     score = commands.add_parser("score", help="score a source with a model in Spark, local mode "
                                               "(same as spark-submit etl/score.py)")
-    add_score_arguments(score)
-    score.set_defaults(run=_spark_job(run_score))
+    if command in (None, "etl", "score"):
+        from mpitrain.etl.cli import add_arguments, add_score_arguments, run, run_score
+        add_arguments(etl)
+        etl.set_defaults(run=_spark_job(run))
+        add_score_arguments(score)
+        score.set_defaults(run=_spark_job(run_score))
 
-    from mpitrain.spark import cli as spark_cli
     spark_train = commands.add_parser("spark-train", help="train on N ranks inside Spark, one barrier stage (same as "
                                                           "spark-submit etl/train.py)")
-    spark_cli.add_arguments(spark_train, "local[RANKS]")
-    spark_train.set_defaults(run=_spark_job(lambda args: spark_cli.run(
-        argparse.Namespace(**{**vars(args), "master": args.master or f"local[{args.ranks}]"}))))
+    if command in (None, "spark-train"):
+        from mpitrain.spark import cli as spark_cli
+        spark_cli.add_arguments(spark_train, "local[RANKS]")
+        spark_train.set_defaults(run=_spark_job(lambda args: spark_cli.run(
+            argparse.Namespace(**{**vars(args), "master": args.master or f"local[{args.ranks}]"}))))
 
     report = commands.add_parser("report", help="draw report.png and report.html from one or more run directories")
     report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories, overlaid in one report")

@@ -31,12 +31,22 @@ def summary(run_dir):
     return json.loads((run_dir / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("mode", sorted(MODES))
-def test_replicas_bit_identical_in_every_mode(tmp_path, n, mode):
-    make_dataset(tmp_path / "data", n_train=480)
-    result, run_dir = train(tmp_path, n, sync=MODES[mode], optimizer={"type": "adam", "lr": 0.01})
+@pytest.fixture(scope="module", params=[2, 4])
+def every_mode(request, tmp_path_factory) -> tuple[int, dict]:
+    """Each mode of MODES trained on one dataset in one job of n ranks, in turn (`mpitrain.train` per config, as a
+    Python script would: ranks/train_each.py): one start-up for the seven runs. (n, {mode: run directory})."""
+    n, folder = request.param, tmp_path_factory.mktemp(f"modes{request.param}")
+    make_dataset(folder / "data", n_train=480)
+    configs = {mode: write_config(folder / f"{mode}.yaml", folder / "data", run_dir=str(folder / mode), sync=sync,
+                                  optimizer={"type": "adam", "lr": 0.01}) for mode, sync in MODES.items()}
+    result = mpiexec(n, sys.executable, os.path.join(RANK_SCRIPTS, "train_each.py"), *configs.values(), timeout=240)
     assert result.returncode == 0, result.stderr
+    return n, {mode: folder / mode for mode in MODES}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_replicas_bit_identical_in_every_mode(every_mode, mode):
+    n, run_dir = every_mode[0], every_mode[1][mode]
     s = summary(run_dir)
     assert s["ranks"] == n and s["sync_mode"] == MODES[mode]["mode"]
     assert s["test_accuracy"] > 0.8  # 3 classes: chance is 1/3
@@ -64,17 +74,26 @@ def test_replicas_bit_identical_in_every_mode(tmp_path, n, mode):
         assert s["bytes_sent_per_step"] < s["n_params"] * 4 / 2
 
 
-@pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_allreduce_equals_one_process_with_n_times_the_batch(n, optimizer):
-    result = mpiexec(n, sys.executable, os.path.join(RANK_SCRIPTS, "allreduce_equivalence.py"), optimizer)
-    assert result.returncode == 0 and f"OK {n} {optimizer}" in result.stdout, result.stdout + result.stderr
+@pytest.fixture(scope="module", params=[2, 4])
+def allreduce_checks(request) -> tuple[int, str]:
+    """ranks/allreduce_equivalence.py's cases, with and without clipping, in one job of n ranks: (n, its output)."""
+    n = request.param
+    cases = ["sgd", "adam", "sgd:0.05", "adam:0.05"]
+    result = mpiexec(n, sys.executable, os.path.join(RANK_SCRIPTS, "allreduce_equivalence.py"), *cases)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return n, result.stdout
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_allreduce_clips_the_averaged_gradient(optimizer):
-    result = mpiexec(2, sys.executable, os.path.join(RANK_SCRIPTS, "allreduce_equivalence.py"), optimizer, "0.05")
-    assert result.returncode == 0 and f"OK 2 {optimizer} 0.05" in result.stdout, result.stdout + result.stderr
+def test_allreduce_equals_one_process_with_n_times_the_batch(allreduce_checks, optimizer):
+    n, out = allreduce_checks
+    assert f"OK {n} {optimizer}\n" in out, out
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_allreduce_clips_the_averaged_gradient(allreduce_checks, optimizer):
+    n, out = allreduce_checks
+    assert f"OK {n} {optimizer}:0.05\n" in out, out
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -111,18 +130,27 @@ def test_overlapped_training_run_equals_blocking_and_reports_its_communication(t
     assert all(r["nodes"] == 1 and r["ranks_per_node"] == 2 for r in records if r["kind"] == "epoch")
 
 
-@pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("exchange", ["allgather", "split", "recursive"])
-def test_sharing_keeps_its_promises(n, exchange):
-    result = mpiexec(n, sys.executable, os.path.join(RANK_SCRIPTS, "sharing_checks.py"), exchange)
+EXCHANGES = ["allgather", "split", "recursive"]
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def sharing_checks(request) -> tuple[int, str]:
+    """ranks/sharing_checks.py with every exchange in one job of n ranks: (n, its output)."""
+    result = mpiexec(request.param, sys.executable, os.path.join(RANK_SCRIPTS, "sharing_checks.py"), *EXCHANGES)
     assert result.returncode == 0, result.stdout + result.stderr
+    return request.param, result.stdout
+
+
+@pytest.mark.parametrize("exchange", EXCHANGES)
+def test_sharing_keeps_its_promises(sharing_checks, exchange):
+    n, out = sharing_checks
     for check in ("replicas identical after every step", "nothing lost with a fixed tau",
                   "adaptive tau falls when too sparse", "adaptive tau rises when too dense",
                   "adaptive tau stays inside the band", "mixed sparse and bitmap messages decode exactly",
                   "the merged residual keeps the pending updates and every rank's state",
                   "a resumed synchronizer starts every rank from the saved residual, tau and step count",
                   "on as many ranks each rank gets its own residual back"):
-        assert f"OK {check} {n}" in result.stdout, result.stdout
+        assert f"OK {check} [{exchange}] {n}" in out, out
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8])  # 8: oversubscribed on a small machine, every rank in the core

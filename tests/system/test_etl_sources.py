@@ -4,8 +4,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -284,19 +282,18 @@ def test_threshold_binarize(spark, tmp_path):
     assert ones == int((load_digits().images / 16 >= 0.4).sum())
 
 
-# --- the command line, through spark-submit ---
+# --- the command line's transforms (spark-submit itself: tests/system/test_etl.py's test_spark_submit_prepare) ---
 
-def test_spark_submit_csv_with_transforms(csv_data, tmp_path):
+def test_etl_csv_with_transforms(etl, csv_data, tmp_path):
+    """A folder of CSV files with a validation split, scale and stochastic binarization, through `mpitrain etl`'s
+    command line on the session's Spark (the same arguments and job as `spark-submit etl/prepare.py`, whose start is
+    test_etl.py's)."""
     folder, data = csv_data
     out = tmp_path / "ds"
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    command = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
-               "--conf", "spark.ui.enabled=false", str(REPO / "etl" / "prepare.py"),
-               "--source", f"csv:{folder}/*.csv", "--out", str(out), "--shards", "2", "--label", "2",
-               "--validation-fraction", "0.25", "--scale", "--binarize", "stochastic", "--seed", "9"]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"wrote {out}: train 96 rows, validation 32 rows, test 32 rows" in done.stdout
+    status, printed, err = etl("--source", f"csv:{folder}/*.csv", "--out", out, "--shards", "2", "--label", "2",
+                               "--validation-fraction", "0.25", "--scale", "--binarize", "stochastic", "--seed", "9")
+    assert status == 0, err[-3000:]
+    assert f"wrote {out}: train 96 rows, validation 32 rows, test 32 rows" in printed
     manifest = read_manifest(str(out))
     assert [t["name"] for t in manifest.transforms] == ["split", "split", "scale", "binarize"]
     assert manifest.transforms[-1] == {"name": "binarize", "mode": "stochastic", "seed": 9}
