@@ -1,13 +1,15 @@
 """A training step and an evaluation allocate nothing: each shipped config in each sync mode, 2 ranks, the real
-training loop measuring itself with tracemalloc (`train.trace_allocations`, mpitrain/training/allocations.py)."""
+training loop measuring itself with tracemalloc (`train.trace_allocations`, mpitrain/training/allocations.py); the
+twelve runs in turn in one job."""
 import json
 import os
+import sys
 
 import pytest
 
 from mpitrain.testing import launch
 from mpitrain.testing.datasets import make_dataset
-from mpitrain.testing.launch import MPITRAIN, mpiexec
+from mpitrain.testing.launch import mpiexec
 
 REPO = launch.REPO
 CONFIGS = ["fashion_mlp", "fashion_lenet", "fashion_cnn_bn", "fashion_dbn"]
@@ -27,17 +29,31 @@ def fashion_shaped(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("mode", ["allreduce", "averaging", "sharing"])
-@pytest.mark.parametrize("name", CONFIGS)
-def test_a_training_step_and_an_evaluation_allocate_no_array(fashion_shaped, tmp_path, name, mode):
-    run_dir = tmp_path / "run"
-    result = mpiexec(2, MPITRAIN, "train", os.path.join(REPO, "configs", f"{name}.yaml"),
-                     "--set", f"data.path={fashion_shaped}", "--set", f"run_dir={run_dir}",
-                     "--set", f"sync.mode={mode}", "--set", "sync.frequency=3", "--set", "train.epochs=2",
-                     "--set", "train.trace_allocations=true", "--set", "pretrain.epochs=1", "--set", "report=false",
-                     timeout=240)
+MODES = ["allreduce", "averaging", "sharing"]
+
+
+@pytest.fixture(scope="module")
+def measured(fashion_shaped, tmp_path_factory) -> dict:
+    """Each shipped config in each mode, measuring its allocations, trained in turn in one job of 2 ranks (as a
+    Python script would: ranks/train_each.py): {(config, mode): run directory}."""
+    folder = tmp_path_factory.mktemp("allocations")
+    runs, arguments = {}, []
+    for name in CONFIGS:
+        for mode in MODES:
+            runs[name, mode] = folder / f"{name}-{mode}"
+            arguments += [os.path.join(REPO, "configs", f"{name}.yaml"), *[
+                part for setting in (f"data.path={fashion_shaped}", f"run_dir={runs[name, mode]}", f"sync.mode={mode}",
+                                     "sync.frequency=3", "train.epochs=2", "train.trace_allocations=true",
+                                     "pretrain.epochs=1", "report=false") for part in ("--set", setting)]]
+    result = mpiexec(2, sys.executable, os.path.join(launch.RANK_SCRIPTS, "train_each.py"), *arguments, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
+    return runs
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_training_step_and_an_evaluation_allocate_no_array(measured, name, mode):
+    summary = json.loads((measured[name, mode] / "summary.json").read_text())
     allocated = summary["allocated_bytes"]
     assert summary["steps_per_epoch"] * 2 > 2  # steps past the warm-up were measured
     assert 0 < allocated["step"] <= LIMIT and 0 < allocated["evaluation"] <= EVALUATION_LIMIT, allocated

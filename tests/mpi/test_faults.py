@@ -33,41 +33,61 @@ CNN = {"layers": [{"type": "conv2d", "filters": 3, "kernel": 3, "padding": "same
                   {"type": "relu"}, {"type": "flatten"}, {"type": "dropout", "rate": 0.3}, {"type": "dense", "units": 3}]}
 
 
-@pytest.mark.parametrize("sync,model", [({"mode": "allreduce"}, {}), ({"mode": "averaging", "frequency": 4}, {}),
-                                        ({"mode": "sharing", "threshold": 2.0e-3}, {}),
-                                        ({"mode": "sharing", "threshold": 2.0e-3, "exchange": "split"}, {}),
-                                        ({"mode": "averaging", "frequency": 4}, CNN), ({"mode": "none"}, {})],
-                         ids=["allreduce", "averaging", "sharing", "sharing-split", "averaging-cnn-batchnorm-dropout",
-                              "none"])
-def test_step_checkpoints_leave_training_alone_and_resume_matches_an_uninterrupted_run_bit_for_bit(tmp_path, sync,
-                                                                                                   model):
-    make_dataset(tmp_path / "data", n_train=600)
-    configs = {}
-    # straight: no checkpoint but at the end; pieces: one every 7 steps (mid-averaging at frequency 4), resumed
-    for name, epochs, checkpoint in (("straight", 3, {"unit": "epoch", "every": 100}),
-                                     ("pieces", 1, {"unit": "steps", "every": 7, "keep": 10})):
-        os.makedirs(tmp_path / name)
-        configs[name] = write_config(tmp_path / name / "exp.yaml", tmp_path / "data", sync=sync,
-                                     checkpoint=checkpoint, train={"epochs": epochs}, model=model)
-        result = run(configs[name])
-        assert result.returncode == 0, result.stderr
-    pieces = configs["pieces"]
-    # as if killed after step 14 of epoch 1: drop the checkpoint its end wrote, resume from step 14
-    ckpts = list_checkpoints(str(tmp_path / "pieces" / "run"))
-    os.remove(ckpts[-1])
-    assert ckpts[-2].endswith("ckpt-0000-000014.h5")
-    mid_epoch = load_checkpoint(ckpts[-2])
+STEP_CHECKPOINT_CASES = {  # id: (sync, model)
+    "allreduce": ({"mode": "allreduce"}, {}), "averaging": ({"mode": "averaging", "frequency": 4}, {}),
+    "sharing": ({"mode": "sharing", "threshold": 2.0e-3}, {}),
+    "sharing-split": ({"mode": "sharing", "threshold": 2.0e-3, "exchange": "split"}, {}),
+    "averaging-cnn-batchnorm-dropout": ({"mode": "averaging", "frequency": 4}, CNN), "none": ({"mode": "none"}, {})}
+
+
+@pytest.fixture(scope="module")
+def step_checkpoints(tmp_path_factory) -> tuple[dict, str]:
+    """Each case of STEP_CHECKPOINT_CASES twice on 2 ranks: `straight`, 3 epochs without a checkpoint but at the end;
+    `pieces`, 1 epoch with one every 7 steps (mid-averaging at frequency 4), then, as if killed after step 14 of
+    epoch 1 (the checkpoint its end wrote removed), resumed from step 14 to 3 epochs. The runs of every case train
+    in turn in one job, and the resumes in another (as a Python script would: ranks/train_each.py).
+    ({case: (folder, the mid-epoch checkpoint resumed from)}, the resumes' output)."""
+    root = tmp_path_factory.mktemp("step-checkpoints")
+    make_dataset(root / "data", n_train=600)
+    trained, folders = [], {}
+    for case, (sync, model) in STEP_CHECKPOINT_CASES.items():
+        folders[case] = root / case
+        for name, epochs, checkpoint in (("straight", 3, {"unit": "epoch", "every": 100}),
+                                         ("pieces", 1, {"unit": "steps", "every": 7, "keep": 10})):
+            os.makedirs(folders[case] / name)
+            trained.append(write_config(folders[case] / name / "exp.yaml", root / "data", sync=sync,
+                                        checkpoint=checkpoint, train={"epochs": epochs}, model=model))
+    each = os.path.join(RANK_SCRIPTS, "train_each.py")
+    result = mpiexec(2, sys.executable, each, *trained, timeout=600)
+    assert result.returncode == 0, result.stderr
+    resumed, resumes = {}, []
+    for case, folder in folders.items():
+        ckpts = list_checkpoints(str(folder / "pieces" / "run"))
+        os.remove(ckpts[-1])
+        resumed[case] = (folder, ckpts[-2])
+        resumes += [str(folder / "pieces" / "exp.yaml"), "--set", "train.epochs=3"]
+    result = mpiexec(2, sys.executable, each, *resumes, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return resumed, result.stderr
+
+
+@pytest.mark.parametrize("case", list(STEP_CHECKPOINT_CASES))
+def test_step_checkpoints_leave_training_alone_and_resume_matches_an_uninterrupted_run_bit_for_bit(step_checkpoints,
+                                                                                                   case):
+    (folder, mid_epoch_path), err = step_checkpoints[0][case], step_checkpoints[1]
+    sync = STEP_CHECKPOINT_CASES[case][0]
+    assert mid_epoch_path.endswith("ckpt-0000-000014.h5")
+    mid_epoch = load_checkpoint(mid_epoch_path)
     assert mid_epoch.ranks == 2
     if sync["mode"] != "allreduce":  # each rank's own state is kept beside the merged one
         assert mid_epoch.rank_arrays and all(stacked.shape[0] == 2 for stacked in mid_epoch.rank_arrays.values())
-    result = run(pieces, 2, "train.epochs=3")
-    assert result.returncode == 0 and "resuming from" in result.stderr, result.stderr
-    assert "merged state" not in result.stderr
+    assert f"resuming from {mid_epoch_path}" in err, err
+    assert "merged state" not in err
     # every rank's final parameters as an uninterrupted run without step checkpoints ends
-    assert all_hashes(tmp_path / "pieces" / "run") == all_hashes(tmp_path / "straight" / "run")
+    assert all_hashes(folder / "pieces" / "run") == all_hashes(folder / "straight" / "run")
     # the last checkpoint holds the model the run evaluated (sharing keeps its pending residual beside it)
-    last = load_checkpoint(list_checkpoints(str(tmp_path / "pieces" / "run"))[-1])
-    assert parameter_hash(last.params, last.stats) == final_hash(tmp_path / "pieces" / "run")
+    last = load_checkpoint(list_checkpoints(str(folder / "pieces" / "run"))[-1])
+    assert parameter_hash(last.params, last.stats) == final_hash(folder / "pieces" / "run")
     assert (abs(last.sync_arrays["residual"]).max() > 0) if sync["mode"] == "sharing" else not last.sync_arrays
 
 
