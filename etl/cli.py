@@ -142,7 +142,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     transforms.add_argument("--scale", action="store_true",
                             help="map features to [0, 1] by the train split's min and max")
     transforms.add_argument("--standardize", action="store_true",
-                            help="per feature (a table: per numeric column): subtract the train mean, divide by the "
+                            help="per feature (a table: per numeric column; a --sequence column: per channel over "
+                                 "its steps, unless it holds token ids): subtract the train mean, divide by the "
                                  "train std (float32)")
     transforms.add_argument("--binarize", default="", choices=BINARIZE_MODES,
                             help="features to 0/1 (uint8): value >= --threshold, or 1 with probability value")

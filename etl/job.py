@@ -58,7 +58,7 @@ from mpitrain.etl.shuffle import (
 )
 from mpitrain.etl.sources import Source, SourceOptions, carved_rows, open_source, source_paths
 from mpitrain.etl.tables import TableOptions, TableTransforms, fit_columns
-from mpitrain.etl.transforms import FeatureStats, TransformOptions, Transforms
+from mpitrain.etl.transforms import FeatureStats, StepStats, TransformOptions, Transforms
 from mpitrain.kernels.rows import flat_rows
 
 STATS_SPLIT = "train"  # mean/std and fitted transforms come from this split only, so test data never leaks
@@ -161,9 +161,9 @@ def check_target_options(plan: EtlPlan) -> None:
     if options.source_options.sequences:
         if not getattr(source, "holds_sequences", False):
             raise ConfigError(f"--sequence: sequence columns are read from a parquet: source, not {source.spec}")
-        if options.transforms.scale or options.transforms.binarize or options.transforms.standardize:
-            raise ConfigError("--scale, --standardize and --binarize: a dataset of sequences stores its values as "
-                              "they are; expected none of them")
+        if options.transforms.scale or options.transforms.binarize:
+            raise ConfigError("--scale and --binarize: a dataset of sequences stores its values as they are, or "
+                              "standardized per channel (--standardize); expected neither")
     if options.tables.hash_buckets and not categorical:
         raise ConfigError("--hash-buckets: hashes --categorical columns, and there are none")
     options.tables.check(categorical)
@@ -325,7 +325,7 @@ def _shard_task(shard: int, pieces, placement: Placement, shards: int, transform
     order = np.argsort(position)
     keys, x, y = keys[order], x[order], y[order]
     split = placement.outputs[shard // shards]
-    sequences = x.sequences if isinstance(x, SequenceRows) else {}
+    sequences = transforms.apply_sequences(x.sequences) if isinstance(x, SequenceRows) else {}
     stored = transforms.apply(x.x if sequences else x, keys)
     info = write_shard_to(tmp, shard_path(split, shard % shards), stored, y, transforms.one_hot(y, num_classes),
                           compression, sequences)
@@ -352,7 +352,8 @@ def _train_rows(parts, placement: Placement, kind: str):
 def _train_stats(parts, placement: Placement, source: Source) -> FeatureStats:
     """Per-feature sums, min and max of the model-visible values of the rows placed in the train split."""
     scale, offset = source.scale, source.offset
-    return _train_rows(parts, placement, source.target.kind).map(lambda x: FeatureStats.of(x * scale + offset)) \
+    return _train_rows(parts, placement, source.target.kind).map(
+        lambda x: FeatureStats.of((x.x if isinstance(x, SequenceRows) else x) * scale + offset)) \
         .reduce(FeatureStats.merge)
 
 
@@ -365,7 +366,10 @@ def _transforms(parts, placement: Placement, plan: EtlPlan) -> Transforms:
                               options.source_options.numeric_missing == "impute", source.spec)
         return TableTransforms(options.transforms, plan.seed, "float32", 1.0, 0.0, fitted=columns)
     stats = _train_stats(parts, placement, source) if options.transforms.needs_stats else None
-    return Transforms(options.transforms, plan.seed, source.feature_dtype, source.scale, source.offset, stats)
+    step_stats = _train_rows(parts, placement, source.target.kind).map(StepStats.of_columns) \
+        .reduce(StepStats.merge_columns) if options.source_options.sequences and options.transforms.standardize else None
+    return Transforms(options.transforms, plan.seed, source.feature_dtype, source.scale, source.offset, stats,
+                      step_stats)
 
 
 def _write_splits(spark, plan: EtlPlan, tmp: str) -> Manifest:
@@ -435,7 +439,7 @@ def _manifest(plan: EtlPlan, transforms: Transforms, num_classes: int, written: 
     count = rows * math.prod(feature_shape)
     mean = sum(shard.total for shard in stats) / max(count, 1)
     std = math.sqrt(max(sum(shard.squares for shard in stats) / max(count, 1) - mean * mean, 0.0))
-    sequences = _sequence_columns(source, written) if plan.options.source_options.sequences else []
+    sequences = _sequence_columns(source, written, transforms) if plan.options.source_options.sequences else []
     if columns or sequences:  # a table's row, a sequence, go to the model as stored (docs/tables.md, sequences.md)
         mean, std = 0.0, 1.0
     if not std > 0:
@@ -468,9 +472,9 @@ def _target_statistics(stats: list[ShardWritten], rows: int, kind: str) -> dict[
     return {"target_mean": mean.tolist(), "target_std": np.where(std > 0, std, 1.0).tolist()}
 
 
-def _sequence_columns(source, written: dict[str, list[tuple]]) -> list[dict]:
+def _sequence_columns(source, written: dict[str, list[ShardWritten]], transforms: Transforms) -> list[dict]:
     """The manifest's `sequences`: each column's step features, the longest allowed and written, its steps per
-    split (the reader sizes its windows by their mean)."""
+    split (the reader sizes its windows by their mean), and its mean and std per channel when standardized."""
     columns = []
     for name in source.sequences:
         stats = [shard.steps[name] for results in written.values() for shard in results]
@@ -481,7 +485,7 @@ def _sequence_columns(source, written: dict[str, list[tuple]]) -> list[dict]:
         ids = [bound for *_, bound in stats if bound is not None]
         if ids and min(ids) > 0:  # every value a non-negative integer: token ids, 0..ids-1
             column["ids"] = max(ids)
-        columns.append(column)
+        columns.append({**column, **transforms.sequence_entry(name)})
     return columns
 
 

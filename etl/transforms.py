@@ -5,7 +5,10 @@ They act on the model-visible values v = stored * scale + offset, in this order:
 - `scale`: v -> (v - min) / (max - min) with the train split's global min and max; only the
   manifest's scale/offset change, the stored values stay as they are (uint8 stays uint8).
 - `standardize`: v -> (v - mean_f) / std_f per feature f (train split; std 0 counts as 1),
-  stored as float32.
+  stored as float32. A sequence column (`--sequence`) is standardized per channel over every step of the train
+  split's sequences, unless it holds token ids (non-negative integers only, which an embedding reads): its values
+  are stored standardized, never padded, so padding and masks are as before; the manifest's `sequences` entry
+  records its `mean` and `std`.
 - `binarize`: `threshold` (v >= t) or `stochastic` (1 with probability clip(v, 0, 1), drawn
   from a hash of the seed, the row's key and the feature, so reruns give the same bits),
   stored as uint8 {0, 1}; for Bernoulli RBM inputs. Use `--scale` first for raw data.
@@ -61,13 +64,43 @@ class FeatureStats:
     @classmethod
     def of(cls, values: np.ndarray) -> FeatureStats:
         flat = flat_rows(values).astype(np.float64)
-        empty = not len(flat)
+        empty = not flat.size
         return cls(len(flat), flat.sum(axis=0), np.square(flat).sum(axis=0),
                    np.inf if empty else float(flat.min()), -np.inf if empty else float(flat.max()))
 
     def merge(self, other: FeatureStats) -> FeatureStats:
         return FeatureStats(self.rows + other.rows, self.total + other.total, self.squares + other.squares,
                             min(self.low, other.low), max(self.high, other.high))
+
+
+@dataclass
+class StepStats:
+    """Sums over the steps of a sequence column's train sequences, per channel, and whether every value is a
+    non-negative integer (token ids)."""
+
+    steps: int
+    total: np.ndarray
+    squares: np.ndarray
+    integral: bool
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> StepStats:
+        values = values.astype(np.float64)
+        return cls(len(values), values.sum(axis=0), np.square(values).sum(axis=0),
+                   bool(np.all((values >= 0) & (values == np.round(values)))))
+
+    def merge(self, other: StepStats) -> StepStats:
+        return StepStats(self.steps + other.steps, self.total + other.total, self.squares + other.squares,
+                         self.integral and other.integral)
+
+    @staticmethod
+    def of_columns(rows) -> dict[str, StepStats]:
+        """Each sequence column's stats of a partition's `SequenceRows`."""
+        return {name: StepStats.of(seqs.values) for name, seqs in rows.sequences.items()}
+
+    @staticmethod
+    def merge_columns(a: dict[str, StepStats], b: dict[str, StepStats]) -> dict[str, StepStats]:
+        return {name: a[name].merge(b[name]) for name in a}
 
 
 @dataclass
@@ -80,6 +113,7 @@ class Transforms:
     source_scale: float
     source_offset: float
     stats: FeatureStats | None = None
+    step_stats: dict[str, StepStats] | None = None  # sequence columns, under `standardize`
 
     def __post_init__(self):
         self.low, self.high = (0.0, 1.0)
@@ -91,6 +125,12 @@ class Transforms:
             mean = self.stats.total / self.stats.rows
             std = np.sqrt(np.maximum(self.stats.squares / self.stats.rows - mean * mean, 0.0))
             self.mean, self.std = mean, np.where(std > 0, std, 1.0)
+        self.sequence_scaling = {}  # {column: (mean, std) per channel} of the sequence columns standardized
+        for name, stats in (self.step_stats or {}).items():
+            if self.options.standardize and not stats.integral and stats.steps:
+                mean = stats.total / stats.steps
+                std = np.sqrt(np.maximum(stats.squares / stats.steps - mean * mean, 0.0))
+                self.sequence_scaling[name] = (mean, np.where(std > 0, std, 1.0))
 
     @property
     def columns(self) -> dict:
@@ -122,6 +162,26 @@ class Transforms:
         else:
             bits = self._uniform(keys, v.shape[1]) < np.clip(v, 0.0, 1.0)
         return bits.astype(np.uint8).reshape(x.shape)
+
+    def apply_sequences(self, sequences: dict) -> dict:
+        """A shard's sequence columns ({name: Ragged}) as stored: each standardized column per channel (float32),
+        the others as they are."""
+        from mpitrain.data.sequences import Ragged
+        scaled = {}
+        for name, seqs in sequences.items():
+            if name in self.sequence_scaling:
+                mean, std = self.sequence_scaling[name]
+                seqs = Ragged(((seqs.values.astype(np.float64) - mean) / std).astype(np.float32), seqs.offsets)
+            scaled[name] = seqs
+        return scaled
+
+    def sequence_entry(self, name: str) -> dict:
+        """What the manifest's `sequences` entry of column `name` records of its transform: its mean and std per
+        channel when standardized."""
+        if name not in self.sequence_scaling:
+            return {}
+        mean, std = self.sequence_scaling[name]
+        return {"mean": mean.tolist(), "std": std.tolist()}
 
     def _uniform(self, keys: np.ndarray, features: int) -> np.ndarray:
         """Uniform [0, 1) per (row, feature) from the seed and the row's key."""

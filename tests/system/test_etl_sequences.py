@@ -83,7 +83,7 @@ def test_a_wrong_sequence_stops_the_job_naming_the_record_and_column(etl, tmp_pa
 
 @pytest.mark.parametrize("source, options, message", [
     ("csv", (), "--sequence: sequence columns are read from a parquet: source"),
-    ("parquet", ("--standardize",), "a dataset of sequences stores its values as they are"),
+    ("parquet", ("--scale",), "a dataset of sequences stores its values as they are, or standardized per channel"),
     ("parquet", ("--max-length", 0), "--max-length 0"),
     ("parquet", ("--sequence", "label"), "'label' is also a label"),
 ])
@@ -136,3 +136,36 @@ def test_a_column_of_token_ids_records_its_ids_and_lengths(etl, tmp_path):
     (column,) = read_manifest(str(tmp_path / "ds")).sequences
     assert column["ids"] == 1 + int(max(s.max() for s in sequences))
     assert (column["shortest"], column["longest"]) == (min(map(len, sequences)), max(map(len, sequences)))
+
+
+def test_standardize_takes_each_channel_of_a_sequence_column_to_the_train_split_s_mean_0_and_std_1(etl, tmp_path):
+    """Channels of unlike scales (about 1, 100 and 0.01 around offsets), beside a column of token ids: --standardize
+    stores the readings standardized per channel by the train split's steps (recorded in the manifest, the test split
+    by the train split's figures) and the token ids as they are; lengths and padding are untouched."""
+    readings, labels = motif_sequences(240, seed=5, features=3, lengths=(4, 40))
+    readings = [(r * [1.0, 100.0, 0.01] + [0.0, 500.0, -3.0]).astype(np.float32) for r in readings]
+    tokens, _ = token_sequences(240, seed=6, ids=30, lengths=(3, 20))
+    pq.write_table(pa.table({"label": pa.array(labels, pa.int32()), "readings": [r.tolist() for r in readings],
+                             "tokens": [t[:, 0].astype(np.int64).tolist() for t in tokens]}), str(tmp_path / "s.parquet"))
+    status, _, err = etl("--source", f"parquet:{tmp_path / 's.parquet'}", "--out", tmp_path / "ds", "--shards", 2,
+                         "--sequence", "readings,tokens", "--standardize")
+    assert status == 0, err[-2000:]
+    manifest = read_manifest(str(tmp_path / "ds"))
+    columns = {column["name"]: column for column in manifest.sequences}
+    assert "mean" not in columns["tokens"] and columns["tokens"]["ids"] == 30  # ids stay ids
+    mean, std = np.array(columns["readings"]["mean"]), np.array(columns["readings"]["std"])
+    stored = {}
+    for split in manifest.splits:
+        for shard in manifest.shards(split):
+            with h5py.File(tmp_path / "ds" / shard.path) as f:
+                stored.setdefault(split, []).append((f["sequences/readings/values"][:],
+                                                     f["sequences/tokens/values"][:]))
+    train = np.concatenate([values for values, _ in stored["train"]])
+    np.testing.assert_allclose(train.mean(axis=0), 0.0, atol=1e-5)  # every train step, each channel
+    np.testing.assert_allclose(train.std(axis=0), 1.0, rtol=1e-5)
+    raw = np.concatenate(readings).astype(np.float64)
+    everything = np.concatenate([values for parts in stored.values() for values, _ in parts]) * std + mean
+    np.testing.assert_allclose(np.sort(everything, axis=0), np.sort(raw, axis=0), rtol=1e-5, atol=1e-4)
+    assert 50 < std[1] / std[0] < 200 and std[2] < 0.1  # the channels' own scales, recorded
+    ids = np.concatenate([t for parts in stored.values() for _, t in parts])
+    assert sorted(ids[:, 0].tolist()) == sorted(np.concatenate(tokens)[:, 0].tolist())
