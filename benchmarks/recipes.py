@@ -13,6 +13,13 @@ configs/fashion_mlp.yaml --set ...` evaluated on the validation split after ever
 
 Goal: the recipe's test accuracy at least the fixed run's, in fewer epochs.
 
+Beside it, a sequence model on channels of unlike scales, the way a user's sensors come: the motif sequences of
+benchmarks/sequences.py (`mpitrain.testing.sequences.motif_sequences`, 8,000 train and 2,000 test rows) with their
+two channels taken to x 1000 + 5000 and x 0.001, written as Parquet, through `mpitrain etl --sequence readings`
+with and without `--standardize` (each channel by its train steps' mean and std), then configs/motifs_lstm.yaml on 2
+ranks at Adam lr 0.003 and `mpitrain eval`. Goal: the standardized run's test accuracy >= 0.95 (the motif LSTM's
+own goal on unscaled data).
+
     python benchmarks/recipes.py --out benchmarks/results
 """
 from __future__ import annotations
@@ -23,6 +30,7 @@ import os
 import tempfile
 
 from mpitrain.testing.launch import FASHION
+from mpitrain.testing.sequences import motif_sequences, write_parquet
 
 from common import HERE, markdown_table, mpitrain, train, write_results
 
@@ -48,6 +56,35 @@ def trained(data: str, run_dir: str, overrides: dict) -> dict:
             "last_validation_accuracy": summary["test_accuracy"], "samples_per_s": summary["samples_per_s"]}
 
 
+SEQUENCE_CONFIG = os.path.join(os.path.dirname(HERE), "configs", "motifs_lstm.yaml")
+SEQUENCE_ROWS = {"train": 8_000, "test": 2_000}
+CHANNEL_SCALE, CHANNEL_SHIFT = [1000.0, 0.001], [5000.0, 0.0]
+SEQUENCE_GOAL = 0.95
+
+
+def unlike_scales(work: str) -> dict:
+    """The motif LSTM on channels of unlike scales, through the ETL with and without --standardize."""
+    parquet = {}
+    for seed, (split, rows) in enumerate(SEQUENCE_ROWS.items()):
+        sequences, labels = motif_sequences(rows, seed)
+        parquet[split] = os.path.join(work, f"unlike-{split}.parquet")
+        write_parquet(parquet[split], [s * CHANNEL_SCALE + CHANNEL_SHIFT for s in sequences], labels)
+    found = {}
+    for name, options in (("as stored", []), ("standardized", ["--standardize"])):
+        data = os.path.join(work, f"unlike-{len(options)}")
+        mpitrain("etl", "--source", f"parquet:{parquet['train']}", "--test", parquet["test"], "--label", "label",
+                 "--sequence", "readings", "--out", data, "--shards", "2", *options)
+        run_dir = os.path.join(work, f"unlike-run-{len(options)}")
+        summary = train(2, SEQUENCE_CONFIG, {"data.path": data, "run_dir": run_dir, "resume": "never",
+                                             "optimizer.lr": 0.003})
+        mpitrain("eval", run_dir, "--split", "test", ranks=2)
+        with open(os.path.join(run_dir, "eval-test.json")) as f:
+            found[name] = {"test_accuracy": json.load(f)["accuracy"], "epochs": summary["epochs"]}
+    return {"config": "configs/motifs_lstm.yaml", "lr": 0.003, "rows": SEQUENCE_ROWS, "scale": CHANNEL_SCALE,
+            "shift": CHANNEL_SHIFT, "runs": found, "goal": f"standardized test accuracy >= {SEQUENCE_GOAL}",
+            "met": bool(found["standardized"]["test_accuracy"] >= SEQUENCE_GOAL)}
+
+
 def measure(work: str) -> dict:
     data = os.path.join(work, "data")
     mpitrain("etl", "--source", f"idx:{FASHION}", "--out", data, "--shards", "8", "--validation-fraction", "0.1")
@@ -58,7 +95,8 @@ def measure(work: str) -> dict:
             "recipe": RECIPE, "fixed": fixed, "warmup_cosine_early_stopping": recipe,
             "goal": "the recipe's test accuracy at least the fixed run's, in fewer epochs",
             "met": bool(recipe["test_accuracy"] >= fixed["test_accuracy"]
-                        and recipe["epochs_trained"] < fixed["epochs_trained"])}
+                        and recipe["epochs_trained"] < fixed["epochs_trained"]),
+            "sequences_of_unlike_scales": unlike_scales(work)}
 
 
 def markdown(result: dict) -> str:
@@ -72,9 +110,16 @@ def markdown(result: dict) -> str:
     table = markdown_table(["recipe", "epochs", "validation accuracy", "test accuracy", "evaluated checkpoint",
                             "samples/s"], rows, "lrrrlr")
     met = "met" if result["met"] else "**not met**"
+    unlike = result["sequences_of_unlike_scales"]
+    sequences = markdown_table(["motif sequences, channels x 1000 + 5000 and x 0.001", "epochs", "test accuracy"],
+                               [[f"`mpitrain etl` {name}", str(run["epochs"]), f"{run['test_accuracy']:.4f}"]
+                                for name, run in unlike["runs"].items()], "lrr")
     return (table + f"\n\nFashion-MNIST MLP 784-500-500-10 (configs/fashion_mlp.yaml), SGD with momentum 0.9, batch 64 "
-            f"per rank on 2 ranks, {result['max_epochs']} epochs fixed, {result['recipe_epochs']} for the recipe; validation: 10% of the train rows, carved by "
-            f"the ETL. Goal ({result['goal']}): {met}.\n")
+            f"per rank on 2 ranks, {result['max_epochs']} epochs fixed, {result['recipe_epochs']} for the recipe; "
+            f"validation: 10% of the train rows, carved by the ETL. Goal ({result['goal']}): {met}.\n\n"
+            + sequences + f"\n\n{unlike['config']} on 2 ranks at Adam lr {unlike['lr']}, "
+            f"{unlike['rows']['train']:,} train and {unlike['rows']['test']:,} test sequences. Goal ({unlike['goal']}): "
+            f"{'met' if unlike['met'] else '**not met**'}.\n")
 
 
 def main() -> None:
