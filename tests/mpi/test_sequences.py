@@ -6,7 +6,9 @@ another)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 
 import h5py
 import numpy as np
@@ -15,7 +17,7 @@ import pytest
 from mpitrain.data.reader import DatasetReader
 from mpitrain.rundir.checkpoint import list_checkpoints
 from mpitrain.testing.datasets import write_config
-from mpitrain.testing.launch import MPITRAIN, command, mpiexec
+from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, command, mpiexec
 from mpitrain.testing.sequences import make_mixed_dataset, make_sequence_dataset
 
 TOKENS = [{"type": "token_embedding", "dim": 8}, {"type": "lstm", "units": 12}, {"type": "dense", "units": 3}]
@@ -58,10 +60,22 @@ class _Rank:
     rank, size = 0, 1
 
 
+@pytest.fixture(scope="module")
+def sequence_models(data, tmp_path_factory) -> dict:
+    """Each model of MODELS trained on 2 ranks, the three in turn in one job (as a Python script would:
+    ranks/train_each.py); {model: run directory}."""
+    folder = tmp_path_factory.mktemp("models")
+    configs = [write_config(folder / f"{model}.yaml", data, run_dir=str(folder / model), model={"layers": layers},
+                            train=TRAIN, optimizer={"type": "adam", "lr": 0.01}) for model, layers in MODELS.items()]
+    result = mpiexec(2, sys.executable, os.path.join(RANK_SCRIPTS, "train_each.py"), *configs, timeout=360)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {model: folder / model for model in MODELS}
+
+
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_a_sequence_model_learns_and_predicts_alike_in_any_batch_and_in_onnx(data, tmp_path, model):
+def test_a_sequence_model_learns_and_predicts_alike_in_any_batch_and_in_onnx(data, sequence_models, tmp_path, model):
     import onnxruntime
-    run_dir = train(tmp_path, data, model, model={"layers": MODELS[model]})
+    run_dir = sequence_models[model]
     probabilities, labels = predictions(run_dir, 64)
     assert (probabilities.argmax(axis=1) == labels).mean() > 0.6  # 4 classes: chance is 0.25
     other, _ = predictions(run_dir, 7)  # other companions, other padded lengths

@@ -46,23 +46,23 @@ def tune(study: str, workers: int, ranks: int, timeout: float = 400):
     return command(MPITRAIN, "tune", study, "--workers", workers, "--ranks", ranks, timeout=timeout)
 
 
-def test_a_tpe_study_of_12_trials_on_2_workers_of_2_ranks_and_its_best_config_reproduces(digits, tmp_path):
+def test_a_tpe_study_of_6_trials_on_2_workers_of_2_ranks_and_its_best_config_reproduces(digits, tmp_path):
     study = write_study(tmp_path, digits, {"optimizer.lr": {"float": [0.005, 0.5], "log": True},
                                            "model.layers.0.units": {"int": [4, 32]},
                                            "sync.mode": {"choice": ["allreduce", "averaging"]}},
-                        trials=12, sampler="tpe", pruner="median")
+                        trials=6, sampler="tpe", pruner="median")
     done = tune(study, workers=2, ranks=2)
     assert done.returncode == 0, done.stderr[-3000:]
     folder = tmp_path / "study"
     rows = trials(folder)
-    assert len(rows) == 12 and {row["state"] for row in rows} <= {"complete", "pruned"}, rows
-    assert len({row["run_dir"] for row in rows}) == 12  # no trial run twice, none shared
-    assert len({(row["optimizer.lr"], row["model.layers.0.units"]) for row in rows}) == 12
+    assert len(rows) == 6 and {row["state"] for row in rows} <= {"complete", "pruned"}, rows
+    assert len({row["run_dir"] for row in rows}) == 6  # no trial run twice, none shared
+    assert len({(row["optimizer.lr"], row["model.layers.0.units"]) for row in rows}) == 6
     assert not [name for name in os.listdir(folder) if name.endswith(".lock")]  # no lock left behind
     assert {"history.png", "importances.png", "parallel.png", "best.yaml", "report.png", "report.html"} \
         <= set(os.listdir(folder))
-    assert (folder / "report.html").read_text().count("<tr><td>trial-") == 12  # the trials side by side
-    assert "12 of 12 trials (" in done.stdout
+    assert (folder / "report.html").read_text().count("<tr><td>trial-") == 6  # the trials side by side
+    assert "6 of 6 trials (" in done.stdout
     for row in rows:  # every trial is an ordinary run directory, trained on 2 ranks
         assert {"config.yaml", "metrics.jsonl", "checkpoints"} <= set(os.listdir(row["run_dir"]))
 
@@ -172,28 +172,28 @@ def test_sigterm_to_tune_stops_the_trial_with_a_checkpoint_and_the_same_command_
     assert "1 of 1 trials (1 complete); 1 failed attempt retried" in again.stdout
 
 
-def test_a_study_stopped_after_5_trials_continues_to_exactly_12_without_repeating(digits, tmp_path):
+def test_a_study_stopped_after_3_trials_continues_to_exactly_6_without_repeating(digits, tmp_path):
     space = {"optimizer.lr": {"float": [0.01, 0.3], "log": True}}
-    study = write_study(tmp_path, digits, space, trials=5, sampler="random", pruner="none")
+    study = write_study(tmp_path, digits, space, trials=3, sampler="random", pruner="none")
     first = tune(study, workers=1, ranks=1)
     assert first.returncode == 0, first.stderr[-3000:]
     rows = trials(tmp_path / "study")
-    assert len(rows) == 5
+    assert len(rows) == 3
     finished = {row["run_dir"]: os.stat(os.path.join(row["run_dir"], "summary.json")).st_mtime_ns for row in rows}
 
-    study = write_study(tmp_path, digits, space, trials=12, sampler="random", pruner="none")
+    study = write_study(tmp_path, digits, space, trials=6, sampler="random", pruner="none")
     second = tune(study, workers=2, ranks=1)
     assert second.returncode == 0, second.stderr[-3000:]
     rows = trials(tmp_path / "study")
-    assert len(rows) == 12 and {row["state"] for row in rows} == {"complete"}
+    assert len(rows) == 6 and {row["state"] for row in rows} == {"complete"}
     assert {run_dir: os.stat(os.path.join(run_dir, "summary.json")).st_mtime_ns for run_dir in finished} == finished
 
-    other = write_study(tmp_path, digits, {"optimizer.lr": {"float": [0.01, 0.2]}}, trials=12, sampler="random",
+    other = write_study(tmp_path, digits, {"optimizer.lr": {"float": [0.01, 0.2]}}, trials=6, sampler="random",
                         pruner="none")
     refused = tune(other, workers=1, ranks=1)
     assert refused.returncode == 2 and "space differs from the study in" in refused.stderr
-    study = write_study(tmp_path, digits, space, trials=12, sampler="random", pruner="none")
+    study = write_study(tmp_path, digits, space, trials=6, sampler="random", pruner="none")
     write_config(tmp_path / "base.yaml", digits, model=DIGITS_MLP, train={"epochs": 2, "batch_size": 64, "seed": 1})
     refused = tune(study, workers=1, ranks=1)
     assert refused.returncode == 2 and "base.yaml: changed since the study in" in refused.stderr
-    assert len(trials(tmp_path / "study")) == 12
+    assert len(trials(tmp_path / "study")) == 6
