@@ -57,3 +57,28 @@ def test_a_users_error_is_one_line_and_exit_2(tmp_path, capsys, command, expecte
     err = capsys.readouterr().err
     assert err == expected.format(tmp=tmp_path) + "\n"
     assert not (tmp_path / "model.onnx").exists()
+
+
+def test_info_gives_a_regression_target_s_train_statistics(tmp_path, capsys):
+    manifest = make_dataset(tmp_path / "data", n_train=60, n_test=20, shards=1, target="regression")
+    assert main(["info", str(tmp_path / "data"), "--no-verify"]) == 0
+    out = capsys.readouterr().out
+    assert (f"target regression (2 values: value, rest); train split's value mean {manifest.target_mean[0]:.6g} std "
+            f"{manifest.target_std[0]:.6g}, rest mean {manifest.target_mean[1]:.6g}") in out
+
+
+def test_a_rank_s_command_line_imports_no_spark_job_and_help_still_lists_every_command(capsys):
+    """`mpitrain train` (what every rank runs) builds the Spark commands' options only when one is asked for."""
+    import subprocess
+    import sys
+    code = ("import sys; from mpitrain.cli import _parser; _parser('train');"
+            "print(sorted(m for m in sys.modules if m.startswith(('mpitrain.etl', 'mpitrain.spark'))));"
+            "_parser(None); print('mpitrain.etl.job' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "[]" and out[1] == "True", out
+    with pytest.raises(SystemExit):
+        main(["etl", "--help"])  # the etl command's own options are there when it is asked for
+    assert "--source SOURCE" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert all(command in capsys.readouterr().out for command in ("etl", "score", "spark-train", "train"))
