@@ -81,4 +81,5 @@ def test_a_rank_s_command_line_imports_no_spark_job_and_help_still_lists_every_c
     assert "--source SOURCE" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["--help"])
-    assert all(command in capsys.readouterr().out for command in ("etl", "score", "spark-train", "train"))
+    listed = capsys.readouterr().out
+    assert all(command in listed for command in ("etl", "score", "spark-train", "train")), listed
