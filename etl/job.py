@@ -58,7 +58,7 @@ from mpitrain.etl.shuffle import (
 )
 from mpitrain.etl.sources import Source, SourceOptions, carved_rows, open_source, source_paths
 from mpitrain.etl.tables import TableOptions, TableTransforms, fit_columns
-from mpitrain.etl.transforms import FeatureStats, StepStats, TransformOptions, Transforms
+from mpitrain.etl.transforms import FeatureStats, StepStats, TransformOptions, Transforms, mean_and_std
 from mpitrain.kernels.rows import flat_rows
 
 STATS_SPLIT = "train"  # mean/std and fitted transforms come from this split only, so test data never leaks
@@ -349,12 +349,19 @@ def _train_rows(parts, placement: Placement, kind: str):
     return parts.map(rows)
 
 
-def _train_stats(parts, placement: Placement, source: Source) -> FeatureStats:
-    """Per-feature sums, min and max of the model-visible values of the rows placed in the train split."""
+def _train_stats(parts, placement: Placement, source: Source) -> tuple[FeatureStats, dict | None]:
+    """Per-feature sums, min and max of the model-visible values of the rows placed in the train split (a dataset of
+    sequences: of its fixed features), and each sequence column's `StepStats` (None without them), in one pass."""
     scale, offset = source.scale, source.offset
-    return _train_rows(parts, placement, source.target.kind).map(
-        lambda x: FeatureStats.of((x.x if isinstance(x, SequenceRows) else x) * scale + offset)) \
-        .reduce(FeatureStats.merge)
+
+    def of(x):
+        if isinstance(x, SequenceRows):
+            return FeatureStats.of(x.x * scale + offset), StepStats.of_columns(x)
+        return FeatureStats.of(x * scale + offset), None
+
+    def merge(a, b):
+        return a[0].merge(b[0]), None if a[1] is None else StepStats.merge_columns(a[1], b[1])
+    return _train_rows(parts, placement, source.target.kind).map(of).reduce(merge)
 
 
 def _transforms(parts, placement: Placement, plan: EtlPlan) -> Transforms:
@@ -365,9 +372,7 @@ def _transforms(parts, placement: Placement, plan: EtlPlan) -> Transforms:
                               options.tables, options.transforms.standardize,
                               options.source_options.numeric_missing == "impute", source.spec)
         return TableTransforms(options.transforms, plan.seed, "float32", 1.0, 0.0, fitted=columns)
-    stats = _train_stats(parts, placement, source) if options.transforms.needs_stats else None
-    step_stats = _train_rows(parts, placement, source.target.kind).map(StepStats.of_columns) \
-        .reduce(StepStats.merge_columns) if options.source_options.sequences and options.transforms.standardize else None
+    stats, step_stats = _train_stats(parts, placement, source) if options.transforms.needs_stats else (None, None)
     return Transforms(options.transforms, plan.seed, source.feature_dtype, source.scale, source.offset, stats,
                       step_stats)
 
@@ -467,9 +472,9 @@ def _target_statistics(stats: list[ShardWritten], rows: int, kind: str) -> dict[
     counts as 1: a constant column is only centred), for `data.standardize_targets`; nothing for other targets."""
     if kind != "regression":
         return {}
-    mean = sum(shard.target_total for shard in stats) / rows
-    std = np.sqrt(np.maximum(sum(shard.target_squares for shard in stats) / rows - mean * mean, 0.0))
-    return {"target_mean": mean.tolist(), "target_std": np.where(std > 0, std, 1.0).tolist()}
+    mean, std = mean_and_std(sum(shard.target_total for shard in stats), sum(shard.target_squares for shard in stats),
+                             rows)
+    return {"target_mean": mean.tolist(), "target_std": std.tolist()}
 
 
 def _sequence_columns(source, written: dict[str, list[ShardWritten]], transforms: Transforms) -> list[dict]:

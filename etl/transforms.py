@@ -51,6 +51,14 @@ class TransformOptions:
         return self.scale or self.standardize
 
 
+def mean_and_std(total, squares, count: int) -> tuple:
+    """The mean and standard deviation of `count` values from their sum and sum of squares (per feature when
+    arrays); a std of 0 counts as 1, so a constant feature is only centred."""
+    mean = total / count
+    std = np.sqrt(np.maximum(squares / count - mean * mean, 0.0))
+    return mean, np.where(std > 0, std, 1.0)
+
+
 @dataclass
 class FeatureStats:
     """Sums over the train split's model-visible values: per feature, and their global min and max."""
@@ -122,15 +130,11 @@ class Transforms:
             if not self.high > self.low:
                 raise DataError(f"--scale: every train feature is {self.low}; expected varying values")
         if self.options.standardize:
-            mean = self.stats.total / self.stats.rows
-            std = np.sqrt(np.maximum(self.stats.squares / self.stats.rows - mean * mean, 0.0))
-            self.mean, self.std = mean, np.where(std > 0, std, 1.0)
+            self.mean, self.std = mean_and_std(self.stats.total, self.stats.squares, self.stats.rows)
         self.sequence_scaling = {}  # {column: (mean, std) per channel} of the sequence columns standardized
         for name, stats in (self.step_stats or {}).items():
             if self.options.standardize and not stats.integral and stats.steps:
-                mean = stats.total / stats.steps
-                std = np.sqrt(np.maximum(stats.squares / stats.steps - mean * mean, 0.0))
-                self.sequence_scaling[name] = (mean, np.where(std > 0, std, 1.0))
+                self.sequence_scaling[name] = mean_and_std(stats.total, stats.squares, stats.steps)
 
     @property
     def columns(self) -> dict:

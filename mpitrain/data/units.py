@@ -74,7 +74,6 @@ def input_units(manifest, normalize: bool) -> Units:
     return Units(np.float64(manifest.mean), np.float64(manifest.std))
 
 
-
 def output_units(manifest, normalize: bool, standardize_targets: bool, reconstruction: bool = False,
                  loss: str = "") -> Units:
     """The units a model's outputs are scored, predicted and exported in: an autoencoder's (`reconstruction`) its

@@ -34,6 +34,12 @@ def mpiexec(n: int, *args, timeout: float = 120, env=None) -> subprocess.Complet
     return command(MPIEXEC, "-n", n, *args, timeout=timeout, env=env)
 
 
+def train_each(n: int, *arguments, timeout: float = 240) -> subprocess.CompletedProcess:
+    """`mpiexec -n N python tests/mpi/ranks/train_each.py CONFIG [--set KEY=VALUE ...] ...`: several runs in turn in
+    one job (one start-up for scenarios that differ only in their config)."""
+    return mpiexec(n, sys.executable, os.path.join(RANK_SCRIPTS, "train_each.py"), *arguments, timeout=timeout)
+
+
 def require_fashion_mnist() -> None:
     """Skip without Debian's dataset-fashion-mnist; under CI=true its absence is a failure."""
     if not os.path.isdir(FASHION):

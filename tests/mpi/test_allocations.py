@@ -3,13 +3,11 @@ training loop measuring itself with tracemalloc (`train.trace_allocations`, mpit
 twelve runs in turn in one job."""
 import json
 import os
-import sys
 
 import pytest
 
 from mpitrain.testing import launch
 from mpitrain.testing.datasets import make_dataset
-from mpitrain.testing.launch import mpiexec
 
 REPO = launch.REPO
 CONFIGS = ["fashion_mlp", "fashion_lenet", "fashion_cnn_bn", "fashion_dbn"]
@@ -45,7 +43,7 @@ def measured(fashion_shaped, tmp_path_factory) -> dict:
                 part for setting in (f"data.path={fashion_shaped}", f"run_dir={runs[name, mode]}", f"sync.mode={mode}",
                                      "sync.frequency=3", "train.epochs=2", "train.trace_allocations=true",
                                      "pretrain.epochs=1", "report=false") for part in ("--set", setting)]]
-    result = mpiexec(2, sys.executable, os.path.join(launch.RANK_SCRIPTS, "train_each.py"), *arguments, timeout=600)
+    result = launch.train_each(2, *arguments, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     return runs
 

@@ -13,7 +13,7 @@ import pytest
 from mpitrain.parallel.sync import parameter_hash
 from mpitrain.rundir.checkpoint import list_checkpoints, load_checkpoint
 from mpitrain.testing.datasets import make_dataset, write_config
-from mpitrain.testing.launch import MPIEXEC, MPITRAIN, RANK_SCRIPTS, mpiexec
+from mpitrain.testing.launch import MPIEXEC, MPITRAIN, RANK_SCRIPTS, mpiexec, train_each
 
 
 def final_hash(run_dir):
@@ -57,8 +57,7 @@ def step_checkpoints(tmp_path_factory) -> tuple[dict, str]:
             os.makedirs(folders[case] / name)
             trained.append(write_config(folders[case] / name / "exp.yaml", root / "data", sync=sync,
                                         checkpoint=checkpoint, train={"epochs": epochs}, model=model))
-    each = os.path.join(RANK_SCRIPTS, "train_each.py")
-    result = mpiexec(2, sys.executable, each, *trained, timeout=600)
+    result = train_each(2, *trained, timeout=600)
     assert result.returncode == 0, result.stderr
     resumed, resumes = {}, []
     for case, folder in folders.items():
@@ -66,7 +65,7 @@ def step_checkpoints(tmp_path_factory) -> tuple[dict, str]:
         os.remove(ckpts[-1])
         resumed[case] = (folder, ckpts[-2])
         resumes += [str(folder / "pieces" / "exp.yaml"), "--set", "train.epochs=3"]
-    result = mpiexec(2, sys.executable, each, *resumes, timeout=600)
+    result = train_each(2, *resumes, timeout=600)
     assert result.returncode == 0, result.stderr
     return resumed, result.stderr
 

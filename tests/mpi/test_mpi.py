@@ -8,7 +8,7 @@ import h5py
 import pytest
 
 from mpitrain.testing.datasets import flip_a_byte_in_a_chunk, make_dataset, write_config
-from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, mpiexec
+from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, mpiexec, train_each
 
 MODES = {
     "allreduce": {"mode": "allreduce"},
@@ -39,7 +39,7 @@ def every_mode(request, tmp_path_factory) -> tuple[int, dict]:
     make_dataset(folder / "data", n_train=480)
     configs = {mode: write_config(folder / f"{mode}.yaml", folder / "data", run_dir=str(folder / mode), sync=sync,
                                   optimizer={"type": "adam", "lr": 0.01}) for mode, sync in MODES.items()}
-    result = mpiexec(n, sys.executable, os.path.join(RANK_SCRIPTS, "train_each.py"), *configs.values(), timeout=240)
+    result = train_each(n, *configs.values())
     assert result.returncode == 0, result.stderr
     return n, {mode: folder / mode for mode in MODES}
 

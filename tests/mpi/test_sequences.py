@@ -6,9 +6,7 @@ another)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
 
 import h5py
 import numpy as np
@@ -17,7 +15,7 @@ import pytest
 from mpitrain.data.reader import DatasetReader
 from mpitrain.rundir.checkpoint import list_checkpoints
 from mpitrain.testing.datasets import write_config
-from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, command, mpiexec
+from mpitrain.testing.launch import MPITRAIN, command, mpiexec, train_each
 from mpitrain.testing.sequences import make_mixed_dataset, make_sequence_dataset
 
 TOKENS = [{"type": "token_embedding", "dim": 8}, {"type": "lstm", "units": 12}, {"type": "dense", "units": 3}]
@@ -67,7 +65,7 @@ def sequence_models(data, tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("models")
     configs = [write_config(folder / f"{model}.yaml", data, run_dir=str(folder / model), model={"layers": layers},
                             train=TRAIN, optimizer={"type": "adam", "lr": 0.01}) for model, layers in MODELS.items()]
-    result = mpiexec(2, sys.executable, os.path.join(RANK_SCRIPTS, "train_each.py"), *configs, timeout=360)
+    result = train_each(2, *configs, timeout=360)
     assert result.returncode == 0, result.stderr[-3000:]
     return {model: folder / model for model in MODELS}
 

@@ -4,8 +4,6 @@ losses, evaluate with their metrics and pictures, predict probabilities or value
 regression target is in raw units (hundreds beside units): it trains standardized, and eval, predict and the export
 give values in the target's own units."""
 import json
-import os
-import sys
 
 import h5py
 import numpy as np
@@ -16,7 +14,7 @@ from matplotlib.image import imread
 from sklearn.metrics import r2_score
 
 from mpitrain.testing.datasets import TARGET_NAMES, make_dataset, read_split, write_config
-from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, command, mpiexec
+from mpitrain.testing.launch import MPITRAIN, command, mpiexec, train_each
 from mpitrain.training.distributed_scores import HISTOGRAM_BINS
 from mpitrain.training.scores import target_metrics
 
@@ -40,7 +38,7 @@ def every_target(tmp_path_factory) -> dict:
                                     train={"epochs": 4, "batch_size": 16},
                                     model={"layers": [HIDDEN, {"type": "dense", "units": outputs}], "loss": loss},
                                     optimizer={"type": "adam", "lr": 0.01}))
-    result = mpiexec(2, sys.executable, os.path.join(RANK_SCRIPTS, "train_each.py"), *configs, timeout=240)
+    result = train_each(2, *configs)
     assert result.returncode == 0, result.stderr
     return folders
 
