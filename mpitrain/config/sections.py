@@ -108,11 +108,13 @@ class DataConfig(Options):
 class ModelConfig(Options):
     layers: list = option([], "The layers in order, each a mapping {type: NAME, ...its arguments}; a dense or "
                               "conv2d layer's `activation` adds that activation layer after it. Layer types: "
-                              + ", ".join(f"`{name}`" for name in LAYER_TYPES) + ". Left out with "
-                              "`pretrain.layers`, the deep belief net's layers are built from those.")
+                              + ", ".join(f"`{name}`" for name in LAYER_TYPES) + ". `freeze: true` on a layer "
+                              "keeps its parameters as they start (no step, no bytes; docs/recipes.md). Left out "
+                              "with `pretrain.layers`, the deep belief net's layers are built from those.")
     graph: list = option([], "Instead of `layers`: named nodes, each {name: NAME, type: TYPE, input: NAME} (concat and "
                              "add: `inputs: [NAME, ...]`) plus the type's arguments, reading the dataset's column "
-                             "groups (`numeric`, `categorical`) or nodes above; the last node is the output. Types: "
+                             "groups (`numeric`, `categorical`) or nodes above; the last node is the output; "
+                             "`freeze: true` keeps a node's parameters. Types: "
                              "those of `layers` and " + ", ".join(f"`{name}`" for name in GRAPH_TYPES
                                                                   if name not in LAYER_TYPES) + " (see "
                              "docs/tables.md).")

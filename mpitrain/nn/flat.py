@@ -22,6 +22,12 @@ third flat buffer of their own.
 | `sparse_tables`| embedding tables in `grads[:dense_start]` whose rows a step writes only in part  |
 |                | (`mpitrain.nn.embedding.TableGrad`); empty for most models                       |
 | `dense_start`  | where the gradients every step writes in full begin (0 without tables)           |
+| `trainable`    | what training updates (`TrainablePart`): the model itself, or with frozen layers |
+|                | (`freeze: true`, which lie first in the buffers) the flat contract over the rest |
+
+The updater, the synchronizer, gradient clipping and accumulation see a model's `trainable` alone: a frozen
+parameter gets no step and travels in no collective. `sparse_tables` and `dense_start` are the trainable part's
+(in its coordinates); checkpoints, eval, predict and export read the whole model.
 """
 from __future__ import annotations
 
@@ -41,6 +47,13 @@ class FlatModel:
 
     sparse_tables: list = []
     dense_start = 0
+    trainable_start = 0  # where the parameters training updates begin (the frozen ones lie before)
+
+    @property
+    def trainable(self):
+        """The flat contract of what training updates: the whole model (a subclass with frozen parameters gives
+        a `TrainablePart`)."""
+        return self
 
     def __init__(self, layout: list, stats_layout: list, xp, dtype="float32"):
         self.xp, self.layout, self.stats_layout = xp, list(layout), list(stats_layout)
@@ -54,6 +67,29 @@ class FlatModel:
             offset += math.prod(shape)
         self.decay_mask = xp.asarray(decay)
         self.workspace = Workspace(xp)
+
+
+class TrainablePart:
+    """The flat contract over a model's parameters from `start` on (those before are frozen): views of its
+    `params`, `grads`, `decay_mask` and `layout` from there, its running statistics (`stats`, all of them: a frozen
+    batch norm keeps its running averages as PyTorch's does) and workspace; `sparse_tables` and `dense_start`, in
+    the part's coordinates, are set by the model. Not a collective."""
+
+    sparse_tables: list = []
+    dense_start = 0
+    trainable_start = 0
+
+    def __init__(self, model: FlatModel, start: int):
+        self.xp, self.workspace = model.xp, model.workspace
+        self.params, self.grads, self.decay_mask = model.params[start:], model.grads[start:], model.decay_mask[start:]
+        self.stats, self.stats_layout = model.stats, model.stats_layout
+        offsets = np.cumsum([0, *(math.prod(shape) for _, shape in model.layout)])
+        self.layout = model.layout[int(np.searchsorted(offsets, start)):]
+        self.n_params = self.params.size
+
+    @property
+    def trainable(self):
+        return self
 
 
 def flat_views(flat, layout: list) -> list:

@@ -52,12 +52,13 @@ from mpitrain.nn.model import (
     _fuse_activations,
     _with_activation_layers,
     build_model,
+    check_freeze,
     check_memory,
     estimated_size,
 )
 
 MERGES = ("concat", "add")
-NODE_KEYS = ("name", "type", "input", "inputs")
+NODE_KEYS = ("name", "type", "input", "inputs", "freeze")
 
 
 @dataclass
@@ -107,18 +108,19 @@ class Graph(Network):
         tables = [i for i, layer in enumerate(layers) if isinstance(layer, Embedding)]
         order = tables + [i for i in range(len(layers)) if i not in tables]
         super().__init__(layers, names, param_shapes, stat_shapes, loss, xp, dtype, loss_options, order)
-        self.sparse_tables = []
+        trainable, trainable.sparse_tables = self.trainable, []  # the tables training updates, in its coordinates
         for i in tables:
-            start = self.grads_start[i]
-            for table in layers[i].tables:  # a layer's tables lie in its order
+            start = self.grads_start[i] - self.trainable_start
+            for table in layers[i].tables if i not in self.frozen else ():  # a layer's tables lie in its order
                 table.start, start = start, start + table.rows * table.dim
-                self.sparse_tables.append(table)
-        self.dense_start = max((table.stop for table in self.sparse_tables), default=0)
+                trainable.sparse_tables.append(table)
+        trainable.dense_start = max((table.stop for table in trainable.sparse_tables), default=0)
         # the one input is the whole row when the dataset has no column groups (an image stays an image)
         self.whole_row = len(groups) == 1 and next(iter(groups.values())).shape == self.input_shape
-        self.needs_grad = {name: False for name in shapes}
-        for node in nodes:
-            self.needs_grad[node.name] = any(layer.params for layer in node.layers) or \
+        self.needs_grad = {name: False for name in shapes}  # whether backward runs through the value's node
+        for node, first in zip(nodes, self.first_layer):
+            self.needs_grad[node.name] = any(layer.params and first + k not in self.frozen
+                                             for k, layer in enumerate(node.layers)) or \
                 any(self.needs_grad[name] for name in node.inputs)
         self.accumulated = self.workspace.part("graph")
         for node in nodes:  # a node's own `activation`; an activation node may read any value, so it runs itself
@@ -160,8 +162,9 @@ class Graph(Network):
         return values, lengths
 
     def backward(self, dy, grads_ready=None) -> None:
-        """Backpropagate through the nodes in reverse; after a node with dense parameters, `grads_ready(start)`
-        (if given) learns that `grads[start:]` are final."""
+        """Backpropagate through the nodes in reverse (those that lead to no parameter training updates are
+        skipped: a frozen encoder under a new head is not run backward); after a node with dense parameters,
+        `grads_ready(start)` (if given) learns that the trainable part's `grads[start:]` are final."""
         grads, summed = {self.nodes[-1].name: dy}, set()
         for index in range(len(self.nodes) - 1, -1, -1):
             node = self.nodes[index]
@@ -178,9 +181,10 @@ class Graph(Network):
             for name, gradient in zip(node.inputs, outputs):
                 if gradient is not None:
                     self._accumulate(grads, summed, name, gradient)
-            start = self.grads_start[self.first_layer[index]]
-            if grads_ready is not None and start >= self.dense_start and any(layer.params for layer in node.layers):
-                grads_ready(start)
+            first = self.first_layer[index]
+            if self.grads_start[first] - self.trainable_start >= self.trainable.dense_start and \
+                    any(layer.params for layer in node.layers):
+                self.grads_done(first, grads_ready)
 
     def _accumulate(self, grads: dict, summed: set, name: str, gradient) -> None:
         """grads[name] += gradient, in a workspace array of its own (`summed` holds the names that have one by now)
@@ -217,6 +221,7 @@ def check_node_spec(spec, key: str) -> None:
             raise ConfigError(f"{key}: a {kind} node takes `inputs`, a list of two or more names, not {inputs!r}")
     elif "inputs" in spec or not isinstance(spec.get("input"), str):
         raise ConfigError(f"{key}: a {kind} node takes one `input` (a name), not {spec.get('input', spec.get('inputs'))!r}")
+    check_freeze(spec, key)
     kwargs = {k: v for k, v in spec.items() if k not in NODE_KEYS}
     try:
         inspect.signature(cls).bind(**kwargs)
@@ -262,6 +267,7 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
         read.update(inputs)
         try:
             layer = GRAPH_TYPES[spec["type"]](**{k: v for k, v in spec.items() if k not in NODE_KEYS})
+            layer.frozen = spec.get("freeze", False)
             if isinstance(layer, Embedding):
                 if inputs != ["categorical"] or "categorical" not in groups:
                     raise ValueError("an embedding reads the dataset's `categorical` ids (input: categorical)"

@@ -50,6 +50,7 @@ class Layer:
 
     type_name: str | None = None
     graph_only = False
+    frozen = False  # `freeze: true`: its parameters neither change nor travel (`Network.trainable`)
     # Truncated BPTT (`mpitrain.nn.segments`): whether each step's output depends on that step's input alone
     # (`per_step`), and otherwise why a segment cannot run the layer (`not_cut`; a recurrent layer carries state).
     per_step = False

@@ -18,7 +18,7 @@ from mpitrain.base.errors import ConfigError
 from mpitrain.data.sequences import SequenceBatch
 from mpitrain.data.shards import MAX_IDS
 from mpitrain.kernels.im2col import PADDINGS
-from mpitrain.nn.flat import FlatModel, flat_views
+from mpitrain.nn.flat import FlatModel, TrainablePart, flat_views
 from mpitrain.nn.layer_types import LAYER_TYPES
 from mpitrain.nn.layers import ACTIVATIONS, INIT_SCHEMES, FusesActivation, Layer, is_sequence
 from mpitrain.nn.losses import check_loss_options, loss_with_options
@@ -45,6 +45,11 @@ class Network(FlatModel):
         self.loss_options = check_loss_options(loss, loss_options or {})
         self.loss_fn = loss_with_options(loss, self.loss_options, xp)
         order = list(range(len(layers))) if param_order is None else param_order
+        self.frozen = [i for i in order if layers[i].frozen and shapes[i]]  # frozen layers first in the buffers
+        if self.frozen and len(self.frozen) == sum(map(bool, shapes)):
+            raise ConfigError(f"every layer with parameters is frozen ({', '.join(names[i] for i in self.frozen)}), so "
+                              "training has nothing to update; expected at least one layer without freeze: true")
+        order = self.frozen + [i for i in order if i not in self.frozen]
         super().__init__(_layout([names[i] for i in order], [shapes[i] for i in order]),
                          _layout(names, stat_shapes), xp, dtype)
         sizes = [sum(math.prod(s) for s in shapes[i].values()) for i in order]
@@ -52,6 +57,8 @@ class Network(FlatModel):
         self.grads_start = [0] * len(layers)  # layer i's gradients begin here
         for position, i in enumerate(order):
             self.grads_start[i] = int(starts[position])
+        self.trainable_start = int(starts[len(self.frozen)])
+        self._trainable = TrainablePart(self, self.trainable_start) if self.frozen else self
         params = dict(zip(order, _per_layer(flat_views(self.params, self.layout), [shapes[i] for i in order])))
         grads = dict(zip(order, _per_layer(flat_views(self.grads, self.layout), [shapes[i] for i in order])))
         for i, (layer, layer_stats) in enumerate(zip(layers, _per_layer(flat_views(self.stats, self.stats_layout),
@@ -60,6 +67,19 @@ class Network(FlatModel):
             layer.bind_stats(layer_stats)
             layer.ws = self.workspace.part(names[i])
         self.loss_ws = self.workspace.part("loss")
+
+    @property
+    def trainable(self):
+        """What training updates (`mpitrain.nn.flat`): this model, or with frozen layers the `TrainablePart` after
+        them."""
+        return self._trainable
+
+    def grads_done(self, index: int, grads_ready) -> None:
+        """Tell `grads_ready` (if given) that backward has finished layer `index`'s gradients, as a start in the
+        trainable part's gradients (`grads_ready(start)`: `trainable.grads[start:]` are final); a frozen layer's
+        are no one's to send."""
+        if grads_ready is not None and index not in self.frozen:
+            grads_ready(self.grads_start[index] - self.trainable_start)
 
     def init_params(self, seed: int, scheme: str) -> None:
         """Draw initial parameters on the host from `seed`, so every backend starts alike."""
@@ -141,16 +161,18 @@ class Sequential(Network):
         return x
 
     def backward(self, dy, grads_ready=None) -> None:
-        """Backpropagate down to the first layer with parameters; its input gradient is skipped.
+        """Backpropagate down to the first layer with parameters that is not frozen; its input gradient is skipped,
+        and the frozen layers below it are not run at all (a frozen layer above it still computes its parameters'
+        gradient, in the same pass as its input's, which no one reads).
 
         After each layer, `grads_ready(start)` (if given) learns that `grads[start:]` are final:
         the layers fill the flat buffer from its end, so a synchronizer can send their part meanwhile.
         """
-        first = next((i for i, layer in enumerate(self.layers) if layer.params), len(self.layers))
+        first = next((i for i, layer in enumerate(self.layers) if layer.params and i not in self.frozen),
+                     len(self.layers))
         for i in range(len(self.layers) - 1, first - 1, -1):
             dy = self.layers[i].backward(dy, input_grad=i > first)
-            if grads_ready is not None:
-                grads_ready(self.grads_start[i])
+            self.grads_done(i, grads_ready)
 
     def config_entries(self) -> dict:
         """The config keys that build this model again."""
@@ -166,7 +188,7 @@ class Sequential(Network):
                                   f"{sorted(LAYER_TYPES)}, so a run's config.yaml cannot name it")
             arguments = {name: _plain(getattr(layer, name)) for name in inspect.signature(type(layer)).parameters
                          if name != "activation"}  # activations are layers of their own by now
-            specs.append({"type": names[type(layer)], **arguments})
+            specs.append({"type": names[type(layer)], **arguments, **({"freeze": True} if layer.frozen else {})})
         return specs
 
 
@@ -312,7 +334,8 @@ def check_layer_spec(spec, key: str) -> None:
     cls = LAYER_TYPES.get(spec["type"])
     if cls is None:
         raise ConfigError(f"{key}.type is {spec['type']!r}, expected one of {sorted(LAYER_TYPES)}")
-    kwargs = {k: v for k, v in spec.items() if k != "type"}
+    check_freeze(spec, key)
+    kwargs = {k: v for k, v in spec.items() if k not in SPEC_KEYS}
     try:
         inspect.signature(cls).bind(**kwargs)
     except TypeError as e:
@@ -322,6 +345,10 @@ def check_layer_spec(spec, key: str) -> None:
         if not ok(value):
             raise ConfigError(f"{key}.{name} is {value!r}, expected {expected}")
 
+
+# The keys of a layer entry that are not its type's arguments: the type, and whether its parameters are frozen
+# (`freeze: true`: no gradient where avoidable, no step, no bytes in any sync mode; docs/recipes.md).
+SPEC_KEYS = ("type", "freeze")
 
 # Sane upper bounds of layer sizes: beyond them a config is a typo (a 16M-unit layer on 784 inputs alone is 50 GB),
 # refused when the config is read; what is left is sized against a rank's memory by `check_memory`.
@@ -366,9 +393,17 @@ LAYER_ARGUMENTS = {
 }
 
 
+def check_freeze(spec: dict, key: str) -> None:
+    """Refuse a layer or node entry whose `freeze` is not true or false, naming `key`."""
+    if not isinstance(spec.get("freeze", False), bool):
+        raise ConfigError(f"{key}.freeze is {spec['freeze']!r}, expected true or false")
+
+
 def _layer_from_spec(spec, key: str) -> Layer:
     check_layer_spec(spec, key)
     try:
-        return LAYER_TYPES[spec["type"]](**{k: v for k, v in spec.items() if k != "type"})
+        layer = LAYER_TYPES[spec["type"]](**{k: v for k, v in spec.items() if k not in SPEC_KEYS})
     except ValueError as e:
         raise ConfigError(f"{key}: {e}") from None
+    layer.frozen = spec.get("freeze", False)
+    return layer

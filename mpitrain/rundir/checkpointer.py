@@ -241,14 +241,15 @@ class Checkpointer:
         reports whether its parameters are finite, its reads whole, and a hash of each of its arrays that may
         differ between ranks (`sync.rank_local`). Of those that do differ, `sync.merged` computes the one value
         kept as the run's model (the ranks' mean, in a new buffer; `none`: rank 0's) and rank 0 gathers every
-        rank's own, for an exact resume on as many ranks. Then rank 0 writes.
+        rank's own, for an exact resume on as many ranks. Then rank 0 writes. A model with frozen layers gives the
+        sync its trainable part (`model.trainable`); its frozen part, the same on every rank, is kept as it is.
         
         With `best`, the checkpoint is the run's best (early stopping's): RUN_DIR/checkpoints/best.h5, replacing
         the one before, which no `checkpoint.keep` deletes and no resume reads; eval, predict and export take it
         (`chosen_checkpoint`).
         """
         to_host = self.backend.to_host
-        local = sync.local_arrays(model, updater)
+        local = sync.local_arrays(model.trainable, updater)  # a frozen part is the same on every rank
         candidates = [name for name in sync.rank_local if name in local and local[name].size]
         reports = self.comm.allgather_obj((bool(to_host(model.xp.isfinite(model.params).all())), read_failure,
                                            [parameter_hash(to_host(local[name])) for name in candidates]))
@@ -267,7 +268,7 @@ class Checkpointer:
         with self.comm.agreed_errors():  # a full disk on rank 0 ends every rank, not just rank 0
             if self.comm.is_root:
                 ckpt = Checkpoint(
-                    to_host(merged["params"]), to_host(merged["updater_state"]), epoch, step, updater.iteration,
+                    np.concatenate([to_host(model.params[:model.trainable_start]), to_host(merged["params"])]), to_host(merged["updater_state"]), epoch, step, updater.iteration,
                     model.layout, numbers, self.manifest_sha256, self.config_yaml,
                     stats=to_host(merged["stats"]), stats_layout=model.stats_layout,
                     sync_arrays={name.removeprefix("sync/"): to_host(array) for name, array in merged.items()

@@ -31,12 +31,13 @@ class Accumulated:
     workspace part `accumulation`."""
 
     def __init__(self, micro_batches: int, model):
-        if model.sparse_tables:
+        if model.trainable.sparse_tables:
             raise ConfigError(f"train.accumulate is {micro_batches}, but the model has embedding tables, whose "
                               "gradients go by the rows each batch touched; expected train.accumulate: 1 (or a "
                               "larger train.batch_size)")
         self.micro_batches = micro_batches
-        self.total = model.workspace.part("accumulation")("gradient_sum", model.grads.shape, model.grads.dtype)
+        grads = model.trainable.grads  # a frozen layer's gradients are no one's
+        self.total = model.workspace.part("accumulation")("gradient_sum", grads.shape, grads.dtype)
 
     def step(self, model, x, y, key: tuple, grads_ready, sync, updater):
         """Train on the step's rows (`x`, `y`: K micro-batches, this rank's) and update once (a collective: the sync
@@ -46,17 +47,17 @@ class Accumulated:
             raise ConfigError(f"train.accumulate is {self.micro_batches}, but a step has {rows} rows on this rank; "
                               "expected a multiple of it (train.global_batch_size divisible by the ranks x "
                               "train.accumulate)")
-        size = rows // self.micro_batches
+        size, trained = rows // self.micro_batches, model.trainable
         loss_sum = correct_sum = 0
         for k in range(self.micro_batches):
             part = slice(k * size, (k + 1) * size)
             loss, correct = model.train_batch(micro_batch(x, part), y[part], key=(*key, k) if k else key)
             if k:
-                self.total += model.grads
+                self.total += trained.grads
             else:
-                self.total[...] = model.grads
+                self.total[...] = trained.grads
             loss_sum, correct_sum = loss_sum + loss, correct_sum + correct
-        model.grads[...] = self.total
-        model.grads /= self.micro_batches
-        sync.step(model, updater)
+        trained.grads[...] = self.total
+        trained.grads /= self.micro_batches
+        sync.step(trained, updater)
         return loss_sum / self.micro_batches, correct_sum

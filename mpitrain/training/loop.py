@@ -134,7 +134,8 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
     """Updater and synchronizer; resume (in the epoch order the checkpoint stopped in) or start (pretraining first
     when asked, its steps agreeing on `stop`); config.yaml."""
     config, comm, model = run.config, run.comm, run.model
-    updater = create_updater(config.optimizer, model.params, model.decay_mask, config.train.clip_norm)
+    trainable = model.trainable  # the updater and the synchronizer see no frozen parameter
+    updater = create_updater(config.optimizer, trainable.params, trainable.decay_mask, config.train.clip_norm)
     sync = sync or create_synchronizer(config.sync, comm)
 
     model.init_params(config.train.seed, config.model.init)
@@ -164,15 +165,19 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
     if config.pretrain.layers and (start.epoch, start.step) == (0, 0):  # fine-tuning has not begun
         pretrain(config, comm, model, batches, run.reader.eval_rows(config.data.train_split), run.checkpointer,
                  watchdog, stop)
-    sync.start(model, updater)  # every rank starts from rank 0's parameters and updater state
+    if model.trainable_start:  # frozen parameters, rank 0's (init_from's, a checkpoint's): broadcast once, here
+        comm.bcast_(model.params[:model.trainable_start])
+    sync.start(trainable, updater)  # every rank starts from rank 0's parameters and updater state
     sync.load_state(start.sync_numbers, start.sync_arrays)  # e.g. sharing's tau, and its mean residual (rank 0's)
-    sync.load_rank_arrays(model, updater, start.rank_arrays)  # as many ranks as wrote it: each rank's own state
+    sync.load_rank_arrays(trainable, updater, start.rank_arrays)  # as many ranks as wrote it: each rank's own state
     if comm.is_root:
         plan = batches.rows.plan
         log.info("%d ranks, global batch %d (%d per rank), %d steps per epoch (%d rows not used per epoch), shuffle "
-                 "window %d rows (each chunk read at most %.2f times per epoch), %d parameters, sync %s, backend %s%s",
-                 comm.size, plan.global_batch, batches.batch_size, plan.steps, plan.dropped_rows, plan.window_rows,
-                 plan.chunk_reads(comm.size), model.n_params, config.sync.mode, run.backend.name,
+                 "window %d rows (each chunk read at most %.2f times per epoch), %d parameters%s, sync %s, backend "
+                 "%s%s", comm.size, plan.global_batch, batches.batch_size, plan.steps, plan.dropped_rows,
+                 plan.window_rows, plan.chunk_reads(comm.size), model.n_params,
+                 f" ({model.trainable_start} frozen)" if model.trainable_start else "", config.sync.mode,
+                 run.backend.name,
                  ", collectives staged through host memory" if comm.staged else "")
     metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs)
     schedule = Schedule(config.optimizer, batches.steps_per_epoch, config.train.epochs)
@@ -268,7 +273,7 @@ def _train_epoch(run: Run, loop: _Loop, epoch: int, start_step: int, watchdog: W
     """The steps of `epoch` from `start_step`: each step, then its metrics window when one ends, the stop agreement,
     the checkpoint cadence and early stopping's evaluations by step (the last one's evaluation goes into `done`).
     Returns the epoch's totals on this rank, early when early stopping ends training after a step."""
-    comm, grads_ready = run.comm, functools.partial(loop.sync.grads_ready, run.model)  # backward tells the sync
+    comm, grads_ready = run.comm, functools.partial(loop.sync.grads_ready, run.model.trainable)  # backward tells the sync
     loop.metrics.start_epoch(epoch, start_step)
     window, totals = Window(), Totals()
     tick = time.perf_counter()
@@ -386,7 +391,7 @@ def _end_epoch(run: Run, loop: _Loop, epoch: int, totals: Totals, done: _Done, w
     config, comm, model, sync = run.config, run.comm, run.model, loop.sync
     watchdog.beat(f"the end of epoch {epoch + 1} (sync, replica check, evaluation, checkpoint)")
     before = Traffic.of(comm)
-    sync.end_epoch(model, loop.updater)
+    sync.end_epoch(model.trainable, loop.updater)
     _count(done, totals, Traffic.of(comm) - before)
     if sync.replicas_identical and config.sync.check_replicas:
         done.hashes = check_replicas(comm, *map(run.backend.to_host, (model.params, model.stats)))
@@ -436,7 +441,7 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
         "epochs": config.train.epochs, "ranks": comm.size, "nodes": comm.nodes,
         "ranks_per_node": comm.local_size, "sync_mode": config.sync.mode,
         "wall_s": comm.max(time.perf_counter() - started), "steps_per_epoch": loop.batches.steps_per_epoch,
-        "n_params": model.n_params,
+        "n_params": model.n_params, "n_trainable": model.trainable.n_params,
         "replica_hashes": comm.allgather_obj(parameter_hash(*map(backend.to_host, (model.params, model.stats)))),
         "backend": backend.name, "cuda_aware_mpi": comm.cuda_aware, "host_staging": comm.staged,
         "transfers": backend.transfers.to_dict(),

@@ -14,8 +14,8 @@ from mpitrain.training.tbptt import TruncatedBPTT
 
 class Stepper(typing.Protocol):
     def step(self, model, x, y, key: tuple, grads_ready, sync, updater):
-        """Train on batch (`x`, `y`) and update (a collective); (mean loss, correct) on the device; `key` seeds
-        dropout (`Network.train_batch`)."""
+        """Train on batch (`x`, `y`) and update (a collective: the sync steps of `model.trainable`); (mean loss,
+        correct) on the device; `key` seeds dropout (`Network.train_batch`)."""
 
 
 class WholeBatch:
@@ -25,7 +25,7 @@ class WholeBatch:
         """Train on batch (`x`, `y`) and update (a collective: the sync step); (mean loss, correct) on the device;
         `key` seeds dropout (`Network.train_batch`)."""
         loss, correct = model.train_batch(x, y, key=key, grads_ready=grads_ready)
-        sync.step(model, updater)
+        sync.step(model.trainable, updater)
         return loss, correct
 
 

@@ -47,12 +47,12 @@ class TruncatedBPTT:
             for s in range(self.segments.count(self.comm.max(longest))):
                 if s * self.segments.steps >= longest:  # this rank's sequences have ended; the other ranks' go on
                     model.grads[...] = 0
-                    sync.step(model, updater)
+                    sync.step(model.trainable, updater)
                     continue
                 batch, classes = self.segments.cut(x, y, s)
                 loss, correct = model.train_batch(batch, classes, key=(*key, s) if s else key, grads_ready=grads_ready)
                 self.segments.keep()
-                sync.step(model, updater)
+                sync.step(model.trainable, updater)
                 steps = batch.lengths.sum()
                 loss_sum, correct_sum, valid = loss_sum + loss * steps, correct_sum + correct * steps, valid + steps
         finally:
