@@ -13,12 +13,19 @@ export UCX_TLS ?= self,sm
 
 .PHONY: setup bytecode fashion-mnist slurm network-tools demo test test-fast test-mpi lint bench bench-gpu clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed $(VENV)/.kernels
 
 $(VENV)/.installed: setup.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q -e '.[spark,mpich,test]'
+	touch $@
+
+# numba's cache filled with the CPU kernels training runs (`mpitrain warm-up`, two processes at once), so the first
+# run after installing loads them instead of compiling them (docs/performance.md); again when a kernel changes.
+$(VENV)/.kernels: $(VENV)/.installed $(wildcard kernels/*.py kernels/threshold/*.py)
+	$(BIN)/mpitrain warm-up --part 1/2 & first=$$!; $(BIN)/mpitrain warm-up --part 2/2; second=$$?; \
+	  wait $$first && [ $$second = 0 ]
 	touch $@
 
 # The bytecode of mpitrain's own modules, which an editable install leaves unwritten: with PYTHONDONTWRITEBYTECODE

@@ -1,4 +1,4 @@
-"""`mpitrain train|eval|predict|export|etl|score|spark-train|report|info|tune|tune-worker`: the command line, and
+"""`mpitrain train|eval|predict|export|etl|score|spark-train|report|info|tune|tune-worker|warm-up`: the command line, and
 the one place user errors are caught.
 
 Multi-rank commands run the same under `mpiexec -n N`, `srun`, or alone (1 rank). An
@@ -166,6 +166,12 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
                              "`mpitrain tune` asks of its workers: it draws them once, after they all ended)")
     worker.set_defaults(run=_tune_worker)
 
+    warm = commands.add_parser("warm-up", help="compile the CPU kernels training runs into numba's cache, once "
+                                               "after installing (`make setup` runs it)")
+    warm.add_argument("--part", type=_part, default=(1, 1), metavar="I/N",
+                      help="run part I of N of the cases, for N processes at once (default 1/1: all)")
+    warm.set_defaults(run=_warm_up)
+
     info = commands.add_parser("info", help="summarize a dataset and verify its shard checksums")
     info.add_argument("dataset", help="dataset folder (holds manifest.json)")
     info.add_argument("--no-verify", action="store_true", help="skip the sha256 checks")
@@ -244,6 +250,22 @@ def _report(args) -> int:
         from mpitrain.rundir.tensorboard import write_events
         for run_dir in args.run_dirs:
             print(f"wrote TensorBoard events in {write_events(run_dir)} (tensorboard --logdir {run_dir})")
+    return 0
+
+
+def _part(text: str) -> tuple[int, int]:
+    """`--part I/N` as (I, N), 1 <= I <= N."""
+    part, _, parts = text.partition("/")
+    if not (part.isdigit() and parts.isdigit() and 1 <= int(part) <= int(parts)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not I/N with 1 <= I <= N (e.g. 1/2)")
+    return int(part), int(parts)
+
+
+def _warm_up(args) -> int:
+    from mpitrain.training.kernel_cache import warm_up
+    part, parts = args.part
+    seconds = warm_up(part, parts)
+    print(f"warm-up {part}/{parts}: numba's cache holds the kernels of its cases ({seconds:.1f} s)")
     return 0
 
 

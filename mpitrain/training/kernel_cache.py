@@ -1,0 +1,158 @@
+"""Fill numba's cache with the CPU kernels training runs, once after installing: `mpitrain warm-up` (`make setup`
+runs it), so a user's first run loads its kernels instead of compiling them.
+
+    mpitrain warm-up                  # every case, in this process
+    mpitrain warm-up --part 1/2       # every other case: two processes share the work
+
+numba compiles a kernel for each combination of argument types it meets (dtype, dimensions, layout, an optional
+array or None) and keeps the machine code in its cache (`cache=True`; beside the kernels' sources, or in
+NUMBA_CACHE_DIR). A first run compiles what its model, optimizer and sync mode need, 10-60 s of CPU per rank on two
+cores, while every later run loads them in a fraction of a second. The cases below meet the float32 combinations a
+training run meets on the CPU: each layer type forward and backward (both conv paths, both pooling paths, both
+recurrent cells each way), each loss, each optimizer with and without L2 or weight decay, the sharing codec, and the
+batch pipeline's gathering and scaling of uint8 and float32 rows. A model in float64 (`model.dtype`) compiles its
+own on first use. Not a collective; it touches no run directory.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from mpitrain.config.sections import ModelConfig, OptimizerConfig
+from mpitrain.data.sequences import SequenceBatch
+from mpitrain.data.shards import InputGroup
+from mpitrain.kernels.rows import gather_scaled, scaled
+from mpitrain.nn.graph import build_graph
+from mpitrain.nn.model import build_model
+from mpitrain.nn.updaters import create_updater
+from mpitrain.parallel.sync.codec import CODECS
+
+log = logging.getLogger("mpitrain")
+
+ROWS = 4  # rows of a warm-up batch: kernels compile by type, not by size
+DENSE = [{"type": "dense", "units": 6, "activation": kind} for kind in ("relu", "tanh", "sigmoid")]
+IMAGES = [  # im2col (few channels), then channels-last windows and Winograd (8 channels on), both poolings
+    {"type": "conv2d", "filters": 8, "kernel": 3, "padding": "same", "activation": "relu"},
+    {"type": "batchnorm"}, {"type": "relu"},
+    {"type": "maxpool2d", "pool": 2},
+    {"type": "conv2d", "filters": 8, "kernel": 3, "padding": "same"},
+    {"type": "conv2d", "filters": 4, "kernel": 3, "stride": 2, "padding": "same", "activation": "tanh"},
+    {"type": "maxpool2d", "pool": 3, "stride": 1, "padding": "same"},
+    {"type": "avgpool2d", "pool": 2},
+    {"type": "dropout", "rate": 0.2}, {"type": "flatten"},
+    {"type": "dense", "units": 6}, {"type": "batchnorm"}, {"type": "sigmoid"},
+    {"type": "dense", "units": 3}]
+SEQUENCES = [
+    [{"type": "lstm", "units": 4, "return_sequences": True}, {"type": "gru", "units": 4, "bidirectional": True},
+     {"type": "dense", "units": 3}],
+    [{"type": "gru", "units": 4, "return_sequences": True}, {"type": "lstm", "units": 4, "bidirectional": True},
+     {"type": "dense", "units": 3}],
+    [{"type": "conv1d", "filters": 4, "kernel": 3, "padding": "causal", "activation": "relu"},
+     {"type": "global_max_pool"}, {"type": "dense", "units": 3}],
+    [{"type": "conv1d", "filters": 4, "kernel": 3, "activation": "tanh"}, {"type": "global_avg_pool"},
+     {"type": "dense", "units": 3}],
+]
+TOKENS = [{"type": "token_embedding", "ids": 9, "dim": 3}, *SEQUENCES[0]]  # token ids through an embedding
+TABLE = [{"name": "emb", "type": "embedding", "input": "categorical", "dim": 3},
+         {"name": "flat", "type": "flatten", "input": "emb"},
+         {"name": "joined", "type": "concat", "inputs": ["flat", "numeric"]},
+         {"name": "a", "type": "dense", "input": "joined", "units": 4, "activation": "relu"},
+         {"name": "b", "type": "dense", "input": "a", "units": 4},
+         {"name": "sum", "type": "add", "inputs": ["a", "b"]},
+         {"name": "out", "type": "dense", "input": "sum", "units": 1}]
+LOSSES = {"softmax_cross_entropy": 3, "binary_cross_entropy": 1, "multilabel_cross_entropy": 2, "mse": 2,
+          "huber": 2, "l1": 2}
+OPTIMIZERS = [{"type": "sgd"}, {"type": "sgd", "momentum": 0.9}, {"type": "sgd", "momentum": 0.9, "nesterov": True},
+              {"type": "adagrad"}, {"type": "rmsprop"}, {"type": "adam"}, {"type": "adam", "amsgrad": True},
+              {"type": "adamw", "weight_decay": 0.01}, {"type": "adamw", "weight_decay": 0.01, "amsgrad": True},
+              {"type": "nadam"}]
+
+
+def _train(model, x, y) -> None:
+    """One training step's forward and backward, and an evaluation's forward."""
+    model.init_params(0, "xavier")
+    model.train_batch(x, y)
+    model.forward(x, training=False)
+
+
+def _labels(rng, outputs: int, loss: str):
+    if loss == "softmax_cross_entropy":
+        return rng.integers(0, outputs, ROWS).astype(np.int32)
+    return rng.uniform(0, 1, (ROWS, outputs)).astype(np.float32)
+
+
+def dense_and_losses(rng) -> None:
+    """Dense layers with each activation, dropout and batch norm on rows, under each loss."""
+    for loss, outputs in LOSSES.items():
+        layers = [*DENSE, {"type": "dropout", "rate": 0.5}, {"type": "batchnorm"},
+                  {"type": "dense", "units": outputs}]
+        model = build_model(ModelConfig(layers=layers, loss=loss), (5,), outputs, np)
+        _train(model, rng.normal(size=(ROWS, 5)).astype(np.float32), _labels(rng, outputs, loss))
+
+
+def images(rng) -> None:
+    """Convolutions by im2col, channels last and Winograd, max and average pooling, batch norm on images."""
+    model = build_model(ModelConfig(layers=IMAGES), (1, 8, 8), 3, np)
+    _train(model, rng.normal(size=(ROWS, 1, 8, 8)).astype(np.float32), _labels(rng, 3, "softmax_cross_entropy"))
+
+
+def sequences(rng) -> None:
+    """LSTM and GRU cells (one way and both ways), causal and valid 1-D convolutions, global poolings, on padded
+    sequences of unlike lengths; and token ids through an embedding."""
+    lengths = np.array([5, 3, 6, 2][:ROWS], np.int64)
+    batch = SequenceBatch(rng.normal(size=(ROWS, 6, 2)).astype(np.float32), lengths)
+    labels = _labels(rng, 3, "softmax_cross_entropy")
+    for layers in SEQUENCES:
+        _train(build_model(ModelConfig(layers=layers), (None, 2), 3, np, sequence={"longest": 6, "shortest": 2}),
+               batch, labels)
+    ids = SequenceBatch(rng.integers(0, 9, (ROWS, 6, 1)).astype(np.float32), lengths)
+    _train(build_model(ModelConfig(layers=TOKENS), (None, 1), 3, np, sequence={"longest": 6, "shortest": 2}), ids,
+           labels)
+
+
+def table(rng) -> None:
+    """A graph over a table's columns: embedding tables, concat and add, a sigmoid output."""
+    groups = {"numeric": InputGroup(0, (3,)), "categorical": InputGroup(3, (2,), (6, 4))}
+    model = build_graph(ModelConfig(graph=TABLE, loss="binary_cross_entropy"), groups, (5,), 1, np)
+    x = np.column_stack([rng.normal(size=(ROWS, 3)), rng.integers(0, 4, (ROWS, 2))]).astype(np.float32)
+    _train(model, x, _labels(rng, 1, "binary_cross_entropy"))
+
+
+def optimizers(rng) -> None:
+    """Each optimizer's step, with L2 and without (their kernels compile once per such variant)."""
+    params, mask = rng.normal(size=8).astype(np.float32), np.ones(8, np.float32)
+    for options in OPTIMIZERS:
+        for l2 in (0.0, 1e-4):
+            config = OptimizerConfig(**options, l2=l2).validate("warm-up")
+            create_updater(config, params.copy(), mask).delta(rng.normal(size=8).astype(np.float32), params.copy())
+
+
+def batch_pipeline(rng) -> None:
+    """The batch pipeline's gathering and scaling of stored rows (uint8 or float32) and targets (classes or
+    values), and the sharing codec's encoding and decoding."""
+    index = np.arange(2, dtype=np.int64)
+    for stored in (np.zeros((2, 3), np.uint8), np.zeros((2, 3), np.float32)):
+        for y in (np.zeros(2, np.int32), np.zeros((2, 2), np.float32)):
+            out_x, out_y = np.empty((2, 3), np.float32), np.empty_like(y)
+            gather_scaled(stored, y, index, 1.0, 0.0, out_x, out_y)
+            scaled(stored, 1.0, 0.0, out_x)
+    for codec in CODECS.values():
+        codec().warm_up(np.zeros(64, np.float32))
+
+
+# the slowest first; `--part 1/2` takes images, dense_and_losses and table (about 55 s of CPU cold on this project's
+# machine), `--part 2/2` the others (about 35 s)
+CASES = [images, sequences, dense_and_losses, optimizers, table, batch_pipeline]
+
+
+def warm_up(part: int = 1, parts: int = 1) -> float:
+    """Run the cases of `part` of `parts` (every parts-th case from the part-th), compiling their kernels into
+    numba's cache or loading them from it; returns the seconds taken. Not a collective."""
+    started, rng = time.perf_counter(), np.random.default_rng(0)
+    for case in CASES[part - 1::parts]:
+        case(rng)
+        log.info("warm-up: %s (%.1f s so far)", case.__name__, time.perf_counter() - started)
+    return time.perf_counter() - started
+
