@@ -10,7 +10,17 @@ page lists them in an order that does not depend on the imports.
 """
 from __future__ import annotations
 
-from mpitrain.nn import batchnorm, conv, embedding, layers, merge, recurrent, sequence, tokens  # noqa: F401 registers
+from mpitrain.nn import (  # noqa: F401 registers
+    batchnorm,
+    conv,
+    embedding,
+    layernorm,
+    layers,
+    merge,
+    recurrent,
+    sequence,
+    tokens,
+)
 from mpitrain.nn.layers import LAYER_CLASSES
 
 GRAPH_TYPES = dict(sorted(LAYER_CLASSES.items()))

@@ -51,8 +51,8 @@ SEQUENCES = [
      {"type": "dense", "units": 3}],
     [{"type": "conv1d", "filters": 4, "kernel": 3, "padding": "causal", "activation": "relu"},
      {"type": "global_max_pool"}, {"type": "dense", "units": 3}],
-    [{"type": "conv1d", "filters": 4, "kernel": 3, "activation": "tanh"}, {"type": "global_avg_pool"},
-     {"type": "dense", "units": 3}],
+    [{"type": "conv1d", "filters": 4, "kernel": 3, "activation": "tanh"}, {"type": "layernorm", "activation": "relu"},
+     {"type": "global_avg_pool"}, {"type": "dense", "units": 3}],
 ]
 TOKENS = [{"type": "token_embedding", "ids": 9, "dim": 3}, *SEQUENCES[0]]  # token ids through an embedding
 TABLE = [{"name": "emb", "type": "embedding", "input": "categorical", "dim": 3},
@@ -84,9 +84,9 @@ def _labels(rng, outputs: int, loss: str):
 
 
 def dense_and_losses(rng) -> None:
-    """Dense layers with each activation, dropout and batch norm on rows, under each loss."""
+    """Dense layers with each activation, dropout, batch norm and layer norm on rows, under each loss."""
     for loss, outputs in LOSSES.items():
-        layers = [*DENSE, {"type": "dropout", "rate": 0.5}, {"type": "batchnorm"},
+        layers = [*DENSE, {"type": "dropout", "rate": 0.5}, {"type": "batchnorm"}, {"type": "layernorm"},
                   {"type": "dense", "units": outputs}]
         model = build_model(ModelConfig(layers=layers, loss=loss), (5,), outputs, np)
         _train(model, rng.normal(size=(ROWS, 5)).astype(np.float32), _labels(rng, outputs, loss))
@@ -99,8 +99,8 @@ def images(rng) -> None:
 
 
 def sequences(rng) -> None:
-    """LSTM and GRU cells (one way and both ways), causal and valid 1-D convolutions, global poolings, on padded
-    sequences of unlike lengths; and token ids through an embedding."""
+    """LSTM and GRU cells (one way and both ways), causal and valid 1-D convolutions, layer norm per step, global
+    poolings, on padded sequences of unlike lengths; and token ids through an embedding."""
     lengths = np.array([5, 3, 6, 2][:ROWS], np.int64)
     batch = SequenceBatch(rng.normal(size=(ROWS, 6, 2)).astype(np.float32), lengths)
     labels = _labels(rng, 3, "softmax_cross_entropy")

@@ -5,7 +5,7 @@
 | `graph.py` | nothing: `OnnxGraph` (nodes and initializers under construction) and the `emits` registry |
 | `dense.py` | dense, relu, tanh, sigmoid, flatten, dropout |
 | `conv.py` | conv2d, maxpool2d, avgpool2d |
-| `batchnorm.py` | batchnorm |
+| `batchnorm.py` | batchnorm, layernorm |
 | `embedding.py` | a table's embedding |
 | `recurrent.py` | lstm, gru |
 | `sequence.py` | conv1d, the global pools, token_embedding (masking padded steps) |

@@ -1,7 +1,8 @@
-"""The ONNX emitter of batch norm."""
+"""The ONNX emitters of batch norm and layer norm."""
 from __future__ import annotations
 
 from mpitrain.nn.batchnorm import BatchNorm
+from mpitrain.nn.layernorm import LayerNorm
 from mpitrain.nn.onnx.graph import emits
 
 
@@ -13,3 +14,11 @@ def batchnorm(graph, layer, x, name, input_shape):
                                              graph.constant(f"{name}/mean", layer.stats["mean"]),
                                              graph.constant(f"{name}/var", layer.stats["var"])], name,
                       epsilon=float(layer.eps))
+
+
+@emits(LayerNorm)
+def layernorm(graph, layer, x, name, input_shape):
+    """LayerNormalization over the last axis (a row's features, or each step's of a sequence (N, T, F))."""
+    return graph.node("LayerNormalization", [x, graph.constant(f"{name}/gamma", layer.params["gamma"]),
+                                             graph.constant(f"{name}/beta", layer.params["beta"])], name,
+                      axis=-1, epsilon=float(layer.eps))

@@ -7,6 +7,7 @@ import pytest
 
 from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import ModelConfig
+from mpitrain.nn.layernorm import LayerNorm
 from mpitrain.nn.layers import Dense
 from mpitrain.nn.model import build_model
 from mpitrain.nn.sequence import Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
@@ -99,7 +100,8 @@ def test_valid_refuses_a_sequence_shorter_than_the_span():
      GlobalMaxPool1D(), Dense(2)],
     [Conv1D(4, 3, padding="valid", activation="sigmoid"), GlobalAvgPool1D(), Dense(2)],
     [Dense(3, activation="relu"), Conv1D(3, 3, stride=2, dilation=2, padding="causal")],
-], ids=["max", "avg", "sequence-out"])
+    [Dense(4), LayerNorm(activation="relu"), GlobalAvgPool1D(), Dense(2)],
+], ids=["max", "avg", "sequence-out", "layernorm"])
 def test_padding_invariance(layers):
     """The same sequences beside other companions, padded further with other garbage: the same outputs at valid
     steps and the same parameter gradients (float64, 1e-6)."""

@@ -5,6 +5,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from mpitrain.nn.layernorm import LayerNorm
 from mpitrain.nn.layers import Dense
 from mpitrain.nn.onnx import OPSET, OnnxGraph, emit_layer
 from mpitrain.nn.sequence import Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
@@ -41,6 +42,7 @@ LAYERS = {
        [Conv1D(4, 3, stride=s, dilation=d, padding=p, activation="tanh")]
        for padding in ("causal", "same", "valid") for stride, dilation in ((1, 1), (2, 2), (2, 1))},
     "dense per step": lambda: [Dense(4, activation="sigmoid")],
+    "layernorm per step": lambda: [Dense(4), LayerNorm(activation="tanh")],
     "global max pool": lambda: [GlobalMaxPool1D()],
     "global avg pool": lambda: [GlobalAvgPool1D()],
     "conv1d then max pool": lambda: [Conv1D(4, 2, stride=2, padding="same", activation="relu"), Dense(5),
