@@ -2,6 +2,8 @@
 
     bias_activation(z, b, "relu", out)           # out = relu(z + b), rows of z (N, F), b (F,) or empty
     activation_backward(dy, y, "relu", out)      # out = dy * relu'(.), from the activation's OUTPUT y
+    input_activation(x, "gelu", out)             # out = gelu(x), rows of x (N, F)
+    input_activation_backward(dy, x, "gelu", out)  # out = dy * gelu'(x), from the activation's INPUT x
     dropout(x, seed, threshold, scale, out, mask)  # mask = keep * scale from keyed bits; out = x * mask
 
 Each is one pass over memory, writing into arrays it is given (the model's workspace), so a
@@ -10,7 +12,9 @@ arrays (cupy) run the `*_reference` versions, written for any array module with 
 which the tests compare the kernels with. The derivative is taken from the output (relu:
 y > 0, sigmoid: y (1 - y), tanh: 1 - y^2), so backward needs only what forward wrote.
 `activate` and `derivative` are `register_jitable`: the conv layer's fused kernels
-(`kernels.conv_rows`) use them too.
+(`kernels.conv_rows`) use them too. GELU (exact, with erf, or its tanh form) and SiLU (x sigmoid(x)) are not
+monotonic, so their derivative needs the input: `INPUT_KINDS` run as layers of their own (never fused), which keep
+their input for backward.
 """
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ from mpitrain.base.arrays import array_module
 from .dispatch import numpy_or_reference
 
 KINDS = {"none": 0, "relu": 1, "sigmoid": 2, "tanh": 3}
+INPUT_KINDS = {"gelu": 1, "gelu_tanh": 2, "silu": 3}  # derivatives from the input: never fused
+_SQRT_HALF, _SQRT_2_OVER_PI, _GELU_CUBIC = math.sqrt(0.5), math.sqrt(2 / math.pi), 0.044715
 
 KEYED_BITS = 24  # dropout's draw: integers in [0, 2**KEYED_BITS)
 _GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -53,6 +59,29 @@ def derivative(y, kind):
     if kind == 3:
         return 1 - y * y
     return 1
+
+
+@register_jitable
+def activate_input(x, kind):
+    """The activation `kind` (an INPUT_KINDS value) of one value: GELU x Phi(x), its tanh form, or SiLU."""
+    if kind == 1:
+        return 0.5 * x * (1 + math.erf(x * _SQRT_HALF))
+    if kind == 2:
+        return 0.5 * x * (1 + math.tanh(_SQRT_2_OVER_PI * (x + _GELU_CUBIC * x * x * x)))
+    return x / (1 + math.exp(-x))
+
+
+@register_jitable
+def derivative_at_input(x, kind):
+    """The activation's derivative at its input x."""
+    if kind == 1:  # Phi(x) + x phi(x)
+        return 0.5 * (1 + math.erf(x * _SQRT_HALF)) + x * math.exp(-0.5 * x * x) * _SQRT_HALF / math.sqrt(math.pi)
+    if kind == 2:
+        inner = _SQRT_2_OVER_PI * (x + _GELU_CUBIC * x * x * x)
+        t = math.tanh(inner)
+        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * _GELU_CUBIC * x * x)
+    s = 1 / (1 + math.exp(-x))
+    return s * (1 + x * (1 - s))
 
 
 @register_jitable
@@ -91,6 +120,22 @@ def _activation_backward_cpu(dy, y, kind, out):
 
 
 @njit(parallel=True, cache=True)
+def _input_activation_cpu(x, kind, out):
+    n, f = x.shape
+    for r in prange(n):
+        for j in range(f):
+            out[r, j] = activate_input(x[r, j], kind)
+
+
+@njit(parallel=True, cache=True)
+def _input_activation_backward_cpu(dy, x, kind, out):
+    n, f = dy.shape
+    for r in prange(n):
+        for j in range(f):
+            out[r, j] = dy[r, j] * derivative_at_input(x[r, j], kind)
+
+
+@njit(parallel=True, cache=True)
 def _dropout_cpu(x, seed, threshold, scale, out, mask):
     n, f = x.shape
     zero = scale * 0
@@ -111,6 +156,18 @@ def bias_activation(z, b, kind: str, out) -> None:
 def activation_backward(dy, y, kind: str, out) -> None:
     """out = dy * activation'(.) for 2-D dy, the derivative from the activation's output `y`. `out` may be `dy`."""
     _activation_backward_cpu(dy, y, KINDS[kind], out)
+
+
+@numpy_or_reference("input_activation_reference")
+def input_activation(x, kind: str, out) -> None:
+    """out = activation(x) for 2-D x (rows, features), `kind` one of INPUT_KINDS."""
+    _input_activation_cpu(x, INPUT_KINDS[kind], out)
+
+
+@numpy_or_reference("input_activation_backward_reference")
+def input_activation_backward(dy, x, kind: str, out) -> None:
+    """out = dy * activation'(x) for 2-D dy, the derivative at the activation's input `x`."""
+    _input_activation_backward_cpu(dy, x, INPUT_KINDS[kind], out)
 
 
 @numpy_or_reference("dropout_reference")
@@ -146,6 +203,36 @@ def activation_backward_reference(dy, y, kind: str, out) -> None:
         xp.multiply(dy, 1 - y * y, out=out)
     elif out is not dy:
         out[...] = dy
+
+
+def _erf(xp, x):
+    """erf of an array of module xp: scipy's on the host, cupyx's on a GPU."""
+    if xp is np:
+        from scipy.special import erf
+    else:
+        from cupyx.scipy.special import erf
+    return erf(x)
+
+
+def _input_activation_parts(x, kind: str):
+    """(activation(x), activation'(x)) of an INPUT_KINDS `kind` on array x, in x's array module."""
+    xp = array_module(x)
+    if kind == "gelu":
+        phi = 0.5 * (1 + _erf(xp, x * _SQRT_HALF))
+        return x * phi, phi + x * xp.exp(-0.5 * x * x) * (_SQRT_HALF / math.sqrt(math.pi))
+    if kind == "gelu_tanh":
+        t = xp.tanh(_SQRT_2_OVER_PI * (x + _GELU_CUBIC * x ** 3))
+        return 0.5 * x * (1 + t), 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * _GELU_CUBIC * x * x)
+    s = 1 / (1 + xp.exp(-x))
+    return x * s, s * (1 + x * (1 - s))
+
+
+def input_activation_reference(x, kind: str, out) -> None:
+    out[...] = _input_activation_parts(x, kind)[0]
+
+
+def input_activation_backward_reference(dy, x, kind: str, out) -> None:
+    out[...] = dy * _input_activation_parts(x, kind)[1]
 
 
 def keyed_bits_reference(xp, seed: np.uint64, shape):

@@ -26,7 +26,15 @@ import numpy as np
 
 from mpitrain.base.arrays import array_module
 from mpitrain.base.workspace import Workspace, WorkspacePart
-from mpitrain.kernels.activations import KEYED_BITS, activation_backward, bias_activation, dropout, keyed_bits_reference
+from mpitrain.kernels.activations import (
+    KEYED_BITS,
+    activation_backward,
+    bias_activation,
+    dropout,
+    input_activation,
+    input_activation_backward,
+    keyed_bits_reference,
+)
 from mpitrain.kernels.rows import flat_rows
 
 LAYER_CLASSES: dict[str, type] = {}  # every layer type a config names, by that name (`layer_type`)
@@ -212,6 +220,49 @@ class Sigmoid(_Activation):
     kind = "sigmoid"
 
 
+class _InputActivation(Layer):
+    """An element-wise activation whose derivative needs its input (`kind`, one of `kernels.activations.INPUT_KINDS`:
+    GELU, its tanh form, SiLU): a layer of its own, never fused into the layer before, which keeps a reference to
+    its input (the array the layer before returned, left as it is until the next forward) for backward."""
+
+    per_step = True
+
+    kind = "gelu"
+
+    def forward(self, x, training):
+        self.x = x
+        y = self.ws("y", x.shape, x.dtype)
+        input_activation(flat_rows(x), self.kind, flat_rows(y))
+        return y
+
+    def backward(self, dy, input_grad=True):
+        dx = self.ws("dx", dy.shape, dy.dtype)
+        input_activation_backward(flat_rows(dy), flat_rows(self.x), self.kind, flat_rows(dx))
+        return dx
+
+
+@layer_type("gelu")
+class GELU(_InputActivation):
+    """x Phi(x), Phi the standard normal's distribution function (Hendrycks & Gimpel 2016; PyTorch's `nn.GELU()`)."""
+
+    kind = "gelu"
+
+
+@layer_type("gelu_tanh")
+class GELUTanh(_InputActivation):
+    """GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (PyTorch's
+    `nn.GELU(approximate="tanh")`, BERT's and GPT-2's)."""
+
+    kind = "gelu_tanh"
+
+
+@layer_type("silu")
+class SiLU(_InputActivation):
+    """x sigmoid(x) (Elfwing et al. 2018, "swish"; PyTorch's `nn.SiLU()`)."""
+
+    kind = "silu"
+
+
 @layer_type("flatten")
 class Flatten(Layer):
     def output_shape(self, input_shape):
@@ -295,7 +346,7 @@ def varying(ws: WorkspacePart, name: str, shape: tuple, dtype):
     return ws.at_least(name, math.prod(shape), dtype).reshape(shape)
 
 
-ACTIVATIONS = {"relu": ReLU, "tanh": Tanh, "sigmoid": Sigmoid}
+ACTIVATIONS = {"relu": ReLU, "tanh": Tanh, "sigmoid": Sigmoid, "gelu": GELU, "gelu_tanh": GELUTanh, "silu": SiLU}
 INIT_SCHEMES = ("xavier", "he")
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from mpitrain.base.errors import ConfigError
 from mpitrain.data.sequences import SequenceBatch
 from mpitrain.data.shards import MAX_IDS
+from mpitrain.kernels.activations import KINDS
 from mpitrain.kernels.im2col import PADDINGS
 from mpitrain.nn.flat import FlatModel, TrainablePart, flat_views
 from mpitrain.nn.layer_types import LAYER_TYPES
@@ -222,9 +223,9 @@ def _with_activation_layers(layers: list[Layer]) -> list[Layer]:
 
 def _fuse_activations(layers: list[Layer]) -> None:
     """Let each layer that can (`FusesActivation`) run the activation layer right after it, which then passes
-    through."""
+    through; an activation whose derivative needs its input (GELU, SiLU) always runs itself."""
     for layer, after in zip(layers, layers[1:]):
-        if type(after) in ACTIVATIONS.values() and isinstance(layer, FusesActivation):
+        if type(after) in ACTIVATIONS.values() and after.kind in KINDS and isinstance(layer, FusesActivation):
             layer.fuse_activation(after.kind)
             after.fused = True
 

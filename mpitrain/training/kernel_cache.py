@@ -32,7 +32,8 @@ from mpitrain.parallel.sync.codec import CODECS
 log = logging.getLogger("mpitrain")
 
 ROWS = 4  # rows of a warm-up batch: kernels compile by type, not by size
-DENSE = [{"type": "dense", "units": 6, "activation": kind} for kind in ("relu", "tanh", "sigmoid")]
+DENSE = [{"type": "dense", "units": 6, "activation": kind}
+         for kind in ("relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "silu")]
 IMAGES = [  # im2col (few channels), then channels-last windows and Winograd (8 channels on), both poolings
     {"type": "conv2d", "filters": 8, "kernel": 3, "padding": "same", "activation": "relu"},
     {"type": "batchnorm"}, {"type": "relu"},

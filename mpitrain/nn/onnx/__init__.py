@@ -3,7 +3,7 @@
 | module | emits |
 | --- | --- |
 | `graph.py` | nothing: `OnnxGraph` (nodes and initializers under construction) and the `emits` registry |
-| `dense.py` | dense, relu, tanh, sigmoid, flatten, dropout |
+| `dense.py` | dense, relu, tanh, sigmoid, gelu, gelu_tanh, silu, flatten, dropout |
 | `conv.py` | conv2d, maxpool2d, avgpool2d |
 | `batchnorm.py` | batchnorm, layernorm |
 | `embedding.py` | a table's embedding |

@@ -1,7 +1,9 @@
 """ONNX emitters of the element-wise and dense layers: dense, the activations, flatten, dropout."""
 from __future__ import annotations
 
-from mpitrain.nn.layers import Dense, Dropout, Flatten, ReLU, Sigmoid, Tanh, is_sequence
+import math
+
+from mpitrain.nn.layers import GELU, Dense, Dropout, Flatten, GELUTanh, ReLU, Sigmoid, SiLU, Tanh, is_sequence
 from mpitrain.nn.onnx.graph import emits
 
 
@@ -25,6 +27,35 @@ emits(ReLU)(_same("Relu"))
 emits(Tanh)(_same("Tanh"))
 emits(Sigmoid)(_same("Sigmoid"))
 emits(Dropout)(_same("Identity"))  # dropout is the identity at inference
+
+
+@emits(GELU)
+def gelu(graph, layer, x, name, input_shape):
+    """x 0.5 (1 + erf(x / sqrt 2)): opset 17 has Erf but no Gelu (opset 20 has)."""
+    erf = graph.node("Erf", [graph.node("Mul", [x, graph.constant(f"{name}/sqrt_half", math.sqrt(0.5))],
+                                        f"{name}/scaled")], name)
+    half = graph.node("Mul", [graph.node("Add", [erf, graph.constant(f"{name}/one", 1.0)], name),
+                              graph.constant(f"{name}/half", 0.5)], f"{name}/phi")
+    return graph.node("Mul", [x, half], name)
+
+
+@emits(GELUTanh)
+def gelu_tanh(graph, layer, x, name, input_shape):
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    cube = graph.node("Mul", [graph.node("Mul", [x, x], f"{name}/square"), x], f"{name}/cube")
+    inner = graph.node("Add", [x, graph.node("Mul", [cube, graph.constant(f"{name}/cubic", 0.044715)],
+                                             f"{name}/cubic_term")], f"{name}/inner")
+    tanh = graph.node("Tanh", [graph.node("Mul", [inner, graph.constant(f"{name}/scale", math.sqrt(2 / math.pi))],
+                                          f"{name}/scaled")], name)
+    half = graph.node("Mul", [graph.node("Add", [tanh, graph.constant(f"{name}/one", 1.0)], name),
+                              graph.constant(f"{name}/half", 0.5)], f"{name}/half_sum")
+    return graph.node("Mul", [x, half], name)
+
+
+@emits(SiLU)
+def silu(graph, layer, x, name, input_shape):
+    """x sigmoid(x)."""
+    return graph.node("Mul", [x, graph.node("Sigmoid", [x], name)], name)
 
 
 @emits(Flatten)

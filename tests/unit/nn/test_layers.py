@@ -60,7 +60,7 @@ def test_build_model_checks_the_output_size_and_layer_keys():
     with pytest.raises(ConfigError, match=r"model.layers\[0\].*unit"):
         build_model(ModelConfig(layers=[{"type": "dense", "unit": 3}]), (4,), 3, np)
     with pytest.raises(ConfigError, match=r"model.layers\[0\].activation"):
-        build_model(ModelConfig(layers=[{"type": "dense", "units": 3, "activation": "gelu"}]), (4,), 3, np)
+        build_model(ModelConfig(layers=[{"type": "dense", "units": 3, "activation": "swish"}]), (4,), 3, np)
     with pytest.raises(ConfigError, match=r"model.layers\[1\].type"):
         build_model(ModelConfig(layers=[{"type": "dense", "units": 3}, {"type": "conv9"}]), (4,), 3, np)
 
