@@ -56,6 +56,7 @@ from mpitrain.nn.model import (
     check_memory,
     estimated_size,
 )
+from mpitrain.nn.positional import Positional
 
 MERGES = ("concat", "add")
 NODE_KEYS = ("name", "type", "input", "inputs", "freeze")
@@ -268,6 +269,8 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
         try:
             layer = GRAPH_TYPES[spec["type"]](**{k: v for k, v in spec.items() if k not in NODE_KEYS})
             layer.frozen = spec.get("freeze", False)
+            if isinstance(layer, Positional) and layer.max_steps == "auto":
+                layer.max_steps = steps  # the longest sequence of the dataset's columns
             if isinstance(layer, Embedding):
                 if inputs != ["categorical"] or "categorical" not in groups:
                     raise ValueError("an embedding reads the dataset's `categorical` ids (input: categorical)"

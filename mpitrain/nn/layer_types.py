@@ -17,6 +17,7 @@ from mpitrain.nn import (  # noqa: F401 registers
     layernorm,
     layers,
     merge,
+    positional,
     recurrent,
     sequence,
     tokens,

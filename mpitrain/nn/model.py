@@ -23,6 +23,7 @@ from mpitrain.nn.flat import FlatModel, TrainablePart, flat_views
 from mpitrain.nn.layer_types import LAYER_TYPES
 from mpitrain.nn.layers import ACTIVATIONS, INIT_SCHEMES, FusesActivation, Layer, is_sequence
 from mpitrain.nn.losses import check_loss_options, loss_with_options
+from mpitrain.nn.positional import ENCODINGS, Positional
 from mpitrain.nn.sequence import SEQUENCE_PADDINGS
 from mpitrain.nn.tokens import TokenEmbedding
 
@@ -274,6 +275,8 @@ def build_model(config, input_shape, num_classes: int, xp, outputs: str = "class
                 raise ConfigError(f"model.layers[{i}] (token_embedding) reads the dataset's token ids, expected it "
                                   "as the first layer")
             made.ids = sequence.get("ids", "auto") if made.ids == "auto" else made.ids
+        if isinstance(made, Positional) and made.max_steps == "auto":
+            made.max_steps = sequence.get("longest", "auto")
         for layer in _with_activation_layers([made]):
             try:
                 sizes[0] += [*layer.param_shapes(shape).values(), *layer.stat_shapes(shape).values()]
@@ -390,6 +393,8 @@ LAYER_ARGUMENTS = {
     "activation": (lambda v: v == "none" or v in ACTIVATIONS, f"'none' or one of {sorted(ACTIVATIONS)}"),
     "init": (lambda v: v is None or v in INIT_SCHEMES, f"one of {INIT_SCHEMES}"),
     "return_sequences": (lambda v: isinstance(v, bool), "true or false"),
+    "encoding": (lambda v: v in ENCODINGS, f"one of {ENCODINGS}"),
+    "max_steps": (lambda v: v == "auto" or _count(v, MAX_UNITS), f"an integer in [1, {MAX_UNITS}] or 'auto'"),
     "bidirectional": (lambda v: isinstance(v, bool), "true or false"),
 }
 

@@ -51,8 +51,9 @@ SEQUENCES = [
     [{"type": "gru", "units": 4, "return_sequences": True}, {"type": "lstm", "units": 4, "bidirectional": True},
      {"type": "dense", "units": 3}],
     [{"type": "conv1d", "filters": 4, "kernel": 3, "padding": "causal", "activation": "relu"},
-     {"type": "global_max_pool"}, {"type": "dense", "units": 3}],
-    [{"type": "conv1d", "filters": 4, "kernel": 3, "activation": "tanh"}, {"type": "layernorm", "activation": "relu"},
+     {"type": "positional"}, {"type": "global_max_pool"}, {"type": "dense", "units": 3}],
+    [{"type": "conv1d", "filters": 4, "kernel": 3, "activation": "tanh"}, {"type": "positional", "encoding": "sinusoidal"},
+     {"type": "layernorm", "activation": "relu"},
      {"type": "global_avg_pool"}, {"type": "dense", "units": 3}],
 ]
 TOKENS = [{"type": "token_embedding", "ids": 9, "dim": 3}, *SEQUENCES[0]]  # token ids through an embedding

@@ -8,7 +8,7 @@
 | `batchnorm.py` | batchnorm, layernorm |
 | `embedding.py` | a table's embedding |
 | `recurrent.py` | lstm, gru |
-| `sequence.py` | conv1d, the global pools, token_embedding (masking padded steps) |
+| `sequence.py` | conv1d, the global pools, token_embedding (masking padded steps), positional |
 | `network.py` | a model's layers or graph nodes, each by its emitter |
 
 A new layer's emitter goes into its family's module (or a new module, imported below: its registration).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from mpitrain.nn.onnx.graph import emits, host
+from mpitrain.nn.positional import Positional
 from mpitrain.nn.sequence import Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
 from mpitrain.nn.tokens import TokenEmbedding
 
@@ -28,6 +29,17 @@ def _masked(graph, x, name: str, fill: float) -> str:
     if graph.lengths is None:
         return x
     return graph.node("Where", [_valid_steps(graph, x, name), x, graph.constant(f"{name}/fill", fill)], name)
+
+
+@emits(Positional)
+def positional(graph, layer, x, name, input_shape):
+    """x + the table's first T rows, T the batch's steps (Shape from 1 to 2, then Slice): the learned table or
+    the fixed sinusoids, as many rows as the layer's max_steps."""
+    table = graph.constant(f"{name}/table", layer.params["table"] if layer.params else layer.fixed)
+    steps = graph.node("Shape", [x], f"{name}/steps", start=1, end=2)
+    rows = graph.node("Slice", [table, graph.constant(f"{name}/first", [0], np.int64), steps,
+                                graph.constant(f"{name}/axis", [0], np.int64)], name)
+    return graph.node("Add", [x, rows], name)
 
 
 @emits(TokenEmbedding)

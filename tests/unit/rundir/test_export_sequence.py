@@ -8,6 +8,7 @@ import pytest
 from mpitrain.nn.layernorm import LayerNorm
 from mpitrain.nn.layers import Dense
 from mpitrain.nn.onnx import OPSET, OnnxGraph, emit_layer
+from mpitrain.nn.positional import Positional
 from mpitrain.nn.sequence import Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
 from mpitrain.testing.gradients import padded_batch, sequence_model, sequences, set_sequence_lengths
 
@@ -43,6 +44,8 @@ LAYERS = {
        for padding in ("causal", "same", "valid") for stride, dilation in ((1, 1), (2, 2), (2, 1))},
     "dense per step": lambda: [Dense(4, activation="sigmoid")],
     "layernorm per step": lambda: [Dense(4), LayerNorm(activation="tanh")],
+    "positional learned": lambda: [Dense(4), Positional(max_steps=16), GlobalAvgPool1D()],
+    "positional sinusoidal": lambda: [Positional("sinusoidal", max_steps=16), Dense(3)],
     "global max pool": lambda: [GlobalMaxPool1D()],
     "global avg pool": lambda: [GlobalAvgPool1D()],
     "conv1d then max pool": lambda: [Conv1D(4, 2, stride=2, padding="same", activation="relu"), Dense(5),
