@@ -38,8 +38,8 @@ import numpy as np
 from mpitrain.base.workspace import Workspace
 
 # The weight matrices, which L2 decay applies to: a dense or conv layer's, a recurrent layer's input and recurrent
-# weights in both directions.
-DECAYED = ("W", "R", "W_reverse", "R_reverse")
+# weights in both directions, attention's input and output projections.
+DECAYED = ("W", "R", "W_reverse", "R_reverse", "W_out")
 
 
 class FlatModel:

@@ -11,6 +11,7 @@ page lists them in an order that does not depend on the imports.
 from __future__ import annotations
 
 from mpitrain.nn import (  # noqa: F401 registers
+    attention,
     batchnorm,
     conv,
     embedding,

@@ -394,6 +394,8 @@ LAYER_ARGUMENTS = {
     "init": (lambda v: v is None or v in INIT_SCHEMES, f"one of {INIT_SCHEMES}"),
     "return_sequences": (lambda v: isinstance(v, bool), "true or false"),
     "encoding": (lambda v: v in ENCODINGS, f"one of {ENCODINGS}"),
+    "heads": (lambda v: _count(v, MAX_WINDOW), f"an integer in [1, {MAX_WINDOW}]"),
+    "causal": (lambda v: isinstance(v, bool), "true or false"),
     "max_steps": (lambda v: v == "auto" or _count(v, MAX_UNITS), f"an integer in [1, {MAX_UNITS}] or 'auto'"),
     "bidirectional": (lambda v: isinstance(v, bool), "true or false"),
 }

@@ -51,7 +51,8 @@ SEQUENCES = [
     [{"type": "gru", "units": 4, "return_sequences": True}, {"type": "lstm", "units": 4, "bidirectional": True},
      {"type": "dense", "units": 3}],
     [{"type": "conv1d", "filters": 4, "kernel": 3, "padding": "causal", "activation": "relu"},
-     {"type": "positional"}, {"type": "global_max_pool"}, {"type": "dense", "units": 3}],
+     {"type": "positional"}, {"type": "attention", "heads": 2, "rate": 0.1}, {"type": "global_max_pool"},
+     {"type": "dense", "units": 3}],
     [{"type": "conv1d", "filters": 4, "kernel": 3, "activation": "tanh"}, {"type": "positional", "encoding": "sinusoidal"},
      {"type": "layernorm", "activation": "relu"},
      {"type": "global_avg_pool"}, {"type": "dense", "units": 3}],
@@ -101,8 +102,9 @@ def images(rng) -> None:
 
 
 def sequences(rng) -> None:
-    """LSTM and GRU cells (one way and both ways), causal and valid 1-D convolutions, layer norm per step, global
-    poolings, on padded sequences of unlike lengths; and token ids through an embedding."""
+    """LSTM and GRU cells (one way and both ways), causal and valid 1-D convolutions, positions, attention with
+    dropout on its weights, layer norm per step, global poolings, on padded sequences of unlike lengths; and token ids
+    through an embedding."""
     lengths = np.array([5, 3, 6, 2][:ROWS], np.int64)
     batch = SequenceBatch(rng.normal(size=(ROWS, 6, 2)).astype(np.float32), lengths)
     labels = _labels(rng, 3, "softmax_cross_entropy")

@@ -180,7 +180,7 @@ def test_a_layer_onnx_cannot_express_is_named():
 
     model = _random_model([Dense(4), Swish(), Dense(2)], (3,))
     with pytest.raises(MpitrainError, match="layer 1 of the model is a Swish, which has no ONNX export; "
-                                            r"exportable layers are \['AvgPool2D', 'BatchNorm'"):
+                                            r"exportable layers are \['Attention', 'AvgPool2D', 'BatchNorm'"):
         onnx_model(model, _manifest((3,), num_classes=2))
 
 

@@ -9,6 +9,7 @@
 | `embedding.py` | a table's embedding |
 | `recurrent.py` | lstm, gru |
 | `sequence.py` | conv1d, the global pools, token_embedding (masking padded steps), positional |
+| `attention.py` | attention (masking padded and, when causal, later keys) |
 | `network.py` | a model's layers or graph nodes, each by its emitter |
 
 A new layer's emitter goes into its family's module (or a new module, imported below: its registration).
@@ -16,7 +17,7 @@ A new layer's emitter goes into its family's module (or a new module, imported b
 """
 from __future__ import annotations
 
-from mpitrain.nn.onnx import batchnorm, conv, dense, embedding, recurrent, sequence  # noqa: F401 registers
+from mpitrain.nn.onnx import attention, batchnorm, conv, dense, embedding, recurrent, sequence  # noqa: F401 registers
 from mpitrain.nn.onnx.graph import EMITTERS, OPSET, OnnxGraph, emits, require_onnx
 from mpitrain.nn.onnx.network import check_exportable, emit_layer, emit_layers, emit_nodes
 

@@ -60,8 +60,9 @@ class OnnxGraph:
         self.lengths: str | None = None  # a sequence's (N,) int64 lengths tensor, while the values are a sequence
 
     def constant(self, name: str, value, dtype=None) -> str:
-        """An initializer `name` holding `value` (numpy or cupy) in `dtype`, by default the graph's."""
-        array = np.ascontiguousarray(host(value), dtype=self.dtype if dtype is None else dtype)
+        """An initializer `name` holding `value` (numpy or cupy) in `dtype`, by default the graph's; a number is a
+        scalar (0-d: what Range and a Gather that drops its axis take), not an array of one."""
+        array = np.array(host(value), dtype=self.dtype if dtype is None else dtype, order="C")
         self.initializers.append(self.onnx.numpy_helper.from_array(array, name))
         return name
 

@@ -5,6 +5,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from mpitrain.nn.attention import Attention
 from mpitrain.nn.layernorm import LayerNorm
 from mpitrain.nn.layers import Dense
 from mpitrain.nn.onnx import OPSET, OnnxGraph, emit_layer
@@ -45,6 +46,8 @@ LAYERS = {
     "dense per step": lambda: [Dense(4, activation="sigmoid")],
     "layernorm per step": lambda: [Dense(4), LayerNorm(activation="tanh")],
     "positional learned": lambda: [Dense(4), Positional(max_steps=16), GlobalAvgPool1D()],
+    "attention": lambda: [Dense(4), Attention(heads=2), GlobalMaxPool1D()],
+    "attention causal per step": lambda: [Positional("sinusoidal", max_steps=16), Attention(heads=3, causal=True)],
     "positional sinusoidal": lambda: [Positional("sinusoidal", max_steps=16), Dense(3)],
     "global max pool": lambda: [GlobalMaxPool1D()],
     "global avg pool": lambda: [GlobalAvgPool1D()],
