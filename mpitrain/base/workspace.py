@@ -73,3 +73,7 @@ class WorkspacePart:
 
     def at_least(self, name: str, size: int, dtype, host: bool = False):
         return self.workspace.at_least(self.owner, name, size, dtype, host)
+
+    def part(self, name: str) -> WorkspacePart:
+        """The part of owner `OWNER/name`: a layer made of layers gives each its own."""
+        return WorkspacePart(self.workspace, f"{self.owner}/{name}")

@@ -38,7 +38,8 @@ import numpy as np
 from mpitrain.base.workspace import Workspace
 
 # The weight matrices, which L2 decay applies to: a dense or conv layer's, a recurrent layer's input and recurrent
-# weights in both directions, attention's input and output projections.
+# weights in both directions, attention's input and output projections; a layer made of layers names its parts'
+# arrays PART.NAME (a transformer block's `ff1.W`).
 DECAYED = ("W", "R", "W_reverse", "R_reverse", "W_out")
 
 
@@ -63,7 +64,7 @@ class FlatModel:
         self.n_params = self.params.size
         decay, offset = np.zeros(self.n_params, dtype=dtype), 0
         for name, shape in self.layout:
-            decay[offset:offset + math.prod(shape)] = name.rsplit("/", 1)[-1] in DECAYED
+            decay[offset:offset + math.prod(shape)] = name.rsplit("/", 1)[-1].rsplit(".", 1)[-1] in DECAYED
             offset += math.prod(shape)
         self.decay_mask = xp.asarray(decay)
         self.workspace = Workspace(xp)

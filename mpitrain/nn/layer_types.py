@@ -22,6 +22,7 @@ from mpitrain.nn import (  # noqa: F401 registers
     recurrent,
     sequence,
     tokens,
+    transformer,
 )
 from mpitrain.nn.layers import LAYER_CLASSES
 

@@ -396,6 +396,8 @@ LAYER_ARGUMENTS = {
     "encoding": (lambda v: v in ENCODINGS, f"one of {ENCODINGS}"),
     "heads": (lambda v: _count(v, MAX_WINDOW), f"an integer in [1, {MAX_WINDOW}]"),
     "causal": (lambda v: isinstance(v, bool), "true or false"),
+    "norm_first": (lambda v: isinstance(v, bool), "true or false"),
+    "ff_units": (_count, f"an integer in [1, {MAX_UNITS}]"),
     "max_steps": (lambda v: v == "auto" or _count(v, MAX_UNITS), f"an integer in [1, {MAX_UNITS}] or 'auto'"),
     "bidirectional": (lambda v: isinstance(v, bool), "true or false"),
 }

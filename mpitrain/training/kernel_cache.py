@@ -53,6 +53,7 @@ SEQUENCES = [
     [{"type": "conv1d", "filters": 4, "kernel": 3, "padding": "causal", "activation": "relu"},
      {"type": "positional"}, {"type": "attention", "heads": 2, "rate": 0.1}, {"type": "global_max_pool"},
      {"type": "dense", "units": 3}],
+    [{"type": "transformer", "heads": 2, "ff_units": 4, "rate": 0.1}, {"type": "dense", "units": 3}],
     [{"type": "conv1d", "filters": 4, "kernel": 3, "activation": "tanh"}, {"type": "positional", "encoding": "sinusoidal"},
      {"type": "layernorm", "activation": "relu"},
      {"type": "global_avg_pool"}, {"type": "dense", "units": 3}],
@@ -103,7 +104,7 @@ def images(rng) -> None:
 
 def sequences(rng) -> None:
     """LSTM and GRU cells (one way and both ways), causal and valid 1-D convolutions, positions, attention with
-    dropout on its weights, layer norm per step, global poolings, on padded sequences of unlike lengths; and token ids
+    dropout on its weights, a transformer block, layer norm per step, global poolings, on padded sequences of unlike lengths; and token ids
     through an embedding."""
     lengths = np.array([5, 3, 6, 2][:ROWS], np.int64)
     batch = SequenceBatch(rng.normal(size=(ROWS, 6, 2)).astype(np.float32), lengths)

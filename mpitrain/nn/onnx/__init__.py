@@ -9,7 +9,7 @@
 | `embedding.py` | a table's embedding |
 | `recurrent.py` | lstm, gru |
 | `sequence.py` | conv1d, the global pools, token_embedding (masking padded steps), positional |
-| `attention.py` | attention (masking padded and, when causal, later keys) |
+| `attention.py` | attention (masking padded and, when causal, later keys), transformer |
 | `network.py` | a model's layers or graph nodes, each by its emitter |
 
 A new layer's emitter goes into its family's module (or a new module, imported below: its registration).

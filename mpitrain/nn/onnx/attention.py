@@ -1,4 +1,5 @@
-"""The ONNX emitter of self-attention: MatMul, Reshape and Transpose into heads, the masked Softmax of the scaled
+"""The ONNX emitters of self-attention and of the transformer block (its parts' emitters and the residual Adds).
+Attention: MatMul, Reshape and Transpose into heads, the masked Softmax of the scaled
 scores (a sequence's padded keys, and with `causal` the later ones, set to -inf by Where), the heads' outputs side
 by side through the output projection."""
 from __future__ import annotations
@@ -8,7 +9,8 @@ import math
 import numpy as np
 
 from mpitrain.nn.attention import Attention
-from mpitrain.nn.onnx.graph import emits
+from mpitrain.nn.onnx.graph import EMITTERS, emits
+from mpitrain.nn.transformer import Transformer
 
 
 def _seen_keys(graph, x, layer, name: str) -> str | None:
@@ -55,3 +57,19 @@ def attention(graph, layer, x, name, input_shape):
                         f"{name}/joined")
     return graph.node("Add", [graph.node("MatMul", [joined, graph.constant(f"{name}/W_out", layer.params["W_out"])],
                                          f"{name}/out"), graph.constant(f"{name}/b_out", layer.params["b_out"])], name)
+
+
+@emits(Transformer)
+def transformer(graph, layer, x, name, input_shape):
+    """The block's parts, each by its own emitter (named NAME/PART), and the residual Adds."""
+    def run(parts, value):
+        for part in parts:
+            value = EMITTERS[type(layer.parts[part])](graph, layer.parts[part], value, f"{name}/{part}", input_shape)
+        return value
+
+    attend, feed = ["attention", "drop1"], ["ff1", "gelu", "drop_ff", "ff2", "drop2"]
+    if layer.norm_first:
+        y = graph.node("Add", [x, run(["norm1", *attend], x)], f"{name}/attended")
+        return graph.node("Add", [y, run(["norm2", *feed], y)], name)
+    y = run(["norm1"], graph.node("Add", [x, run(attend, x)], f"{name}/attended"))
+    return run(["norm2"], graph.node("Add", [y, run(feed, y)], f"{name}/fed"))

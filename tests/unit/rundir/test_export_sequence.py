@@ -11,6 +11,7 @@ from mpitrain.nn.layers import Dense
 from mpitrain.nn.onnx import OPSET, OnnxGraph, emit_layer
 from mpitrain.nn.positional import Positional
 from mpitrain.nn.sequence import Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
+from mpitrain.nn.transformer import Transformer
 from mpitrain.testing.gradients import padded_batch, sequence_model, sequences, set_sequence_lengths
 
 FEATURES = 3
@@ -48,6 +49,8 @@ LAYERS = {
     "positional learned": lambda: [Dense(4), Positional(max_steps=16), GlobalAvgPool1D()],
     "attention": lambda: [Dense(4), Attention(heads=2), GlobalMaxPool1D()],
     "attention causal per step": lambda: [Positional("sinusoidal", max_steps=16), Attention(heads=3, causal=True)],
+    "transformer pre-LN": lambda: [Dense(4), Transformer(heads=2, ff_units=6, rate=0.1), GlobalAvgPool1D()],
+    "transformer post-LN causal": lambda: [Dense(6), Transformer(heads=3, ff_units=4, norm_first=False, causal=True)],
     "positional sinusoidal": lambda: [Positional("sinusoidal", max_steps=16), Dense(3)],
     "global max pool": lambda: [GlobalMaxPool1D()],
     "global avg pool": lambda: [GlobalAvgPool1D()],
