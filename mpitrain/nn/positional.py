@@ -6,7 +6,8 @@
 
 Step t of every sequence gets row t of the table added: y[b, t] = x[b, t] + P[t]. `max_steps` is the longest
 sequence the table serves, by default (`auto`) the dataset's longest (the manifest's `longest` of the sequence
-column); a longer sequence is a DataError naming the layer's limit. Padded steps get their row too; their values
+column); a longer sequence is a DataError naming the layer's limit, while a batch padded past it (to a multiple of
+8 steps) adds nothing to those padded steps. Padded steps get their row too; their values
 reach nobody, and their gradient rows are zero, so they add nothing to the table's gradient.
 """
 from __future__ import annotations
@@ -70,18 +71,20 @@ class Positional(Layer):
 
     def forward(self, x, training):
         steps = x.shape[1]
-        if steps > self.max_steps:
-            raise DataError(f"a batch of sequences of {steps} steps, but the positional layer's table holds "
-                            f"{self.max_steps} (max_steps); expected sequences of at most {self.max_steps} steps")
+        self.rows = min(steps, self.max_steps)  # a batch padded past the table (to a multiple of 8) adds nothing there
+        if steps > self.max_steps and (self.lengths is None or int(self.lengths.max()) > self.max_steps):
+            longest = steps if self.lengths is None else int(self.lengths.max())
+            raise DataError(f"a sequence of {longest} steps, but the positional layer's table holds {self.max_steps} "
+                            f"(max_steps); expected sequences of at most {self.max_steps} steps")
         xp = array_module(x)
         y = varying(self.ws, "y", x.shape, x.dtype)
-        xp.add(x, self.table(xp, x.dtype)[:steps], out=y)
+        xp.add(x[:, :self.rows], self.table(xp, x.dtype)[:self.rows], out=y[:, :self.rows])
+        y[:, self.rows:] = x[:, self.rows:]
         return y
 
     def backward(self, dy, input_grad=True):
         if self.encoding == "learned":
-            steps = dy.shape[1]
             grad = self.grads["table"]
-            dy.sum(axis=0, out=grad[:steps])
-            grad[steps:] = 0
+            dy[:, :self.rows].sum(axis=0, out=grad[:self.rows])
+            grad[self.rows:] = 0
         return dy if input_grad else None

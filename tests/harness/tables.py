@@ -40,7 +40,8 @@ SECTIONS = [("throughput", "Throughput per sync mode, beside PyTorch DDP (`bench
             ("spark_train", "Training inside a Spark barrier stage beside mpiexec (`benchmarks/spark_train.py`)"),
             ("sequences", "Sequence models through the whole pipeline, beside PyTorch DDP (`benchmarks/sequences.py`)"),
             ("resnet", "A residual net on Fashion-MNIST: accuracy, and speed beside PyTorch DDP "
-                       "(`benchmarks/resnet.py`)")]
+                       "(`benchmarks/resnet.py`)"),
+            ("transformers", "Transformers through the whole pipeline (`benchmarks/transformers.py`)")]
 # The README's headline: (section, what the rows show, which rows of the section's first table).
 HEADLINE = [("throughput", "CPU, 2 ranks on 2 cores, beside PyTorch DDP",
              lambda row: row["ranks"] == "2" and row["sync"] in ("allreduce (overlapped)", "DDP gloo")),

@@ -33,13 +33,18 @@ def _masked(graph, x, name: str, fill: float) -> str:
 
 @emits(Positional)
 def positional(graph, layer, x, name, input_shape):
-    """x + the table's first T rows, T the batch's steps (Shape from 1 to 2, then Slice): the learned table or
-    the fixed sinusoids, as many rows as the layer's max_steps."""
+    """x + the table's first T rows, T the batch's steps (Shape from 1 to 2, then Slice), zero rows past the table
+    (Pad: a batch padded further than max_steps); the learned table or the fixed sinusoids."""
     table = graph.constant(f"{name}/table", layer.params["table"] if layer.params else layer.fixed)
     steps = graph.node("Shape", [x], f"{name}/steps", start=1, end=2)
     rows = graph.node("Slice", [table, graph.constant(f"{name}/first", [0], np.int64), steps,
                                 graph.constant(f"{name}/axis", [0], np.int64)], name)
-    return graph.node("Add", [x, rows], name)
+    beyond = graph.node("Max", [graph.node("Sub", [steps, graph.constant(f"{name}/max_steps", [layer.max_steps],
+                                                                          np.int64)], f"{name}/beyond"),
+                                graph.constant(f"{name}/none", [0], np.int64)], f"{name}/beyond")
+    pads = graph.node("Concat", [graph.constant(f"{name}/no_start", [0, 0], np.int64), beyond,
+                                 graph.constant(f"{name}/no_feature", [0], np.int64)], f"{name}/pads", axis=0)
+    return graph.node("Add", [x, graph.node("Pad", [rows, pads], name)], name)
 
 
 @emits(TokenEmbedding)

@@ -63,8 +63,9 @@ def test_max_steps_auto_is_the_datasets_longest():
 def test_errors_name_what_is_wrong():
     layers = [{"type": "positional"}, {"type": "global_avg_pool"}, {"type": "dense", "units": 3}]
     model = build_model(ModelConfig(layers=layers), (None, 2), 3, np, sequence=SEQUENCE)
-    with pytest.raises(DataError, match="sequences of 10 steps, but the positional layer's table holds 9"):
-        model.forward(sequences(np.zeros((1, 10, 2), np.float32), np.array([10])))
+    with pytest.raises(DataError, match="a sequence of 10 steps, but the positional layer's table holds 9"):
+        model.forward(sequences(np.zeros((2, 16, 2), np.float32), np.array([10, 3])))
+    model.forward(sequences(np.zeros((2, 16, 2), np.float32), np.array([9, 3])))  # padded past it: fine
     with pytest.raises(ConfigError, match=r"model.layers\[0\] \(positional\) on inputs of shape \[4\]: a positional "
                                           r"layer numbers a sequence's steps"):
         build_model(ModelConfig(layers=[{"type": "positional", "max_steps": 4}, {"type": "dense", "units": 3}]),
@@ -75,3 +76,8 @@ def test_errors_name_what_is_wrong():
     with pytest.raises(ConfigError, match=r"model.layers\[0\] \(positional\) cannot be cut into segments: a "
                                           "segment's steps would be numbered from 0 again"):
         check_layers(4, layers, [])
+
+
+def test_gradients_of_a_batch_padded_past_the_table():
+    check_sequence_gradients([Dense(4), Positional(max_steps=5), GlobalAvgPool1D(), Dense(3)], features=3,
+                             lengths=np.array([5, 1, 3]), steps=7)

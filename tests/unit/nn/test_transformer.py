@@ -86,3 +86,14 @@ def test_config_checks():
         build_model(ModelConfig(layers=[{**layers[0]}, *layers[1:]]), (None, 5), 3, np)
     with pytest.raises(ConfigError, match=r"\(transformer\) cannot be cut into segments"):
         check_layers(4, layers, [])
+
+
+def test_the_shipped_config_builds_for_fashion_rows():
+    import os
+
+    from mpitrain.config.sections import load_config
+    config = load_config(os.path.join(os.path.dirname(__file__), "..", "..", "..", "configs",
+                                      "fashion_transformer.yaml"), [])
+    model = build_model(config.model, (None, 28), 10, np, sequence={"longest": 28, "shortest": 28})
+    assert [type(layer).__name__ for layer in model.layers].count("Transformer") == 2
+    assert model.layers[1].max_steps == 28 and config.optimizer.type == "adamw"

@@ -51,7 +51,7 @@ LAYERS = {
     "attention causal per step": lambda: [Positional("sinusoidal", max_steps=16), Attention(heads=3, causal=True)],
     "transformer pre-LN": lambda: [Dense(4), Transformer(heads=2, ff_units=6, rate=0.1), GlobalAvgPool1D()],
     "transformer post-LN causal": lambda: [Dense(6), Transformer(heads=3, ff_units=4, norm_first=False, causal=True)],
-    "positional sinusoidal": lambda: [Positional("sinusoidal", max_steps=16), Dense(3)],
+    "positional sinusoidal": lambda: [Positional("sinusoidal", max_steps=13), Dense(3)],  # batches padded past it
     "global max pool": lambda: [GlobalMaxPool1D()],
     "global avg pool": lambda: [GlobalAvgPool1D()],
     "conv1d then max pool": lambda: [Conv1D(4, 2, stride=2, padding="same", activation="relu"), Dense(5),
