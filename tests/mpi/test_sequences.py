@@ -25,6 +25,9 @@ MODELS = {
                             {"type": "dense", "units": 4}],
     "conv1d": [{"type": "conv1d", "filters": 16, "kernel": 4, "activation": "relu"}, {"type": "global_max_pool"},
                {"type": "dense", "units": 4}],
+    "transformer": [{"type": "dense", "units": 16}, {"type": "positional"},
+                    {"type": "transformer", "heads": 2, "ff_units": 32, "rate": 0.1}, {"type": "layernorm"},
+                    {"type": "global_avg_pool"}, {"type": "dense", "units": 4}],
 }
 TRAIN = {"epochs": 4, "batch_size": 16, "seed": 2, "log_every": 10}
 
@@ -60,7 +63,7 @@ class _Rank:
 
 @pytest.fixture(scope="module")
 def sequence_models(data, tmp_path_factory) -> dict:
-    """Each model of MODELS trained on 2 ranks, the three in turn in one job (as a Python script would:
+    """Each model of MODELS trained on 2 ranks, the four in turn in one job (as a Python script would:
     ranks/train_each.py); {model: run directory}."""
     folder = tmp_path_factory.mktemp("models")
     configs = [write_config(folder / f"{model}.yaml", data, run_dir=str(folder / model), model={"layers": layers},
@@ -96,12 +99,17 @@ def final_params(run_dir) -> np.ndarray:
         return f["params"][...]
 
 
-def test_a_mid_epoch_stop_resumes_to_the_uninterrupted_run_on_any_rank_count(data, tmp_path):
+@pytest.mark.parametrize("layers", [[{"type": "lstm", "units": 8}, {"type": "dense", "units": 4}],
+                                    # no dropout: its masks are keyed by rank, so 1 rank draws other ones
+                                    [{"type": "positional"}, {"type": "transformer", "heads": 1, "ff_units": 8},
+                                     {"type": "global_avg_pool"}, {"type": "dense", "units": 4}]],
+                         ids=["lstm", "transformer"])
+def test_a_mid_epoch_stop_resumes_to_the_uninterrupted_run_on_any_rank_count(data, tmp_path, layers):
     sections = {"train": {**TRAIN, "epochs": 2, "global_batch_size": 32},
                 "checkpoint": {"unit": "step", "every": 7, "keep": 100},
                 "data": {"buffer_mb": 0.15},  # windows of a few global batches
                 # float64: another rank count sums in another order, and float32's rounding grows step by step
-                "model": {"layers": [{"type": "lstm", "units": 8}, {"type": "dense", "units": 4}], "dtype": "float64"}}
+                "model": {"layers": layers, "dtype": "float64"}}
     full = train(tmp_path, data, "full", **sections)
     for name, ranks in (("same", 2), ("one", 1)):
         run_dir = tmp_path / name
