@@ -2,8 +2,7 @@
 
     bias_activation(z, b, "relu", out)           # out = relu(z + b), rows of z (N, F), b (F,) or empty
     activation_backward(dy, y, "relu", out)      # out = dy * relu'(.), from the activation's OUTPUT y
-    input_activation(x, "gelu", out)             # out = gelu(x), rows of x (N, F)
-    input_activation_backward(dy, x, "gelu", out)  # out = dy * gelu'(x), from the activation's INPUT x
+    activation_backward(dy, x, "gelu", out)      # out = dy * gelu'(x), from its INPUT x (INPUT_KINDS)
     dropout(x, seed, threshold, scale, out, mask)  # mask = keep * scale from keyed bits; out = x * mask
 
 Each is one pass over memory, writing into arrays it is given (the model's workspace), so a
@@ -100,7 +99,7 @@ def keyed_bits_at(seed, index):
 
 
 @njit(parallel=True, cache=True)
-def _bias_activation_cpu(z, b, kind, out):
+def _bias_activation_cpu(z, b, kind, at_input, out):
     n, f = z.shape
     use_bias = b.size > 0
     for r in prange(n):
@@ -108,31 +107,15 @@ def _bias_activation_cpu(z, b, kind, out):
             v = z[r, j]
             if use_bias:
                 v += b[j]
-            out[r, j] = activate(v, kind)
+            out[r, j] = activate_input(v, kind) if at_input else activate(v, kind)
 
 
 @njit(parallel=True, cache=True)
-def _activation_backward_cpu(dy, y, kind, out):
+def _activation_backward_cpu(dy, v, kind, at_input, out):
     n, f = dy.shape
     for r in prange(n):
         for j in range(f):
-            out[r, j] = dy[r, j] * derivative(y[r, j], kind)
-
-
-@njit(parallel=True, cache=True)
-def _input_activation_cpu(x, kind, out):
-    n, f = x.shape
-    for r in prange(n):
-        for j in range(f):
-            out[r, j] = activate_input(x[r, j], kind)
-
-
-@njit(parallel=True, cache=True)
-def _input_activation_backward_cpu(dy, x, kind, out):
-    n, f = dy.shape
-    for r in prange(n):
-        for j in range(f):
-            out[r, j] = dy[r, j] * derivative_at_input(x[r, j], kind)
+            out[r, j] = dy[r, j] * (derivative_at_input(v[r, j], kind) if at_input else derivative(v[r, j], kind))
 
 
 @njit(parallel=True, cache=True)
@@ -146,28 +129,22 @@ def _dropout_cpu(x, seed, threshold, scale, out, mask):
             out[r, j] = x[r, j] * m
 
 
+def _code(kind: str) -> tuple[int, bool]:
+    """(the kernels' number of activation `kind`, whether its derivative is taken at its input)."""
+    return (INPUT_KINDS[kind], True) if kind in INPUT_KINDS else (KINDS[kind], False)
+
+
 @numpy_or_reference("bias_activation_reference")
 def bias_activation(z, b, kind: str, out) -> None:
     """out = activation(z + b) for 2-D z (rows, features); `b` (features,) or empty for no bias. `out` may be `z`."""
-    _bias_activation_cpu(z, b, KINDS[kind], out)
+    _bias_activation_cpu(z, b, *_code(kind), out)
 
 
 @numpy_or_reference("activation_backward_reference")
-def activation_backward(dy, y, kind: str, out) -> None:
-    """out = dy * activation'(.) for 2-D dy, the derivative from the activation's output `y`. `out` may be `dy`."""
-    _activation_backward_cpu(dy, y, KINDS[kind], out)
-
-
-@numpy_or_reference("input_activation_reference")
-def input_activation(x, kind: str, out) -> None:
-    """out = activation(x) for 2-D x (rows, features), `kind` one of INPUT_KINDS."""
-    _input_activation_cpu(x, INPUT_KINDS[kind], out)
-
-
-@numpy_or_reference("input_activation_backward_reference")
-def input_activation_backward(dy, x, kind: str, out) -> None:
-    """out = dy * activation'(x) for 2-D dy, the derivative at the activation's input `x`."""
-    _input_activation_backward_cpu(dy, x, INPUT_KINDS[kind], out)
+def activation_backward(dy, v, kind: str, out) -> None:
+    """out = dy * activation'(.) for 2-D dy, the derivative from the activation's output `v` (KINDS) or at its
+    input `v` (INPUT_KINDS). `out` may be `dy`."""
+    _activation_backward_cpu(dy, v, *_code(kind), out)
 
 
 @numpy_or_reference("dropout_reference")
@@ -182,7 +159,9 @@ def bias_activation_reference(z, b, kind: str, out) -> None:
         xp.add(z, b, out=out)
     elif out is not z:
         out[...] = z
-    if kind == "relu":
+    if kind in INPUT_KINDS:
+        out[...] = _input_activation_parts(out, kind)[0]
+    elif kind == "relu":
         xp.maximum(out, 0, out=out)
     elif kind == "sigmoid":
         xp.negative(out, out=out)
@@ -195,7 +174,9 @@ def bias_activation_reference(z, b, kind: str, out) -> None:
 
 def activation_backward_reference(dy, y, kind: str, out) -> None:
     xp = array_module(dy)
-    if kind == "relu":
+    if kind in INPUT_KINDS:  # y is the input
+        out[...] = dy * _input_activation_parts(y, kind)[1]
+    elif kind == "relu":
         xp.multiply(dy, y > 0, out=out)
     elif kind == "sigmoid":
         xp.multiply(dy, y * (1 - y), out=out)
@@ -225,14 +206,6 @@ def _input_activation_parts(x, kind: str):
         return 0.5 * x * (1 + t), 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * _GELU_CUBIC * x * x)
     s = 1 / (1 + xp.exp(-x))
     return x * s, s * (1 + x * (1 - s))
-
-
-def input_activation_reference(x, kind: str, out) -> None:
-    out[...] = _input_activation_parts(x, kind)[0]
-
-
-def input_activation_backward_reference(dy, x, kind: str, out) -> None:
-    out[...] = dy * _input_activation_parts(x, kind)[1]
 
 
 def keyed_bits_reference(xp, seed: np.uint64, shape):

@@ -27,12 +27,11 @@ import numpy as np
 from mpitrain.base.arrays import array_module
 from mpitrain.base.workspace import Workspace, WorkspacePart
 from mpitrain.kernels.activations import (
+    INPUT_KINDS,
     KEYED_BITS,
     activation_backward,
     bias_activation,
     dropout,
-    input_activation,
-    input_activation_backward,
     keyed_bits_reference,
 )
 from mpitrain.kernels.rows import flat_rows
@@ -183,7 +182,10 @@ class Dense(FusesActivation):
 
 class _Activation(Layer):
     """An element-wise activation (`kind`), from its input to a workspace array and back, in one pass each way;
-    with `fused` (the layer before runs it, `FusesActivation.fuse_activation`) it passes input and gradient through."""
+    with `fused` (the layer before runs it, `FusesActivation.fuse_activation`) it passes input and gradient through.
+    An activation whose derivative needs its input (`kernels.activations.INPUT_KINDS`: GELU, SiLU) is never fused
+    and keeps a reference to its input (the array the layer before returned, left as it is until the next forward)
+    for backward; the others keep their output."""
 
     per_step = True
 
@@ -195,13 +197,14 @@ class _Activation(Layer):
             return x
         self.y = self.ws("y", x.shape, x.dtype)
         bias_activation(flat_rows(x), x[:0].reshape(-1), self.kind, flat_rows(self.y))
+        self.saved = x if self.kind in INPUT_KINDS else self.y  # what the derivative is taken from
         return self.y
 
     def backward(self, dy, input_grad=True):
         if self.fused:
             return dy
         dx = self.ws("dx", dy.shape, dy.dtype)
-        activation_backward(flat_rows(dy), flat_rows(self.y), self.kind, flat_rows(dx))
+        activation_backward(flat_rows(dy), flat_rows(self.saved), self.kind, flat_rows(dx))
         return dx
 
 
@@ -220,36 +223,15 @@ class Sigmoid(_Activation):
     kind = "sigmoid"
 
 
-class _InputActivation(Layer):
-    """An element-wise activation whose derivative needs its input (`kind`, one of `kernels.activations.INPUT_KINDS`:
-    GELU, its tanh form, SiLU): a layer of its own, never fused into the layer before, which keeps a reference to
-    its input (the array the layer before returned, left as it is until the next forward) for backward."""
-
-    per_step = True
-
-    kind = "gelu"
-
-    def forward(self, x, training):
-        self.x = x
-        y = self.ws("y", x.shape, x.dtype)
-        input_activation(flat_rows(x), self.kind, flat_rows(y))
-        return y
-
-    def backward(self, dy, input_grad=True):
-        dx = self.ws("dx", dy.shape, dy.dtype)
-        input_activation_backward(flat_rows(dy), flat_rows(self.x), self.kind, flat_rows(dx))
-        return dx
-
-
 @layer_type("gelu")
-class GELU(_InputActivation):
+class GELU(_Activation):
     """x Phi(x), Phi the standard normal's distribution function (Hendrycks & Gimpel 2016; PyTorch's `nn.GELU()`)."""
 
     kind = "gelu"
 
 
 @layer_type("gelu_tanh")
-class GELUTanh(_InputActivation):
+class GELUTanh(_Activation):
     """GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (PyTorch's
     `nn.GELU(approximate="tanh")`, BERT's and GPT-2's)."""
 
@@ -257,7 +239,7 @@ class GELUTanh(_InputActivation):
 
 
 @layer_type("silu")
-class SiLU(_InputActivation):
+class SiLU(_Activation):
     """x sigmoid(x) (Elfwing et al. 2018, "swish"; PyTorch's `nn.SiLU()`)."""
 
     kind = "silu"

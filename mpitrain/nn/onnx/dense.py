@@ -29,14 +29,18 @@ emits(Sigmoid)(_same("Sigmoid"))
 emits(Dropout)(_same("Identity"))  # dropout is the identity at inference
 
 
+def _half_x_one_plus(graph, x, value: str, name: str) -> str:
+    """x 0.5 (1 + value): both GELUs' last steps."""
+    half = graph.node("Mul", [graph.node("Add", [value, graph.constant(f"{name}/one", 1.0)], name),
+                              graph.constant(f"{name}/half", 0.5)], f"{name}/half_sum")
+    return graph.node("Mul", [x, half], name)
+
+
 @emits(GELU)
 def gelu(graph, layer, x, name, input_shape):
     """x 0.5 (1 + erf(x / sqrt 2)): opset 17 has Erf but no Gelu (opset 20 has)."""
-    erf = graph.node("Erf", [graph.node("Mul", [x, graph.constant(f"{name}/sqrt_half", math.sqrt(0.5))],
-                                        f"{name}/scaled")], name)
-    half = graph.node("Mul", [graph.node("Add", [erf, graph.constant(f"{name}/one", 1.0)], name),
-                              graph.constant(f"{name}/half", 0.5)], f"{name}/phi")
-    return graph.node("Mul", [x, half], name)
+    scaled = graph.node("Mul", [x, graph.constant(f"{name}/sqrt_half", math.sqrt(0.5))], f"{name}/scaled")
+    return _half_x_one_plus(graph, x, graph.node("Erf", [scaled], name), name)
 
 
 @emits(GELUTanh)
@@ -45,11 +49,8 @@ def gelu_tanh(graph, layer, x, name, input_shape):
     cube = graph.node("Mul", [graph.node("Mul", [x, x], f"{name}/square"), x], f"{name}/cube")
     inner = graph.node("Add", [x, graph.node("Mul", [cube, graph.constant(f"{name}/cubic", 0.044715)],
                                              f"{name}/cubic_term")], f"{name}/inner")
-    tanh = graph.node("Tanh", [graph.node("Mul", [inner, graph.constant(f"{name}/scale", math.sqrt(2 / math.pi))],
-                                          f"{name}/scaled")], name)
-    half = graph.node("Mul", [graph.node("Add", [tanh, graph.constant(f"{name}/one", 1.0)], name),
-                              graph.constant(f"{name}/half", 0.5)], f"{name}/half_sum")
-    return graph.node("Mul", [x, half], name)
+    scaled = graph.node("Mul", [inner, graph.constant(f"{name}/scale", math.sqrt(2 / math.pi))], f"{name}/scaled")
+    return _half_x_one_plus(graph, x, graph.node("Tanh", [scaled], name), name)
 
 
 @emits(SiLU)

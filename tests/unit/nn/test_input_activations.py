@@ -8,10 +8,10 @@ import pytest
 from mpitrain.config.sections import ModelConfig
 from mpitrain.kernels.activations import (
     INPUT_KINDS,
-    input_activation,
-    input_activation_backward,
-    input_activation_backward_reference,
-    input_activation_reference,
+    activation_backward,
+    activation_backward_reference,
+    bias_activation,
+    bias_activation_reference,
 )
 from mpitrain.nn.layers import Dense
 from mpitrain.nn.model import build_model
@@ -31,14 +31,14 @@ def values(dtype):
 def test_kernels_equal_the_references(kind, dtype, tolerance):
     x = values(dtype)
     dy = np.random.default_rng(0).normal(size=x.shape).astype(dtype)
-    ours, reference = np.empty_like(x), np.empty_like(x)
-    input_activation(x, kind, ours)
+    ours, reference, no_bias = np.empty_like(x), np.empty_like(x), x[0, :0]
+    bias_activation(x, no_bias, kind, ours)
     with np.errstate(over="ignore"):
-        input_activation_reference(x, kind, reference)
+        bias_activation_reference(x, no_bias, kind, reference)
     np.testing.assert_allclose(ours, reference, rtol=tolerance, atol=tolerance)
-    input_activation_backward(dy, x, kind, ours)
+    activation_backward(dy, x, kind, ours)
     with np.errstate(over="ignore"):
-        input_activation_backward_reference(dy, x, kind, reference)
+        activation_backward_reference(dy, x, kind, reference)
     np.testing.assert_allclose(ours, reference, rtol=tolerance, atol=tolerance)
     assert np.isfinite(ours).all()
 
@@ -49,8 +49,8 @@ def test_values_and_gradients_are_pytorchs(kind):
     x = values(np.float64)
     dy = np.random.default_rng(1).normal(size=x.shape)
     y, dx = np.empty_like(x), np.empty_like(x)
-    input_activation(x, kind, y)
-    input_activation_backward(dy, x, kind, dx)
+    bias_activation(x, x[0, :0], kind, y)
+    activation_backward(dy, x, kind, dx)
     x_t = torch.from_numpy(x).requires_grad_(True)
     function, options = TORCH[kind]
     y_t = getattr(torch.nn.functional, function)(x_t, **options)
