@@ -22,9 +22,8 @@ import math
 import numpy as np
 
 from mpitrain.base.arrays import array_module
-from mpitrain.kernels.activations import KEYED_BITS, dropout
 from mpitrain.kernels.attention import masked_softmax, softmax_backward
-from mpitrain.nn.layers import Layer, initial_weights, is_sequence, key_seed, layer_type, varying
+from mpitrain.nn.layers import Layer, initial_weights, is_sequence, keyed_dropout, layer_type, varying
 
 
 @layer_type("attention")
@@ -84,8 +83,8 @@ class Attention(Layer):
             self.mask = self._array("mask", self.p.shape, x.dtype)
             self.weights = self._array("dropped", self.p.shape, x.dtype)
             rows = (batch * heads * steps, steps)
-            dropout(self.p.reshape(rows), key_seed(self.key), math.ceil(self.rate * 2**KEYED_BITS),
-                    1 / (1 - self.rate), self.weights.reshape(rows), self.mask.reshape(rows))
+            keyed_dropout(self.p.reshape(rows), self.key, self.rate, self.weights.reshape(rows),
+                          self.mask.reshape(rows))
         else:
             self.mask = None
         heads_out = self._array("heads_out", (batch, heads, steps, width), x.dtype)

@@ -284,8 +284,7 @@ class Dropout(Layer):
             return x
         self.mask = self.ws("mask", x.shape, x.dtype)
         y = self.ws("y", x.shape, x.dtype)
-        dropout(flat_rows(x), key_seed(self.key), math.ceil(self.rate * 2**KEYED_BITS), 1 / (1 - self.rate),
-                flat_rows(y), flat_rows(self.mask))
+        keyed_dropout(flat_rows(x), self.key, self.rate, flat_rows(y), flat_rows(self.mask))
         return y
 
     def backward(self, dy, input_grad=True):
@@ -294,6 +293,13 @@ class Dropout(Layer):
         dx = self.ws("dx", dy.shape, dy.dtype)
         array_module(dy).multiply(dy, self.mask, out=dx)
         return dx
+
+
+def keyed_dropout(rows, key: tuple, rate: float, out, mask) -> None:
+    """Drop each element of the 2-D `rows` with probability `rate`, the rest scaled by 1/(1-rate), into `out`, the
+    mask (0 or the scale) into `mask`: the draw is `key`'s (seed, rank, epoch, step, layer...), the same on numpy and
+    cupy. Not a collective."""
+    dropout(rows, key_seed(key), math.ceil(rate * 2**KEYED_BITS), 1 / (1 - rate), out, mask)
 
 
 def key_seed(key: tuple) -> np.uint64:

@@ -28,6 +28,8 @@ class Transformer(Layer):
     """One encoder block of `heads` heads and a feed-forward net of `ff_units`; see the module docstring."""
 
     not_cut = "a step attends to steps in other segments"
+    ATTEND = ("attention", "drop1")  # the residual branches' parts, without their layer norms
+    FEED = ("ff1", "gelu", "drop_ff", "ff2", "drop2")
 
     def __init__(self, heads: int = 1, ff_units: int = 64, rate: float = 0.0, norm_first: bool = True,
                  causal: bool = False):
@@ -37,6 +39,7 @@ class Transformer(Layer):
         self.parts = {"norm1": LayerNorm(), "attention": Attention(heads, causal, rate), "drop1": Dropout(rate),
                       "norm2": LayerNorm(), "ff1": Dense(ff_units), "gelu": GELU(), "drop_ff": Dropout(rate),
                       "ff2": Dense(1), "drop2": Dropout(rate)}
+        self.number = {name: k for k, name in enumerate(self.parts)}  # a part's dropout key: the block's and this
 
     def param_shapes(self, input_shape):
         if not is_sequence(input_shape):
@@ -70,7 +73,7 @@ class Transformer(Layer):
     def _run(self, names, x, training):
         for name in names:
             part = self.parts[name]
-            part.lengths, part.key = self.lengths, (*self.key, list(self.parts).index(name))
+            part.lengths, part.key = self.lengths, (*self.key, self.number[name])
             x = part.forward(x, training)
         return x
 
@@ -86,7 +89,7 @@ class Transformer(Layer):
         return out
 
     def forward(self, x, training):
-        attend, feed = ["attention", "drop1"], ["ff1", "gelu", "drop_ff", "ff2", "drop2"]
+        attend, feed = self.ATTEND, self.FEED
         if self.norm_first:
             y = self._added("y", x, self._run(["norm1", *attend], x, training))
             return self._added("z", y, self._run(["norm2", *feed], y, training))
@@ -94,11 +97,10 @@ class Transformer(Layer):
         return self._run(["norm2"], self._added("z", y, self._run(feed, y, training)), training)
 
     def backward(self, dy, input_grad=True):
-        attend, feed = ["attention", "drop1"], ["ff1", "gelu", "drop_ff", "ff2", "drop2"]
+        attend, feed = self.ATTEND, self.FEED
         if self.norm_first:  # z = y + F(norm2(y)), y = x + A(norm1(x))
             dy = self._added("dy", dy, self._back(["norm2", *feed], dy))
             return self._added("dx", dy, self._back(["norm1", *attend], dy))
         dz = self._back(["norm2"], dy)  # z = norm2(s), s = y + F(y); y = norm1(r), r = x + A(x)
         dy = self._back(["norm1"], self._added("dy", dz, self._back(feed, dz)))
         return self._added("dx", dy, self._back(attend, dy))
-

@@ -159,6 +159,15 @@ def _refuse_changes(ckpt: Checkpoint, config, ranks: int) -> None:
                           "a checkpoint at an epoch's end (ckpt-EEEE-000000.h5)")
 
 
+def _whole_params(model, to_host, trained):
+    """The host parameters a checkpoint keeps: `trained`, the trainable part's merged values, after the frozen part
+    (the same on every rank) when the model has one."""
+    trained = to_host(trained)
+    if not model.trainable_start:
+        return trained
+    return np.concatenate([to_host(model.params[:model.trainable_start]), trained])
+
+
 def meaning(model, updater=None) -> dict:
     """What a checkpoint's arrays mean, beyond their shapes: the model's layer types (activations
     included) and loss, and the optimizer and what each slot of its state holds."""
@@ -268,7 +277,8 @@ class Checkpointer:
         with self.comm.agreed_errors():  # a full disk on rank 0 ends every rank, not just rank 0
             if self.comm.is_root:
                 ckpt = Checkpoint(
-                    np.concatenate([to_host(model.params[:model.trainable_start]), to_host(merged["params"])]), to_host(merged["updater_state"]), epoch, step, updater.iteration,
+                    _whole_params(model, to_host, merged["params"]), to_host(merged["updater_state"]), epoch, step,
+                    updater.iteration,
                     model.layout, numbers, self.manifest_sha256, self.config_yaml,
                     stats=to_host(merged["stats"]), stats_layout=model.stats_layout,
                     sync_arrays={name.removeprefix("sync/"): to_host(array) for name, array in merged.items()

@@ -10,6 +10,7 @@ import numpy as np
 
 from mpitrain.nn.attention import Attention
 from mpitrain.nn.onnx.graph import EMITTERS, emits
+from mpitrain.nn.onnx.sequence import step_index
 from mpitrain.nn.transformer import Transformer
 
 
@@ -18,11 +19,7 @@ def _seen_keys(graph, x, layer, name: str) -> str | None:
     key is seen."""
     if graph.lengths is None and not layer.causal:
         return None
-    steps = graph.node("Gather", [graph.node("Shape", [x], f"{name}/shape"),
-                                  graph.constant(f"{name}/time_axis", 1, np.int64)], f"{name}/steps", axis=0)
-    index = graph.node("Range", [graph.constant(f"{name}/zero", 0, np.int64), steps,
-                                 graph.constant(f"{name}/one", 1, np.int64)], f"{name}/index")
-    seen = None
+    index, seen = step_index(graph, x, name), None
     if graph.lengths is not None:
         lengths = graph.node("Reshape", [graph.lengths, graph.constant(f"{name}/per_row", [-1, 1, 1, 1], np.int64)],
                              f"{name}/lengths")
@@ -67,7 +64,7 @@ def transformer(graph, layer, x, name, input_shape):
             value = EMITTERS[type(layer.parts[part])](graph, layer.parts[part], value, f"{name}/{part}", input_shape)
         return value
 
-    attend, feed = ["attention", "drop1"], ["ff1", "gelu", "drop_ff", "ff2", "drop2"]
+    attend, feed = layer.ATTEND, layer.FEED
     if layer.norm_first:
         y = graph.node("Add", [x, run(["norm1", *attend], x)], f"{name}/attended")
         return graph.node("Add", [y, run(["norm2", *feed], y)], name)

@@ -10,13 +10,18 @@ from mpitrain.nn.sequence import Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
 from mpitrain.nn.tokens import TokenEmbedding
 
 
-def _valid_steps(graph, x, name: str) -> str:
-    """(N, T, 1) bool: True at the valid steps of the sequences `x` (N, T, F) of lengths `graph.lengths`."""
+def step_index(graph, x, name: str) -> str:
+    """(T,) int64: 0, 1, ..., T - 1, the steps of the sequences `x` (N, T, F)."""
     steps = graph.node("Gather", [graph.node("Shape", [x], f"{name}/steps"), graph.constant(f"{name}/time_axis", 1,
                                                                                               np.int64)],
                        f"{name}/steps", axis=0)
-    index = graph.node("Range", [graph.constant(f"{name}/zero", 0, np.int64), steps,
-                                 graph.constant(f"{name}/one", 1, np.int64)], f"{name}/steps")
+    return graph.node("Range", [graph.constant(f"{name}/zero", 0, np.int64), steps,
+                                graph.constant(f"{name}/one", 1, np.int64)], f"{name}/steps")
+
+
+def _valid_steps(graph, x, name: str) -> str:
+    """(N, T, 1) bool: True at the valid steps of the sequences `x` (N, T, F) of lengths `graph.lengths`."""
+    index = step_index(graph, x, name)
     lengths = graph.node("Unsqueeze", [graph.lengths, graph.constant(f"{name}/row_axis", [1], np.int64)],
                          f"{name}/lengths")
     return graph.node("Unsqueeze", [graph.node("Less", [index, lengths], f"{name}/valid"),
