@@ -24,6 +24,7 @@ import numpy as np
 from mpitrain.base.arrays import array_module
 from mpitrain.kernels.attention import masked_softmax, softmax_backward
 from mpitrain.nn.layers import Layer, initial_weights, is_sequence, keyed_dropout, layer_type, varying
+from mpitrain.nn.merge import Merge
 
 
 @layer_type("attention")
@@ -65,62 +66,19 @@ class Attention(Layer):
     def forward(self, x, training):
         xp = array_module(x)
         batch, steps, f = x.shape
-        heads, width = self.heads, self.width
         self.x = x.reshape(batch * steps, f)
         qkv = self._array("qkv", (batch * steps, 3 * f), x.dtype)
         xp.matmul(self.x, self.params["W"], out=qkv)
         qkv += self.params["b"]
-        parts = qkv.reshape(batch, steps, 3, heads, width)
-        self.q, self.k, self.v = (self._array(name, (batch, heads, steps, width), x.dtype) for name in "qkv")
-        for i, part in enumerate((self.q, self.k, self.v)):
-            xp.copyto(part, parts[:, :, i].transpose(0, 2, 1, 3))
-        self.q *= x.dtype.type(1 / math.sqrt(width))  # the scores' scale, on the queries
-        self.p = self._array("p", (batch, heads, steps, steps), x.dtype)
-        xp.matmul(self.q, self.k.transpose(0, 1, 3, 2), out=self.p)
-        masked_softmax(self.p, self.lengths, self.causal, self.p)
-        self.weights = self.p
-        if training and self.rate:
-            self.mask = self._array("mask", self.p.shape, x.dtype)
-            self.weights = self._array("dropped", self.p.shape, x.dtype)
-            rows = (batch * heads * steps, steps)
-            keyed_dropout(self.p.reshape(rows), self.key, self.rate, self.weights.reshape(rows),
-                          self.mask.reshape(rows))
-        else:
-            self.mask = None
-        heads_out = self._array("heads_out", (batch, heads, steps, width), x.dtype)
-        xp.matmul(self.weights, self.v, out=heads_out)
-        self.o = self._array("o", (batch, steps, heads, width), x.dtype)
-        xp.copyto(self.o, heads_out.transpose(0, 2, 1, 3))
-        self.o = self.o.reshape(batch * steps, f)
-        y = self._array("y", (batch * steps, f), x.dtype)
-        xp.matmul(self.o, self.params["W_out"], out=y)
-        y += self.params["b_out"]
-        return y.reshape(batch, steps, f)
+        parts = qkv.reshape(batch, steps, 3, self.heads, self.width)
+        return self._attend(*(self._heads(name, parts[:, :, i]) for i, name in enumerate("qkv")), self.lengths,
+                            training)
 
     def backward(self, dy, input_grad=True):
         xp = array_module(dy)
         batch, steps, f = dy.shape
-        heads, width = self.heads, self.width
-        dy = dy.reshape(batch * steps, f)
-        xp.matmul(self.o.T, dy, out=self.grads["W_out"])
-        dy.sum(axis=0, out=self.grads["b_out"])
-        do = self._array("do", (batch * steps, f), dy.dtype)
-        xp.matmul(dy, self.params["W_out"].T, out=do)
-        d_heads = self._array("d_heads", (batch, heads, steps, width), dy.dtype)
-        xp.copyto(d_heads, do.reshape(batch, steps, heads, width).transpose(0, 2, 1, 3))
-        dqkv = self._array("dqkv", (batch, steps, 3, heads, width), dy.dtype)
-        dv = self._array("dv", (batch, heads, steps, width), dy.dtype)
-        xp.matmul(self.weights.transpose(0, 1, 3, 2), d_heads, out=dv)
-        dp = self._array("dp", (batch, heads, steps, steps), dy.dtype)
-        xp.matmul(d_heads, self.v.transpose(0, 1, 3, 2), out=dp)
-        if self.mask is not None:
-            dp *= self.mask
-        softmax_backward(dp, self.p, dp)  # the scores' gradient (the scale is on the queries)
-        dq, dk = (self._array(name, (batch, heads, steps, width), dy.dtype) for name in ("dq", "dk"))
-        xp.matmul(dp, self.k, out=dq)
-        dq *= dy.dtype.type(1 / math.sqrt(width))
-        xp.matmul(dp.transpose(0, 1, 3, 2), self.q, out=dk)  # q holds the scale already
-        for i, part in enumerate((dq, dk, dv)):
+        dqkv = self._array("dqkv", (batch, steps, 3, self.heads, self.width), dy.dtype)
+        for i, part in enumerate(self._attend_backward(dy)):
             xp.copyto(dqkv[:, :, i], part.transpose(0, 2, 1, 3))
         dqkv = dqkv.reshape(batch * steps, 3 * f)
         xp.matmul(self.x.T, dqkv, out=self.grads["W"])
@@ -130,3 +88,149 @@ class Attention(Layer):
         dx = self._array("dx", (batch * steps, f), dy.dtype)
         xp.matmul(dqkv, self.params["W"].T, out=dx)
         return dx.reshape(batch, steps, f)
+
+    def _heads(self, name: str, rows):
+        """(B, heads, T, width) workspace array `name` of projected rows (B, T, heads, width): one head's steps
+        contiguous, as the batched GEMMs take them."""
+        part = self._array(name, (rows.shape[0], self.heads, rows.shape[1], self.width), rows.dtype)
+        array_module(rows).copyto(part, rows.transpose(0, 2, 1, 3))
+        return part
+
+    def _attend(self, q, k, v, key_lengths, training: bool):
+        """The output (B, Tq, F) of the heads' queries `q` (B, heads, Tq, width) over keys `k` and values `v`
+        (B, heads, Tk, width) of `key_lengths` (None: every key valid): the masked softmax of the scaled scores,
+        dropout on the weights in training, the weighted values, `W_out` and `b_out`. Keeps what backward needs."""
+        xp, dtype = array_module(q), q.dtype
+        batch, heads, queries, width = q.shape
+        keys, f = k.shape[2], heads * width
+        self.q, self.k, self.v = q, k, v
+        q *= dtype.type(1 / math.sqrt(width))  # the scores' scale, on the queries
+        self.p = self._array("p", (batch, heads, queries, keys), dtype)
+        xp.matmul(q, k.transpose(0, 1, 3, 2), out=self.p)
+        masked_softmax(self.p, key_lengths, self.causal, self.p)
+        self.weights = self.p
+        if training and self.rate:
+            self.mask = self._array("mask", self.p.shape, dtype)
+            self.weights = self._array("dropped", self.p.shape, dtype)
+            rows = (batch * heads * queries, keys)
+            keyed_dropout(self.p.reshape(rows), self.key, self.rate, self.weights.reshape(rows),
+                          self.mask.reshape(rows))
+        else:
+            self.mask = None
+        heads_out = self._array("heads_out", (batch, heads, queries, width), dtype)
+        xp.matmul(self.weights, v, out=heads_out)
+        self.o = self._array("o", (batch, queries, heads, width), dtype)
+        xp.copyto(self.o, heads_out.transpose(0, 2, 1, 3))
+        self.o = self.o.reshape(batch * queries, f)
+        y = self._array("y", (batch * queries, f), dtype)
+        xp.matmul(self.o, self.params["W_out"], out=y)
+        y += self.params["b_out"]
+        return y.reshape(batch, queries, f)
+
+    def _attend_backward(self, dy):
+        """(dq, dk, dv), each (B, heads, T, width), from the output's gradient `dy` (B, Tq, F); writes `W_out`'s
+        and `b_out`'s gradients."""
+        xp = array_module(dy)
+        batch, queries, f = dy.shape
+        heads, width, keys = self.heads, self.width, self.k.shape[2]
+        dy = dy.reshape(batch * queries, f)
+        xp.matmul(self.o.T, dy, out=self.grads["W_out"])
+        dy.sum(axis=0, out=self.grads["b_out"])
+        do = self._array("do", (batch * queries, f), dy.dtype)
+        xp.matmul(dy, self.params["W_out"].T, out=do)
+        d_heads = self._array("d_heads", (batch, heads, queries, width), dy.dtype)
+        xp.copyto(d_heads, do.reshape(batch, queries, heads, width).transpose(0, 2, 1, 3))
+        dv = self._array("dv", (batch, heads, keys, width), dy.dtype)
+        xp.matmul(self.weights.transpose(0, 1, 3, 2), d_heads, out=dv)
+        dp = self._array("dp", (batch, heads, queries, keys), dy.dtype)
+        xp.matmul(d_heads, self.v.transpose(0, 1, 3, 2), out=dp)
+        if self.mask is not None:
+            dp *= self.mask
+        softmax_backward(dp, self.p, dp)  # the scores' gradient (the scale is on the queries)
+        dq, dk = self._array("dq", self.q.shape, dy.dtype), self._array("dk", self.k.shape, dy.dtype)
+        xp.matmul(dp, self.k, out=dq)
+        dq *= dy.dtype.type(1 / math.sqrt(width))
+        xp.matmul(dp.transpose(0, 1, 3, 2), self.q, out=dk)  # q holds the scale already
+        return dq, dk, dv
+
+
+class CrossAttention(Attention, Merge):
+    """Attention of one sequence's steps (the queries, `inputs[0]`, (None, F)) over another's (the keys and values,
+    `inputs[1]`, (None, F_m)): a graph node `{type: attention, inputs: [queries, memory]}`, PyTorch's
+    `nn.MultiheadAttention(F, heads, kdim=F_m, vdim=F_m, batch_first=True)` on (x, m, m) with m's key padding
+    mask. `W_q` (F, F) projects the queries, `W_kv` (F_m, 2F) the memory's keys and values (one GEMM), `b` (3F) is
+    their biases in PyTorch's order (q, k, v); the rest is self-attention's. A query sees the memory's valid steps;
+    the output has the queries' steps and lengths, so the two sequences may differ in length. No causal mask: a
+    query's step and a memory step are not on one time axis."""
+
+    input_count = 2
+    shares_lengths = False  # the output carries the queries' lengths; the memory has its own
+
+    def __init__(self, heads: int = 1, causal: bool = False, rate: float = 0.0, init: str | None = None):
+        if causal:
+            raise ValueError("causal masks later steps of one sequence; cross-attention's queries and keys are two "
+                             "sequences, expected causal: false")
+        super().__init__(heads, causal, rate, init)
+
+    def merged_shape(self, shapes):
+        if not all(map(is_sequence, shapes)):
+            raise ValueError(f"cross-attention reads two sequences (None, F), the queries and the memory, not inputs "
+                             f"of shape {[list(shape) for shape in shapes]}")
+        self.memory_features = shapes[1][1]
+        return shapes[0]
+
+    def param_shapes(self, input_shape):
+        shapes = super().param_shapes(input_shape)
+        f = self.features
+        return {"W_q": (f, f), "W_kv": (self.memory_features, 2 * f), **{k: shapes[k] for k in ("b", "W_out", "b_out")}}
+
+    def init_params(self, rng, scheme):
+        f, m = self.features, self.memory_features
+        return {"W_q": initial_weights(rng, self.init or scheme, f, f, (f, f)),
+                "W_kv": initial_weights(rng, self.init or scheme, m, f, (m, 2 * f)), "b": np.zeros(3 * f),
+                "W_out": initial_weights(rng, self.init or scheme, f, f, (f, f)), "b_out": np.zeros(f)}
+
+    def forward(self, xs, training):
+        x, memory = xs
+        xp, f = array_module(x), self.features
+        (batch, queries, _), keys = x.shape, memory.shape[1]
+        self.x, self.memory = x.reshape(batch * queries, f), memory.reshape(batch * keys, self.memory_features)
+        q = self._array("q_rows", (batch * queries, f), x.dtype)
+        xp.matmul(self.x, self.params["W_q"], out=q)
+        q += self.params["b"][:f]
+        kv = self._array("kv_rows", (batch * keys, 2 * f), x.dtype)
+        xp.matmul(self.memory, self.params["W_kv"], out=kv)
+        kv += self.params["b"][f:]
+        parts = kv.reshape(batch, keys, 2, self.heads, self.width)
+        return self._attend(self._heads("q", q.reshape(batch, queries, self.heads, self.width)),
+                            self._heads("k", parts[:, :, 0]), self._heads("v", parts[:, :, 1]),
+                            self.input_lengths[1], training)
+
+    def backward(self, dy, input_grads):
+        xp, f = array_module(dy), self.features
+        batch, queries, _ = dy.shape
+        keys = self.k.shape[2]
+        dq_heads, dk, dv = self._attend_backward(dy)
+        dq = self._array("dq_rows", (batch, queries, self.heads, self.width), dy.dtype)
+        xp.copyto(dq, dq_heads.transpose(0, 2, 1, 3))
+        dq = dq.reshape(batch * queries, f)
+        dkv = self._array("dkv_rows", (batch, keys, 2, self.heads, self.width), dy.dtype)
+        for i, part in enumerate((dk, dv)):
+            xp.copyto(dkv[:, :, i], part.transpose(0, 2, 1, 3))
+        dkv = dkv.reshape(batch * keys, 2 * f)
+        xp.matmul(self.x.T, dq, out=self.grads["W_q"])
+        xp.matmul(self.memory.T, dkv, out=self.grads["W_kv"])
+        dq.sum(axis=0, out=self.grads["b"][:f])
+        dkv.sum(axis=0, out=self.grads["b"][f:])
+        grads = [None, None]
+        if input_grads[0]:
+            grads[0] = self._array("dx", (batch * queries, f), dy.dtype).reshape(batch, queries, f)
+            xp.matmul(dq, self.params["W_q"].T, out=grads[0].reshape(batch * queries, f))
+        if input_grads[1]:
+            m = self.memory_features
+            grads[1] = self._array("dmemory", (batch * keys, m), dy.dtype).reshape(batch, keys, m)
+            xp.matmul(dkv, self.params["W_kv"].T, out=grads[1].reshape(batch * keys, m))
+        return grads
+
+
+Attention.joined_by = CrossAttention

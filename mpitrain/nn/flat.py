@@ -12,7 +12,7 @@ third flat buffer of their own.
 | `grads`        | the gradients, same layout as `params`; backward overwrites them                 |
 | `stats`        | running statistics, 1-D (empty when the model has none)                          |
 | `layout`       | `[(name, shape)]` of `params` in buffer order; a weight matrix's name ends "/W"  |
-|                | (a recurrent layer's also "/R", "/W_reverse", "/R_reverse": `DECAYED`)           |
+|                | (also a recurrent layer's "/R"..., attention's "/W_out"...: `DECAYED`)           |
 | `stats_layout` | the same for `stats`                                                             |
 | `decay_mask`   | 1 where L2 weight decay applies (weights), 0 elsewhere (biases, scales)          |
 | `n_params`     | `params.size`                                                                    |
@@ -40,7 +40,7 @@ from mpitrain.base.workspace import Workspace
 # The weight matrices, which L2 decay applies to: a dense or conv layer's, a recurrent layer's input and recurrent
 # weights in both directions, attention's input and output projections; a layer made of layers names its parts'
 # arrays PART.NAME (a transformer block's `ff1.W`).
-DECAYED = ("W", "R", "W_reverse", "R_reverse", "W_out")
+DECAYED = ("W", "R", "W_reverse", "R_reverse", "W_out", "W_q", "W_kv")
 
 
 class FlatModel:

@@ -9,8 +9,8 @@
         - {name: out, type: dense, input: hidden, units: 1}
 
 A node is a layer (`type` one of `GRAPH_TYPES`, its arguments as in `model.layers`) with a
-unique `name`, reading one `input` or, for `concat` and `add`, several `inputs`: the
-dataset's column groups (`numeric`, `categorical`: `Manifest.input_groups`, slices of a row
+unique `name`, reading one `input` or, for `concat`, `add` and cross-attention (`attention`
+with `inputs: [queries, memory]`: `Layer.joined_by`), several `inputs`: the dataset's column groups (`numeric`, `categorical`: `Manifest.input_groups`, slices of a row
 of x), its sequence columns (each the input of its name, `(None, F)`: `Manifest.sequence_inputs`)
 or nodes named before it. The last node is the output; every node must lead to it.
 An `embedding` reads `categorical` itself.
@@ -19,7 +19,7 @@ A sequence value carries its lengths (docs/sequences.md): forward tells each lay
 (`layer.lengths`) and carries them on by `output_lengths` while the value is a sequence. A merge
 of sequences needs one set of lengths: `build_graph` refuses one whose sequences do not all come
 from the same column through layers that keep lengths (`Layer.keeps_lengths`; a strided or
-`valid` conv1d does not).
+`valid` conv1d does not). Cross-attention's two sequences may differ; its output has its queries'.
 
 A node's `activation` runs fused with its bias add (`FusesActivation`); an activation node
 (`type: relu`) runs on its own, since the value it reads may be read by other nodes as it is.
@@ -58,7 +58,6 @@ from mpitrain.nn.model import (
 )
 from mpitrain.nn.positional import Positional
 
-MERGES = ("concat", "add")
 NODE_KEYS = ("name", "type", "input", "inputs", "freeze")
 
 
@@ -135,8 +134,11 @@ class Graph(Network):
         layer_index = 0
         for node in self.nodes:
             inputs = [values[name] for name in node.inputs]
-            if node.merge:  # merged sequences share their lengths (`build_graph` checks it)
-                value = node.merge.forward(inputs, training)
+            if node.merge:  # its output carries its first input's lengths (`build_graph` checks merged ones agree)
+                merge = node.merge
+                merge.key, merge.lengths = (*key, layer_index), lengths[node.inputs[0]]
+                merge.input_lengths = [lengths[name] for name in node.inputs]
+                value = merge.forward(inputs, training)
                 steps = lengths[node.inputs[0]] if self.gives_sequence[layer_index] else None
                 layer_index += 1
             else:
@@ -215,13 +217,19 @@ def check_node_spec(spec, key: str) -> None:
     cls = GRAPH_TYPES.get(kind)
     if cls is None:
         raise ConfigError(f"{key}.type is {kind!r}, expected one of {sorted(GRAPH_TYPES)}")
-    if kind in MERGES:
-        inputs = spec.get("inputs")
-        if "input" in spec or not (isinstance(inputs, list) and len(inputs) >= 2 and
-                                   all(isinstance(i, str) for i in inputs)):
-            raise ConfigError(f"{key}: a {kind} node takes `inputs`, a list of two or more names, not {inputs!r}")
-    elif "inputs" in spec or not isinstance(spec.get("input"), str):
-        raise ConfigError(f"{key}: a {kind} node takes one `input` (a name), not {spec.get('input', spec.get('inputs'))!r}")
+    joined = node_class(spec)
+    if issubclass(joined, Merge):
+        inputs, count = spec.get("inputs"), joined.input_count
+        wanted = "two or more names" if count is None else f"{count} names"
+        if "input" in spec or not (isinstance(inputs, list) and all(isinstance(i, str) for i in inputs) and
+                                   (len(inputs) == count if count else len(inputs) >= 2)):
+            raise ConfigError(f"{key}: {kind} over several `inputs` takes a list of {wanted}, not {inputs!r}"
+                              if cls.joined_by else f"{key}: a {kind} node takes `inputs`, a list of {wanted}, "
+                              f"not {inputs!r}")
+    elif not isinstance(spec.get("input"), str):
+        also = " or `inputs`, a list of names" if cls.joined_by else ""
+        raise ConfigError(f"{key}: a {kind} node takes one `input` (a name){also}, not "
+                          f"{spec.get('input', spec.get('inputs'))!r}")
     check_freeze(spec, key)
     kwargs = {k: v for k, v in spec.items() if k not in NODE_KEYS}
     try:
@@ -233,6 +241,13 @@ def check_node_spec(spec, key: str) -> None:
             ok, expected = LAYER_ARGUMENTS[name]
             if not ok(value):
                 raise ConfigError(f"{key}.{name} is {value!r}, expected {expected}")
+
+
+def node_class(spec: dict) -> type:
+    """The Layer class of a graph node entry: its type's, or with several `inputs` the class that joins them
+    (`Layer.joined_by`: attention over two inputs is cross-attention). Not a collective."""
+    cls = GRAPH_TYPES[spec["type"]]
+    return cls.joined_by if "inputs" in spec and cls.joined_by else cls
 
 
 def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_name: str = "classes",
@@ -260,14 +275,14 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
         if name in shapes:
             raise ConfigError(f"{key}.name {name!r} is taken (by {'an input' if name in groups else 'a node above'}); "
                               "expected a new name")
-        inputs = spec["inputs"] if spec["type"] in MERGES else [spec["input"]]
+        inputs = spec["inputs"] if "inputs" in spec else [spec["input"]]
         for source in inputs:
             if source not in shapes:
                 raise ConfigError(f"{key} ({name}) reads {source!r}: no input or node above has that name; expected "
                                   f"one of {sorted(shapes)}")
         read.update(inputs)
         try:
-            layer = GRAPH_TYPES[spec["type"]](**{k: v for k, v in spec.items() if k not in NODE_KEYS})
+            layer = node_class(spec)(**{k: v for k, v in spec.items() if k not in NODE_KEYS})
             layer.frozen = spec.get("freeze", False)
             if isinstance(layer, Positional) and layer.max_steps == "auto":
                 layer.max_steps = steps  # the longest sequence of the dataset's columns
@@ -278,9 +293,11 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
                 layer.take_ids(groups["categorical"].ids)
             layers = [layer] if isinstance(layer, Merge) else _with_activation_layers([layer])
             shape = layer.merged_shape([shapes[s] for s in inputs]) if isinstance(layer, Merge) else shapes[inputs[0]]
-            lengths_of[name] = _merged_lengths(inputs, lengths_of) if isinstance(layer, Merge) else lengths_of.get(
-                inputs[0])
-            if not isinstance(layer, Merge):
+            shares = isinstance(layer, Merge) and layer.shares_lengths
+            lengths_of[name] = _merged_lengths(inputs, lengths_of) if shares else lengths_of.get(inputs[0])
+            if isinstance(layer, Merge):
+                params += sum(map(math.prod, layer.param_shapes(shape).values()))
+            else:
                 for each in layers:
                     params += sum(map(math.prod, [*each.param_shapes(shape).values(),
                                                   *each.stat_shapes(shape).values()]))

@@ -66,6 +66,7 @@ class Layer:
     _ws: WorkspacePart | None = None
     lengths = None  # a sequence input's lengths (B,), set by the model before forward (docs/sequences.md)
     keeps_lengths = True  # `output_lengths` gives the input's lengths back (a graph may merge such sequences)
+    joined_by: type | None = None  # the Merge class a graph node of this type builds when it reads several `inputs`
 
     @property
     def ws(self) -> WorkspacePart:

@@ -14,7 +14,14 @@ from mpitrain.nn.layers import Layer, layer_type, varying
 
 
 class Merge(Layer):
-    """Several inputs in, one out: `merged_shape(input_shapes)` instead of `output_shape`."""
+    """Several inputs in, one out: `merged_shape(input_shapes)` instead of `output_shape`. `input_count` is how many
+    inputs it reads (None: two or more); with `shares_lengths`, its sequence inputs must have one set of lengths,
+    which the output carries (otherwise the output carries the first input's). The graph tells it its inputs'
+    lengths (`input_lengths`, None for a value that is no sequence) and its dropout key before forward."""
+
+    input_count: int | None = None
+    shares_lengths = True
+    input_lengths: tuple = ()
 
     def merged_shape(self, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
         raise NotImplementedError

@@ -58,6 +58,7 @@ class OnnxGraph:
         self.onnx, self.dtype = require_onnx(), np.dtype(dtype)
         self.nodes, self.initializers = [], []
         self.lengths: str | None = None  # a sequence's (N,) int64 lengths tensor, while the values are a sequence
+        self.input_lengths: list = []  # a merge's inputs' lengths (`emit_nodes`), each a name or None
 
     def constant(self, name: str, value, dtype=None) -> str:
         """An initializer `name` holding `value` (numpy or cupy) in `dtype`, by default the graph's; a number is a

@@ -36,7 +36,8 @@ def emit_nodes(graph: OnnxGraph, model, x: str | None, sequences: dict[str, tupl
     """A graph model's nodes (`mpitrain.nn.graph.Graph`) on the scaled rows `x` and the `sequences` ({column:
     (values name, lengths name)}): each column group a Slice of the row (the whole row when it is the one input),
     each node's layers on its inputs' outputs (an embedding one Gather per column), concat a Concat along the last
-    axis, add a chain of Adds; each value's lengths kept (`graph.lengths` set to a node's input's before its
+    axis, add a chain of Adds, another merge (cross-attention) its emitter on the list of its inputs (their lengths
+`graph.input_lengths`); each value's lengths kept (`graph.lengths` set to a node's input's before its
     layers, a merge's output has its inputs' one lengths); the output node's output name."""
     values, shapes, lengths = {}, {}, {}
     for name, group in model.groups.items():
@@ -55,6 +56,11 @@ def emit_nodes(graph: OnnxGraph, model, x: str | None, sequences: dict[str, tupl
             for k, other in enumerate(inputs[1:]):
                 value = graph.node("Add", [value, other], f"{node.name}/{k}")
             shape = shapes[node.inputs[0]]
+        elif node.merge:  # a merge with an emitter of its own, on the list of its inputs
+            graph.input_lengths = [lengths[name] for name in node.inputs]
+            input_shapes = [shapes[name] for name in node.inputs]
+            value = EMITTERS[type(node.merge)](graph, node.merge, inputs, node.name, input_shapes)
+            shape = node.merge.merged_shape(input_shapes)
         else:
             value, shape = inputs[0], shapes[node.inputs[0]]
             for k, layer in enumerate(node.layers):  # named as the model's layout names them
