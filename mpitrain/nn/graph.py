@@ -267,6 +267,7 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
                           "named otherwise")
     nodes, shapes, read = [], {**{name: group.shape for name, group in groups.items()}, **sequences}, set()
     lengths_of = {name: name for name in sequences}  # a sequence value's lengths: those of this column or node
+    longest = dict.fromkeys(sequences, steps)  # a sequence value's longest sequence (a [CLS] token adds a step)
     params, activations = 0, sum(estimated_size(shape, steps) for shape in shapes.values())
     for i, spec in enumerate(config.graph):
         key = f"model.graph[{i}]"
@@ -284,8 +285,9 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
         try:
             layer = node_class(spec)(**{k: v for k, v in spec.items() if k not in NODE_KEYS})
             layer.frozen = spec.get("freeze", False)
+            longest_here = longest.get(inputs[0], steps)
             if isinstance(layer, Positional) and layer.max_steps == "auto":
-                layer.max_steps = steps  # the longest sequence of the dataset's columns
+                layer.max_steps = longest_here  # the longest sequence at its input
             if isinstance(layer, Embedding):
                 if inputs != ["categorical"] or "categorical" not in groups:
                     raise ValueError("an embedding reads the dataset's `categorical` ids (input: categorical)"
@@ -301,11 +303,15 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
                 for each in layers:
                     params += sum(map(math.prod, [*each.param_shapes(shape).values(),
                                                   *each.stat_shapes(shape).values()]))
+                    if is_sequence(shape) and is_sequence(each.output_shape(shape)):
+                        longest_here = int(each.output_lengths(np.array([longest_here]))[0])
                     shape = each.output_shape(shape)
                     activations += estimated_size(shape, steps)
                     if not each.keeps_lengths:
                         lengths_of[name] = name
-            if not is_sequence(shape):
+            if is_sequence(shape):
+                longest[name] = longest_here
+            else:
                 lengths_of.pop(name, None)
         except ValueError as e:
             raise ConfigError(f"{key} ({name}, {spec['type']}) on inputs of shape "

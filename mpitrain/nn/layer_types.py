@@ -13,6 +13,7 @@ from __future__ import annotations
 from mpitrain.nn import (  # noqa: F401 registers
     attention,
     batchnorm,
+    cls_token,
     conv,
     embedding,
     layernorm,

@@ -200,7 +200,7 @@ def valid_steps(logits, classes):
     input's (a strided conv1d) has no class per output step: a ValueError says so."""
     if classes.shape != logits.shape[:2]:
         raise ValueError(f"the model gives {logits.shape[1]} steps for {classes.shape[1]} steps of classes; a class "
-                         "per step needs an output step per input step (no stride, no 'valid' padding)")
+                         "per step needs an output step per input step (no stride, no 'valid' padding, no cls_token)")
     valid = classes >= 0
     return logits[valid], classes[valid], valid
 
@@ -266,7 +266,7 @@ def build_model(config, input_shape, num_classes: int, xp, outputs: str = "class
     of `num_classes` outputs per step.
     """
     sequence = sequence or {}
-    steps, lengths = sequence.get("longest", 1), np.array([sequence.get("shortest", 1)])
+    steps, lengths = sequence.get("longest", 1), np.array([sequence.get("shortest", 1), sequence.get("longest", 1)])
     layers, shape, sizes = [], tuple(input_shape), [[], [estimated_size(input_shape, steps)]]
     for i, spec in enumerate(config.layers):
         made = _layer_from_spec(spec, f"model.layers[{i}]")
@@ -275,13 +275,13 @@ def build_model(config, input_shape, num_classes: int, xp, outputs: str = "class
                 raise ConfigError(f"model.layers[{i}] (token_embedding) reads the dataset's token ids, expected it "
                                   "as the first layer")
             made.ids = sequence.get("ids", "auto") if made.ids == "auto" else made.ids
-        if isinstance(made, Positional) and made.max_steps == "auto":
-            made.max_steps = sequence.get("longest", "auto")
+        if isinstance(made, Positional) and made.max_steps == "auto" and sequence:
+            made.max_steps = int(lengths[1])  # the longest sequence at its input (a [CLS] token adds a step)
         for layer in _with_activation_layers([made]):
             try:
                 sizes[0] += [*layer.param_shapes(shape).values(), *layer.stat_shapes(shape).values()]
                 if is_sequence(shape) and sequence:
-                    lengths = layer.output_lengths(lengths)  # the shortest sequence must still have a step
+                    lengths = layer.output_lengths(lengths)  # the shortest must keep a step; the longest
                 shape = layer.output_shape(shape)
             except ValueError as e:
                 raise ConfigError(f"model.layers[{i}] ({spec['type']}) on inputs of shape {list(shape)}: {e}") from None

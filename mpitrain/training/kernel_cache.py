@@ -53,7 +53,7 @@ SEQUENCES = [
     [{"type": "conv1d", "filters": 4, "kernel": 3, "padding": "causal", "activation": "relu"},
      {"type": "positional"}, {"type": "attention", "heads": 2, "rate": 0.1}, {"type": "global_max_pool"},
      {"type": "dense", "units": 3}],
-    [{"type": "transformer", "heads": 2, "ff_units": 4, "rate": 0.1}, {"type": "global_avg_pool"},
+    [{"type": "cls_token"}, {"type": "transformer", "heads": 2, "ff_units": 4, "rate": 0.1}, {"type": "cls_pool"},
      {"type": "dense", "units": 3}],
     [{"type": "conv1d", "filters": 4, "kernel": 3, "activation": "tanh"}, {"type": "positional", "encoding": "sinusoidal"},
      {"type": "layernorm", "activation": "relu"},

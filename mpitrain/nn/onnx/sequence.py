@@ -1,9 +1,10 @@
 """ONNX emitters of the layers on sequences (N, T, F) of lengths `graph.lengths`: conv1d, the global pools over
-time and the token embedding, each masking the padded steps it must not read."""
+time, the token embedding and the [CLS] token and its pool, each masking the padded steps it must not read."""
 from __future__ import annotations
 
 import numpy as np
 
+from mpitrain.nn.cls_token import ClsPool, ClsToken
 from mpitrain.nn.onnx.graph import emits, host
 from mpitrain.nn.positional import Positional
 from mpitrain.nn.sequence import Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
@@ -95,3 +96,26 @@ def global_avg_pool(graph, layer, x, name, input_shape):
     graph.lengths = None
     return graph.node("Div", [total, graph.node("Unsqueeze", [lengths, graph.constant(f"{name}/row_axis", [1], np.int64)],
                                                 f"{name}/lengths")], name)
+
+
+@emits(ClsToken)
+def cls_token(graph, layer, x, name, input_shape):
+    """The token Expanded to (N, 1, F) and Concatenated before the steps; the lengths one more (Add)."""
+    rows = graph.node("Slice", [graph.node("Shape", [x], f"{name}/shape"), graph.constant(f"{name}/first", [0],
+                                                                                           np.int64),
+                                graph.constant(f"{name}/second", [1], np.int64)], f"{name}/rows")
+    shape = graph.node("Concat", [rows, graph.constant(f"{name}/one_step", [1, layer.params["token"].shape[0]],
+                                                       np.int64)], f"{name}/token_shape", axis=0)
+    token = graph.node("Expand", [graph.constant(f"{name}/token", layer.params["token"]), shape], f"{name}/token")
+    if graph.lengths is not None:
+        graph.lengths = graph.node("Add", [graph.lengths, graph.constant(f"{name}/one", 1, np.int64)],
+                                   f"{name}/lengths")
+    return graph.node("Concat", [token, x], name, axis=1)
+
+
+@emits(ClsPool)
+def cls_pool(graph, layer, x, name, input_shape):
+    """Step 0 of the sequence (Gather on the time axis)."""
+    pooled = graph.node("Gather", [x, graph.constant(f"{name}/first", 0, np.int64)], name, axis=1)
+    graph.lengths = None
+    return pooled

@@ -6,6 +6,7 @@ import onnxruntime as ort
 import pytest
 
 from mpitrain.nn.attention import Attention
+from mpitrain.nn.cls_token import ClsPool, ClsToken
 from mpitrain.nn.layernorm import LayerNorm
 from mpitrain.nn.layers import Dense
 from mpitrain.nn.onnx import OPSET, OnnxGraph, emit_layer
@@ -51,6 +52,9 @@ LAYERS = {
     "attention causal per step": lambda: [Positional("sinusoidal", max_steps=16), Attention(heads=3, causal=True)],
     "transformer pre-LN": lambda: [Dense(4), Transformer(heads=2, ff_units=6, rate=0.1), GlobalAvgPool1D()],
     "transformer post-LN causal": lambda: [Dense(6), Transformer(heads=3, ff_units=4, norm_first=False, causal=True)],
+    "cls token, transformer, cls pool": lambda: [Dense(4), ClsToken(), Positional(max_steps=17),
+                                                 Transformer(heads=2, ff_units=6), ClsPool()],
+    "cls token per step": lambda: [ClsToken(), Attention(heads=3)],  # the lengths one more
     "positional sinusoidal": lambda: [Positional("sinusoidal", max_steps=13), Dense(3)],  # batches padded past it
     "global max pool": lambda: [GlobalMaxPool1D()],
     "global avg pool": lambda: [GlobalAvgPool1D()],
