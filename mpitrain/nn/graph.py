@@ -43,6 +43,7 @@ from mpitrain.base.arrays import array_module
 from mpitrain.base.errors import ConfigError
 from mpitrain.data.sequences import SequenceBatch, SequenceInputs
 from mpitrain.nn.embedding import Embedding
+from mpitrain.nn.feature_tokens import FeatureTokens
 from mpitrain.nn.layer_types import GRAPH_TYPES
 from mpitrain.nn.layers import is_sequence, varying
 from mpitrain.nn.merge import Merge
@@ -288,6 +289,9 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
             longest_here = longest.get(inputs[0], steps)
             if isinstance(layer, Positional) and layer.max_steps == "auto":
                 layer.max_steps = longest_here  # the longest sequence at its input
+            if isinstance(layer, FeatureTokens) and inputs[0] == "categorical":
+                raise ValueError("it would read the categorical ids as numbers; expected inputs: [numeric, EMBEDDING] "
+                                 "(the categorical columns' tokens through an embedding node)")
             if isinstance(layer, Embedding):
                 if inputs != ["categorical"] or "categorical" not in groups:
                     raise ValueError("an embedding reads the dataset's `categorical` ids (input: categorical)"

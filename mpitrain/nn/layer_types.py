@@ -16,6 +16,7 @@ from mpitrain.nn import (  # noqa: F401 registers
     cls_token,
     conv,
     embedding,
+    feature_tokens,
     layernorm,
     layers,
     merge,

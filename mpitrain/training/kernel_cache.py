@@ -67,6 +67,12 @@ TABLE = [{"name": "emb", "type": "embedding", "input": "categorical", "dim": 3},
          {"name": "b", "type": "dense", "input": "a", "units": 4},
          {"name": "sum", "type": "add", "inputs": ["a", "b"]},
          {"name": "out", "type": "dense", "input": "sum", "units": 1}]
+TABLE_TOKENS = [{"name": "emb", "type": "embedding", "input": "categorical", "dim": 4},  # FT-Transformer's
+                {"name": "tokens", "type": "feature_tokens", "inputs": ["numeric", "emb"], "dim": 4},
+                {"name": "cls", "type": "cls_token", "input": "tokens"},
+                {"name": "block", "type": "transformer", "input": "cls", "heads": 2, "ff_units": 4},
+                {"name": "pooled", "type": "cls_pool", "input": "block"},
+                {"name": "out", "type": "dense", "input": "pooled", "units": 1}]
 LOSSES = {"softmax_cross_entropy": 3, "binary_cross_entropy": 1, "multilabel_cross_entropy": 2, "mse": 2,
           "huber": 2, "l1": 2}
 OPTIMIZERS = [{"type": "sgd"}, {"type": "sgd", "momentum": 0.9}, {"type": "sgd", "momentum": 0.9, "nesterov": True},
@@ -119,11 +125,13 @@ def sequences(rng) -> None:
 
 
 def table(rng) -> None:
-    """A graph over a table's columns: embedding tables, concat and add, a sigmoid output."""
+    """Graphs over a table's columns: embedding tables, concat and add, a sigmoid output; the columns as tokens
+    through a transformer block."""
     groups = {"numeric": InputGroup(0, (3,)), "categorical": InputGroup(3, (2,), (6, 4))}
-    model = build_graph(ModelConfig(graph=TABLE, loss="binary_cross_entropy"), groups, (5,), 1, np)
     x = np.column_stack([rng.normal(size=(ROWS, 3)), rng.integers(0, 4, (ROWS, 2))]).astype(np.float32)
-    _train(model, x, _labels(rng, 1, "binary_cross_entropy"))
+    for graph in (TABLE, TABLE_TOKENS):
+        model = build_graph(ModelConfig(graph=graph, loss="binary_cross_entropy"), groups, (5,), 1, np)
+        _train(model, x, _labels(rng, 1, "binary_cross_entropy"))
 
 
 def optimizers(rng) -> None:

@@ -6,10 +6,10 @@
 | `dense.py` | dense, relu, tanh, sigmoid, gelu, gelu_tanh, silu, flatten, dropout |
 | `conv.py` | conv2d, maxpool2d, avgpool2d |
 | `batchnorm.py` | batchnorm, layernorm |
-| `embedding.py` | a table's embedding |
+| `embedding.py` | a table's embedding, feature_tokens |
 | `recurrent.py` | lstm, gru |
-| `sequence.py` | conv1d, the global pools, token_embedding (masking padded steps), positional |
-| `attention.py` | attention (masking padded and, when causal, later keys), transformer |
+| `sequence.py` | conv1d, the global pools, token_embedding (masking padded steps), positional, cls_token, cls_pool |
+| `attention.py` | attention (masking padded and, when causal, later keys), cross-attention, transformer |
 | `network.py` | a model's layers or graph nodes, each by its emitter |
 
 A new layer's emitter goes into its family's module (or a new module, imported below: its registration).

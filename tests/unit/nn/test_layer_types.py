@@ -7,6 +7,7 @@ import pytest
 
 from mpitrain.nn import layers as layer_module
 from mpitrain.nn.attention import CrossAttention
+from mpitrain.nn.feature_tokens import FeatureTokensWithEmbeddings
 from mpitrain.nn.layer_types import GRAPH_TYPES, LAYER_TYPES
 from mpitrain.nn.merge import Add, Concat
 from mpitrain.nn.onnx import EMITTERS
@@ -35,7 +36,7 @@ def test_every_concrete_layer_class_is_registered():
 
 def test_every_layer_type_but_the_merges_has_an_onnx_emitter():
     joined = {cls.joined_by for cls in GRAPH_TYPES.values() if cls.joined_by}  # a type's class over several inputs
-    assert joined == {CrossAttention}
+    assert joined == {CrossAttention, FeatureTokensWithEmbeddings}
     assert set(EMITTERS) == set(GRAPH_TYPES.values()) - {Concat, Add} | joined  # the merges: the graph's own nodes
 
 
