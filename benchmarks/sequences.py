@@ -90,13 +90,14 @@ def padding_difference(run_dir: str) -> float:
     return float(np.abs(probabilities[0] - probabilities[1]).max())
 
 
-def motif_data(work: str, train_rows: int, test_rows: int) -> str:
-    """The motif sequences as Parquet, through `mpitrain etl --sequence readings`: the dataset's folder."""
-    parquet = {}
+def motif_data(work: str, train_rows: int, test_rows: int, lengths=(10, 200)) -> str:
+    """The motif sequences of `lengths` steps as Parquet, through `mpitrain etl --sequence readings`: the dataset's
+    folder."""
+    parquet, name = {}, f"motifs-{lengths[0]}-{lengths[1]}"
     for split, rows, seed in (("train", train_rows, 0), ("test", test_rows, 1)):
-        parquet[split] = os.path.join(work, f"motifs-{split}.parquet")
-        write_parquet(parquet[split], *motif_sequences(rows, seed))
-    data = os.path.join(work, "motifs")
+        parquet[split] = os.path.join(work, f"{name}-{split}.parquet")
+        write_parquet(parquet[split], *motif_sequences(rows, seed, lengths=lengths))
+    data = os.path.join(work, name)
     mpitrain("etl", "--source", f"parquet:{parquet['train']}", "--test", parquet["test"], "--label", "label",
              "--sequence", "readings", "--out", data, "--shards", "2")
     return data
@@ -113,31 +114,32 @@ def fashion_data(work: str) -> str:
     return data
 
 
-def speed(data: str, repeat: int) -> dict:
-    """Samples/s of mpitrain and PyTorch DDP, 1 epoch on 2 ranks, per motif model (the median of `repeat` rounds), with
-    FLOPs per sample and the fraction of one core's sgemm rate."""
+def speed(data: str, repeat: int, models: dict[str, str] | None = None) -> dict:
+    """Samples/s of mpitrain and PyTorch DDP, 1 epoch on 2 ranks, per model ({name: config file}; by default the
+    motif models) on `data` (the median of `repeat` rounds), with FLOPs per sample and the fraction of one core's
+    sgemm rate."""
     from torch_sequences import check_twins
+    models = models or {model: config_path(name) for model, name in MOTIF_MODELS.items()}
     manifest = read_manifest(data)
     column = manifest.sequences[0]
-    configs = []
-    for name in MOTIF_MODELS.values():
-        with open(config_path(name)) as f:
-            configs.append(yaml.safe_load(f)["model"]["layers"])
-    twins = check_twins(configs, column["features"])  # the twins compute mpitrain's function, else SystemExit
+    layers = {}
+    for model, path in models.items():
+        with open(path) as f:
+            layers[model] = yaml.safe_load(f)["model"]["layers"]
+    twins = check_twins(list(layers.values()), column["features"])  # the twins compute mpitrain's, else SystemExit
     mean_length = column["steps"]["train"] / manifest.rows("train")
     rate = sgemm_rate()
-    runs = {(model, engine): [] for model in MOTIF_MODELS for engine in ("mpitrain", "pytorch-ddp")}
+    runs = {(model, engine): [] for model in models for engine in ("mpitrain", "pytorch-ddp")}
     for _, (model, engine) in in_turns(tuple(runs), repeat):
-        config = config_path(MOTIF_MODELS[model])
+        config = models[model]
         if engine == "mpitrain":  # in a fresh run directory each time
             summary = train(2, config, {"data.path": data, "resume": "never", "train.epochs": 1})
             runs[model, engine].append({"samples_per_s": summary["samples_per_s"]})
         else:
             runs[model, engine].append(run_ddp(SimpleNamespace(data=data, config=config), 2, 1))
     rows = []
-    for model, name in MOTIF_MODELS.items():
-        with open(config_path(name)) as f:
-            flops = training_flops(yaml.safe_load(f)["model"]["layers"], column["features"], mean_length)
+    for model in models:
+        flops = training_flops(layers[model], column["features"], mean_length)
         baseline = median_run(runs[model, "pytorch-ddp"])["samples_per_s"] if runs[model, "pytorch-ddp"] else None
         for engine in ("mpitrain", "pytorch-ddp"):
             if runs[model, engine]:

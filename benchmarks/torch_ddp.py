@@ -4,11 +4,12 @@ Each rank reads its rows through `mpitrain.data.reader` as an mpitrain rank does
 rows, epoch order and batches as an mpitrain run on as many ranks), so the only difference measured is the
 training engine and its allreduce.
 A `model.graph` of images (a residual net) gets `torch_graph.GraphModel`; a dataset of one sequence column gets
-`torch_sequences.SequenceModel` (the twins of `lstm`, `conv1d`,
-`global_max_pool`, `dense`), fed each padded `SequenceBatch` the reader gives, values and lengths.
+`torch_sequences.SequenceModel` (the twins of `lstm`, `conv1d`, the global pools, `dense`, `positional`,
+`layernorm` and `transformer`: `nn.TransformerEncoderLayer`), fed each padded `SequenceBatch` the reader gives,
+values and lengths.
 With `--device cuda` one process trains on the GPU without DDP (the twin of a 1-rank
 `backend: cupy` run), each batch uploaded as mpitrain uploads it.
-The optimizer is the config's SGD or Adam, with its `train.clip_norm` (PyTorch's `clip_grad_norm_`).
+The optimizer is the config's SGD, Adam or AdamW, with its `train.clip_norm` (PyTorch's `clip_grad_norm_`).
 Prints one JSON line: samples/s (all ranks, training steps only) and test accuracy.
 
     python benchmarks/torch_ddp.py --data data/fashion --config configs/fashion_mlp.yaml --ranks 2 --epochs 1
@@ -101,12 +102,15 @@ def torch_inputs(x, device) -> tuple:
 
 
 def torch_optimizer(opt, weights, biases):
-    """The config's SGD (momentum, Nesterov) or Adam, L2 decay on the weights alone."""
+    """The config's SGD (momentum, Nesterov), Adam, or AdamW; L2 (AdamW: its decoupled decay) on the weights alone."""
+    if opt.type == "adamw":
+        groups = [{"params": weights, "weight_decay": opt.weight_decay}, {"params": biases, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps)
     groups = [{"params": weights, "weight_decay": opt.l2}, {"params": biases}]
     if opt.type == "adam":
         return torch.optim.Adam(groups, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps)
     if opt.type != "sgd":
-        raise ValueError(f"optimizer.type {opt.type}: the PyTorch twin runs sgd or adam")
+        raise ValueError(f"optimizer.type {opt.type}: the PyTorch twin runs sgd, adam or adamw")
     return torch.optim.SGD(groups, lr=opt.lr, momentum=opt.momentum, nesterov=opt.nesterov)
 
 
@@ -120,7 +124,8 @@ def worker(rank: int, args, init_file: str, results) -> None:
     reader, batches = rank_batches(config, rank, args.ranks, args.batch_size)
     torch.manual_seed(config.train.seed)
     if reader.manifest.sequences:
-        model = SequenceModel(config.model.layers, reader.manifest.input_shape[1]).to(args.device)
+        model = SequenceModel(config.model.layers, reader.manifest.input_shape[1],
+                              reader.manifest.sequences[0]["longest"]).to(args.device)
     elif config.model.graph:
         model = GraphModel(config.model.graph, reader.manifest.feature_shape).to(args.device)
     else:
@@ -128,8 +133,8 @@ def worker(rank: int, args, init_file: str, results) -> None:
     if distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)
     weights = [p for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d,
-                                                                torch.nn.LSTM))
-               for name, p in m.named_parameters(recurse=False) if name.startswith("weight")]
+                                                                torch.nn.LSTM, torch.nn.MultiheadAttention))
+               for name, p in m.named_parameters(recurse=False) if name.startswith(("weight", "in_proj_weight"))]
     biases = [p for p in model.parameters() if all(p is not w for w in weights)]  # and batch-norm scales
     optimizer = torch_optimizer(config.optimizer, weights, biases)
     clip_norm = config.train.clip_norm

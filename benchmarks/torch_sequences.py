@@ -12,7 +12,12 @@
 - `conv1d` sets its input's padded steps to zero (as mpitrain does, so a window past a sequence's end reads zeros),
   pads `causal`/`same` as mpitrain's table says, then `torch.nn.Conv1d` on (B, F, T).
 - `global_max_pool` takes each feature's largest value over the valid steps (the padded ones filled with -inf).
-- `dense` on a vector is `torch.nn.Linear`.
+- `dense` is `torch.nn.Linear`, on a vector or on each step of a sequence.
+- `positional` (learned) adds its table's first T rows (zero rows past the table, as a batch padded past it gets);
+  `layernorm` is `torch.nn.LayerNorm`; `global_avg_pool` the mean over the valid steps.
+- `transformer` is `torch.nn.TransformerEncoderLayer(F, heads, ff_units, rate, activation="gelu",
+  batch_first=True, norm_first=...)` with the padded steps as its `src_key_padding_mask`: what a PyTorch user
+  writes, and its fused kernels where PyTorch has them.
 
 Weights are initialized as the config asks (He for `init: he`, else Xavier), biases 0; the LSTM keeps PyTorch's
 own initialization (its gate order differs from mpitrain's, and its speed does not depend on it).
@@ -81,6 +86,16 @@ class GlobalMaxPool(torch.nn.Module):
         return x.masked_fill(~valid_steps(lengths, x.shape[1])[:, :, None], float("-inf")).amax(dim=1), None
 
 
+class GlobalAvgPool(torch.nn.Module):
+    def __init__(self, features: int, spec: dict):
+        super().__init__()
+        self.out_features = features
+
+    def forward(self, x, lengths):
+        summed = (x * valid_steps(lengths, x.shape[1])[:, :, None]).sum(dim=1)
+        return summed / lengths[:, None].to(x.dtype), None
+
+
 class Dense(torch.nn.Module):
     def __init__(self, features: int, spec: dict):
         super().__init__()
@@ -89,25 +104,66 @@ class Dense(torch.nn.Module):
         self.out_features = spec["units"]
 
     def forward(self, x, lengths):
-        if lengths is not None:
-            raise ValueError("the PyTorch twin's dense reads a vector, not a sequence")
-        return self.activation(self.linear(x)), None
+        return self.activation(self.linear(x)), lengths
 
 
-LAYERS = {"lstm": LSTM, "conv1d": Conv1d, "global_max_pool": GlobalMaxPool, "dense": Dense}
+class Positional(torch.nn.Module):
+    def __init__(self, features: int, spec: dict, longest: int = 0):
+        super().__init__()
+        if spec.get("encoding", "learned") != "learned":
+            raise ValueError("the PyTorch twin's positional is the learned table")
+        steps = longest if spec.get("max_steps", "auto") == "auto" else spec["max_steps"]
+        self.table = torch.nn.Parameter(torch.randn(steps, features) * 0.02)
+        self.out_features = features
+
+    def forward(self, x, lengths):
+        rows = min(x.shape[1], len(self.table))
+        return torch.cat([x[:, :rows] + self.table[:rows], x[:, rows:]], dim=1), lengths
+
+
+class LayerNorm(torch.nn.Module):
+    def __init__(self, features: int, spec: dict):
+        super().__init__()
+        if spec.get("activation", "none") != "none":
+            raise ValueError("the PyTorch twin's layernorm has no activation")
+        self.norm = torch.nn.LayerNorm(features, eps=spec.get("eps", 1e-5))
+        self.out_features = features
+
+    def forward(self, x, lengths):
+        return self.norm(x), lengths
+
+
+class Transformer(torch.nn.Module):
+    def __init__(self, features: int, spec: dict):
+        super().__init__()
+        if spec.get("causal"):
+            raise ValueError("the PyTorch twin's transformer has no causal mask")
+        self.block = torch.nn.TransformerEncoderLayer(features, spec["heads"], spec["ff_units"], spec.get("rate", 0.0),
+                                                      activation="gelu", batch_first=True,
+                                                      norm_first=spec.get("norm_first", True))
+        self.out_features = features
+
+    def forward(self, x, lengths):
+        return self.block(x, src_key_padding_mask=~valid_steps(lengths, x.shape[1])), lengths
+
+
+LAYERS = {"lstm": LSTM, "conv1d": Conv1d, "global_max_pool": GlobalMaxPool, "global_avg_pool": GlobalAvgPool,
+          "dense": Dense, "positional": Positional, "layernorm": LayerNorm, "transformer": Transformer}
 
 
 class SequenceModel(torch.nn.Module):
     """A config's sequence layers in order, called with a padded batch and its lengths."""
 
-    def __init__(self, layers: list[dict], features: int):
+    def __init__(self, layers: list[dict], features: int, longest: int = 0):
+        """`longest`: the dataset's longest sequence (a `positional` table's rows when its max_steps is auto)."""
         super().__init__()
         modules = []
         for spec in layers:
             if spec["type"] not in LAYERS:
                 raise ValueError(f"no PyTorch twin of a {spec['type']} layer in a sequence model; expected one of "
                                  f"{', '.join(LAYERS)}")
-            modules.append(LAYERS[spec["type"]](features, spec))
+            extra = {"longest": longest} if spec["type"] == "positional" else {}
+            modules.append(LAYERS[spec["type"]](features, spec, **extra))
             features = modules[-1].out_features
         self.layers = torch.nn.ModuleList(modules)
 
@@ -123,11 +179,34 @@ def _torch_gates(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.concatenate([i, f, c, o], axis=-1))
 
 
-def twin_holding(specs: list[dict], layers: list, features: int) -> SequenceModel:
+def _copy(parameter, value: np.ndarray) -> None:
+    """A weight matrix transposed (mpitrain's (in, out), torch's (out, in)), a vector as it is."""
+    parameter.copy_(torch.from_numpy((value.T if value.ndim == 2 else value).copy()))
+
+
+def _transformer_pairs(block) -> dict:
+    """mpitrain's transformer parameter names to the parameters of `block` (a TransformerEncoderLayer)."""
+    return {"norm1.gamma": block.norm1.weight, "norm1.beta": block.norm1.bias,
+            "norm2.gamma": block.norm2.weight, "norm2.beta": block.norm2.bias,
+            "attention.W": block.self_attn.in_proj_weight, "attention.b": block.self_attn.in_proj_bias,
+            "attention.W_out": block.self_attn.out_proj.weight, "attention.b_out": block.self_attn.out_proj.bias,
+            "ff1.W": block.linear1.weight, "ff1.b": block.linear1.bias,
+            "ff2.W": block.linear2.weight, "ff2.b": block.linear2.bias}
+
+
+def twin_holding(specs: list[dict], layers: list, features: int, longest: int = 0) -> SequenceModel:
     """The float64 `SequenceModel` of `specs` holding the parameters of mpitrain's `layers` (built from the same specs)."""
-    twin = SequenceModel(specs, features).double()
+    twin = SequenceModel(specs, features, longest).double()
     with torch.no_grad():
         for layer, mine in zip(twin.layers, layers):
+            if isinstance(layer, Transformer):
+                for name, parameter in _transformer_pairs(layer.block).items():
+                    _copy(parameter, mine.params[name])
+            elif isinstance(layer, Positional):
+                layer.table.copy_(torch.from_numpy(mine.params["table"]))
+            elif isinstance(layer, LayerNorm):
+                layer.norm.weight.copy_(torch.from_numpy(mine.params["gamma"]))
+                layer.norm.bias.copy_(torch.from_numpy(mine.params["beta"]))
             if isinstance(layer, Conv1d):  # mpitrain's W is (kernel, F, filters), torch's (filters, F, kernel)
                 layer.conv.weight.copy_(torch.from_numpy(mine.params["W"].transpose(2, 1, 0)))
                 layer.conv.bias.copy_(torch.from_numpy(mine.params["b"]))
@@ -150,18 +229,22 @@ def check_twins(configs: list[list[dict]], features: int) -> float:
     from mpitrain.nn.model import LAYER_TYPES, Sequential
     worst = 0.0
     rng = np.random.default_rng(0)
-    lengths = np.array([9, 3, 12, 5])
-    x = rng.normal(0, 100, size=(len(lengths), 16, features))  # the padding: large garbage
+    lengths, steps = np.array([9, 3, 12, 5]), 16
+    x = rng.normal(0, 100, size=(len(lengths), steps, features))  # the padding: large garbage
     for b, n in enumerate(lengths):
         x[b, :n] = rng.normal(size=(n, features))
     for specs in configs:
         layers = [LAYER_TYPES[spec["type"]](**{k: v for k, v in spec.items() if k != "type"}) for spec in specs]
+        for layer in layers:
+            if getattr(layer, "max_steps", None) == "auto":  # a positional table as long as the batch
+                layer.max_steps = steps
         model = Sequential(layers, (None, features), dtype="float64")  # its activation layers come after `layers`
         model.init_params(0, "xavier")
         model.params += rng.normal(0, 0.1, model.n_params)
         expected = model.forward(SequenceBatch(x, lengths), training=False)
         with torch.no_grad():
-            got = twin_holding(specs, layers, features)(torch.from_numpy(x), torch.from_numpy(lengths)).numpy()
+            twin = twin_holding(specs, layers, features, steps).eval()  # no dropout, as mpitrain's inference
+            got = twin(torch.from_numpy(x), torch.from_numpy(lengths)).numpy()
         difference = float(np.abs(got - expected).max())
         if difference > 1e-10 * max(1.0, float(np.abs(expected).max())):
             raise SystemExit(f"the PyTorch twin of {specs} differs from mpitrain's model by {difference:g}")

@@ -3,12 +3,27 @@
 - Fashion-MNIST row by row: the IDX images as Parquet records (`label`, and `rows`: 28 lists of 28 pixels / 255;
   `mpitrain.testing.sequences.write_image_rows_parquet`), `mpitrain etl --sequence rows`, `mpiexec -n 2 mpitrain
   train configs/fashion_transformer.yaml` (two pre-LN blocks of width 64, 4 heads, a feed-forward net of 128), and
-  `mpitrain eval` on the test split.
+  `mpitrain eval` on the test split. Goal: test accuracy >= 0.87.
+- sktime's BasicMotions (UEA; 6 channels x 100 steps, 4 classes, 40 + 40 records): the `.ts` files inside the
+  installed sktime package read by sktime's loader into Parquet (`write_uea_parquet`), `mpitrain etl --sequence
+  channels --standardize`, `configs/basicmotions_transformer.yaml` on 2 ranks, `mpitrain eval`. Goal: test
+  accuracy >= 0.95.
+- FT-Transformer on scikit-learn's breast cancer table: `configs/breast_cancer_ft_transformer.yaml` on the three
+  splits of the tables' reference (`mpitrain.testing.references`, `mpitrain etl --standardize`), beside
+  scikit-learn's logistic regression on the same rows. Goal: the median test AUC within 0.01 of logistic
+  regression's (a table this small leaves a transformer nothing to find beyond a linear model).
 
-Goal: test accuracy >= 0.87. Still to come here (issue 48): sktime's BasicMotions, the bag column's click table,
-and the speed beside PyTorch DDP running `nn.TransformerEncoderLayer`.
+- Speed, 2 ranks on this machine's cores: Fashion's two blocks (d_model 64, 4 heads, ff 128, dropout 0.1, AdamW;
+  the config's model with a 4-class head) on motif sequences of 32-64 steps of 2 numbers, batch 64 per rank, 1
+  epoch beside PyTorch DDP running `nn.TransformerEncoderLayer(norm_first=True, activation="gelu")` with its key
+  padding mask (benchmarks/torch_ddp.py, torch_sequences.py; the twin checked to compute mpitrain's function
+  first), `--repeat` rounds taking turns, the median counts; FLOPs per sample and the share of one core's sgemm
+  rate as benchmarks/sequences.py counts them. Goal: mpitrain >= 1.0x PyTorch DDP's samples/s.
 
-    python benchmarks/transformers.py --out benchmarks/results     # about 15 minutes on 2 cores
+Still to come here (issue 48): the bag column's click table.
+
+    python benchmarks/transformers.py --out benchmarks/results     # about 20 minutes on 2 cores
+    python benchmarks/transformers.py --parts speed --repeat 1     # the speed alone, one round
 """
 from __future__ import annotations
 
@@ -16,35 +31,117 @@ import argparse
 import os
 import tempfile
 
-from sequences import config_path, fashion_data, met, trained_accuracy
+import yaml
+from sequences import config_path, fashion_data, met, motif_data, speed, trained_accuracy
 
-from common import markdown_table, write_results
+from mpitrain.testing.references import run_reference
+from mpitrain.testing.sequences import write_uea_parquet
 
+from common import markdown_table, mpitrain, write_results
+
+PARTS = ("fashion", "motions", "tables", "speed")
+SPEED = 1.0  # mpitrain's samples/s over PyTorch DDP's
+SPEED_ROWS = (8_000, 1_000)  # motif sequences of 32-64 steps: train and test rows
 FASHION_ACCURACY = 0.87
+MOTIONS_ACCURACY = 0.95
+TABLE_AUC_GAP = 0.01  # FT-Transformer's median test AUC at most this far below logistic regression's
 
 
 def markdown(result: dict) -> str:
     rows = [[r["model"], f"`configs/{r['config']}`", r["data"], str(r["epochs"]), f"{r['test_accuracy']:.4f}",
              f"{r['goal']}", met(r["test_accuracy"] >= r["goal"]), f"{r['samples_per_s']:.0f}",
              f"{r['train_minutes']:.1f}"] for r in result["accuracy"]]
-    return markdown_table(["model", "config", "data", "epochs", "test acc", "goal", "", "samples/s", "minutes"], rows,
-                          "lllrrrlrr") + (
-        "\n\nFashion-MNIST: each image 28 tokens of 28 pixels / 255 through Parquet and `mpitrain etl --sequence "
-        "rows`; 2 ranks; accuracy from `mpitrain eval` on the test split; minutes of `mpiexec -n 2 mpitrain "
-        "train`, samples/s its summary's (training steps only).\n")
+    parts = []
+    if rows:
+        parts.append(markdown_table(["model", "config", "data", "epochs", "test acc", "goal", "", "samples/s",
+                                     "minutes"], rows, "lllrrrlrr") + (
+            "\n\nFashion-MNIST: each image 28 tokens of 28 pixels / 255 through Parquet and `mpitrain etl "
+            "--sequence rows`; 2 ranks; accuracy from `mpitrain eval` on the test split; minutes of `mpiexec -n 2 "
+            "mpitrain train`, samples/s its summary's (training steps only). BasicMotions: the sktime package's .ts "
+            "files, standardized per channel by the ETL.\n"))
+    if result["tables"]:
+        parts.append(table_markdown(result["tables"]))
+    if result.get("speed"):
+        parts.append(speed_markdown(result["speed"]))
+    return "\n".join(parts)
+
+
+def speed_markdown(s: dict) -> str:
+    lines = [[r["engine"], f"{r['samples_per_s']:.0f}", f"{r['vs_ddp']:.2f}x" if r["vs_ddp"] else "-",
+              f"{r['flops_per_sample'] / 1e6:.1f} M", f"{r['gflop_per_s']:.2f}", f"{r['of_sgemm']:.1%}"]
+             for r in s["rows"]]
+    return markdown_table(["engine", "samples/s", "vs DDP", "FLOPs/sample", "GFLOP/s", "of sgemm"], lines,
+                          "lrrrrr") + (
+        f"\n\nSpeed: 2 ranks, 1 epoch of {SPEED_ROWS[0]} motif sequences of 32-64 steps (mean "
+        f"{s['mean_length']:.1f}), batch 64 per rank, the median of {s['repeat']} round(s) taking turns; goal mpitrain "
+        f">= {SPEED:g}x PyTorch DDP (gloo, 1 thread per rank, `nn.TransformerEncoderLayer` with its key padding "
+        "mask, the same rows, batches and AdamW). FLOPs per sample: 3 x the forward's matrix products at the mean "
+        f"length (`mpitrain.testing.flops`); of sgemm: FLOPs per sample x samples/s / one core's numpy sgemm rate, "
+        f"{s['sgemm_gflop_per_s']:.1f} GFLOP/s, measured in the same run (200%: both cores at that rate).\n")
+
+
+def table_markdown(rows: list[dict]) -> str:
+    lines = [[r["model"], f"`configs/{r['config']}`", r["dataset"], f"{r['mpitrain']:.4f}", f"{r['reference']:.4f}",
+              f"within {TABLE_AUC_GAP} of it", met(r["met"])] for r in rows]
+    return "\n" + markdown_table(["model", "config", "table", "test AUC", "logistic regression", "goal", ""], lines,
+                                 "llllrrl") + (
+        "\n\nThe median of three splits (the ETL's seeds 0, 1 and 2) of each score, 2 ranks, AUC from `mpitrain "
+        "eval`; scikit-learn's logistic regression fitted on each split's stored (standardized) rows.\n")
+
+
+def motions_data(work: str) -> str:
+    """BasicMotions' TRAIN and TEST .ts files as Parquet, through `mpitrain etl --sequence channels --standardize`."""
+    parquet = {split: os.path.join(work, f"basicmotions-{split.lower()}.parquet") for split in ("TRAIN", "TEST")}
+    for split, path in parquet.items():
+        write_uea_parquet(path, "BasicMotions", split)
+    data = os.path.join(work, "basicmotions")
+    mpitrain("etl", "--source", f"parquet:{parquet['TRAIN']}", "--test", parquet["TEST"], "--label", "label",
+             "--sequence", "channels", "--standardize", "--out", data, "--shards", "2")
+    return data
+
+
+def speed_config(work: str) -> str:
+    """The Fashion transformer's config with a head of the motifs' 4 classes and no schedule (one epoch is shorter
+    than its warm-up; PyTorch's twin runs none): the blocks the speed rows time."""
+    with open(config_path("fashion_transformer.yaml")) as f:
+        config = yaml.safe_load(f)
+    config["model"]["layers"][-1]["units"] = 4
+    del config["optimizer"]["schedule"]
+    path = os.path.join(work, "motifs_transformer.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(config, f)
+    return path
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"a comma-separated subset of {PARTS}")
+    parser.add_argument("--repeat", type=int, default=3, help="speed rounds")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
-    result = {"accuracy": []}
+    parts = args.parts.split(",")
+    result = {"accuracy": [], "tables": []}
     with tempfile.TemporaryDirectory() as work:
-        row = trained_accuracy(config_path("fashion_transformer.yaml"), fashion_data(work),
-                               os.path.join(work, "transformer"))
-        result["accuracy"].append({"model": "2-block transformer", "config": "fashion_transformer.yaml",
-                                   "data": "Fashion-MNIST rows", "goal": FASHION_ACCURACY, **row})
-    result["met"] = all(r["test_accuracy"] >= r["goal"] for r in result["accuracy"])
+        for part, config, data, goal, name in (
+                ("fashion", "fashion_transformer.yaml", fashion_data, FASHION_ACCURACY, "Fashion-MNIST rows"),
+                ("motions", "basicmotions_transformer.yaml", motions_data, MOTIONS_ACCURACY, "BasicMotions (sktime)")):
+            if part in parts:
+                row = trained_accuracy(config_path(config), data(work), os.path.join(work, config))
+                result["accuracy"].append({"model": "2-block transformer", "config": config, "data": name,
+                                           "goal": goal, **row})
+        if "tables" in parts:
+            config = "breast_cancer_ft_transformer.yaml"
+            scores = run_reference("breast cancer", os.path.join(work, "ft"), lambda argv: mpitrain("etl", *argv),
+                                   config=config_path(config))
+            result["tables"].append({"model": "FT-Transformer", "config": config, **scores,
+                                     "met": scores["mpitrain"] >= scores["reference"] - TABLE_AUC_GAP})
+        if "speed" in parts:
+            data = motif_data(work, *SPEED_ROWS, lengths=(32, 64))
+            result["speed"] = speed(data, args.repeat, {"2-block transformer": speed_config(work)})
+    speed_rows = result.get("speed", {}).get("rows", [])
+    result["met"] = all(r["test_accuracy"] >= r["goal"] for r in result["accuracy"]) and \
+        all(r["met"] for r in result["tables"]) and \
+        all(r["vs_ddp"] >= SPEED for r in speed_rows if r["engine"] == "mpitrain")
     write_results(args.out, "transformers", result, markdown(result))
     return result
 

@@ -9,8 +9,12 @@ mean valid steps of a sequence (the padding a batch computes is not counted as w
 
     lstm, F inputs, H units:                     L x 2 x (F + H) x 4H
     conv1d, F inputs, K taps, C filters, stride S: ceil(L / S) x 2 x K x F x C   (causal and same; valid: L - span + 1)
-    dense on a vector, I inputs, U units:        2 x I x U
-    global_max_pool, global_avg_pool:            0
+    dense on a vector, I inputs, U units:        2 x I x U   (per step of a sequence: L x 2 x I x U)
+    attention, F features:                       L x 2 x 4F^2 + 2 x 2 x L^2 x F  (projections; scores, weighted values)
+    transformer, F features, N ff_units:         attention's + L x 2 x 2 x F x N
+    global_max_pool, global_avg_pool, positional, layernorm:   0
+
+(attention's L^2 is taken at the mean length: the square of the mean, a little below the mean of the squares.)
 
 An image model given as a `model.graph` (`image_graph_training_flops`) counts the same way:
 
@@ -45,12 +49,17 @@ def forward_flops(layers: list[dict], features: int, length: float) -> float:
             features = spec["filters"]
         elif kind in ("global_max_pool", "global_avg_pool"):
             steps = None
-        elif kind == "dense" and steps is None:
-            total += 2 * features * spec["units"]
+        elif kind == "dense":
+            total += (1 if steps is None else steps) * 2 * features * spec["units"]
             features = spec["units"]
+        elif kind in ("attention", "transformer"):
+            total += steps * 2 * 4 * features ** 2 + 2 * 2 * steps ** 2 * features
+            total += steps * 2 * 2 * features * spec["ff_units"] if kind == "transformer" else 0
+        elif kind in ("positional", "layernorm"):
+            continue
         else:
             raise ValueError(f"no FLOP count for a {kind} layer here ({spec}); expected a one-way lstm returning its "
-                             "last state, conv1d, a global pool, or dense on a vector")
+                             "last state, conv1d, a global pool, dense, positional, layernorm, attention or transformer")
     return total
 
 

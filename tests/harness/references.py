@@ -123,17 +123,19 @@ def read_split(dataset: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
 
 
-def run_reference(name: str, folder, etl: Callable[[list[str]], None], ranks: int = 2, evaluate: bool = True) -> dict:
+def run_reference(name: str, folder, etl: Callable[[list[str]], None], ranks: int = 2, evaluate: bool = True,
+                  config: str | None = None) -> dict:
     """The reference `name` in `folder` on each of its splits (`Reference.seeds`): the medians of mpitrain's and
     scikit-learn's scores, whether the goal is met on them, and each split's scores (`splits`). mpitrain's score is
     `mpitrain eval`'s (eval-test.json), or without `evaluate` the training's own evaluation of the same final model
-    (summary.json's, which eval equals: tests/mpi/test_targets.py), one launch fewer per split.
+    (summary.json's, which eval equals: tests/mpi/test_targets.py), one launch fewer per split. With `config` (a
+    config file, e.g. a shipped one), that file is trained on each split instead of the reference's own model.
 
     One split of a small table can be hard for any model (wine's seed-0 test split of 36 rows costs scikit-learn's
     logistic regression two rows, 0.944), so the absolute goals are checked on the median of three splits, with
     scikit-learn's score on the same splits beside them."""
     reference = REFERENCES[name]
-    splits = [score_split(name, os.path.join(str(folder), f"seed{seed}"), etl, ranks, seed, evaluate)
+    splits = [score_split(name, os.path.join(str(folder), f"seed{seed}"), etl, ranks, seed, evaluate, config)
               for seed in reference.seeds]
     score = float(np.median([split["mpitrain"] for split in splits]))
     baseline = float(np.median([split["reference"] for split in splits]))
@@ -143,8 +145,9 @@ def run_reference(name: str, folder, etl: Callable[[list[str]], None], ranks: in
 
 
 def score_split(name: str, folder: str, etl: Callable[[list[str]], None], ranks: int, seed: int,
-                evaluate: bool = True) -> dict:
-    """One split (the ETL's `--seed`) of reference `name` in `folder`: mpitrain's and scikit-learn's scores."""
+                evaluate: bool = True, config: str | None = None) -> dict:
+    """One split (the ETL's `--seed`) of reference `name` in `folder`: mpitrain's (the reference's model, or the
+    config file `config` on the split's data) and scikit-learn's scores."""
     reference = REFERENCES[name]
     os.makedirs(folder, exist_ok=True)
     x, y, label_names = reference.table()
@@ -152,9 +155,12 @@ def score_split(name: str, folder: str, etl: Callable[[list[str]], None], ranks:
     write_csv(csv, x, y, label_names)
     etl(["--source", f"csv:{csv}", "--out", data, "--shards", "2", "--label", ",".join(label_names),
          "--seed", str(seed), *reference.etl])
-    config = write_config(os.path.join(folder, "exp.yaml"), data, model=reference.model, train=reference.train,
-                          optimizer=reference.optimizer)
-    trained = mpiexec(ranks, MPITRAIN, "train", config, timeout=300)
+    if config is None:
+        command = [write_config(os.path.join(folder, "exp.yaml"), data, model=reference.model, train=reference.train,
+                                optimizer=reference.optimizer)]
+    else:
+        command = [config, "--set", f"data.path={data}", "--set", f"run_dir={os.path.join(folder, 'run')}"]
+    trained = mpiexec(ranks, MPITRAIN, "train", *command, timeout=300)
     if trained.returncode:
         raise RuntimeError(f"{name}: training failed:\n{trained.stderr[-3000:]}")
     if evaluate:

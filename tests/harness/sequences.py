@@ -186,3 +186,27 @@ def column_entry(name: str, sequences: list[np.ndarray], max_length: int, steps:
     if ids:
         entry["ids"] = ids
     return entry
+
+
+def write_uea_parquet(path, problem: str, split: str, column: str = "channels") -> int:
+    """Split `split` (TRAIN, TEST) of a UEA/UCR problem shipped inside the sktime package (`BasicMotions`: its
+    `sktime/datasets/data/PROBLEM/PROBLEM_SPLIT.ts`, read by sktime's own `load_from_tsfile`) as Parquet records of
+    `label` (the class name) and `column` (a sequence: per step the channels' values). Nothing is downloaded.
+    Returns the records written."""
+    import importlib.util
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from sktime.datasets import load_from_tsfile
+
+    root = importlib.util.find_spec("sktime").submodule_search_locations[0]
+    x, labels = load_from_tsfile(os.path.join(root, "datasets", "data", problem, f"{problem}_{split}.ts"),
+                                 return_data_type="numpy3D")
+    count, channels, steps = x.shape
+    values = np.ascontiguousarray(x.transpose(0, 2, 1), dtype=np.float32).reshape(-1)  # (rows, steps, channels)
+    per_step = pa.ListArray.from_arrays(pa.array(np.arange(count * steps + 1, dtype=np.int32) * channels),
+                                        pa.array(values, pa.float32()))
+    rows = pa.ListArray.from_arrays(pa.array(np.arange(count + 1, dtype=np.int32) * steps), per_step)
+    pq.write_table(pa.table({"label": pa.array([str(label) for label in labels]), column: rows}), str(path))
+    return count

@@ -1,6 +1,7 @@
-"""A training step and an evaluation allocate nothing: each shipped config in each sync mode, 2 ranks, the real
-training loop measuring itself with tracemalloc (`train.trace_allocations`, mpitrain/training/allocations.py); the
-twelve runs in turn in one job."""
+"""A training step and an evaluation allocate nothing: each shipped image config in each sync mode, and the shipped
+transformer (`configs/fashion_transformer.yaml`: positions, attention with dropout, layer norm, GELU, pooling over
+ragged sequences) under allreduce, 2 ranks, the real training loop measuring itself with tracemalloc
+(`train.trace_allocations`, mpitrain/training/allocations.py); the thirteen runs in turn in one job."""
 import json
 import os
 
@@ -8,6 +9,7 @@ import pytest
 
 from mpitrain.testing import launch
 from mpitrain.testing.datasets import make_dataset
+from mpitrain.testing.sequences import make_sequence_dataset
 
 REPO = launch.REPO
 CONFIGS = ["fashion_mlp", "fashion_lenet", "fashion_cnn_bn", "fashion_dbn"]
@@ -27,29 +29,39 @@ def fashion_shaped(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def rows_shaped(tmp_path_factory):
+    """Sequences shaped like Fashion-MNIST's rows (28 features per step, 10 classes), of 20 to 28 steps: 400
+    training and 300 test rows per rank, so the two warm-up steps meet batches of the longest padded length."""
+    path = tmp_path_factory.mktemp("rows-shaped") / "data"
+    make_sequence_dataset(path, n_train=800, n_test=600, classes=10, features=28, lengths=(20, 28))
+    return path
+
+
 MODES = ["allreduce", "averaging", "sharing"]
+SEQUENCE_CONFIGS = ["fashion_transformer"]  # under allreduce: the modes' own buffers are the image runs' above
+RUNS = [(name, mode) for name in CONFIGS for mode in MODES] + [(name, "allreduce") for name in SEQUENCE_CONFIGS]
 
 
 @pytest.fixture(scope="module")
-def measured(fashion_shaped, tmp_path_factory) -> dict:
-    """Each shipped config in each mode, measuring its allocations, trained in turn in one job of 2 ranks (as a
-    Python script would: ranks/train_each.py): {(config, mode): run directory}."""
+def measured(fashion_shaped, rows_shaped, tmp_path_factory) -> dict:
+    """Each run of RUNS, measuring its allocations, trained in turn in one job of 2 ranks (as a Python script
+    would: ranks/train_each.py): {(config, mode): run directory}."""
     folder = tmp_path_factory.mktemp("allocations")
     runs, arguments = {}, []
-    for name in CONFIGS:
-        for mode in MODES:
-            runs[name, mode] = folder / f"{name}-{mode}"
-            arguments += [os.path.join(REPO, "configs", f"{name}.yaml"), *[
-                part for setting in (f"data.path={fashion_shaped}", f"run_dir={runs[name, mode]}", f"sync.mode={mode}",
-                                     "sync.frequency=3", "train.epochs=2", "train.trace_allocations=true",
-                                     "pretrain.epochs=1", "report=false") for part in ("--set", setting)]]
+    for name, mode in RUNS:
+        runs[name, mode] = folder / f"{name}-{mode}"
+        data = rows_shaped if name in SEQUENCE_CONFIGS else fashion_shaped
+        arguments += [os.path.join(REPO, "configs", f"{name}.yaml"), *[
+            part for setting in (f"data.path={data}", f"run_dir={runs[name, mode]}", f"sync.mode={mode}",
+                                 "sync.frequency=3", "train.epochs=2", "train.trace_allocations=true",
+                                 "pretrain.epochs=1", "report=false") for part in ("--set", setting)]]
     result = launch.train_each(2, *arguments, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     return runs
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("name, mode", RUNS)
 def test_a_training_step_and_an_evaluation_allocate_no_array(measured, name, mode):
     summary = json.loads((measured[name, mode] / "summary.json").read_text())
     allocated = summary["allocated_bytes"]
