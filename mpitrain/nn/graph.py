@@ -106,7 +106,7 @@ class Graph(Network):
                 names.append(node.name if k == 0 else f"{node.name}.{type(layer).__name__.lower()}")
             shapes[node.name] = shape
         self.output_shape = shapes[nodes[-1].name]
-        tables = [i for i, layer in enumerate(layers) if isinstance(layer, Embedding)]
+        tables = [i for i, layer in enumerate(layers) if layer.tables]  # embeddings and bags
         order = tables + [i for i in range(len(layers)) if i not in tables]
         super().__init__(layers, names, param_shapes, stat_shapes, loss, xp, dtype, loss_options, order)
         trainable, trainable.sparse_tables = self.trainable, []  # the tables training updates, in its coordinates
@@ -253,10 +253,12 @@ def node_class(spec: dict) -> type:
 
 def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_name: str = "classes",
                 budget: tuple[int, int] | None = None, sequences: dict[str, tuple] | None = None, steps: int = 1,
-                per_step: bool = False) -> Graph:
+                per_step: bool = False, sequence_ids: dict[str, int] | None = None) -> Graph:
     """The Graph of `config.model.graph` (a ModelConfig's) for a dataset of input `groups` and sequence columns
     `sequences` ({name: (None, F)}, the longest `steps` steps), giving `outputs` values (with `per_step`, a class per
-    step: a sequence of `outputs` per step, of the first sequence column's lengths); a node that reads an unknown
+    step: a sequence of `outputs` per step, of the first sequence column's lengths; `sequence_ids`: the columns of ids
+    the ETL counted, {name: ids}, which a token_embedding or embedding_bag with `ids: auto` on that column takes);
+    a node that reads an unknown
     name, does not fit its input, merges sequences of other lengths, or leads nowhere is a ConfigError naming it.
     With `budget`, a graph estimated to need more than a rank has is refused before allocating (`check_memory`,
     sequences counted at `steps` steps)."""
@@ -292,6 +294,8 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
             if isinstance(layer, FeatureTokens) and inputs[0] == "categorical":
                 raise ValueError("it would read the categorical ids as numbers; expected inputs: [numeric, EMBEDDING] "
                                  "(the categorical columns' tokens through an embedding node)")
+            if getattr(layer, "ids", None) == "auto" and inputs[0] in (sequence_ids or {}):
+                layer.ids = sequence_ids[inputs[0]]  # a token_embedding's or embedding_bag's column of ids
             if isinstance(layer, Embedding):
                 if inputs != ["categorical"] or "categorical" not in groups:
                     raise ValueError("an embedding reads the dataset's `categorical` ids (input: categorical)"
@@ -382,7 +386,8 @@ def build_network(config, manifest, xp, budget: tuple[int, int] | None = None) -
     steps = max((c["longest"] for c in manifest.sequences), default=1)
     if config.graph:
         model = build_graph(config, manifest.input_groups, manifest.input_shape, outputs, xp, outputs_name, budget,
-                            manifest.sequence_inputs, steps, bool(manifest.step_target))
+                            manifest.sequence_inputs, steps, bool(manifest.step_target),
+                            {c["name"]: c["ids"] for c in manifest.sequences if "ids" in c})
     elif "categorical" in manifest.input_groups:
         raise ConfigError(f"model.layers reads a row as numbers, but the dataset has categorical columns "
                           f"{[c['name'] for c in manifest.columns['categorical']]} (ids); expected model.graph with "

@@ -16,6 +16,7 @@ from mpitrain.nn import (  # noqa: F401 registers
     cls_token,
     conv,
     embedding,
+    embedding_bag,
     feature_tokens,
     layernorm,
     layers,

@@ -67,6 +67,7 @@ class Layer:
     lengths = None  # a sequence input's lengths (B,), set by the model before forward (docs/sequences.md)
     keeps_lengths = True  # `output_lengths` gives the input's lengths back (a graph may merge such sequences)
     joined_by: type | None = None  # the Merge class a graph node of this type builds when it reads several `inputs`
+    tables: tuple | list = ()  # its embedding tables whose gradients may travel sparse (`mpitrain.nn.embedding.TableGrad`)
 
     @property
     def ws(self) -> WorkspacePart:

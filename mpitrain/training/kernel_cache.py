@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from mpitrain.config.sections import ModelConfig, OptimizerConfig
-from mpitrain.data.sequences import SequenceBatch
+from mpitrain.data.sequences import SequenceBatch, SequenceInputs
 from mpitrain.data.shards import InputGroup
 from mpitrain.kernels.rows import gather_scaled, scaled
 from mpitrain.nn.graph import build_graph
@@ -73,6 +73,9 @@ TABLE_TOKENS = [{"name": "emb", "type": "embedding", "input": "categorical", "di
                 {"name": "block", "type": "transformer", "input": "cls", "heads": 2, "ff_units": 4},
                 {"name": "pooled", "type": "cls_pool", "input": "block"},
                 {"name": "out", "type": "dense", "input": "pooled", "units": 1}]
+BAG = [{"name": "bag", "type": "embedding_bag", "input": "recent", "dim": 3, "mode": "max"},  # a bag column of ids
+       {"name": "joined", "type": "concat", "inputs": ["bag", "numeric"]},
+       {"name": "out", "type": "dense", "input": "joined", "units": 1}]
 LOSSES = {"softmax_cross_entropy": 3, "binary_cross_entropy": 1, "multilabel_cross_entropy": 2, "mse": 2,
           "huber": 2, "l1": 2}
 OPTIMIZERS = [{"type": "sgd"}, {"type": "sgd", "momentum": 0.9}, {"type": "sgd", "momentum": 0.9, "nesterov": True},
@@ -126,12 +129,16 @@ def sequences(rng) -> None:
 
 def table(rng) -> None:
     """Graphs over a table's columns: embedding tables, concat and add, a sigmoid output; the columns as tokens
-    through a transformer block."""
+    through a transformer block; a bag column of ids through an embedding bag."""
     groups = {"numeric": InputGroup(0, (3,)), "categorical": InputGroup(3, (2,), (6, 4))}
     x = np.column_stack([rng.normal(size=(ROWS, 3)), rng.integers(0, 4, (ROWS, 2))]).astype(np.float32)
     for graph in (TABLE, TABLE_TOKENS):
         model = build_graph(ModelConfig(graph=graph, loss="binary_cross_entropy"), groups, (5,), 1, np)
         _train(model, x, _labels(rng, 1, "binary_cross_entropy"))
+    model = build_graph(ModelConfig(graph=BAG, loss="binary_cross_entropy"), {"numeric": InputGroup(0, (3,))}, (3,),
+                        1, np, sequences={"recent": (None, 1)}, steps=6, sequence_ids={"recent": 9})
+    bags = SequenceBatch(rng.integers(0, 9, (ROWS, 6, 1)).astype(np.float32), np.array([5, 1, 6, 2][:ROWS], np.int64))
+    _train(model, SequenceInputs(x[:, :3], {"recent": bags}), _labels(rng, 1, "binary_cross_entropy"))
 
 
 def optimizers(rng) -> None:

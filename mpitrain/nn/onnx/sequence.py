@@ -1,10 +1,11 @@
 """ONNX emitters of the layers on sequences (N, T, F) of lengths `graph.lengths`: conv1d, the global pools over
-time, the token embedding and the [CLS] token and its pool, each masking the padded steps it must not read."""
+time, the token embedding, the embedding bag, and the [CLS] token and its pool, each masking the padded steps it must not read."""
 from __future__ import annotations
 
 import numpy as np
 
 from mpitrain.nn.cls_token import ClsPool, ClsToken
+from mpitrain.nn.embedding_bag import EmbeddingBag
 from mpitrain.nn.onnx.graph import emits, host
 from mpitrain.nn.positional import Positional
 from mpitrain.nn.sequence import Conv1D, GlobalAvgPool1D, GlobalMaxPool1D
@@ -119,3 +120,35 @@ def cls_pool(graph, layer, x, name, input_shape):
     pooled = graph.node("Gather", [x, graph.constant(f"{name}/first", 0, np.int64)], name, axis=1)
     graph.lengths = None
     return pooled
+
+
+@emits(EmbeddingBag)
+def embedding_bag(graph, layer, x, name, input_shape):
+    """The bag's ids (padded ones read as 0) Gather their rows (N, T, dim); padded steps masked to 0 (-inf for max);
+    ReduceSum over the steps (over the lengths at least 1 for mean), or ReduceMax with empty bags set to 0."""
+    ids = graph.node("Cast", [_masked(graph, x, f"{name}/input", 0.0)], f"{name}/ids", to=graph.onnx.TensorProto.INT64)
+    ids = graph.node("Squeeze", [ids, graph.constant(f"{name}/feature_axis", [2], np.int64)], f"{name}/ids")
+    rows = graph.node("Gather", [graph.constant(f"{name}/table", layer.params["table"]), ids], f"{name}/rows", axis=0)
+    lengths = graph.lengths
+    rows = _masked(graph, rows, f"{name}/rows", -np.inf if layer.mode == "max" else 0.0)
+    graph.lengths = None
+    if layer.mode == "max":
+        y = graph.node("ReduceMax", [rows], f"{name}/largest", axes=[1], keepdims=0)
+        if lengths is None:
+            return y
+        empty = graph.node("Equal", [graph.node("Unsqueeze", [lengths, graph.constant(f"{name}/row_axis", [1],
+                                                                                        np.int64)], f"{name}/lengths"),
+                                     graph.constant(f"{name}/none", 0, np.int64)], f"{name}/empty")
+        return graph.node("Where", [empty, graph.constant(f"{name}/zero", 0.0), y], name)
+    total = graph.node("ReduceSum", [rows, graph.constant(f"{name}/time_axis", [1], np.int64)], f"{name}/sum",
+                       keepdims=0)
+    if layer.mode == "sum":
+        return total
+    if lengths is None:
+        steps = graph.node("Shape", [x], f"{name}/steps", start=1, end=2)
+    else:
+        steps = graph.node("Max", [graph.node("Unsqueeze", [lengths, graph.constant(f"{name}/row_axis", [1],
+                                                                                    np.int64)], f"{name}/lengths"),
+                                   graph.constant(f"{name}/one", 1, np.int64)], f"{name}/count")
+    count = graph.node("Cast", [steps], f"{name}/count", to=graph.onnx.helper.np_dtype_to_tensor_dtype(graph.dtype))
+    return graph.node("Div", [total, count], name)

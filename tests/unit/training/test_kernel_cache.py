@@ -11,7 +11,7 @@ from mpitrain.training import kernel_cache
 
 def test_the_cases_meet_every_layer_type_loss_and_optimizer():
     specs = [*kernel_cache.DENSE, *kernel_cache.IMAGES, *sum(kernel_cache.SEQUENCES, []), *kernel_cache.TABLE,
-             *kernel_cache.TABLE_TOKENS, *kernel_cache.TOKENS]
+             *kernel_cache.TABLE_TOKENS, *kernel_cache.BAG, *kernel_cache.TOKENS]
     activations = {spec.get("activation") for spec in specs} - {None}
     assert {spec["type"] for spec in specs} | activations == set(LAYER_TYPES) | set(GRAPH_TYPES)
     assert set(kernel_cache.LOSSES) == set(LOSSES)

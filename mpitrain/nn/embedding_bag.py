@@ -1,0 +1,136 @@
+"""A bag of ids to one vector: the sum, mean or largest of a table's rows (PyTorch's `nn.EmbeddingBag`).
+
+    {name: merchants, type: embedding_bag, input: recent_merchants, dim: 16}              # mean (the default)
+    {name: merchants, type: embedding_bag, input: recent_merchants, dim: 16, mode: sum}
+
+Its input is a sequence column of ids, (None, 1): a row's list of values (the merchants of a user's last 30 days),
+stored ragged as a sequence is, its order unused. Bag b's output is the `mode` of rows ids[b, t] of a table of
+`ids` rows of `dim` values over its valid steps t < lengths[b]: `sum`, `mean`, or `max` (each feature's largest,
+whose gradient goes to that step's row). An empty bag (length 0) gives zeros, the sum's identity, as PyTorch's
+does in every mode. `ids: auto` takes the column's count from the dataset (the manifest's `ids`).
+
+Its table is sparse as an `embedding`'s (`mpitrain.nn.embedding.TableGrad`): backward writes only the rows of the
+batch's ids and reports them (`touched`), so in a graph the sync modes send only those rows. The ids get no
+gradient; padded steps read row 0 and add nothing to it.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mpitrain.base.arrays import array_module
+from mpitrain.base.errors import DataError
+from mpitrain.kernels.embedding import gather_rows, scatter_add_rows
+from mpitrain.nn.embedding import TableGrad
+from mpitrain.nn.layers import Layer, is_sequence, layer_type, varying
+from mpitrain.nn.sequence import padded_steps, step_index
+
+BAG_MODES = ("sum", "mean", "max")
+
+
+@layer_type("embedding_bag", graph_only=True)
+class EmbeddingBag(Layer):
+    """The `mode` of a table's rows over each bag of ids (None, 1) -> (dim,); see the module docstring."""
+
+    not_cut = "it reduces a whole bag, which no segment holds"
+
+    def __init__(self, dim: int = 16, mode: str = "mean", ids="auto", init: str | None = None):
+        if not (isinstance(dim, int) and not isinstance(dim, bool) and dim >= 1):
+            raise ValueError(f"dim {dim!r}, expected an integer >= 1 (one table)")
+        if mode not in BAG_MODES:
+            raise ValueError(f"mode {mode!r}, expected one of {BAG_MODES}")
+        self.dim, self.mode, self.ids, self.init = dim, mode, ids, init
+        self.tables: list[TableGrad] = []
+
+    def param_shapes(self, input_shape):
+        if not is_sequence(input_shape) or input_shape[1] != 1:
+            raise ValueError(f"an embedding_bag reads a column of ids (a sequence column of one number per value, "
+                             f"shape [None, 1]), not inputs of shape {list(input_shape)}")
+        if self.ids == "auto":
+            raise ValueError("ids is 'auto', but its input is no column of ids the dataset counted (the ETL counts "
+                             "them for a column of non-negative integers); expected ids: N")
+        self.tables = [TableGrad("table", self.ids, self.dim)]
+        return {"table": (self.ids, self.dim)}
+
+    def output_shape(self, input_shape):
+        return (self.dim,)
+
+    def init_params(self, rng, scheme):
+        """Normal(0, 1/sqrt(dim)) rows, as an embedding's."""
+        return {"table": rng.normal(0.0, 1.0 / math.sqrt(self.dim), size=(self.ids, self.dim))}
+
+    def forward(self, x, training):
+        xp = array_module(x)
+        batch, steps = x.shape[:2]
+        self.shape = (batch, steps, self.dim)
+        self.rows = self.ws.at_least("ids", batch * steps, np.int64)
+        self.rows[...] = x.reshape(-1)  # float ids, exact: to row numbers
+        self.padded = padded_steps(self.ws, self.lengths, steps)
+        if self.padded is not None:
+            xp.copyto(self.rows, 0, where=self.padded.reshape(-1))
+        if self.rows.size:
+            low, high = int(self.rows.min()), int(self.rows.max())
+            if low < 0 or high >= self.ids:
+                raise DataError(f"a bag holds id {low if low < 0 else high}, outside the embedding_bag's table of "
+                                f"{self.ids} ids (0..{self.ids - 1}); expected ids below the layer's `ids`")
+        table = self.params["table"]
+        values = varying(self.ws, "values", self.shape, table.dtype)
+        gather_rows(table, self.rows, values.reshape(batch * steps, self.dim))
+        y = self.ws("y", (batch, self.dim), table.dtype)
+        if self.mode == "max":
+            if self.padded is not None:
+                xp.copyto(values, -np.inf, where=self.padded[:, :, None])
+            self.where = self.ws("where", (batch, self.dim), np.int64)
+            if steps:
+                xp.argmax(values, axis=1, out=self.where)
+                xp.max(values, axis=1, out=y)
+            self._empty_bags_to_zero(y)
+            return y
+        if self.padded is not None:
+            xp.copyto(values, 0, where=self.padded[:, :, None])
+        values.sum(axis=1, out=y)
+        if self.mode == "mean":
+            self.scale = self.ws("scale", (batch,), table.dtype)  # 1 / each bag's length, 0 for an empty one
+            if self.lengths is None:
+                self.scale.fill(1 / max(steps, 1))
+            else:
+                xp.copyto(self.scale, self.lengths)
+                xp.maximum(self.scale, 1, out=self.scale)
+                xp.reciprocal(self.scale, out=self.scale)
+            y *= self.scale[:, None]
+        return y
+
+    def _empty_bags_to_zero(self, array) -> None:
+        """Rows of bags of no value: zero (the largest of nothing would be -inf)."""
+        if self.lengths is not None:
+            empty = self.ws("empty", (len(array),), bool)
+            array_module(array).equal(self.lengths, 0, out=empty)
+            array_module(array).copyto(array, 0, where=empty[:, None])
+        elif not self.shape[1]:
+            array[...] = 0
+
+    def backward(self, dy, input_grad=True):
+        xp = array_module(dy)
+        batch, steps, dim = self.shape
+        step_grads = varying(self.ws, "step_grads", self.shape, dy.dtype)
+        if self.mode == "max":
+            elsewhere = varying(self.ws, "elsewhere", self.shape, bool)  # not the step of a feature's largest
+            xp.not_equal(step_index(self.ws, steps)[None, :, None], self.where[:, None, :], out=elsewhere)
+            xp.copyto(step_grads, dy[:, None, :])
+            xp.copyto(step_grads, 0, where=elsewhere)
+        elif self.mode == "mean":
+            xp.multiply(dy[:, None, :], self.scale[:, None, None], out=step_grads)
+        else:
+            xp.copyto(step_grads, dy[:, None, :])
+        if self.padded is not None:  # padded steps (an empty bag's included) send nothing to row 0
+            xp.copyto(step_grads, 0, where=self.padded[:, :, None])
+        table, grad = self.tables[0], self.grads["table"]
+        if table.written is None:
+            grad[...] = 0
+        else:
+            grad[table.written] = 0
+        scatter_add_rows(grad, self.rows, step_grads.reshape(batch * steps, dim))
+        valid = self.rows if self.padded is None else self.rows[~self.padded.reshape(-1)]
+        table.touched = table.written = xp.unique(valid)
+        return None  # the ids get no gradient
