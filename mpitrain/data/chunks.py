@@ -29,6 +29,7 @@ from mpitrain.data.order import Blocks, Piece
 from mpitrain.data.sequences import MAX_LENGTH, RaggedBuffer
 from mpitrain.data.shards import MANIFEST_NAME, Manifest, check_structure, verify_sha256
 from mpitrain.data.storage import Storage
+from mpitrain.kernels.rows import all_finite
 from mpitrain.base.errors import DataError, describe
 
 OPEN_SHARDS = 16
@@ -69,7 +70,7 @@ class ShardFiles:
                 out = sequences[name].space(row, bounds)
                 if len(out):
                     values.read_direct(out, np.s_[bounds[0]:bounds[-1]])
-                if not np.isfinite(out).all():
+                if not all_finite(out):
                     raise DataError(f"{path}: sequence column {name!r} holds NaN or Inf in rows {lo}..{hi - 1}; "
                                     "expected finite values")
                 self.bytes_read += out.nbytes + bounds.nbytes

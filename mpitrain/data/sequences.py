@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mpitrain.kernels.rows import copy_ragged, longest, padded_rows
+
 PAD_MULTIPLE = 8  # a batch's padded length is its longest sequence rounded up to a multiple of this
 MAX_LENGTH = 1 << 20  # the most steps a stored sequence may have (the ETL's --max-length is at most this)
 
@@ -165,37 +167,29 @@ class RaggedBuffer:
 
     def copy_rows(self, source: RaggedBuffer, first: int, count: int, row: int) -> None:
         """Rows `first`.. `first + count - 1` of `source` as this buffer's rows `row`.. on."""
-        offsets, steps = gathered_steps(source.starts[first:first + count], source.lengths[first:first + count])
-        self.space(row, offsets)[...] = source.values[steps]
+        lengths = source.lengths[first:first + count]
+        offsets = np.zeros(count + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        copy_ragged(source.values, source.starts[first:first + count], lengths, offsets, self.space(row, offsets))
 
     def padded(self, index: np.ndarray, ws, name: str, dtype) -> tuple[np.ndarray, np.ndarray]:
         """The sequences of rows `index` as (B, T, F) in `dtype`, zeros after each one's end (T: the longest,
         rounded up to PAD_MULTIPLE), and their lengths (B,): host arrays of the workspace part `ws` (grow-only
         buffers `name`, valid until the next call with that name)."""
-        lengths = self.lengths[index]
-        shape = (len(index), padded_length(lengths), self.values.shape[1])
+        shape = (len(index), padded_length(longest(self.lengths, index)), self.values.shape[1])
         out = ws.at_least(f"{name}.values", int(np.prod(shape)), dtype, host=True).reshape(shape)
-        out[...] = 0
-        rows, times, steps = self._valid_places(index, shape[1])
-        out[rows, times] = self.values[steps]
         lengths_out = ws.at_least(f"{name}.lengths", len(index), np.int64, host=True)
-        lengths_out[...] = lengths
+        padded_rows(self.values, self.starts, self.lengths, index, 0, out, lengths_out)
         return out, lengths_out
 
     def padded_classes(self, index: np.ndarray, ws, name: str) -> np.ndarray:
         """A step target's classes of rows `index` as (B, T) int32, -1 after each sequence's end (T as `padded`
         gives it for the same lengths): a host array of `ws` (grow-only buffer `name`)."""
-        shape = (len(index), padded_length(self.lengths[index]))
+        shape = (len(index), padded_length(longest(self.lengths, index)))
         out = ws.at_least(name, shape[0] * shape[1], np.int32, host=True).reshape(shape)
-        out[...] = -1
-        rows, times, steps = self._valid_places(index, shape[1])
-        out[rows, times] = self.values[steps, 0]
+        lengths_out = ws.at_least(f"{name}.lengths", len(index), np.int64, host=True)
+        padded_rows(self.values, self.starts, self.lengths, index, -1, out.reshape(*shape, 1), lengths_out)
         return out
-
-    def _valid_places(self, index: np.ndarray, padded: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(batch row, step, place in `values`) of every valid step of rows `index` in a batch padded to `padded`."""
-        rows, times = np.nonzero(np.arange(padded)[None, :] < self.lengths[index][:, None])
-        return rows, times, self.starts[index][rows] + times
 
 
 def gathered_steps(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -213,6 +207,7 @@ def token_ids(values: np.ndarray) -> int:
     return int(values.max()) + 1
 
 
-def padded_length(lengths: np.ndarray) -> int:
-    """A batch's padded length: its longest sequence rounded up to a multiple of PAD_MULTIPLE."""
-    return int(-(-lengths.max() // PAD_MULTIPLE) * PAD_MULTIPLE) if len(lengths) else PAD_MULTIPLE
+def padded_length(longest: int) -> int:
+    """A batch's padded length: its `longest` sequence rounded up to a multiple of PAD_MULTIPLE, at least one
+    multiple (a batch of empty sequences still has steps, all padding)."""
+    return max(1, -(-int(longest) // PAD_MULTIPLE)) * PAD_MULTIPLE

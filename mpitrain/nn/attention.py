@@ -22,6 +22,7 @@ import math
 import numpy as np
 
 from mpitrain.base.arrays import array_module
+from mpitrain.kernels.activations import bias_activation
 from mpitrain.kernels.attention import masked_softmax, softmax_backward
 from mpitrain.nn.layers import Layer, initial_weights, is_sequence, keyed_dropout, layer_type, varying
 from mpitrain.nn.merge import Merge
@@ -69,7 +70,7 @@ class Attention(Layer):
         self.x = x.reshape(batch * steps, f)
         qkv = self._array("qkv", (batch * steps, 3 * f), x.dtype)
         xp.matmul(self.x, self.params["W"], out=qkv)
-        qkv += self.params["b"]
+        bias_activation(qkv, self.params["b"], "none", qkv)  # numpy's broadcast add would take a buffer
         parts = qkv.reshape(batch, steps, 3, self.heads, self.width)
         return self._attend(*(self._heads(name, parts[:, :, i]) for i, name in enumerate("qkv")), self.lengths,
                             training)
@@ -124,7 +125,7 @@ class Attention(Layer):
         self.o = self.o.reshape(batch * queries, f)
         y = self._array("y", (batch * queries, f), dtype)
         xp.matmul(self.o, self.params["W_out"], out=y)
-        y += self.params["b_out"]
+        bias_activation(y, self.params["b_out"], "none", y)
         return y.reshape(batch, queries, f)
 
     def _attend_backward(self, dy):
@@ -197,10 +198,10 @@ class CrossAttention(Attention, Merge):
         self.x, self.memory = x.reshape(batch * queries, f), memory.reshape(batch * keys, self.memory_features)
         q = self._array("q_rows", (batch * queries, f), x.dtype)
         xp.matmul(self.x, self.params["W_q"], out=q)
-        q += self.params["b"][:f]
+        bias_activation(q, self.params["b"][:f], "none", q)
         kv = self._array("kv_rows", (batch * keys, 2 * f), x.dtype)
         xp.matmul(self.memory, self.params["W_kv"], out=kv)
-        kv += self.params["b"][f:]
+        bias_activation(kv, self.params["b"][f:], "none", kv)
         parts = kv.reshape(batch, keys, 2, self.heads, self.width)
         return self._attend(self._heads("q", q.reshape(batch, queries, self.heads, self.width)),
                             self._heads("k", parts[:, :, 0]), self._heads("v", parts[:, :, 1]),

@@ -21,6 +21,7 @@ import numpy as np
 
 from mpitrain.base.arrays import array_module
 from mpitrain.base.errors import DataError
+from mpitrain.kernels.broadcast import scale_rows
 from mpitrain.kernels.embedding import gather_rows, scatter_add_rows
 from mpitrain.nn.embedding import TableGrad
 from mpitrain.nn.layers import Layer, is_sequence, layer_type, varying
@@ -98,7 +99,7 @@ class EmbeddingBag(Layer):
                 xp.copyto(self.scale, self.lengths)
                 xp.maximum(self.scale, 1, out=self.scale)
                 xp.reciprocal(self.scale, out=self.scale)
-            y *= self.scale[:, None]
+            scale_rows(y, self.scale, y)
         return y
 
     def _empty_bags_to_zero(self, array) -> None:
@@ -119,10 +120,10 @@ class EmbeddingBag(Layer):
             xp.not_equal(step_index(self.ws, steps)[None, :, None], self.where[:, None, :], out=elsewhere)
             xp.copyto(step_grads, dy[:, None, :])
             xp.copyto(step_grads, 0, where=elsewhere)
-        elif self.mode == "mean":
-            xp.multiply(dy[:, None, :], self.scale[:, None, None], out=step_grads)
-        else:
+        else:  # a broadcasting copy takes no buffer; a broadcasting multiply would
             xp.copyto(step_grads, dy[:, None, :])
+            if self.mode == "mean":
+                scale_rows(step_grads.reshape(batch, -1), self.scale, step_grads.reshape(batch, -1))
         if self.padded is not None:  # padded steps (an empty bag's included) send nothing to row 0
             xp.copyto(step_grads, 0, where=self.padded[:, :, None])
         table, grad = self.tables[0], self.grads["table"]

@@ -18,6 +18,8 @@ import numpy as np
 
 from mpitrain.base.arrays import array_module
 from mpitrain.base.errors import DataError
+from mpitrain.kernels.activations import bias_activation
+from mpitrain.kernels.rows import flat_rows
 from mpitrain.nn.layers import Layer, is_sequence, layer_type, varying
 
 ENCODINGS = ("learned", "sinusoidal")
@@ -77,9 +79,11 @@ class Positional(Layer):
             raise DataError(f"a sequence of {longest} steps, but the positional layer's table holds {self.max_steps} "
                             f"(max_steps); expected sequences of at most {self.max_steps} steps")
         xp = array_module(x)
-        y = varying(self.ws, "y", x.shape, x.dtype)
-        xp.add(x[:, :self.rows], self.table(xp, x.dtype)[:self.rows], out=y[:, :self.rows])
-        y[:, self.rows:] = x[:, self.rows:]
+        rows = varying(self.ws, "rows", x.shape[1:], x.dtype)  # the table's rows for the batch's steps, 0 past it
+        xp.copyto(rows[:self.rows], self.table(xp, x.dtype)[:self.rows])
+        rows[self.rows:] = 0
+        y = varying(self.ws, "y", x.shape, x.dtype)  # each row of (B, T F) plus the rows: a bias add, no buffer
+        bias_activation(flat_rows(x), rows.reshape(-1), "none", flat_rows(y))
         return y
 
     def backward(self, dy, input_grad=True):

@@ -21,6 +21,7 @@ import numpy as np
 
 from mpitrain.base.arrays import array_module
 from mpitrain.kernels.activations import activation_backward, bias_activation
+from mpitrain.kernels.broadcast import scale_rows
 from mpitrain.nn.layers import FusesActivation, Layer, initial_weights, is_sequence, layer_type, varying
 
 SEQUENCE_PADDINGS = ("causal", "same", "valid")
@@ -244,12 +245,13 @@ class GlobalAvgPool1D(_GlobalPool1D):
             xp.reciprocal(self.scale, out=self.scale)
         y = self.ws("y", (n, features), x.dtype)
         x.sum(axis=1, out=y)
-        y *= self.scale[:, None]
+        scale_rows(y, self.scale, y)
         return y
 
     def backward(self, dy, input_grad=True):
         xp = array_module(dy)
         dx = varying(self.ws, "dx", self.input_shape, dy.dtype)
-        xp.multiply(dy[:, None, :], self.scale[:, None, None], out=dx)
+        xp.copyto(dx, dy[:, None, :])  # a broadcasting copy takes no buffer; a broadcasting multiply would
+        scale_rows(dx.reshape(len(dx), -1), self.scale, dx.reshape(len(dx), -1))
         _zero_padding(xp, dx, self.mask)
         return dx
