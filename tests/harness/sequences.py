@@ -91,32 +91,42 @@ def mixed_inputs(n: int, seed: int = 0, lengths=((10, 120), (5, 60))) -> tuple[n
     return x, {"readings": readings, "events": events}, (2 * high + (low ^ (x[:, 0] < 0))).astype(np.int32)
 
 
-def bag_clicks(n: int, seed: int = 0, ids: int = 500, lengths=(1, 12)) -> tuple[np.ndarray, dict, np.ndarray,
-                                                                                 np.ndarray]:
-    """`n` rows of a click table with a bag column `recent` (a user's recent ids: `lengths` of them, drawn Zipf-like
-    from `ids`, value k with weight 1/(k+1)) beside two standard normal numbers, and their clicks drawn from a known
-    probability: logit -1 + 3 x the mean of the bag's ids' effects (fixed, normal, sd 0.7) + a fixed linear term of
-    the numbers. Returns (x float32 (n, 2), {"recent": bags (L, 1) float32}, clicks int32, probabilities)."""
-    rng = np.random.default_rng(seed)
-    effects = np.random.default_rng(4321).normal(0, 0.7, ids)
-    weights = np.array([0.8, -0.5])
-    frequencies = 1 / np.arange(1, ids + 1)
-    counts = rng.integers(lengths[0], lengths[1] + 1, n)
-    drawn = rng.choice(ids, size=int(counts.sum()), p=frequencies / frequencies.sum())
-    bags = np.split(drawn, np.cumsum(counts)[:-1])
-    x = rng.normal(size=(n, 2)).astype(np.float32)
-    mean_effect = np.array([effects[bag].mean() if len(bag) else 0.0 for bag in bags])
-    probability = 1 / (1 + np.exp(-(-1 + 3 * mean_effect + x @ weights)))
-    clicks = (rng.random(n) < probability).astype(np.int32)
-    return x, {"recent": [bag.astype(np.float32)[:, None] for bag in bags]}, clicks, probability
+class BagClicks:
+    """A click table with a bag column `recent` (a user's recent ids: `lengths` of them, drawn Zipf-like from `ids`,
+    value k with weight 1/(k+1)) beside two standard normal numbers, its clicks drawn from a known probability:
+    logit -1 + 3 x the mean of the bag's ids' effects (fixed, normal, sd 0.7) + 0.8 n0 - 0.5 n1. The effects are
+    fixed; `draw(n, seed)` draws rows, `probability` recomputes a row's (the Bayes-optimal score)."""
+
+    def __init__(self, ids: int = 500, lengths=(1, 12)):
+        self.ids, self.lengths = ids, tuple(lengths)
+        self.effects = np.random.default_rng(4321).normal(0, 0.7, ids)
+        self.weights = np.array([0.8, -0.5])
+        frequencies = 1 / np.arange(1, ids + 1)
+        self.frequencies = frequencies / frequencies.sum()
+
+    def probability(self, numbers: np.ndarray, bags: list) -> np.ndarray:
+        """The click probability of rows of `numbers` (n, 2) and `bags` (each an array of ids)."""
+        mean_effect = np.array([self.effects[np.asarray(bag, np.int64)].mean() if len(bag) else 0.0 for bag in bags])
+        return 1 / (1 + np.exp(-(-1 + 3 * mean_effect + numbers @ self.weights)))
+
+    def draw(self, n: int, seed: int = 0) -> tuple[np.ndarray, list, np.ndarray, np.ndarray]:
+        """(numbers float32 (n, 2), bags (int64 arrays), clicks int32 (n,), probabilities (n,))."""
+        rng = np.random.default_rng(seed)
+        counts = rng.integers(self.lengths[0], self.lengths[1] + 1, n)
+        bags = np.split(rng.choice(self.ids, size=int(counts.sum()), p=self.frequencies), np.cumsum(counts)[:-1])
+        numbers = rng.normal(size=(n, 2)).astype(np.float32)
+        probability = self.probability(numbers.astype(np.float64), bags)
+        return numbers, bags, (rng.random(n) < probability).astype(np.int32), probability
 
 
 def make_bag_dataset(path, n_train: int = 4000, n_test: int = 1000, shards: int = 2, seed: int = 0,
                      ids: int = 500, lengths=(1, 12)) -> Manifest:
-    """A click table of `bag_clicks` rows (2 classes: no click, click), written as the ETL writes one: the bag column
+    """A click table of `BagClicks` rows (2 classes: no click, click), written as the ETL writes one: the bag column
     `recent` a sequence column of ids (the manifest counts its `ids`) beside two fixed numbers."""
-    return write_sequence_dataset(path, lambda n, seed: bag_clicks(n, seed, ids, lengths)[:3], n_train, n_test,
-                                  shards, seed, 2, {"recent": lengths[1]})
+    def rows(n: int, seed: int):
+        numbers, bags, clicks, _ = BagClicks(ids, lengths).draw(n, seed)
+        return numbers, {"recent": [bag.astype(np.float32)[:, None] for bag in bags]}, clicks
+    return write_sequence_dataset(path, rows, n_train, n_test, shards, seed, 2, {"recent": lengths[1]})
 
 
 def write_image_rows_parquet(path, idx_folder: str, split: str, limit: int | None = None,
