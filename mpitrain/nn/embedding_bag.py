@@ -24,8 +24,9 @@ from mpitrain.base.errors import DataError
 from mpitrain.kernels.broadcast import scale_rows
 from mpitrain.kernels.embedding import gather_rows, scatter_add_rows
 from mpitrain.nn.embedding import TableGrad
-from mpitrain.nn.layers import Layer, is_sequence, layer_type, varying
+from mpitrain.nn.layers import Layer, layer_type, varying
 from mpitrain.nn.sequence import padded_steps, step_index
+from mpitrain.nn.tokens import table_of_ids
 
 BAG_MODES = ("sum", "mean", "max")
 
@@ -45,14 +46,9 @@ class EmbeddingBag(Layer):
         self.tables: list[TableGrad] = []
 
     def param_shapes(self, input_shape):
-        if not is_sequence(input_shape) or input_shape[1] != 1:
-            raise ValueError(f"an embedding_bag reads a column of ids (a sequence column of one number per value, "
-                             f"shape [None, 1]), not inputs of shape {list(input_shape)}")
-        if self.ids == "auto":
-            raise ValueError("ids is 'auto', but its input is no column of ids the dataset counted (the ETL counts "
-                             "them for a column of non-negative integers); expected ids: N")
+        shapes = table_of_ids("an embedding_bag", input_shape, self.ids, self.dim)
         self.tables = [TableGrad("table", self.ids, self.dim)]
-        return {"table": (self.ids, self.dim)}
+        return shapes
 
     def output_shape(self, input_shape):
         return (self.dim,)

@@ -21,6 +21,18 @@ from mpitrain.kernels.embedding import gather_rows, scatter_add_rows
 from mpitrain.nn.layers import Layer, is_sequence, layer_type
 
 
+def table_of_ids(layer: str, input_shape, ids, dim: int) -> dict:
+    """{"table": (ids, dim)}: the parameter shapes of `layer` (named with its article), a table read by a sequence
+    column of ids (None, 1); a ValueError for any other input, or for `ids` still 'auto' (no column's count).
+    Not a collective."""
+    if not is_sequence(input_shape) or input_shape[1] != 1:
+        raise ValueError(f"{layer} reads a sequence of ids (shape [None, 1]), not inputs of shape {list(input_shape)}")
+    if ids == "auto":
+        raise ValueError("ids is 'auto', but the dataset's sequence column has no ids (the ETL counts them for a "
+                         "column of non-negative integers); expected ids: N")
+    return {"table": (ids, dim)}
+
+
 @layer_type("token_embedding")
 class TokenEmbedding(Layer):
     """Row ids[b, t] of a table of `ids` rows of `dim` values, per step of a sequence of ids; see the module."""
@@ -33,13 +45,7 @@ class TokenEmbedding(Layer):
         self.dim, self.ids, self.init = dim, ids, init
 
     def param_shapes(self, input_shape):
-        if not is_sequence(input_shape) or input_shape[1] != 1:
-            raise ValueError(f"a token_embedding reads a sequence of ids (shape [None, 1]), not inputs of shape "
-                             f"{list(input_shape)}")
-        if self.ids == "auto":
-            raise ValueError("ids is 'auto', but the dataset's sequence column has no ids (the ETL counts them for "
-                             "a column of non-negative integers); expected ids: N")
-        return {"table": (self.ids, self.dim)}
+        return table_of_ids("a token_embedding", input_shape, self.ids, self.dim)
 
     def output_shape(self, input_shape):
         return (None, self.dim)

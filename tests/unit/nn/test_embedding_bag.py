@@ -130,5 +130,5 @@ def test_config_checks():
     with pytest.raises(ConfigError, match=r"\(bagged, embedding_bag\) .*: mode 'median', expected one of \('sum', 'mean', 'max'\)"):
         build_network(ModelConfig(graph=[{**graph("sum")[0], "mode": "median"}, *graph("sum")[1:]]), manifest(), np)
     with pytest.raises(ConfigError, match=r"\(bagged, embedding_bag\) on inputs of shape \[\[2\]\]: an embedding_bag reads "
-                                          r"a column of ids"):
+                                          r"a sequence of ids"):
         build_network(ModelConfig(graph=[{**graph("sum")[0], "input": "numeric"}, *graph("sum")[1:]]), manifest(), np)
