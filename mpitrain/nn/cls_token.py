@@ -12,12 +12,8 @@ blocks, and `cls_pool` after them; `global_avg_pool` over the valid steps is the
 from __future__ import annotations
 
 from mpitrain.base.arrays import array_module
-from mpitrain.nn.layers import Layer, is_sequence, layer_type, varying
-
-
-def _check_sequence(input_shape, layer: str) -> None:
-    if not is_sequence(input_shape):
-        raise ValueError(f"a {layer} layer reads a sequence (None, F), not inputs of shape {list(input_shape)}")
+from mpitrain.nn.layers import Layer, layer_type, varying
+from mpitrain.nn.sequence import check_sequence
 
 
 @layer_type("cls_token")
@@ -28,7 +24,7 @@ class ClsToken(Layer):
     not_cut = "it puts a step before the whole sequence, which no segment holds"
 
     def param_shapes(self, input_shape):
-        _check_sequence(input_shape, "cls_token")
+        check_sequence(input_shape, "cls_token")
         return {"token": (input_shape[1],)}
 
     def init_params(self, rng, scheme):
@@ -64,7 +60,7 @@ class ClsPool(Layer):
     not_cut = "it reads the sequence's first step, which only the first segment holds"
 
     def output_shape(self, input_shape):
-        _check_sequence(input_shape, "cls_pool")
+        check_sequence(input_shape, "cls_pool")
         return (input_shape[1],)
 
     def forward(self, x, training):

@@ -25,7 +25,7 @@ from mpitrain.kernels.broadcast import scale_rows
 from mpitrain.kernels.embedding import gather_rows, scatter_add_rows
 from mpitrain.nn.embedding import TableGrad
 from mpitrain.nn.layers import Layer, layer_type, varying
-from mpitrain.nn.sequence import padded_steps, step_index
+from mpitrain.nn.sequence import mean_scales, padded_steps, step_index
 from mpitrain.nn.tokens import table_of_ids
 
 BAG_MODES = ("sum", "mean", "max")
@@ -88,13 +88,7 @@ class EmbeddingBag(Layer):
             xp.copyto(values, 0, where=self.padded[:, :, None])
         values.sum(axis=1, out=y)
         if self.mode == "mean":
-            self.scale = self.ws("scale", (batch,), table.dtype)  # 1 / each bag's length, 0 for an empty one
-            if self.lengths is None:
-                self.scale.fill(1 / max(steps, 1))
-            else:
-                xp.copyto(self.scale, self.lengths)
-                xp.maximum(self.scale, 1, out=self.scale)
-                xp.reciprocal(self.scale, out=self.scale)
+            self.scale = mean_scales(self.ws, self.lengths, batch, steps, table.dtype)
             scale_rows(y, self.scale, y)
         return y
 

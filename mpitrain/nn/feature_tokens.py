@@ -42,8 +42,11 @@ class FeatureTokens(Layer):
         return self.columns
 
     def param_shapes(self, input_shape):
-        k = self._numeric(input_shape)
-        return {"weight": (k, self.dim), "bias": (k + self.categorical, self.dim)}
+        self._numeric(input_shape)
+        return self._shapes()
+
+    def _shapes(self) -> dict:
+        return {"weight": (self.columns, self.dim), "bias": (self.columns + self.categorical, self.dim)}
 
     def output_shape(self, input_shape):
         return (None, self.dim)
@@ -100,7 +103,7 @@ class FeatureTokensWithEmbeddings(FeatureTokens, Merge):
         return (None, self.dim)
 
     def param_shapes(self, input_shape):  # the merged shape; the columns are known from `merged_shape`
-        return {"weight": (self.columns, self.dim), "bias": (self.columns + self.categorical, self.dim)}
+        return self._shapes()
 
     def forward(self, xs, training):
         x, embedded = xs
@@ -114,9 +117,7 @@ class FeatureTokensWithEmbeddings(FeatureTokens, Merge):
     def backward(self, dy, input_grads):
         k = self.columns
         dy[:, k:].sum(axis=0, out=self.grads["bias"][k:])
-        numeric = varying(self.ws, "numeric_dy", (len(dy), k, self.dim), dy.dtype)
-        numeric[...] = dy[:, :k]
-        grads = [self._numeric_backward(numeric, input_grads[0]), None]
+        grads = [self._numeric_backward(dy[:, :k], input_grads[0]), None]
         if input_grads[1]:
             grads[1] = self.ws("d_embedded", (len(dy), self.categorical, self.dim), dy.dtype)
             grads[1][...] = dy[:, k:]

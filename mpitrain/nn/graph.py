@@ -10,9 +10,10 @@
 
 A node is a layer (`type` one of `GRAPH_TYPES`, its arguments as in `model.layers`) with a
 unique `name`, reading one `input` or, for `concat`, `add` and cross-attention (`attention`
-with `inputs: [queries, memory]`: `Layer.joined_by`), several `inputs`: the dataset's column groups (`numeric`, `categorical`: `Manifest.input_groups`, slices of a row
-of x), its sequence columns (each the input of its name, `(None, F)`: `Manifest.sequence_inputs`)
-or nodes named before it. The last node is the output; every node must lead to it.
+with `inputs: [queries, memory]`: `Layer.joined_by`), several `inputs`: the dataset's column
+groups (`numeric`, `categorical`: `Manifest.input_groups`, slices of a row of x), its sequence
+columns (each the input of its name, `(None, F)`: `Manifest.sequence_inputs`) or nodes named
+before it. The last node is the output; every node must lead to it.
 An `embedding` reads `categorical` itself.
 
 A sequence value carries its lengths (docs/sequences.md): forward tells each layer its input's
@@ -258,8 +259,7 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
     `sequences` ({name: (None, F)}, the longest `steps` steps), giving `outputs` values (with `per_step`, a class per
     step: a sequence of `outputs` per step, of the first sequence column's lengths; `sequence_ids`: the columns of ids
     the ETL counted, {name: ids}, which a token_embedding or embedding_bag with `ids: auto` on that column takes);
-    a node that reads an unknown
-    name, does not fit its input, merges sequences of other lengths, or leads nowhere is a ConfigError naming it.
+    a node that reads an unknown name, does not fit its input, merges sequences of other lengths, or leads nowhere is a ConfigError naming it.
     With `budget`, a graph estimated to need more than a rank has is refused before allocating (`check_memory`,
     sequences counted at `steps` steps)."""
     sequences = dict(sequences or {})

@@ -27,7 +27,7 @@ from mpitrain.nn.layers import FusesActivation, Layer, initial_weights, is_seque
 SEQUENCE_PADDINGS = ("causal", "same", "valid")
 
 
-def _check_sequence(input_shape, layer: str) -> None:
+def check_sequence(input_shape, layer: str) -> None:
     if not is_sequence(input_shape):
         raise ValueError(f"a {layer} layer takes sequences (None, features), got inputs of shape {list(input_shape)}")
 
@@ -41,6 +41,20 @@ def step_index(ws, steps: int, dtype=np.int64):
     xp.cumsum(ones, dtype=dtype, out=index)
     index -= 1
     return index
+
+
+def mean_scales(ws, lengths, rows: int, steps: int, dtype):
+    """(rows,) 1 / each sequence's length, the factor of a mean over its valid steps: 1 / `steps` for every row when
+    `lengths` is None, and 1 for a sequence of no step (the mean of nothing is the zero its sum is). A workspace
+    array `scale`. Not a collective."""
+    xp, scale = ws.workspace.xp, ws("scale", (rows,), dtype)
+    if lengths is None:
+        scale.fill(1 / max(steps, 1))
+    else:
+        xp.copyto(scale, lengths)
+        xp.maximum(scale, 1, out=scale)
+        xp.reciprocal(scale, out=scale)
+    return scale
 
 
 def padded_steps(ws, lengths, steps: int):
@@ -103,11 +117,11 @@ class Conv1D(FusesActivation):
         return self.stride == 1 and (self.padding != "valid" or self.span == 1)
 
     def param_shapes(self, input_shape):
-        _check_sequence(input_shape, "conv1d")
+        check_sequence(input_shape, "conv1d")
         return {"W": (self.kernel, input_shape[1], self.filters), "b": (self.filters,)}
 
     def output_shape(self, input_shape):
-        _check_sequence(input_shape, "conv1d")
+        check_sequence(input_shape, "conv1d")
         return (None, self.filters)
 
     def init_params(self, rng, scheme):
@@ -188,7 +202,7 @@ class _GlobalPool1D(Layer):
     lengths = None  # the input's (B,) lengths, set by the model before each forward; None: every step valid
 
     def output_shape(self, input_shape):
-        _check_sequence(input_shape, type(self).__name__.lower())
+        check_sequence(input_shape, type(self).__name__.lower())
         return (input_shape[1],)
 
     def _masked(self, x, fill: float):
@@ -235,14 +249,9 @@ class GlobalAvgPool1D(_GlobalPool1D):
     over them."""
 
     def forward(self, x, training):
-        xp, (n, steps, features) = array_module(x), x.shape
+        n, steps, features = x.shape
         x = self._masked(x, 0.0)
-        self.scale = self.ws("scale", (n,), x.dtype)  # 1 / each sequence's length
-        if self.lengths is None:
-            self.scale.fill(1 / steps)
-        else:
-            xp.copyto(self.scale, self.lengths)
-            xp.reciprocal(self.scale, out=self.scale)
+        self.scale = mean_scales(self.ws, self.lengths, n, steps, x.dtype)
         y = self.ws("y", (n, features), x.dtype)
         x.sum(axis=1, out=y)
         scale_rows(y, self.scale, y)

@@ -37,7 +37,7 @@ def emit_nodes(graph: OnnxGraph, model, x: str | None, sequences: dict[str, tupl
     (values name, lengths name)}): each column group a Slice of the row (the whole row when it is the one input),
     each node's layers on its inputs' outputs (an embedding one Gather per column), concat a Concat along the last
     axis, add a chain of Adds, another merge (cross-attention) its emitter on the list of its inputs (their lengths
-`graph.input_lengths`); each value's lengths kept (`graph.lengths` set to a node's input's before its
+    `graph.input_lengths`); each value's lengths kept (`graph.lengths` set to a node's input's before its
     layers, a merge's output has its inputs' one lengths); the output node's output name."""
     values, shapes, lengths = {}, {}, {}
     for name, group in model.groups.items():

@@ -64,7 +64,7 @@ def test_positions_after_the_token_count_it():
 
 def test_config_checks():
     with pytest.raises(ConfigError, match=r"model.layers\[0\] \(cls_token\) on inputs of shape \[4\]: a cls_token "
-                                          r"layer reads a sequence \(None, F\)"):
+                                          r"layer takes sequences \(None, features\), got inputs of shape \[4\]"):
         build_model(ModelConfig(layers=[{"type": "cls_token"}, {"type": "dense", "units": 2}]), (4,), 2, np)
     graph = [{"name": "t", "type": "cls_token", "input": "a"}, {"name": "j", "type": "concat", "inputs": ["t", "a"]},
              {"name": "p", "type": "cls_pool", "input": "j"}, {"name": "out", "type": "dense", "input": "p", "units": 3}]
