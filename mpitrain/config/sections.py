@@ -264,7 +264,8 @@ class TrainConfig(Options):
     trace_allocations: bool = option(False, "Measure with tracemalloc what each training step and each evaluation "
                                             "allocates after the first ones (summary.json's allocated_bytes; 0 "
                                             "but for a few Python objects: a step writes into preallocated "
-                                            "workspaces). Slows training: for diagnosis.")
+                                            "workspaces). Slows training, and batches are made between the steps instead of "
+                                            "in the prefetch thread: for diagnosis.")
 
     def global_batch(self, ranks: int) -> int:
         """The rows of one step (one parameter update) over `ranks` ranks."""

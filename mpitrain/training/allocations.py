@@ -7,8 +7,10 @@
 
 numpy reports every array buffer it allocates to `tracemalloc`; a span's figure is the peak
 of traced memory above its start, so any array made (and freed) inside it counts, with the
-small Python objects a step makes besides (tuples, views, floats, the batch thread's
-semaphores; docs/benchmarks.md's allocated/step column). The
+small Python objects a step makes besides (tuples, views, floats; docs/benchmarks.md's
+allocated/step column). tracemalloc's peak is the process's, not a thread's: a batch made in
+the prefetch thread while the step runs would count at random (reading the shards makes h5py
+objects), so traced training makes each batch between the steps instead (run.py). The
 first `warm_up` spans of a kind make the workspace's arrays and are not counted. Arrays
 that numba kernels, BLAS or cupy allocate are not traced; mpitrain's kernels allocate
 nothing. Tracing slows Python, so it is off by default and for diagnosis and the tests.

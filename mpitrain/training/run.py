@@ -79,7 +79,8 @@ class Run:
         rows = self.reader.train_rows(data.train_split, train.global_batch(self.comm.size), data.buffer_mb,
                                       train.seed, data.shuffle, window)
         return Batches(rows, self.reader.manifest, self.backend, self.config.model.dtype, train.seed, self.comm.rank,
-                       normalize=data.normalize, prefetch=data.prefetch, augment=data.augment,
+                       normalize=data.normalize, augment=data.augment,
+                       prefetch=data.prefetch and not train.trace_allocations,  # traced: steps alone (allocations.py)
                        ws=self.model.workspace.part("batches"), record=debug_rows_hook(self.comm.rank),
                        standardize_targets=data.standardize_targets)
 
