@@ -20,19 +20,22 @@
   first), `--repeat` rounds taking turns, the median counts; FLOPs per sample and the share of one core's sgemm
   rate as benchmarks/sequences.py counts them. Goal: mpitrain >= 1.0x PyTorch DDP's samples/s.
 
-- Bags: a generated click table (`mpitrain.testing.sequences.BagClicks`: 1,000 ids, a bag of 1-20 recent ids per
-  row drawn Zipf-like, two numbers; clicks drawn from a known probability through the mean of the bag's ids'
-  effects) as Parquet with a list column, `mpitrain etl --sequence recent --features n0,n1 --target binary`, a
+- Bags: a generated click table (`mpitrain.testing.sequences.BagClicks`: 1,000 merchants, a bag of 0-20 recent
+  merchants per row drawn Zipf-like, two numbers; clicks drawn from a known probability through the mean of the
+  bag's merchants' effects, an empty bag's 0) as Parquet with a list column of merchant names ("m17"), `mpitrain etl
+  --bag recent --features n0,n1 --target binary` (the names through the train split's vocabulary), a
   graph of an `embedding_bag` (mean, dim 16) beside the numbers and a hidden layer, 2 ranks, Adam; `mpitrain
   predict` on the test split against the true probabilities' AUC (the Bayes AUC, recomputed for each stored row).
   Goal: within 0.012 of it; the same graph without the bag column, measurably below.
 
     python benchmarks/transformers.py --out benchmarks/results     # about 20 minutes on 2 cores
-    python benchmarks/transformers.py --parts speed --repeat 1     # the speed alone, one round
+    python benchmarks/transformers.py --parts speed --repeat 1     # the speed alone, one round (the other parts'
+                                                                   # figures kept from the last run)
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 
@@ -61,6 +64,22 @@ MOTIONS_ACCURACY = 0.95
 TABLE_AUC_GAP = 0.01  # FT-Transformer's median test AUC at most this far below logistic regression's
 
 
+def earlier_parts(out: str, parts: list[str]) -> dict:
+    """What OUT/transformers.json holds of the parts not run now ({} when every part runs, or none was written):
+    a run of some `--parts` keeps the others' last figures, and its table names them."""
+    path = os.path.join(out, "transformers.json")
+    if set(parts) >= set(PARTS) or not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        last = json.load(f)
+    configs = {"fashion": "fashion_transformer.yaml", "motions": "basicmotions_transformer.yaml"}
+    kept = {"accuracy": [row for row in last.get("accuracy", []) if row["config"] not in
+                         {configs[part] for part in parts if part in configs}]}
+    kept.update({key: last[key] for part, key in (("tables", "tables"), ("bags", "bags"), ("speed", "speed"))
+                 if part not in parts and key in last})
+    return kept
+
+
 def markdown(result: dict) -> str:
     rows = [[r["model"], f"`configs/{r['config']}`", r["data"], str(r["epochs"]), f"{r['test_accuracy']:.4f}",
              f"{r['goal']}", met(r["test_accuracy"] >= r["goal"]), f"{r['samples_per_s']:.0f}",
@@ -79,6 +98,9 @@ def markdown(result: dict) -> str:
         parts.append(bag_markdown(result["bags"]))
     if result.get("speed"):
         parts.append(speed_markdown(result["speed"]))
+    if result.get("earlier_run"):
+        parts.append(f"Figures of {', '.join(result['earlier_run'])} are those of an earlier run (`--parts` ran "
+                     "the others).\n")
     return "\n".join(parts)
 
 
@@ -120,7 +142,7 @@ def write_bag_parquet(path: str, numbers: np.ndarray, bags: list, clicks: np.nda
     import pyarrow as pa
     import pyarrow.parquet as pq
     pq.write_table(pa.table({"n0": numbers[:, 0], "n1": numbers[:, 1],
-                             "recent": pa.array([bag.tolist() for bag in bags], pa.list_(pa.int64())),
+                             "recent": pa.array([[f"m{i}" for i in bag] for bag in bags], pa.list_(pa.string())),
                              "click": pa.array(clicks, pa.int32())}), path)
 
 
@@ -129,7 +151,7 @@ def bag_rows(work: str) -> list[dict]:
     AUC beside the true probabilities'."""
     import h5py
     from sklearn.metrics import roc_auc_score
-    clicks, paths, truth = BagClicks(1000, (1, 20)), {}, {}
+    clicks, paths, truth = BagClicks(1000, (0, 20)), {}, {}
     for split, rows, seed in (("train", BAG_ROWS[0], 1), ("test", BAG_ROWS[1], 2)):
         numbers, bags, outcomes, probability = clicks.draw(rows, seed)
         paths[split] = os.path.join(work, f"bags-{split}.parquet")
@@ -138,7 +160,7 @@ def bag_rows(work: str) -> list[dict]:
             truth = {row.tobytes(): p for row, p in zip(numbers, probability)}
     data = os.path.join(work, "bags")
     mpitrain("etl", "--source", f"parquet:{paths['train']}", "--test", paths["test"], "--label", "click", "--target",
-             "binary", "--sequence", "recent", "--features", "n0,n1", "--out", data, "--shards", "4")
+             "binary", "--bag", "recent", "--features", "n0,n1", "--out", data, "--shards", "4")
     x, labels = read_split(data, "test")
     best = roc_auc_score(labels[:, 0], [truth[row.astype(np.float32).tobytes()] for row in x])
     results = []
@@ -190,6 +212,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     parts = args.parts.split(",")
     result = {"accuracy": [], "tables": []}
+    earlier = earlier_parts(args.out, parts)
     with tempfile.TemporaryDirectory() as work:
         for part, config, data, goal, name in (
                 ("fashion", "fashion_transformer.yaml", fashion_data, FASHION_ACCURACY, "Fashion-MNIST rows"),
@@ -209,6 +232,9 @@ def main(argv=None) -> dict:
         if "speed" in parts:
             data = motif_data(work, *SPEED_ROWS, lengths=(32, 64))
             result["speed"] = speed(data, args.repeat, {"2-block transformer": speed_config(work)})
+    if earlier:
+        result.update({**earlier, "accuracy": [*earlier["accuracy"], *result["accuracy"]],
+                       "earlier_run": [part for part in PARTS if part not in parts]})
     speed_rows = result.get("speed", {}).get("rows", [])
     result["met"] = all(r["test_accuracy"] >= r["goal"] for r in result["accuracy"]) and \
         all(r["met"] for r in result["tables"]) and all(r["met"] for r in result.get("bags", [])[:1]) and \

@@ -121,7 +121,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "vocabulary), through a vocabulary of the train split or --hash-buckets")
     tables.add_argument("--hash-buckets", type=_hash_buckets, default=(), metavar="N|COL:N,...",
                         help="hash categorical values into N buckets (ids 1..N) instead of a vocabulary: N for "
-                             "every --categorical column, COL:N for one")
+                             "every --categorical and --bag column, COL:N for one")
     tables.add_argument("--min-count", type=int, default=1,
                         help="a value seen fewer times in the train split is out of vocabulary (default 1)")
     tables.add_argument("--max-vocabulary", type=int, default=MAX_VOCABULARY,
@@ -135,8 +135,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="parquet: a column holding a list of numbers (or of equal-length lists of numbers) "
                                 "per record, stored ragged; give it once per column (then --features are the fixed "
                                 "numeric columns beside it, default none)")
+    sequences.add_argument("--bag", dest="bags", action="append", default=[], metavar="COL",
+                           help="csv/parquet: a column holding a list of categorical values per record (parquet: a "
+                                "list of strings or integers; csv: values separated by --bag-delimiter in the "
+                                "cell), stored ragged as ids through a vocabulary of the train split, or "
+                                "--hash-buckets; empty lists allowed; give it once per column (docs/sequences.md)")
+    sequences.add_argument("--bag-delimiter", default="|", metavar="CHAR",
+                           help="csv: what separates a --bag cell's values (default |)")
     sequences.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH,
-                           help="fail, naming the record, on a sequence of more steps "
+                           help="fail, naming the record, on a sequence of more steps or a bag of more values "
                                 f"(default {DEFAULT_MAX_LENGTH})")
     transforms = parser.add_argument_group("transforms (recorded in the manifest)")
     transforms.add_argument("--scale", action="store_true",
@@ -170,7 +177,8 @@ def plan_from_args(args: argparse.Namespace):
     """The EtlPlan of parsed arguments (checked before Spark starts)."""
     source = source_options(args, test=args.test, feature_dtype=args.feature_dtype, num_classes=args.num_classes,
                             target=args.target, categorical=args.categorical, numeric_missing=args.numeric_missing,
-                            sequences=tuple(args.sequences), max_length=args.max_length)
+                            sequences=tuple(args.sequences), max_length=args.max_length, bags=tuple(args.bags),
+                            bag_delimiter=args.bag_delimiter)
     tables = TableOptions(args.hash_buckets, args.min_count, args.max_vocabulary)
     transforms = TransformOptions(scale=args.scale, standardize=args.standardize, binarize=args.binarize,
                                   threshold=args.threshold, one_hot=args.one_hot)

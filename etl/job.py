@@ -57,7 +57,7 @@ from mpitrain.etl.shuffle import (
     strata,
 )
 from mpitrain.etl.sources import Source, SourceOptions, carved_rows, open_source, source_paths
-from mpitrain.etl.tables import TableOptions, TableTransforms, fit_columns
+from mpitrain.etl.tables import TableOptions, TableTransforms, fit_bags, fit_columns
 from mpitrain.etl.transforms import FeatureStats, StepStats, TransformOptions, Transforms, mean_and_std
 from mpitrain.kernels.rows import flat_rows
 
@@ -158,14 +158,17 @@ def check_target_options(plan: EtlPlan) -> None:
     source's columns are known then, and again once the job has connected)."""
     source, options = plan.source, plan.options
     categorical = options.source_options.categorical
-    if options.source_options.sequences:
-        if not getattr(source, "holds_sequences", False):
-            raise ConfigError(f"--sequence: sequence columns are read from a parquet: source, not {source.spec}")
+    if options.source_options.bags and not source.tabular:
+        raise ConfigError(f"--bag: bag columns are read from a csv: or parquet: source, not {source.spec}")
+    if options.source_options.sequences and not getattr(source, "holds_sequences", False):
+        raise ConfigError(f"--sequence: sequence columns are read from a parquet: source, not {source.spec}")
+    if options.source_options.sequences or options.source_options.bags:
         if options.transforms.scale or options.transforms.binarize:
             raise ConfigError("--scale and --binarize: a dataset of sequences stores its values as they are, or "
                               "standardized per channel (--standardize); expected neither")
+    categorical = (*categorical, *options.source_options.bags)
     if options.tables.hash_buckets and not categorical:
-        raise ConfigError("--hash-buckets: hashes --categorical columns, and there are none")
+        raise ConfigError("--hash-buckets: hashes --categorical and --bag columns, and there are none")
     options.tables.check(categorical)
     if source.table and (options.transforms.scale or options.transforms.binarize):
         raise ConfigError("--scale and --binarize: a table (--categorical, --numeric-missing impute) stores its "
@@ -365,7 +368,8 @@ def _train_stats(parts, placement: Placement, source: Source) -> tuple[FeatureSt
 
 
 def _transforms(parts, placement: Placement, plan: EtlPlan) -> Transforms:
-    """The transforms fitted on the train split's rows: a table's columns, or the feature transforms asked for."""
+    """The transforms fitted on the train split's rows: a table's columns, or the feature transforms asked for and
+    the bag columns' vocabularies."""
     source, options = plan.source, plan.options
     if source.table:
         columns = fit_columns(_train_rows(parts, placement, source.target.kind), source.features, source.categorical,
@@ -373,8 +377,10 @@ def _transforms(parts, placement: Placement, plan: EtlPlan) -> Transforms:
                               options.source_options.numeric_missing == "impute", source.spec)
         return TableTransforms(options.transforms, plan.seed, "float32", 1.0, 0.0, fitted=columns)
     stats, step_stats = _train_stats(parts, placement, source) if options.transforms.needs_stats else (None, None)
+    bags = fit_bags(_train_rows(parts, placement, source.target.kind), source.bags, options.tables, source.spec) \
+        if getattr(source, "bags", None) else {}
     return Transforms(options.transforms, plan.seed, source.feature_dtype, source.scale, source.offset, stats,
-                      step_stats)
+                      step_stats, bags)
 
 
 def _write_splits(spark, plan: EtlPlan, tmp: str) -> Manifest:
@@ -444,7 +450,8 @@ def _manifest(plan: EtlPlan, transforms: Transforms, num_classes: int, written: 
     count = rows * math.prod(feature_shape)
     mean = sum(shard.total for shard in stats) / max(count, 1)
     std = math.sqrt(max(sum(shard.squares for shard in stats) / max(count, 1) - mean * mean, 0.0))
-    sequences = _sequence_columns(source, written, transforms) if plan.options.source_options.sequences else []
+    columns_of_steps = plan.options.source_options.sequences or plan.options.source_options.bags
+    sequences = _sequence_columns(source, written, transforms) if columns_of_steps else []
     if columns or sequences:  # a table's row, a sequence, go to the model as stored (docs/tables.md, sequences.md)
         mean, std = 0.0, 1.0
     if not std > 0:
@@ -479,7 +486,8 @@ def _target_statistics(stats: list[ShardWritten], rows: int, kind: str) -> dict[
 
 def _sequence_columns(source, written: dict[str, list[ShardWritten]], transforms: Transforms) -> list[dict]:
     """The manifest's `sequences`: each column's step features, the longest allowed and written, its steps per
-    split (the reader sizes its windows by their mean), and its mean and std per channel when standardized."""
+    split (the reader sizes its windows by their mean), and its mean and std per channel when standardized (a bag
+    column's: its vocabulary or hash buckets, `bag: true`)."""
     columns = []
     for name in source.sequences:
         stats = [shard.steps[name] for results in written.values() for shard in results]

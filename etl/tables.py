@@ -29,6 +29,7 @@ class TableOptions:
     """How categorical columns become ids (the command line's --hash-buckets, --min-count, --max-vocabulary)."""
 
     hash_buckets: tuple[tuple[str, int], ...] = ()  # (COL, N): COL hashes into N buckets; ("", N): every other one
+    # (the --categorical and --bag columns)
     min_count: int = 1  # a value seen fewer times in the train split is out of vocabulary (id 1)
     max_vocabulary: int = MAX_VOCABULARY  # a larger vocabulary fails the job, naming the column
 
@@ -44,11 +45,11 @@ class TableOptions:
                               "missing and out of vocabulary; ids are stored exactly in float32 up to 2**24)")
 
     def check(self, categorical: tuple[str, ...]) -> None:
-        """Every column --hash-buckets names is a --categorical one."""
+        """Every column --hash-buckets names is a `categorical` one (the --categorical and --bag columns)."""
         for column, buckets in self.hash_buckets:
             if column and column not in categorical:
-                raise ConfigError(f"--hash-buckets {column}:{buckets}: {column!r} is not a --categorical column "
-                                  f"({', '.join(categorical) or 'there are none'})")
+                raise ConfigError(f"--hash-buckets {column}:{buckets}: {column!r} is not a --categorical or --bag "
+                                  f"column ({', '.join(categorical) or 'there are none'})")
 
     def buckets(self, column: str) -> int:
         """The hash buckets of `column`; 0: it gets a vocabulary."""
@@ -144,6 +145,14 @@ def vocabularies(train_rows, names: list[str], columns: list[int], options: Tabl
     return result
 
 
+def vocabulary_entry(vocabulary: list | None = None, min_count: int = 1, buckets: int = 0) -> dict:
+    """How a categorical (or bag) column's manifest entry says its values become ids: its `vocabulary` (ids 2..),
+    or its hash `buckets` (ids 1..buckets); id 0 is a missing value, 1 one out of vocabulary."""
+    if buckets:
+        return {"ids": buckets + 1, "hash_buckets": buckets, "hash": HASH}
+    return {"ids": len(vocabulary) + 2, "vocabulary": vocabulary, "min_count": min_count}
+
+
 def fit_columns(train_rows, numeric: list[str], categorical: list[str], options: TableOptions, standardize: bool,
                 impute: bool, spec: str) -> dict[str, list[dict]]:
     """The manifest's `columns` fitted on an RDD of the train split's TableRows (see the module docstring)."""
@@ -163,12 +172,21 @@ def fit_columns(train_rows, numeric: list[str], categorical: list[str], options:
                          spec)
     groups = {"numeric": entries + indicators, "categorical": []}
     for j, name in enumerate(categorical):
-        if j in hashed:
-            groups["categorical"].append({"name": name, "ids": hashed[j] + 1, "hash_buckets": hashed[j], "hash": HASH})
-        else:
-            groups["categorical"].append({"name": name, "ids": len(found[j]) + 2, "vocabulary": found[j],
-                                          "min_count": options.min_count})
+        groups["categorical"].append({"name": name, **(vocabulary_entry(buckets=hashed[j]) if j in hashed else
+                                                       vocabulary_entry(found[j], options.min_count))})
     return {group: columns for group, columns in groups.items() if columns}
+
+
+def fit_bags(train_rows, names: list[str], options: TableOptions, spec: str) -> dict[str, dict]:
+    """{bag column: its ids' entry (name, ids, and vocabulary or hash buckets)} fitted on an RDD of the train split's
+    `SequenceRows` (`etl/bag_columns.py`): a vocabulary of the column's values as a categorical column's, or its
+    --hash-buckets."""
+    fitted = [name for name in names if not options.buckets(name)]
+    texts = train_rows.map(lambda rows: TableRows(np.empty((len(rows), 0)),
+                                                  [rows.sequences[name].values for name in fitted]))
+    found = vocabularies(texts, fitted, list(range(len(fitted))), options, spec) if fitted else {}
+    return {name: {"name": name, **(vocabulary_entry(found[fitted.index(name)], options.min_count) if name in fitted
+                                    else vocabulary_entry(buckets=options.buckets(name)))} for name in names}
 
 
 @dataclass

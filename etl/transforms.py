@@ -13,15 +13,21 @@ They act on the model-visible values v = stored * scale + offset, in this order:
   from a hash of the seed, the row's key and the feature, so reruns give the same bits),
   stored as uint8 {0, 1}; for Bernoulli RBM inputs. Use `--scale` first for raw data.
 - `one_hot`: each shard also gets `y_onehot` (rows, classes) uint8; `y` stays as it is.
+
+A bag column's values (`--bag`) are written as their ids, fitted on the train split as a categorical column's
+(`etl/bag_columns.py`); no other transform touches them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from mpitrain.base.domains import check_number
 from mpitrain.base.errors import ConfigError, DataError
+from mpitrain.data.encoding import CategoryIds
+from mpitrain.data.sequences import Ragged
+from mpitrain.etl.bag_columns import bag_ids
 from mpitrain.kernels.activations import splitmix64
 from mpitrain.kernels.rows import flat_rows
 
@@ -104,7 +110,7 @@ class StepStats:
     @staticmethod
     def of_columns(rows) -> dict[str, StepStats]:
         """Each sequence column's stats of a partition's `SequenceRows`."""
-        return {name: StepStats.of(seqs.values) for name, seqs in rows.sequences.items()}
+        return {name: StepStats.of(seqs.values) for name, seqs in rows.sequences.items() if isinstance(seqs, Ragged)}
 
     @staticmethod
     def merge_columns(a: dict[str, StepStats], b: dict[str, StepStats]) -> dict[str, StepStats]:
@@ -122,6 +128,7 @@ class Transforms:
     source_offset: float
     stats: FeatureStats | None = None
     step_stats: dict[str, StepStats] | None = None  # sequence columns, under `standardize`
+    bags: dict[str, dict] = field(default_factory=dict)  # each bag column's ids' entry (`etl/tables.py`'s `fit_bags`)
 
     def __post_init__(self):
         self.low, self.high = (0.0, 1.0)
@@ -131,6 +138,7 @@ class Transforms:
                 raise DataError(f"--scale: every train feature is {self.low}; expected varying values")
         if self.options.standardize:
             self.mean, self.std = mean_and_std(self.stats.total, self.stats.squares, self.stats.rows)
+        self.bag_ids = {name: CategoryIds(entry, "--bag") for name, entry in self.bags.items()}
         self.sequence_scaling = {}  # {column: (mean, std) per channel} of the sequence columns standardized
         for name, stats in (self.step_stats or {}).items():
             if self.options.standardize and not stats.integral and stats.steps:
@@ -168,20 +176,23 @@ class Transforms:
         return bits.astype(np.uint8).reshape(x.shape)
 
     def apply_sequences(self, sequences: dict) -> dict:
-        """A shard's sequence columns ({name: Ragged}) as stored: each standardized column per channel (float32),
-        the others as they are."""
-        from mpitrain.data.sequences import Ragged
+        """A shard's sequence columns ({name: Ragged, or a bag column's TextBags}) as stored: each bag column's ids,
+        each standardized column per channel (float32), the others as they are."""
         scaled = {}
         for name, seqs in sequences.items():
-            if name in self.sequence_scaling:
+            if name in self.bag_ids:
+                seqs = bag_ids(seqs, self.bag_ids[name])
+            elif name in self.sequence_scaling:
                 mean, std = self.sequence_scaling[name]
                 seqs = Ragged(((seqs.values.astype(np.float64) - mean) / std).astype(np.float32), seqs.offsets)
             scaled[name] = seqs
         return scaled
 
     def sequence_entry(self, name: str) -> dict:
-        """What the manifest's `sequences` entry of column `name` records of its transform: its mean and std per
-        channel when standardized."""
+        """What the manifest's `sequences` entry of column `name` records of its transform: a bag column's ids (its
+        vocabulary or hash buckets), or its mean and std per channel when standardized."""
+        if name in self.bags:
+            return {"bag": True, **{key: value for key, value in self.bags[name].items() if key != "name"}}
         if name not in self.sequence_scaling:
             return {}
         mean, std = self.sequence_scaling[name]

@@ -307,7 +307,8 @@ def _target(manifest) -> str:
 
 
 def _columns(manifest) -> list[str]:
-    """A table's column groups, a line each: every column and how it was encoded; each sequence column, a line."""
+    """A table's column groups, a line each: every column and how it was encoded; each sequence or bag column, a
+    line."""
     def numeric(c):
         notes = [note for key, note in (("mean", "standardized"), ("impute", "imputed"),
                                         ("missing_of", f"missing indicator of {c.get('missing_of')}")) if key in c]
@@ -318,10 +319,16 @@ def _columns(manifest) -> list[str]:
             f"vocabulary of {len(c['vocabulary'])}, min count {c.get('min_count', 1)}"
         return f"{c['name']} ({c['ids']} ids: {how})"
 
+    def sequence(c):
+        if c.get("bag"):
+            return f"bag {categorical(c)}: {c['shortest']}..{c['longest']} values (at most {c['max_length']}), " \
+                   f"{sum(c.get('steps', {}).values())} values stored"
+        return f"sequence {c['name']}: {c['features']} feature(s) per step, {c.get('shortest', 1)}..{c['longest']} " \
+               f"steps (at most {c['max_length']}){', ' + str(c['ids']) + ' token ids' if 'ids' in c else ''}, " \
+               f"{sum(c.get('steps', {}).values())} steps stored"
+
     describe = {"numeric": numeric, "categorical": categorical}
-    sequences = [f"sequence {c['name']}: {c['features']} feature(s) per step, {c.get('shortest', 1)}.."
-                 f"{c['longest']} steps (at most {c['max_length']}){', ' + str(c['ids']) + ' token ids' if 'ids' in c else ''}"
-                 f", {sum(c.get('steps', {}).values())} steps stored" for c in manifest.sequences]
+    sequences = [sequence(c) for c in manifest.sequences]
     if manifest.step_target:
         sequences.append(f"a class per step: label column {manifest.step_target!r}, stored ragged")
     return [f"columns {group} ({len(columns)}): {', '.join(map(describe[group], columns))}"

@@ -55,11 +55,16 @@ class SourceOptions:
     columns: dict | None = None  # csv, parquet (scoring): a table model's columns (its manifest's): the records'
     # columns it reads, encoded into its rows (`mpitrain.data.encoding.TableEncoder`)
     sequences: tuple[str, ...] = ()  # parquet: columns of a sequence per record, stored ragged (docs/sequences.md)
-    max_length: int = DEFAULT_MAX_LENGTH  # parquet: the most steps a sequence may have
+    max_length: int = DEFAULT_MAX_LENGTH  # parquet: the most steps a sequence may have (csv, parquet: values a bag)
+    bags: tuple[str, ...] = ()  # csv, parquet: columns of a list of categorical values per record (etl/bag_columns.py)
+    bag_delimiter: str = "|"  # csv: what separates a bag's values in its cell
 
     def __post_init__(self):
         check_number("--num-classes", self.num_classes, f"[0, {MAX_CLASSES}]", integer=True)
         check_number("--max-length", self.max_length, f"[1, {MAX_LENGTH}]", integer=True)
+        if len(self.bag_delimiter) != 1 or self.bag_delimiter in ',"\n\r':
+            raise ConfigError(f"--bag-delimiter {self.bag_delimiter!r}: expected one character other than the CSV "
+                              "field separator ',', a quote or a line break")
 
 
 class Source(ABC):

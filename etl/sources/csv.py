@@ -30,8 +30,9 @@ def _check_rows(files: list[str], path: str, header: bool) -> None:
 
 
 class CsvSource(TableSource):
-    """CSV with label columns (`--label`, default the first) and numeric features, or a table's columns;
-    `--no-header` without names (columns `_c0`, `_c1`, ...).
+    """CSV with label columns (`--label`, default the first) and numeric features, or a table's columns, or bag
+    columns (`--bag`: values separated by `--bag-delimiter` in a cell) beside numeric features; `--no-header` without
+    names (columns `_c0`, `_c1`, ...).
 
     Spark reads the files as lines (splitting large files across tasks); each task parses its Arrow batch of
     lines at once with pyarrow's C++ CSV reader, numbers as float64 and text columns (categorical ones, text
@@ -78,7 +79,7 @@ class CsvSource(TableSource):
 
     def _resolve(self, columns, kinds, sample):
         super()._resolve(columns, kinds, sample)
-        if not self.table:
+        if not self.table:  # with --bag columns: the numeric --features beside them
             self.feature_shape = self._shape(len(self.features))
 
     def frame(self, spark, split):
@@ -92,9 +93,10 @@ class CsvSource(TableSource):
         import pyarrow.csv as pcsv
         columns = columns or self.columns
         names = [str(i) for i in range(len(columns))]
+        texts = [] if text else [*self.categorical, *self.bags]
         used = names if text else list(dict.fromkeys(str(columns.index(c))
-                                                      for c in [*self.labels, *self.features, *self.categorical]))
-        strings = {str(columns.index(c)) for c in self.categorical} if not text else set(names)
+                                                      for c in [*self.labels, *self.features, *texts]))
+        strings = {str(columns.index(c)) for c in texts} if not text else set(names)
         if self.text_labels:
             strings.add(str(columns.index(self.labels[0])))
 
@@ -131,10 +133,14 @@ class CsvSource(TableSource):
         kept = [line for i, line in enumerate(lines) if i not in malformed]
         index = {name: str(self.columns.index(name)) for name in self.columns}
         labels = [table.column(index[name]) for name in self.labels]
-        if self.table:
+        if self.table or self.bags:
             records = table.rename_columns([self.columns[int(n)] for n in table.column_names])
-            return self._table_batch(split, records, labels, len(lines), bad, parsed,
-                                     lambda i: repr(kept[i][:60] + ("..." if len(kept[i]) > 60 else "")))
+
+            def record(i: int) -> str:
+                return repr(kept[i][:60] + ("..." if len(kept[i]) > 60 else ""))
+            if self.bags:
+                return self._sequence_batch(split, records, labels, bad, len(lines), record)
+            return self._table_batch(split, records, labels, len(lines), bad, parsed, record)
         values = [numeric_values(table.column(index[name]), name) for name in self.features]
         x = np.column_stack([v for v, _ in values]) if values else np.zeros((len(kept), 0))
         text = np.logical_or.reduce([unparsable for _, unparsable in values]) if values else np.zeros(len(kept), bool)

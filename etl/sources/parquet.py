@@ -5,7 +5,7 @@ import numpy as np
 
 from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.data.encoding import column_kind, numeric_values
-from mpitrain.data.sequences import Ragged, SequenceRows
+from mpitrain.data.sequences import Ragged
 from mpitrain.etl.records import BadRecords, ReadBatch, checked_batch
 from mpitrain.etl.sequence_columns import ragged_column, step_features
 from mpitrain.etl.sources.table import NUMERIC_KINDS, SAMPLE, TableSource, checked_classes, describe_row, local_files
@@ -115,8 +115,9 @@ class ParquetSource(TableSource):
         --features only ((rows, 0) without any)."""
         from pyspark.sql import functions as F
         frame = spark.read.parquet(self.paths["train"])
-        self.step_features = {}
         for name in self.sequences:
+            if name in self.bags:
+                continue
             first = frame.where(F.size(_column(name)) > 0).select(_column(name)).first()
             if first is None:
                 raise DataError(f"{self.spec}: column {name!r} holds no non-empty sequence; expected a list of numbers "
@@ -160,29 +161,6 @@ class ParquetSource(TableSource):
                               self.feature_dtype, positions, self.target)
         batch.seen = seen
         return batch
-
-    def _sequence_batch(self, split: str, batch, labels: list) -> ReadBatch:
-        """A record batch of a sequence dataset: its numeric --features as x, each --sequence column ragged
-        (`etl/sequence_columns.py`: a wrong sequence stops the job), the good records' rows (`SequenceRows`)."""
-        where = self.paths[split]
-        x = np.stack([numeric_values(batch.column(name), name)[0] for name in self.features], axis=1) \
-            if self.features else np.empty((batch.num_rows, 0), np.float32)
-        first = numeric_values(labels[0], self.labels[0])[0] \
-            if labels and not self.text_labels and not self.step_target else None
-
-        def record(i: int) -> str:
-            return f"{i} of a batch" + ("" if first is None else f" (label {first[i]:g})")
-        sequences = {name: ragged_column(batch.column(name), name, self.step_features[name], self.options.max_length,
-                                         where, record) for name in self.sequences}
-        if self.step_target:
-            steps = self._step_labels(labels[0], sequences[self.sequences[0]], where, record)
-            sequences[self.step_target] = steps
-            labels = [np.maximum.reduceat(steps.values[:, 0], steps.offsets[:-1]).astype(np.int64)]
-        checked = checked_batch(x, labels or None, self.num_classes, where, record, BadRecords(), "float32",
-                                None, self.target)
-        checked.x = SequenceRows(checked.x, {name: seqs[checked.kept] for name, seqs in sequences.items()})
-        checked.seen = batch.num_rows
-        return checked
 
     def _step_labels(self, column, first: Ragged, where: str, record) -> Ragged:
         """The step target's classes of a record batch, ragged: as long as the first sequence column's sequences, each

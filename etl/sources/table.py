@@ -23,10 +23,12 @@ import os
 import numpy as np
 
 from mpitrain.base.errors import ConfigError, DataError
-from mpitrain.data.encoding import TableEncoder, TableRows, parse_table
+from mpitrain.data.encoding import TableEncoder, TableRows, numeric_values, parse_table
 from mpitrain.data.sequences import Ragged, SequenceRows
 from mpitrain.data.shards import FEATURE_DTYPES, TARGETS
-from mpitrain.etl.records import BadRecords, ReadBatch, Target
+from mpitrain.etl.bag_columns import TextBags, bag_column
+from mpitrain.etl.records import BadRecords, ReadBatch, Target, checked_batch
+from mpitrain.etl.sequence_columns import ragged_column
 from mpitrain.etl.sources.base import Source, SourceOptions, split_paths
 from mpitrain.etl.tables import NUMERIC_MISSING
 
@@ -82,6 +84,7 @@ class TableSource(Source):
 
     default_label = "0"
     holds_sequences = False  # whether the format has list columns (`--sequence`)
+    step_target = ""  # a label column of a list per record: one class per step of the sequences (parquet's)
 
     def __init__(self, spec: str, path: str, options: SourceOptions):
         self.paths = split_paths(spec, path, options)
@@ -105,8 +108,10 @@ class TableSource(Source):
         self.feature_dtype = options.feature_dtype
         if options.sequences and not self.holds_sequences:
             raise ConfigError(f"--sequence: sequence columns are read from a parquet: source, not {spec}")
-        if options.sequences and (self.table or options.feature_shape or options.feature_dtype != "float32"):
-            raise ConfigError("--sequence: a dataset of sequences stores its sequences and numeric --features as "
+        if (options.sequences or options.bags) and (self.table or options.feature_shape or
+                                                    options.feature_dtype != "float32"):
+            option = "--sequence" if options.sequences else "--bag"
+            raise ConfigError(f"{option}: a dataset of sequences or bags stores them and its numeric --features as "
                               "float32, expected no --categorical, --numeric-missing impute, --feature-shape or "
                               "--feature-dtype")
         super().__init__(spec, (), 1.0, options.num_classes or None)
@@ -160,8 +165,12 @@ class TableSource(Source):
         self.labels = self._names("--label", options.label or self.default_label, columns, True) \
             if options.labeled else []
         self.keys = tuple(self._names("--keys", ",".join(options.keys), columns, False)) if options.keys else ()
-        self.sequences = self._names("--sequence", ",".join(options.sequences), columns, False) \
-            if options.sequences else []
+        self.bags = self._names("--bag", ",".join(options.bags), columns, False) if options.bags else []
+        self.sequences = [*(self._names("--sequence", ",".join(options.sequences), columns, False)
+                            if options.sequences else []), *self.bags]  # a bag is stored as a sequence of ids
+        if len(set(self.sequences)) < len(self.sequences):
+            raise ConfigError(f"--bag {','.join(self.bags)}: names a --sequence column")
+        self.step_features = dict.fromkeys(self.bags, 1)  # the --sequence columns' are found once Spark reads them
         if self.encoder:
             features, categorical = self._model_columns(columns)
         else:
@@ -171,7 +180,8 @@ class TableSource(Source):
                 else [] if self.sequences else [c for c in columns if c not in self.labels and c not in self.keys]
         for name in self.sequences:
             if name in self.labels or name in features or name in categorical:
-                raise ConfigError(f"--sequence {name}: {name!r} is also a label, feature or categorical column")
+                raise ConfigError(f"{'--bag' if name in self.bags else '--sequence'} {name}: {name!r} is also a "
+                                  "label, feature or categorical column")
         for name in categorical:
             if name in self.labels:
                 raise ConfigError(f"--categorical {name}: {name!r} is a --label column")
@@ -217,6 +227,7 @@ class TableSource(Source):
         for name, allowed in wanted.items():
             if kinds[name] not in allowed:
                 what = "strings or integers (a categorical column)" if name in self.categorical else \
+                    "a list of strings or integers per record (a --bag column)" if name in self.bags else \
                     "a list of numbers per record (a --sequence column)" if name in self.sequences else \
                     "numbers" + ("" if self.table else " or arrays of numbers") + \
                     (" (or name it in --categorical)" if kinds[name] == "string" else "")
@@ -266,9 +277,43 @@ class TableSource(Source):
             y = np.empty((0, len(self.labels)), np.float32)
         if self.sequences:
             return SequenceRows(np.empty((0, len(self.features)), np.float32),
-                                {name: Ragged.empty(self.step_features[name]) for name in self.sequences}), y
+                                {name: TextBags.empty() if name in self.bags else Ragged.empty(self.step_features[name])
+                                 for name in self.sequences}), y
         return (TableRows.empty(len(self.features), len(self.categorical)) if self.table and not self.encoder
                 else x), y
+
+    def _sequence_batch(self, split: str, records, labels: list, bad: BadRecords | None = None,
+                        seen: int | None = None, record=None) -> ReadBatch:
+        """Records (a pyarrow RecordBatch or Table of named columns) of a sequence dataset: its numeric --features as
+        x, each --sequence column ragged (`etl/sequence_columns.py`: a wrong sequence stops the job), each --bag
+        column's texts (`etl/bag_columns.py`: in a CSV cell, separated by --bag-delimiter), the good records' rows
+        (`SequenceRows`). `bad` and `seen` count what the format dropped before; `record(i)` names record i."""
+        where = self.paths[split]
+        x = np.stack([numeric_values(records.column(name), name)[0] for name in self.features], axis=1) \
+            if self.features else np.empty((records.num_rows, 0), np.float32)
+        first = numeric_values(labels[0], self.labels[0])[0] \
+            if labels and not self.text_labels and not self.step_target else None
+        if record is None:
+            def record(i: int) -> str:
+                return f"{i} of a batch" + ("" if first is None else f" (label {first[i]:g})")
+        delimiter = None if self.typed_columns else self.options.bag_delimiter
+        sequences = {name: bag_column(records.column(name), name, self.options.max_length, where, record, delimiter)
+                     if name in self.bags else
+                     ragged_column(records.column(name), name, self.step_features[name], self.options.max_length,
+                                   where, record) for name in self.sequences}
+        if self.step_target:
+            steps = self._step_labels(labels[0], sequences[self.sequences[0]], where, record)
+            sequences[self.step_target] = steps
+            labels = [np.maximum.reduceat(steps.values[:, 0], steps.offsets[:-1]).astype(np.int64)]
+        checked = checked_batch(x, labels or None, self.num_classes, where, record, bad or BadRecords(), "float32",
+                                None, self.target)
+        checked.x = SequenceRows(checked.x, {name: seqs[checked.kept] for name, seqs in sequences.items()})
+        checked.seen = records.num_rows if seen is None else seen
+        return checked
+
+    def _step_labels(self, column, first: Ragged, where: str, record) -> Ragged:
+        """A label column of a class per step (parquet's)."""
+        raise NotImplementedError
 
     def _table_batch(self, split: str, records, labels: list, seen: int, bad: BadRecords, positions: np.ndarray,
                      record) -> ReadBatch:

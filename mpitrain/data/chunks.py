@@ -46,6 +46,7 @@ class ShardFiles:
         # shard index -> (x, y, the stored bytes of their chunks starting at a row, h5py.File, raw file or None)
         self.open_files: OrderedDict[int, tuple] = OrderedDict()
         self.checked: set[int] = set()
+        self.shortest = {c["name"]: 0 for c in manifest.sequences if c.get("bag")}  # a bag may be empty, no other
         self.rows_read, self.bytes_read = 0, 0
         self.bytes_fetched = 0  # a remote store: every byte its responses carried, HDF5's metadata included
 
@@ -66,7 +67,7 @@ class ShardFiles:
             self.bytes_read += chunk_bytes(start)
             for name, (values, offsets) in stored_sequences.items():
                 bounds = offsets[lo:hi + 1]
-                _check_offsets(path, name, bounds, lo, len(values), sequences[name].values.shape[1])
+                _check_offsets(path, name, bounds, lo, len(values), self.shortest.get(name, 1))
                 out = sequences[name].space(row, bounds)
                 if len(out):
                     values.read_direct(out, np.s_[bounds[0]:bounds[-1]])
@@ -172,15 +173,16 @@ def _chunk_bytes(*datasets):
     return stored
 
 
-def _check_offsets(path: str, name: str, offsets: np.ndarray, first_row: int, steps: int, features: int) -> None:
-    """Offsets of a sequence column that ascend within its stored steps, with every sequence 1..`MAX_LENGTH` long,
-    or one DataError naming the shard, the column and the row."""
+def _check_offsets(path: str, name: str, offsets: np.ndarray, first_row: int, steps: int, shortest: int) -> None:
+    """Offsets of a sequence column that ascend within its stored steps, with every sequence `shortest`..`MAX_LENGTH`
+    long (shortest 0: a bag column's), or one DataError naming the shard, the column and the row."""
     lengths = np.diff(offsets)
-    bad = (lengths < 1) | (lengths > MAX_LENGTH)
+    bad = (lengths < shortest) | (lengths > MAX_LENGTH)
     if offsets[0] < 0 or offsets[-1] > steps or bad.any():
         row = first_row + int(np.argmax(bad)) if bad.any() else first_row
         raise DataError(f"{path}: sequence column {name!r} has offsets out of order or range at row {row} "
-                        f"(stored steps: {steps}); expected ascending offsets, each sequence 1..{MAX_LENGTH} steps")
+                        f"(stored steps: {steps}); expected ascending offsets, each sequence {shortest}..{MAX_LENGTH} "
+                        "steps")
 
 
 def check_values(path: str, x: np.ndarray, y: np.ndarray, manifest: Manifest) -> None:

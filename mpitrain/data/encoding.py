@@ -274,15 +274,7 @@ class TableEncoder:
             if "missing_of" in entry and entry["missing_of"] not in self.numeric:
                 raise DataError(f"columns.numeric {entry['name']!r}: missing_of {entry['missing_of']!r} is not a "
                                 f"numeric column ({self.numeric})")
-        self._vocabularies = {}
-        for entry in columns.get("categorical", []):
-            if "vocabulary" in entry and entry["ids"] == len(entry["vocabulary"]) + 2:
-                continue
-            if "hash_buckets" in entry and entry["ids"] == entry["hash_buckets"] + 1 and \
-                    entry.get("hash", HASH) == HASH:
-                continue
-            raise DataError(f"columns.categorical {entry['name']!r}: expected a vocabulary of ids - 2 values or "
-                            f"ids - 1 hash_buckets of hash {HASH!r} (it has {sorted(entry)})")
+        self.ids = [CategoryIds(entry, "columns.categorical") for entry in columns.get("categorical", [])]
 
     def parse(self, batch) -> Parsed:
         """The encoder's raw columns of `batch` parsed (`parse_table`)."""
@@ -310,15 +302,29 @@ class TableEncoder:
             if "mean" in entry:
                 values = (values - float(entry["mean"])) / (float(entry["std"]) or 1.0)
             x[:, j] = values
-        for j, (entry, texts) in enumerate(zip(self.columns.get("categorical", []), rows.categorical),
-                                           start=len(entries)):
-            x[:, j] = hash_ids(texts, entry["hash_buckets"]) if "hash_buckets" in entry else \
-                vocabulary_ids(texts, self._vocabulary(entry))
+        for j, (ids, texts) in enumerate(zip(self.ids, rows.categorical), start=len(entries)):
+            x[:, j] = ids(texts)
         return x
 
-    def _vocabulary(self, entry: dict):
-        import pyarrow as pa
-        name = entry["name"]
-        if name not in self._vocabularies:
-            self._vocabularies[name] = pa.array([str(v) for v in entry["vocabulary"]], pa.string())
-        return self._vocabularies[name]
+
+class CategoryIds:
+    """The ids of a categorical column's (or a bag column's) texts by its manifest entry: {name, ids, vocabulary} or
+    {name, ids, hash_buckets, hash} (see the module docstring); an entry whose ids do not match is a DataError naming
+    it under `where` (the manifest's key)."""
+
+    def __init__(self, entry: dict, where: str):
+        vocabulary, buckets = entry.get("vocabulary"), entry.get("hash_buckets")
+        if not (isinstance(vocabulary, list) and entry.get("ids") == len(vocabulary) + 2 or
+                isinstance(buckets, int) and entry.get("ids") == buckets + 1 and entry.get("hash", HASH) == HASH):
+            raise DataError(f"{where} {entry.get('name')!r}: expected a vocabulary of ids - 2 values or ids - 1 "
+                            f"hash_buckets of hash {HASH!r} (it has {sorted(entry)})")
+        self.entry, self.vocabulary = entry, None
+
+    def __call__(self, texts) -> np.ndarray:
+        """int64 ids of `texts` (a pyarrow string array, null where missing)."""
+        if "hash_buckets" in self.entry:
+            return hash_ids(texts, self.entry["hash_buckets"])
+        if self.vocabulary is None:
+            import pyarrow as pa
+            self.vocabulary = pa.array([str(v) for v in self.entry["vocabulary"]], pa.string())
+        return vocabulary_ids(texts, self.vocabulary)

@@ -69,16 +69,18 @@ class Ragged:
             positions = np.arange(len(self.values), dtype=np.uint64) - np.repeat(
                 self.offsets[:-1].astype(np.uint64), self.lengths)
             mixed ^= positions * np.uint64(0x94D049BB133111EB)
-            hashes = np.add.reduceat(mixed, self.offsets[:-1], dtype=np.uint64) if len(mixed) else \
-                np.zeros(len(self), np.uint64)
-        hashes[self.lengths == 0] = 0  # reduceat gives the next value for an empty range
+            # a trailing 0 so that an empty last sequence's offset is an index; an empty range gives the value at
+            # its index, so each empty sequence's hash is set to 0 after
+            hashes = np.add.reduceat(np.append(mixed, np.uint64(0)), self.offsets[:-1], dtype=np.uint64) \
+                if len(self) else np.zeros(0, np.uint64)
+        hashes[self.lengths == 0] = 0
         return np.stack([self.lengths.astype(np.uint64), hashes], axis=1)
 
 
 @dataclass
 class SequenceRows:
     """The ETL's rows of a sequence dataset: the fixed features `x` (rows, width; width 0 without `--features`) and
-    each `--sequence` column, ragged. Indexes, concatenates and pickles like a table's `TableRows`."""
+    each `--sequence` column, ragged (a `--bag` column's texts: `etl/bag_columns.py`'s TextBags, alike). Indexes, concatenates and pickles like a table's `TableRows`."""
 
     x: np.ndarray
     sequences: dict[str, Ragged] = field(default_factory=dict)
@@ -91,8 +93,9 @@ class SequenceRows:
 
     @staticmethod
     def concat(parts: list[SequenceRows]) -> SequenceRows:
-        return SequenceRows(np.concatenate([p.x for p in parts]),
-                            {name: Ragged.concat([p.sequences[name] for p in parts]) for name in parts[0].sequences})
+        return SequenceRows(np.concatenate([p.x for p in parts]),  # a column's type concatenates it (a bag's too)
+                            {name: type(seqs).concat([p.sequences[name] for p in parts])
+                             for name, seqs in parts[0].sequences.items()})
 
     def content(self) -> np.ndarray:
         """The rows' content as bytes per row (for the shuffle keys): the fixed features, then each sequence's."""

@@ -24,6 +24,7 @@ import numpy as np
 
 from mpitrain.base.errors import DataError, describe
 from mpitrain.base.files import write_file
+from mpitrain.data.encoding import CategoryIds
 from mpitrain.data.storage import Storage, sha256_of
 
 SCHEMA_VERSION = 1
@@ -322,15 +323,25 @@ def read_manifest_and_sha256(dataset_dir: str, storage: Storage | None = None) -
 
 
 def _checked_sequences(sequences, path: str) -> list[dict]:
-    """The manifest's `sequences`, checked: a list of {name, features >= 1, max_length >= 1, longest}."""
-    def count(value, most: float = math.inf) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most
+    """The manifest's `sequences`, checked: a list of {name, features >= 1, max_length >= 1, longest, shortest, ids},
+    a bag column's (`bag: true`: one id per step, its vocabulary or hash buckets) with shortest 0 allowed (an empty
+    bag)."""
+    def count(value, most: float = math.inf, least: int = 1) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and least <= value <= most
     if not isinstance(sequences, list) or not all(
             isinstance(s, dict) and isinstance(s.get("name"), str) and count(s.get("features"))
-            and count(s.get("max_length")) and count(s.get("longest", 1)) and count(s.get("shortest", 1))
+            and count(s.get("max_length")) and count(s.get("longest", 1), least=0)
+            and count(s.get("shortest", 1), least=0 if s.get("bag") else 1)
             and count(s.get("ids", 1), MAX_IDS) for s in sequences):
         raise DataError(f"{path}: sequences {str(sequences)[:200]}, expected [{{name, features, max_length, "
-                        f"longest, shortest, ids}}, ...] with positive integers (ids at most {MAX_IDS})")
+                        f"longest, shortest, ids}}, ...] with positive integers (ids at most {MAX_IDS}; shortest "
+                        "0 for a bag column)")
+    for column in sequences:
+        if column.get("bag", False) is not False:
+            if column["bag"] is not True or column["features"] != 1:
+                raise DataError(f"{path}: sequences {column['name']!r}: bag {column['bag']!r} of {column['features']} "
+                                "features per step, expected bag true of one id per step")
+            CategoryIds(column, f"{path}: sequences")
     return sequences
 
 

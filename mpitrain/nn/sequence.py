@@ -220,6 +220,8 @@ class _GlobalPool1D(Layer):
 @layer_type("global_max_pool")
 class GlobalMaxPool1D(_GlobalPool1D):
     """Each feature's largest value over a sequence's valid steps; its gradient goes to that (first largest) step.
+    An empty sequence (a bag column's empty list) gives zeros and no gradient, as an empty bag's max does in
+    `embedding_bag` and PyTorch's `nn.EmbeddingBag`.
 
     numpy's argmax over the middle (time) axis copies its input to a temporary first; the rest runs in the
     workspace."""
@@ -231,6 +233,11 @@ class GlobalMaxPool1D(_GlobalPool1D):
         xp.argmax(x, axis=1, out=self.where)
         y = self.ws("y", self.where.shape, x.dtype)
         xp.max(x, axis=1, out=y)
+        if self.mask is not None:
+            empty = self.ws("empty", (len(x), 1), bool)
+            xp.equal(self.lengths[:, None], 0, out=empty)
+            xp.copyto(y, 0, where=empty)
+            xp.copyto(self.where, -1, where=empty)  # no step is the maximum: backward gives it no gradient
         return y
 
     def backward(self, dy, input_grad=True):

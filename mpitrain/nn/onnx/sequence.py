@@ -80,19 +80,28 @@ def conv1d(graph, layer, x, name, input_shape):
 
 @emits(GlobalMaxPool1D)
 def global_max_pool(graph, layer, x, name, input_shape):
-    x = _masked(graph, x, f"{name}/input", -np.inf)
+    """ReduceMax over the valid steps; an empty sequence's zeros (Where its length is 0)."""
+    lengths = graph.lengths
+    y = graph.node("ReduceMax", [_masked(graph, x, f"{name}/input", -np.inf)], name, axes=[1], keepdims=0)
+    if lengths is None:
+        return y
     graph.lengths = None
-    return graph.node("ReduceMax", [x], name, axes=[1], keepdims=0)
+    empty = graph.node("Equal", [graph.node("Unsqueeze", [lengths, graph.constant(f"{name}/row_axis", [1], np.int64)],
+                                            f"{name}/lengths"), graph.constant(f"{name}/none", 0, np.int64)],
+                       f"{name}/empty")
+    return graph.node("Where", [empty, graph.constant(f"{name}/zero", 0, graph.dtype), y], name)
 
 
 @emits(GlobalAvgPool1D)
 def global_avg_pool(graph, layer, x, name, input_shape):
-    """The valid steps' sum over the lengths (as floats); without lengths, ReduceMean over all steps."""
+    """The valid steps' sum over the lengths (as floats, at least 1: an empty sequence's zeros); without lengths,
+    ReduceMean over all steps."""
     if graph.lengths is None:
         return graph.node("ReduceMean", [x], name, axes=[1], keepdims=0)
     total = graph.node("ReduceSum", [_masked(graph, x, f"{name}/input", 0.0),
                                      graph.constant(f"{name}/time_axis", [1], np.int64)], name, keepdims=0)
-    lengths = graph.node("Cast", [graph.lengths], f"{name}/lengths",
+    lengths = graph.node("Cast", [graph.node("Max", [graph.lengths, graph.constant(f"{name}/one", 1, np.int64)],
+                                             f"{name}/lengths")], f"{name}/lengths",
                          to=graph.onnx.helper.np_dtype_to_tensor_dtype(graph.dtype))
     graph.lengths = None
     return graph.node("Div", [total, graph.node("Unsqueeze", [lengths, graph.constant(f"{name}/row_axis", [1], np.int64)],
