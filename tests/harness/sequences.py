@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpitrain.data.encoding import HASH
 from mpitrain.data.sequences import Ragged, SequenceBatch, token_ids
 from mpitrain.data.shards import Manifest, shard_path, write_manifest, write_shard
 
@@ -120,13 +121,14 @@ class BagClicks:
 
 
 def make_bag_dataset(path, n_train: int = 4000, n_test: int = 1000, shards: int = 2, seed: int = 0,
-                     ids: int = 500, lengths=(1, 12)) -> Manifest:
+                     ids: int = 500, lengths=(0, 12)) -> Manifest:
     """A click table of `BagClicks` rows (2 classes: no click, click), written as the ETL writes one: the bag column
-    `recent` a sequence column of ids (the manifest counts its `ids`) beside two fixed numbers."""
+    `recent` of ids (`lengths` of them, empty bags by default) beside two fixed numbers."""
     def rows(n: int, seed: int):
         numbers, bags, clicks, _ = BagClicks(ids, lengths).draw(n, seed)
         return numbers, {"recent": [bag.astype(np.float32)[:, None] for bag in bags]}, clicks
-    return write_sequence_dataset(path, rows, n_train, n_test, shards, seed, 2, {"recent": lengths[1]})
+    return write_sequence_dataset(path, rows, n_train, n_test, shards, seed, 2, {"recent": lengths[1]},
+                                  bags=("recent",))
 
 
 def write_image_rows_parquet(path, idx_folder: str, split: str, limit: int | None = None,
@@ -180,10 +182,10 @@ def make_mixed_dataset(path, n_train: int = 600, n_test: int = 200, shards: int 
 
 
 def write_sequence_dataset(path, rows, n_train: int, n_test: int, shards: int, seed: int, classes: int,
-                           max_lengths: dict[str, int], step_target: str = "") -> Manifest:
+                           max_lengths: dict[str, int], step_target: str = "", bags: tuple[str, ...] = ()) -> Manifest:
     """Write the splits `rows(n, seed)` gives ((x (n, k), {column: sequences (steps, F)}, classes (n,)), the
     sequence columns `max_lengths` names and the `step_target`'s classes) into `shards` shards each, and the
-    manifest, with the real shard writer."""
+    manifest, with the real shard writer; the columns `bags` names are bag columns of ids (empty bags allowed)."""
     splits, counts, steps, found = {}, {}, {name: {} for name in max_lengths}, {name: [] for name in max_lengths}
     for split, n, salt in (("train", n_train, 0), ("test", n_test, 1)):
         x, columns, labels = rows(n, seed * 2 + salt)
@@ -198,7 +200,7 @@ def write_sequence_dataset(path, rows, n_train: int, n_test: int, shards: int, s
     manifest = Manifest(feature_shape=(x.shape[1],), feature_dtype="float32", scale=1.0, offset=0.0, mean=0.0,
                         std=1.0, num_classes=classes, label_counts=counts, splits=splits, source="synthetic",
                         seed=seed, checksums="fletcher32",
-                        sequences=[column_entry(name, found[name], max_lengths[name], steps[name])
+                        sequences=[column_entry(name, found[name], max_lengths[name], steps[name], name in bags)
                                    for name in max_lengths],
                         step_target=step_target)
     write_manifest(str(path), manifest)
@@ -215,14 +217,16 @@ def padded_batch(sequences: list[np.ndarray], classes: list[np.ndarray], steps: 
     return SequenceBatch(values, np.array([len(s) for s in sequences], np.int64)), y
 
 
-def column_entry(name: str, sequences: list[np.ndarray], max_length: int, steps: dict) -> dict:
+def column_entry(name: str, sequences: list[np.ndarray], max_length: int, steps: dict, bag: bool = False) -> dict:
     """The manifest's entry of a sequence column, as the ETL writes it: `ids` for non-negative integers of one
-    feature (token ids)."""
+    feature (token ids); a `bag` column's as the ETL writes a hashed one (`--bag COL --hash-buckets COL:ids-1`)."""
     entry = {"name": name, "features": sequences[0].shape[1], "max_length": max_length, "steps": steps,
              "longest": max(map(len, sequences)), "shortest": min(map(len, sequences))}
     ids = token_ids(np.concatenate(sequences))
     if ids:
         entry["ids"] = ids
+    if bag:
+        entry.update(bag=True, hash_buckets=ids - 1, hash=HASH)  # ids 1..ids-1 as buckets, 0 missing
     return entry
 
 

@@ -1,5 +1,5 @@
-"""A bag column (`embedding_bag`) trained on 2 ranks: its table's rows exchanged sparse give the model of the dense
-exchange bit for bit, for fewer bytes, and the model learns the bag's effect."""
+"""A bag column (`embedding_bag`, empty bags among them) trained on 2 ranks: its table's rows exchanged sparse give the
+model of the dense exchange bit for bit, for fewer bytes, and the model learns the bag's effect."""
 import json
 
 import pytest
@@ -19,6 +19,7 @@ GRAPH = [{"name": "bag", "type": "embedding_bag", "input": "recent", "dim": DIM}
 def bags(tmp_path_factory):
     folder = tmp_path_factory.mktemp("bags")
     manifest = make_bag_dataset(folder / "data", ids=IDS)
+    assert manifest.sequences[0]["shortest"] == 0  # empty bags among them
     return folder, max(manifest.label_counts["test"]) / sum(manifest.label_counts["test"])
 
 
