@@ -67,6 +67,7 @@ class ScoringModel:
     outputs: int  # classes, or the target's columns
     description: dict  # the manifest's feature description `mpitrain export` records
     metadata: dict
+    sequences: dict  # a sequence model's {column: (values input, lengths input)}; {} for rows of fixed size
 
     @property
     def target(self) -> str:
@@ -83,7 +84,14 @@ class ScoringModel:
 def load_model(path: str) -> ScoringModel:
     """An ONNX file, or a run directory's newest checkpoint exported in memory; one input of rows
     [N, *feature_shape], one output of probabilities or values [N, columns]."""
-    from mpitrain.rundir.export import export_run, input_rows_shape, metadata, output_width, require_onnx
+    from mpitrain.rundir.export import (
+        export_run,
+        input_rows_shape,
+        metadata,
+        output_width,
+        require_onnx,
+        sequence_inputs,
+    )
 
     onnx = require_onnx()
     if os.path.isdir(path):
@@ -104,14 +112,19 @@ def load_model(path: str) -> ScoringModel:
     if dtype not in FEATURE_DTYPES:
         raise ConfigError(f"--model {path}: takes {dtype} rows; scoring reads rows stored as one of {FEATURE_DTYPES}")
     description = json.loads(props["manifest"])
-    stored = [t["name"] for t in description.get("transforms", []) if t.get("name") in STORED_TRANSFORMS]
+    stored = [t["name"] for t in description.get("transforms", []) if t.get("name") in STORED_TRANSFORMS and not
+              (t["name"] == "standardize" and description.get("sequences"))]  # a sequence model's: _Scorer applies it
     if stored:
         raise ConfigError(f"--model {path}: its dataset stored rows transformed by --{stored[0]}, but scoring feeds "
                           "a source's rows to the model as they are; score models whose dataset kept its rows "
                           "(--scale is fine)")
+    if description.get("step_target"):
+        raise ConfigError(f"--model {path}: gives a class per step of its sequences; scoring writes one prediction "
+                          "per record (score it with `mpitrain predict`)")
+    columns = sequence_inputs(proto, [column["name"] for column in description.get("sequences", [])])
     data = proto.SerializeToString()
     return ScoringModel(data, os.path.abspath(path), hashlib.sha256(data).hexdigest(), proto.graph.input[0].name,
-                        dtype, shape, output_width(proto), description, props)
+                        dtype, shape, output_width(proto), description, props, columns)
 
 
 @dataclass(frozen=True)
@@ -152,6 +165,8 @@ def plan_scoring(model: str, source: str, out: str, split: str = "", overwrite: 
                       class_names=tuple(scoring.description.get("class_names", ())))
     if scoring.description.get("columns"):
         opened = _table_source(source, options, scoring)
+    elif scoring.sequences:
+        opened = _sequence_source(source, options, scoring)
     else:
         options = replace(options, feature_shape=options.feature_shape or shape, feature_dtype=scoring.feature_dtype,
                           image_size=options.image_size or shape[1:],
@@ -189,10 +204,32 @@ def _table_source(spec: str, options: SourceOptions, scoring: ScoringModel) -> S
                                              label=",".join(labels) or options.label))
 
 
+def _sequence_source(spec: str, options: SourceOptions, scoring: ScoringModel) -> Source:
+    """A csv or parquet source of a sequence model's records: its dataset's sequence and bag columns by name (a
+    --sequence column from parquet; a bag from a Parquet list or a CSV cell of `--bag-delimiter` values) and
+    `--features` its fixed numeric columns (none by default), read and checked as the ETL read them."""
+    if not source_kind(spec).tabular:
+        raise ConfigError(f"{spec}: a sequence model reads the columns of {schemes_that('tabular', 'or')} records; "
+                          "expected " + " or ".join(f"{s}:PATH" for s, k in SOURCES.items() if k.tabular))
+    columns, target = scoring.description["sequences"], scoring.target
+    labels = label_columns(options.label, target, scoring.description.get("target_names", []), scoring.outputs) \
+        if target != "class" and options.labeled else ()
+    return open_source(spec, options=replace(
+        options, sequences=tuple(c["name"] for c in columns if not c.get("bag")),
+        bags=tuple(c["name"] for c in columns if c.get("bag")), max_length=max(c["max_length"] for c in columns),
+        feature_shape=(), feature_dtype="float32", target=target, label=",".join(labels) or options.label))
+
+
 def _check_shape(plan: ScorePlan) -> None:
     if tuple(plan.source.feature_shape) != plan.model.feature_shape:
+        fixed = " (the numeric --features beside its sequences)" if plan.model.sequences else ""
         raise ConfigError(f"{plan.source.spec}: rows of shape {list(plan.source.feature_shape)}, but the model takes "
-                          f"{list(plan.model.feature_shape)}")
+                          f"{list(plan.model.feature_shape)}{fixed}")
+    for column in plan.model.description.get("sequences", []) if getattr(plan.source, "resolved", False) else ():
+        found = getattr(plan.source, "step_features", {}).get(column["name"], column["features"])
+        if found != column["features"]:
+            raise ConfigError(f"{plan.source.spec}: column {column['name']!r} holds steps of {found} numbers, but "
+                              f"the model reads {column['features']} per step")
 
 
 def score(spark, plan: ScorePlan) -> dict:
@@ -209,7 +246,8 @@ def score(spark, plan: ScorePlan) -> dict:
     outputs = [*model.output_columns, *(["label"] if plan.labeled else [])]
     shared = spark.sparkContext.broadcast(model.data)
     task = _Scorer(source, plan.split, shared, model.sha256, model.input_name, model.feature_dtype, keys, outputs,
-                   plan.labeled, model.outputs, model.target)
+                   plan.labeled, model.outputs, model.target, model.sequences,
+                   model.description.get("sequences", []), model.description.get("transforms", []))
     scored = frame.mapInArrow(task, _schema(frame.schema, keys, plan.labeled, model.target)).persist()
     try:
         with atomic_folder(plan.out, plan.overwrite, METRICS_NAME, "predictions", "score", create=False) as tmp:
@@ -304,11 +342,32 @@ class _Scorer:
     of the source's records -> predictions of the good ones, and one tally row per batch."""
 
     def __init__(self, source, split, model, sha256, input_name, feature_dtype, keys, columns, labeled, outputs,
-                 target):
+                 target, sequences: dict, entries: list[dict], transforms: list[dict]):
         self.source, self.split, self.model, self.sha256 = source, split, model, sha256
         self.input_name, self.feature_dtype, self.keys = input_name, feature_dtype, keys
         self.labeled, self.outputs, self.target = labeled, outputs, target
         self.names = [*keys, *columns, *TALLIES, TARGETS_TALLY]  # columns: the predictions' (and the label)
+        self.sequences, self.entries = sequences, entries  # a sequence model's inputs and its columns' entries
+        self.stored = None  # their StoredSequences, made in the executor (a vocabulary's Arrow array, once)
+        self.standardize = next(((np.asarray(t["mean"]), np.asarray(t["std"])) for t in transforms
+                                 if t["name"] == "standardize"), None)  # a sequence model's fixed features'
+
+    def _feeds(self, x, input_names: list[str]) -> dict:
+        """The model's inputs of a read batch's rows: rows of fixed size as they are; a sequence model's fixed
+        features as `x` (where it takes them; standardized as the ETL stored them), each column as the ETL stored
+        it (`StoredSequences`: a bag's ids, a standardized column's values), padded, and its lengths."""
+        if not self.sequences:
+            return {self.input_name: x.astype(self.feature_dtype, copy=False)}
+        from mpitrain.etl.sequence_columns import StoredSequences
+        self.stored = self.stored or StoredSequences(self.entries)
+        fixed = x.x if self.standardize is None else \
+            ((x.x.astype(np.float64) - self.standardize[0]) / self.standardize[1]).astype(np.float32)
+        feeds = {name: fixed.astype(np.float32, copy=False) for name in input_names if name == "x" and
+                 name not in {values for values, _ in self.sequences.values()}}
+        for name, stored in self.stored(x.sequences).items():
+            values, lengths = self.sequences[name]
+            feeds[values], feeds[lengths] = stored.padded()
+        return feeds
 
     def __call__(self, batches):
         import pyarrow as pa
@@ -318,8 +377,8 @@ class _Scorer:
         session = _session(self.model, self.sha256)
         for batch in batches:
             read = self.source.convert(self.split, batch)
-            x = read.x.astype(self.feature_dtype, copy=False)
-            outputs = session.run(None, {self.input_name: x})[0] if len(x) else \
+            n = len(read.x)
+            outputs = session.run(None, self._feeds(read.x, [i.name for i in session.get_inputs()]))[0] if n else \
                 np.zeros((0, self.outputs), np.float32)
             predicted = decisions(self.target, outputs)
             columns = [batch.column(key).take(pa.array(read.kept, pa.int64())) for key in self.keys]
@@ -330,7 +389,6 @@ class _Scorer:
                 columns += [_lists(predicted, pa.float32() if self.target == "regression" else pa.int32())]
                 columns += [] if self.target == "regression" else [_lists(outputs, pa.float32())]
                 columns += [_lists(read.y, pa.float32())] if self.labeled else []
-            n = len(x)
             tallies = [pa.nulls(n, pa.int64()), pa.nulls(n, pa.int64()), pa.nulls(n, pa.list_(pa.string())),
                        pa.nulls(n, pa.list_(pa.int64())), pa.nulls(n, pa.float64()), pa.nulls(n, pa.binary())]
             yield pa.RecordBatch.from_arrays(columns + tallies, self.names)

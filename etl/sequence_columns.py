@@ -7,14 +7,17 @@ shards and never padded (docs/sequences.md). A step is one number (`features` 1)
 the length of the first record's first step. Token ids are integers and are stored exactly (float32 holds integers
 up to 2**24). A record whose sequence is missing, empty, longer than `--max-length`, or holds a missing or
 non-finite number or a step of another length is not a bad record to drop: the data is not what the job was told,
-so the job stops with one line naming the file, the record and the column.
+so the job stops with one line naming the file, the record and the column. `StoredSequences` is what the ETL does
+to a column's values before it stores them, which scoring does to a record's again.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from mpitrain.base.errors import DataError
+from mpitrain.data.encoding import CategoryIds
 from mpitrain.data.sequences import Ragged
+from mpitrain.etl.bag_columns import bag_ids
 
 DEFAULT_MAX_LENGTH = 10_000
 
@@ -69,3 +72,27 @@ def _refuse(where: str, name: str, record, bad: np.ndarray, problem) -> None:
         i = int(np.argmax(bad))
         raise DataError(f"{where}: record {record(i)}: column {name!r} "
                         f"{problem(i) if callable(problem) else problem}")
+
+
+class StoredSequences:
+    """The values a dataset stores of a record's sequence and bag columns, by the columns' manifest entries
+    (`sequences`): a bag column's texts become its ids (`etl/bag_columns.py`), a standardized column's values
+    (v - mean) / std per channel in float32, the others stay as read. The ETL's shard tasks apply it to the rows
+    they write, and scoring to the records it scores, so a model sees the same values from both."""
+
+    def __init__(self, entries: list[dict]):
+        self.ids = {entry["name"]: CategoryIds(entry, "--bag") for entry in entries if entry.get("bag")}
+        self.scaling = {entry["name"]: (np.asarray(entry["mean"], np.float64), np.asarray(entry["std"], np.float64))
+                        for entry in entries if "mean" in entry}
+
+    def __call__(self, sequences: dict) -> dict[str, Ragged]:
+        """{name: Ragged, or a bag column's TextBags} as read -> {name: Ragged} as stored."""
+        stored = {}
+        for name, seqs in sequences.items():
+            if name in self.ids:
+                seqs = bag_ids(seqs, self.ids[name])
+            elif name in self.scaling:
+                mean, std = self.scaling[name]
+                seqs = Ragged(((seqs.values.astype(np.float64) - mean) / std).astype(np.float32), seqs.offsets)
+            stored[name] = seqs
+        return stored

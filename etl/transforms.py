@@ -25,9 +25,8 @@ import numpy as np
 
 from mpitrain.base.domains import check_number
 from mpitrain.base.errors import ConfigError, DataError
-from mpitrain.data.encoding import CategoryIds
 from mpitrain.data.sequences import Ragged
-from mpitrain.etl.bag_columns import bag_ids
+from mpitrain.etl.sequence_columns import StoredSequences
 from mpitrain.kernels.activations import splitmix64
 from mpitrain.kernels.rows import flat_rows
 
@@ -138,11 +137,12 @@ class Transforms:
                 raise DataError(f"--scale: every train feature is {self.low}; expected varying values")
         if self.options.standardize:
             self.mean, self.std = mean_and_std(self.stats.total, self.stats.squares, self.stats.rows)
-        self.bag_ids = {name: CategoryIds(entry, "--bag") for name, entry in self.bags.items()}
         self.sequence_scaling = {}  # {column: (mean, std) per channel} of the sequence columns standardized
         for name, stats in (self.step_stats or {}).items():
             if self.options.standardize and not stats.integral and stats.steps:
                 self.sequence_scaling[name] = mean_and_std(stats.total, stats.squares, stats.steps)
+        self.stored = StoredSequences([{"name": name, **self.sequence_entry(name)}
+                                       for name in [*self.bags, *self.sequence_scaling]])
 
     @property
     def columns(self) -> dict:
@@ -177,16 +177,9 @@ class Transforms:
 
     def apply_sequences(self, sequences: dict) -> dict:
         """A shard's sequence columns ({name: Ragged, or a bag column's TextBags}) as stored: each bag column's ids,
-        each standardized column per channel (float32), the others as they are."""
-        scaled = {}
-        for name, seqs in sequences.items():
-            if name in self.bag_ids:
-                seqs = bag_ids(seqs, self.bag_ids[name])
-            elif name in self.sequence_scaling:
-                mean, std = self.sequence_scaling[name]
-                seqs = Ragged(((seqs.values.astype(np.float64) - mean) / std).astype(np.float32), seqs.offsets)
-            scaled[name] = seqs
-        return scaled
+        each standardized column per channel (float32), the others as they are (`StoredSequences` of the columns'
+        manifest entries)."""
+        return self.stored(sequences)
 
     def sequence_entry(self, name: str) -> dict:
         """What the manifest's `sequences` entry of column `name` records of its transform: a bag column's ids (its

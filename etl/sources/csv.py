@@ -139,7 +139,7 @@ class CsvSource(TableSource):
             def record(i: int) -> str:
                 return repr(kept[i][:60] + ("..." if len(kept[i]) > 60 else ""))
             if self.bags:
-                return self._sequence_batch(split, records, labels, bad, len(lines), record)
+                return self._sequence_batch(split, records, labels, bad, len(lines), record, parsed)
             return self._table_batch(split, records, labels, len(lines), bad, parsed, record)
         values = [numeric_values(table.column(index[name]), name) for name in self.features]
         x = np.column_stack([v for v, _ in values]) if values else np.zeros((len(kept), 0))

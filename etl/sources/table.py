@@ -198,6 +198,8 @@ class TableSource(Source):
         self.target = self._target(sample)
         if self.encoder:
             self.feature_shape = (self.encoder.width,)
+        elif self.sequences:  # x: the numeric --features beside the sequence and bag columns
+            self.feature_shape = (len(self.features),)
         self.resolved = True
 
     def _model_columns(self, columns: list[str]) -> tuple[list[str], list[str]]:
@@ -283,11 +285,12 @@ class TableSource(Source):
                 else x), y
 
     def _sequence_batch(self, split: str, records, labels: list, bad: BadRecords | None = None,
-                        seen: int | None = None, record=None) -> ReadBatch:
+                        seen: int | None = None, record=None, positions: np.ndarray | None = None) -> ReadBatch:
         """Records (a pyarrow RecordBatch or Table of named columns) of a sequence dataset: its numeric --features as
         x, each --sequence column ragged (`etl/sequence_columns.py`: a wrong sequence stops the job), each --bag
         column's texts (`etl/bag_columns.py`: in a CSV cell, separated by --bag-delimiter), the good records' rows
-        (`SequenceRows`). `bad` and `seen` count what the format dropped before; `record(i)` names record i."""
+        (`SequenceRows`). `bad` and `seen` count what the format dropped before; `record(i)` names record i, and
+        `positions` are the records' in the batch read (default: the records are the batch)."""
         where = self.paths[split]
         x = np.stack([numeric_values(records.column(name), name)[0] for name in self.features], axis=1) \
             if self.features else np.empty((records.num_rows, 0), np.float32)
@@ -308,6 +311,8 @@ class TableSource(Source):
         checked = checked_batch(x, labels or None, self.num_classes, where, record, bad or BadRecords(), "float32",
                                 None, self.target)
         checked.x = SequenceRows(checked.x, {name: seqs[checked.kept] for name, seqs in sequences.items()})
+        if positions is not None:
+            checked.kept = np.asarray(positions)[checked.kept]
         checked.seen = records.num_rows if seen is None else seen
         return checked
 

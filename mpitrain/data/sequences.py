@@ -47,6 +47,15 @@ class Ragged:
         offsets, steps = gathered_steps(self.offsets[:-1][index], self.lengths[index])
         return Ragged(self.values[steps], offsets)
 
+    def padded(self) -> tuple[np.ndarray, np.ndarray]:
+        """The sequences as one array (rows, T, F), zeros after each one's end, T the longest (at least 1), and their
+        lengths (rows,) int64: a model's input outside training (scoring's ONNX feeds)."""
+        lengths = self.lengths
+        out = np.zeros((len(self), max(int(lengths.max(initial=0)), 1), self.features), self.values.dtype)
+        rows = np.repeat(np.arange(len(self)), lengths)
+        out[rows, np.arange(len(self.values)) - np.repeat(self.offsets[:-1], lengths)] = self.values
+        return out, lengths.astype(np.int64)
+
     @staticmethod
     def concat(parts: list[Ragged]) -> Ragged:
         shifts = np.cumsum([0] + [p.offsets[-1] for p in parts])

@@ -214,21 +214,39 @@ def metadata(proto) -> dict[str, str]:
     return {prop.key: prop.value for prop in proto.metadata_props}
 
 
+def sequence_inputs(proto, columns: list[str]) -> dict[str, tuple[str, str]]:
+    """{column: (values input, lengths input)} of an exported sequence model of the dataset sequence `columns`
+    (`onnx_sequence_inputs`' names, read back from its inputs), {} for a model of fixed-size rows; an input
+    missing is an MpitrainError naming it."""
+    names = [i.name for i in proto.graph.input]
+    if not any(name == LENGTHS or name.endswith(LENGTHS_SUFFIX) for name in names):
+        return {}
+    found = {columns[0]: (INPUT, LENGTHS)} if LENGTHS in names else \
+        {column: (column, column + LENGTHS_SUFFIX) for column in columns}
+    missing = [name for pair in found.values() for name in pair if name not in names]
+    if missing:
+        raise MpitrainError(f"the ONNX model has inputs {names}; expected {missing[0]!r} for its dataset's sequence "
+                            f"columns {columns}")
+    return found
+
+
 def input_rows_shape(proto) -> tuple[str, tuple[int, ...]]:
-    """(numpy dtype name, feature shape) of the rows an exported graph takes (its one input, less the batch)."""
+    """(numpy dtype name, feature shape) of the rows an exported graph takes (its one input, less the batch); of a
+    sequence model (`sequence_inputs`), its fixed features' (its input `x` beside the columns; (0,) without)."""
     onnx = require_onnx()
-    graph = proto.graph
-    if any(i.name == LENGTHS or i.name.endswith(LENGTHS_SUFFIX) for i in graph.input):
-        raise MpitrainError(f"the ONNX model reads sequences (inputs {[i.name for i in graph.input]}), which scoring "
-                            "does not read yet; expected a model of fixed-size rows (score sequences with "
-                            "`mpitrain predict`)")
-    if len(graph.input) != 1 or len(graph.output) != 1:
-        raise MpitrainError(f"the ONNX model has {len(graph.input)} inputs and {len(graph.output)} outputs; "
+    graph, inputs = proto.graph, list(proto.graph.input)
+    names = [i.name for i in inputs]
+    if any(name == LENGTHS or name.endswith(LENGTHS_SUFFIX) for name in names):
+        inputs = [i for i in inputs if i.name == INPUT] if LENGTHS not in names else []
+        if not inputs:
+            return "float32", (0,)
+    if len(inputs) != 1 or len(graph.output) != 1:
+        raise MpitrainError(f"the ONNX model has {len(inputs)} inputs and {len(graph.output)} outputs; "
                             "expected one input (rows) and one output (probabilities or values)")
-    tensor = graph.input[0].type.tensor_type
+    tensor = inputs[0].type.tensor_type
     dims = [d.dim_value for d in tensor.shape.dim[1:]]
     if not dims or not all(dims):
-        raise MpitrainError(f"the ONNX model's input {graph.input[0].name!r} has shape "
+        raise MpitrainError(f"the ONNX model's input {inputs[0].name!r} has shape "
                             f"{[d.dim_param or d.dim_value for d in tensor.shape.dim]}; expected [N, fixed sizes...]")
     dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
     return dtype, tuple(dims)

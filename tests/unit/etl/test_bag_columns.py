@@ -8,12 +8,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from etl.bag_columns import TextBags, bag_column, bag_ids
+from etl.tables import vocabulary_entry
 from mpitrain.base.errors import DataError
 from mpitrain.data.encoding import CategoryIds, hash_ids
 from mpitrain.data.shards import MANIFEST_NAME, read_manifest
 from mpitrain.testing.sequences import make_bag_dataset
-from etl.bag_columns import TextBags, bag_column, bag_ids
-from etl.tables import vocabulary_entry
 
 BAGS = [["m3", "m1", "m3"], [], None, ["m2", None, "m9"], ["7"]]
 EXPECTED = [["m3", "m1", "m3"], [], [], ["m2", None, "m9"], ["7"]]  # a missing list is the empty bag

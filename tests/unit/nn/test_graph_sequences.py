@@ -172,15 +172,19 @@ def softmax(logits):
 
 
 def test_the_onnx_graph_takes_x_and_each_columns_values_and_lengths_and_gives_predicts_outputs():
-    from mpitrain.rundir.export import input_rows_shape, onnx_model
+    from mpitrain.rundir.export import input_rows_shape, onnx_model, sequence_inputs
     model = graph_model(dtype="float32")
     x = float32_inputs(np.random.default_rng(4), [5, 1, 7, 3], [9, 3, 4, 12], 8, 16)
     graph_inputs, got = onnx_run(model, manifest(), x)
     assert [(i.name, i.shape) for i in graph_inputs] == [
         ("x", ["N", 2]), ("a", ["N", "T_a", 2]), ("a_lengths", ["N"]), ("b", ["N", "T_b", 1]), ("b_lengths", ["N"])]
     np.testing.assert_allclose(got, softmax(model.forward(x).astype(np.float64)), rtol=0, atol=1e-5)
-    with pytest.raises(MpitrainError, match=r"reads sequences \(inputs \['x', 'a', 'a_lengths', 'b', 'b_lengths'\]\)"):
-        input_rows_shape(onnx_model(model, manifest()))  # scoring reads rows of fixed size only
+    proto = onnx_model(model, manifest())  # what scoring reads of it: the fixed features' rows, each column's inputs
+    assert input_rows_shape(proto) == ("float32", (2,))
+    assert sequence_inputs(proto, ["a", "b"]) == {"a": ("a", "a_lengths"), "b": ("b", "b_lengths")}
+    with pytest.raises(MpitrainError, match=r"the ONNX model has inputs \['x', 'a', 'a_lengths', 'b', 'b_lengths'\]; "
+                                            r"expected 'c' for its dataset's sequence columns \['a', 'c'\]"):
+        sequence_inputs(proto, ["a", "c"])
 
 
 def test_a_class_per_step_graph_of_two_columns_exports_its_valid_steps():
