@@ -7,7 +7,9 @@ The model is an ONNX file, or a run directory exported in memory (`mpitrain.rund
 are broadcast to the executors once. The source is read with the ETL's sources, options and
 bad-record rules (`--max-bad-fraction`); a table model's csv or parquet records by the columns its export
 carries (the manifest's `columns`), encoded in the tasks as the ETL encoded the training rows (`TableEncoder`: a
-category never seen in training gets id 1), since its graph takes encoded rows (docs/tables.md). Executors score
+category never seen in training gets id 1), since its graph takes encoded rows (docs/tables.md); a sequence
+model's by its dataset's sequence and bag columns, each stored as the ETL stored it (`StoredSequences`) and padded
+per batch, fed with its lengths (docs/sequences.md). Executors score
 the Arrow record batches of the source's DataFrame (`mapInArrow`) with onnxruntime, one session per Python
 worker, and emit per batch its predictions plus one tally row (records seen, bad ones, the confusion counts of
 class targets, the labels and outputs of other targets), which the driver sums. The output is a

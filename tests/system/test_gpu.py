@@ -1,5 +1,6 @@
 """`backend: cupy` against the CPU backend: kernels against their references, training on 1 rank and under
-`mpiexec -n 2` (two ranks sharing one GPU) in every sync mode, results equal within float32 tolerance.
+`mpiexec -n 2` (two ranks sharing one GPU) in every sync mode, and the sequence, attention and bag layers on 1
+rank, results equal within float32 tolerance.
 
 Written for a GPU machine; where cupy sees no GPU every test here is skipped, saying so.
 """
@@ -207,6 +208,52 @@ def test_two_ranks_sharing_one_gpu_equal_numpy_in_every_mode(tmp_path, sync):
     else:
         np.testing.assert_allclose(gpu_params, cpu_params, rtol=1e-3, atol=1e-4)
         assert math.isclose(gpu["test_loss"], cpu["test_loss"], rel_tol=1e-3)
+
+
+# The layers of sequences and bags (docs/sequences.md, docs/tables.md), each on its dataset
+SEQUENCE_MODELS = {
+    "transformer": {"layers": [], "graph": [
+        {"name": "d", "type": "dense", "input": "readings", "units": 8},
+        {"name": "c", "type": "cls_token", "input": "d"},
+        {"name": "p", "type": "positional", "input": "c"},
+        {"name": "t", "type": "transformer", "input": "p", "heads": 2, "ff_units": 16, "rate": 0.1},
+        {"name": "a", "type": "attention", "input": "t", "heads": 2, "causal": True},
+        {"name": "n", "type": "layernorm", "input": "a"},
+        {"name": "g", "type": "gelu_tanh", "input": "n"},
+        {"name": "first", "type": "cls_pool", "input": "t"},
+        {"name": "mean", "type": "global_avg_pool", "input": "g"},
+        {"name": "j", "type": "concat", "inputs": ["first", "mean"]},
+        {"name": "out", "type": "dense", "input": "j", "units": 4}]},
+    "bags": {"layers": [], "graph": [
+        {"name": "bag", "type": "embedding_bag", "input": "recent", "dim": 4, "mode": "mean"},
+        {"name": "tokens", "type": "token_embedding", "input": "recent", "dim": 4},
+        {"name": "over", "type": "attention", "input": "tokens", "heads": 2},
+        {"name": "most", "type": "global_max_pool", "input": "over"},
+        {"name": "j", "type": "concat", "inputs": ["bag", "most", "numeric"]},
+        {"name": "h", "type": "dense", "input": "j", "units": 8, "activation": "silu"},
+        {"name": "out", "type": "dense", "input": "h", "units": 2}]},
+}
+
+
+def backends_agree(tmp_path, name: str, backends=("numpy", "cupy")) -> None:
+    """SEQUENCE_MODELS[name] trained on 1 rank on each of `backends` from the same seed ends with the same
+    parameters and test loss within float32 tolerance."""
+    from mpitrain.testing.sequences import make_bag_dataset, make_sequence_dataset
+    if name == "bags":
+        make_bag_dataset(tmp_path / "data", n_train=320, n_test=64, ids=50)  # empty bags among them
+    else:
+        make_sequence_dataset(tmp_path / "data", n_train=320, n_test=64, lengths=(5, 30))
+    (first, first_params), (second, second_params) = (
+        trained(tmp_path, f"{backend}-{i}", 1, backend, {"mode": "none"}, SEQUENCE_MODELS[name])
+        for i, backend in enumerate(backends))
+    assert (first["backend"], second["backend"]) == backends
+    np.testing.assert_allclose(second_params, first_params, rtol=1e-3, atol=1e-4)
+    assert math.isclose(second["test_loss"], first["test_loss"], rel_tol=1e-3)
+
+
+@pytest.mark.parametrize("name", SEQUENCE_MODELS)
+def test_the_sequence_attention_and_bag_layers_on_cupy_equal_numpy(tmp_path, name):
+    backends_agree(tmp_path, name)
 
 
 def test_dropout_masks_are_the_same_on_cupy_and_numpy(cupy):
