@@ -24,6 +24,7 @@ import numpy as np
 
 from mpitrain.base.errors import DataError, describe
 from mpitrain.base.files import write_file
+from mpitrain.base.paths import confined
 from mpitrain.data.encoding import CategoryIds
 from mpitrain.data.storage import Storage, sha256_of
 
@@ -307,9 +308,12 @@ def read_manifest_and_sha256(dataset_dir: str, storage: Storage | None = None) -
     splits = {}
     for name, split in need("splits", dict).items():
         try:
-            splits[name] = [ShardInfo(str(s["path"]), int(s["rows"]), str(s["sha256"])) for s in split["shards"]]
+            splits[name] = [ShardInfo(s["path"], int(s["rows"]), str(s["sha256"])) for s in split["shards"]]
         except (KeyError, TypeError, ValueError):
             raise DataError(f"{path}: splits.{name}.shards, expected a list of {{path, rows, sha256}}") from None
+    for name, shards in splits.items():  # nothing outside the dataset is read (mpitrain/base/paths.py)
+        for i, shard in enumerate(shards):
+            confined(shard.path, path, f"splits.{name}.shards[{i}].path")
     return Manifest(
         feature_shape=tuple(shape), feature_dtype=dtype, num_classes=num_classes,
         label_counts={k: list(v) for k, v in need("label_counts", dict).items()},

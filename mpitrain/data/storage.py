@@ -19,6 +19,7 @@ import os
 import posixpath
 
 from mpitrain.base.errors import ConfigError, DataError, describe
+from mpitrain.base.paths import leaves
 
 REMOTE_EXTRA = "pip install 'mpitrain[remote]'"
 REMOTE_EXTRA_PROTOCOLS = ("s3", "s3a", "http", "https")  # what the `remote` extra's packages (s3fs, aiohttp) serve
@@ -56,12 +57,19 @@ class Storage:
         return posixpath.join(self.root, relative) if self.remote else os.path.join(self.root, relative)
 
     def local_path(self, relative: str) -> str | None:
-        """The local file of `relative`, or None for a remote store."""
-        return None if self.remote else os.path.join(self.root, relative)
+        """The local file of `relative`, or None for a remote store; a DataError when a symlink takes it out of the
+        dataset (mpitrain/base/paths.py)."""
+        if self.remote:
+            return None
+        full = os.path.join(self.root, relative)
+        if leaves(self.root, full):
+            raise DataError(f"{full}: a symlink takes it to {os.path.realpath(full)}, outside the dataset {self.root}; "
+                            "expected the dataset's files inside its folder")
+        return full
 
     def exists(self, relative: str) -> bool:
         if not self.remote:
-            return os.path.exists(self.path(relative))
+            return os.path.exists(self.local_path(relative))
         return self._remote(relative, "checking it", lambda: self.fs.exists(self.path(relative)))
 
     def is_folder_or_absent(self) -> bool:
@@ -71,14 +79,14 @@ class Storage:
     def read_bytes(self, relative: str) -> bytes:
         """The whole file `relative`; FileNotFoundError when it is absent, DataError when it cannot be read."""
         if not self.remote:
-            with open(self.path(relative), "rb") as f:
+            with open(self.local_path(relative), "rb") as f:
                 return f.read()
         return self._remote(relative, "reading it", lambda: self.fs.cat_file(self.path(relative)))
 
     def open(self, relative: str):
         """`relative` opened for random-access binary reading (h5py takes it); remote: no read-ahead."""
         if not self.remote:
-            return open(self.path(relative), "rb")
+            return open(self.local_path(relative), "rb")
         return self._remote(relative, "opening it",
                             lambda: self.fs.open(self.path(relative), "rb", cache_type="none"))
 

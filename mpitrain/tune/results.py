@@ -23,7 +23,7 @@ from mpitrain.base.files import write_file
 from mpitrain.config.yaml_input import read_yaml_file
 from mpitrain.rundir.directory import RunDir
 from mpitrain.rundir.report import write_report
-from mpitrain.tune.storage import REASON, locked, retried_trials
+from mpitrain.tune.storage import REASON, locked, retried_trials, trial_run_dir
 from mpitrain.tune.studyfile import Study
 
 RESULTS_GRACE_S = 600  # drawing a large study's plots and report takes a while: a longer grace before the lock breaks
@@ -42,7 +42,8 @@ def trial_rows(study: Study, optuna_study) -> list[dict]:
             trial.intermediate_values[max(trial.intermediate_values)] if trial.intermediate_values else None)
         rows.append({"trial": trial.number, "state": trial.state.name.lower(), "objective": value,
                      **{key: trial.params.get(key) for key in study.space},
-                     "run_dir": trial.user_attrs.get("run_dir", ""),
+                     # its folder by its number, not the journal's path: a study's records name nothing outside it
+                     "run_dir": trial_run_dir(study.folder, trial) if "run_dir" in trial.user_attrs else "",
                      "seconds": None if seconds is None else round(seconds, 3),
                      "failure": _failure(trial, retried_as)})
     return rows
@@ -84,7 +85,7 @@ def _write_results(study: Study, optuna_study, plots: bool) -> list[str]:
 
 def write_best(study: Study, trial) -> str:
     """STUDY/best.yaml: the best trial's config as its run recorded it, training into STUDY/best."""
-    config = read_yaml_file(RunDir(trial.user_attrs["run_dir"]).config, "config file")
+    config = read_yaml_file(RunDir(trial_run_dir(study.folder, trial)).config, "config file")
     config["run_dir"] = os.path.join(study.folder, "best")
     header = (f"# trial {trial.number} of {study.folder}: {study.objective.split}.{study.objective.metric} "
               f"{trial.value!r} on {trial.user_attrs['ranks']} ranks; data.test_split is the objective's split.\n"
