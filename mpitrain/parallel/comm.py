@@ -36,6 +36,24 @@ from mpi4py import MPI
 from mpitrain.base.arrays import array_module
 from mpitrain.base.errors import MpitrainError
 from mpitrain.parallel.launch import abort_job, check_srun_world, cuda_aware_mpi
+from mpitrain.parallel.rollcall import (
+    ALLGATHER,
+    ALLGATHER_OBJECT,
+    ALLGATHERV,
+    ALLREDUCE,
+    ALLTOALLV,
+    BARRIER,
+    BCAST,
+    BCAST_OBJECT,
+    GATHER,
+    GATHER_OBJECT,
+    IALLREDUCE,
+    MAX,
+    SCATTER,
+    SENDRECV,
+    WAIT,
+    RollCall,
+)
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
               np.dtype(np.int32): MPI.INT32_T, np.dtype(np.int64): MPI.INT64_T}
@@ -64,6 +82,7 @@ class Communicator:
         self.backend, self.cuda_aware = backend, cuda_aware
         self.bytes_sent = 0
         self.mpi_seconds = self.comm_seconds = 0.0
+        self.calls = RollCall(self.rank, MPI.Get_processor_name())  # where this rank is, for the watchdog
 
     @property
     def is_root(self) -> bool:
@@ -82,24 +101,38 @@ class Communicator:
         """
         aware = cuda_aware_mpi() if cuda_aware == "auto" else bool(cuda_aware)
         variant = StagedCommunicator if backend.on_gpu and not aware else Communicator
-        return variant(self.mpi, backend, aware)
+        chosen = variant(self.mpi, backend, aware)
+        chosen.calls = self.calls  # one roll-call per rank, whichever communicator runs the collective
+        return chosen
 
     @contextmanager
-    def _blocking(self):
-        """Count the block's time as spent inside MPI and communicating."""
+    def _blocking(self, name: int, nbytes: int = 0):
+        """Count the block's time as spent inside MPI and communicating, in the collective `name` (`COLLECTIVES`)
+        of the roll-call."""
         start = time.perf_counter()
+        slot = self.calls.enter(name, nbytes)
         try:
             yield
         finally:
+            self.calls.leave(slot)
             spent = time.perf_counter() - start
             self.mpi_seconds += spent
             self.comm_seconds += spent
+
+    @contextmanager
+    def _inside(self, name: int):
+        """The block as the collective `name` of the roll-call (the collectives of Python objects)."""
+        slot = self.calls.enter(name, 0)
+        try:
+            yield
+        finally:
+            self.calls.leave(slot)
 
     def allreduce_(self, buf) -> None:
         """Sum a contiguous array over all ranks, in place. A collective."""
         _synchronize_device(buf)
         self.bytes_sent += buf.nbytes
-        with self._blocking():
+        with self._blocking(ALLREDUCE, buf.nbytes):
             self._allreduce(buf)
 
     def iallreduce_(self, buf) -> Posted:
@@ -109,7 +142,9 @@ class Communicator:
         _synchronize_device(buf)  # backward's kernels have written the bucket before MPI reads it
         self.bytes_sent += buf.nbytes
         start = time.perf_counter()
+        slot = self.calls.enter(IALLREDUCE, buf.nbytes)
         request, finish = self._iallreduce(buf)
+        self.calls.leave(slot)
         self.mpi_seconds += time.perf_counter() - start
         return Posted(request, start, finish)
 
@@ -132,11 +167,13 @@ class Communicator:
         if not posted and last is None:
             return
         start = time.perf_counter()
+        slot = self.calls.enter(WAIT if last is None else ALLREDUCE, 0 if last is None else last.nbytes)
         if last is not None:
             _synchronize_device(last)
             self.bytes_sent += last.nbytes
             self._allreduce(last)
         MPI.Request.Waitall([p.request for p in posted])
+        self.calls.leave(slot)
         for p in posted:
             if p.finish is not None:
                 p.finish()
@@ -154,7 +191,7 @@ class Communicator:
         _synchronize_device(buf)
         if self.rank == root:
             self.bytes_sent += buf.nbytes * (self.size - 1)
-        with self._blocking():
+        with self._blocking(BCAST, buf.nbytes):
             self._bcast(buf, root)
 
     def gather_host(self, array: np.ndarray, root: int = 0) -> np.ndarray | None:
@@ -164,7 +201,7 @@ class Communicator:
         stacked = np.empty((self.size, array.size), array.dtype) if self.rank == root else None
         if self.rank != root:
             self.bytes_sent += array.nbytes
-        with self._blocking():
+        with self._blocking(GATHER, array.nbytes):
             self.mpi.Gather(_spec(array), [stacked, _mpi_type(array)] if stacked is not None else None, root=root)
         return stacked
 
@@ -174,13 +211,13 @@ class Communicator:
         if self.rank == root:
             self.bytes_sent += out.nbytes * (self.size - 1)
             stacked = np.ascontiguousarray(stacked, dtype=out.dtype)
-        with self._blocking():
+        with self._blocking(SCATTER, out.nbytes):
             self.mpi.Scatter([stacked, _mpi_type(out)] if self.rank == root else None, _spec(out), root=root)
 
     def allgather_counts(self, count: int) -> np.ndarray:
         """Every rank's `count` (an int), in rank order, as a host int64 array: an Allgather. A collective."""
         counts = np.zeros(self.size, dtype=np.int64)
-        with self._blocking():
+        with self._blocking(ALLGATHER, 8):
             self.mpi.Allgather(np.array([count], dtype=np.int64), counts)
         self.bytes_sent += counts.itemsize
         return counts
@@ -195,7 +232,7 @@ class Communicator:
         _synchronize_device(message)
         if counts is None:
             counts = self.allgather_counts(message.size)  # timed by itself
-        with self._blocking():
+        with self._blocking(ALLGATHERV, message.nbytes):
             offsets = _starts(counts)
             self.bytes_sent += message.nbytes
             out = _empty_like(message, int(counts.sum())) if out is None else out[:int(counts.sum())]
@@ -212,7 +249,7 @@ class Communicator:
         _synchronize_device(parts)
         counts = np.asarray(counts, dtype=np.int64)
         received = np.zeros(self.size, dtype=np.int64)
-        with self._blocking():
+        with self._blocking(ALLTOALLV, parts.nbytes):
             self.mpi.Alltoall(counts, received)
             others = np.arange(self.size) != self.rank
             self.bytes_sent += counts.itemsize * (self.size - 1) + int(counts[others].sum()) * parts.itemsize
@@ -230,7 +267,7 @@ class Communicator:
         if message is not None:
             _synchronize_device(message)
             self.bytes_sent += message.nbytes
-        with self._blocking():
+        with self._blocking(SENDRECV, 0 if message is None else message.nbytes):
             count = self._sendrecv(message, dest, out, source)
         return None if source is None else out[:count]
 
@@ -262,27 +299,33 @@ class Communicator:
     def iallreduce_max(self, send: np.ndarray, recv: np.ndarray):
         """Post the elementwise maximum of the ranks' small host arrays `send` into `recv`, without waiting; returns
         the request (its `Wait()` completes it). A collective: every rank posts it in the same order, and waits."""
-        return self.mpi.Iallreduce(_spec(send), _spec(recv), op=MPI.MAX)
+        with self._inside(MAX):
+            return self.mpi.Iallreduce(_spec(send), _spec(recv), op=MPI.MAX)
 
     def bcast_obj(self, value, root: int = 0):
         """`root`'s small Python value on every rank (pickled). A collective."""
-        return self.mpi.bcast(value, root=root)
+        with self._inside(BCAST_OBJECT):
+            return self.mpi.bcast(value, root=root)
 
     def gather_obj(self, value, root: int = 0):
         """Every rank's value as a list on `root` (None elsewhere; pickled). A collective."""
-        return self.mpi.gather(value, root=root)
+        with self._inside(GATHER_OBJECT):
+            return self.mpi.gather(value, root=root)
 
     def allgather_obj(self, value) -> list:
         """Every rank's value as a list, in rank order, on every rank (pickled). A collective."""
-        return self.mpi.allgather(value)
+        with self._inside(ALLGATHER_OBJECT):
+            return self.mpi.allgather(value)
 
     def max(self, value: float) -> float:
         """The largest of the ranks' numbers, on every rank. A collective."""
-        return self.mpi.allreduce(value, op=MPI.MAX)
+        with self._inside(MAX):
+            return self.mpi.allreduce(value, op=MPI.MAX)
 
     def barrier(self) -> None:
         """Wait until every rank got here. A collective."""
-        self.mpi.Barrier()
+        with self._inside(BARRIER):
+            self.mpi.Barrier()
 
     def abort(self) -> None:
         """End every rank of the job now (MPI_Abort on COMM_WORLD). Not a collective: one rank may call it."""

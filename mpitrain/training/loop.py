@@ -27,6 +27,7 @@ from mpitrain.data.reader import Batches
 from mpitrain.data.stream import EvalRows
 from mpitrain.nn.schedules import Schedule
 from mpitrain.nn.updaters import Updater, create_updater
+from mpitrain.parallel.rollcall import CHECKPOINT, DATA_READ, EVALUATION, STEP, SUMMARY
 from mpitrain.parallel.sync import Synchronizer, check_replicas, create_synchronizer, parameter_hash
 from mpitrain.rundir.directory import RunDir
 from mpitrain.training.accumulation import micro_batch
@@ -58,7 +59,8 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
     every rank (a study's prune decision, `mpitrain.tune.worker`) ends training there on all of them.
     """
     started = time.perf_counter()
-    with StopSignals(comm) as stop, Watchdog(config.train.watchdog_s, comm.rank, comm.abort) as watchdog:
+    with StopSignals(comm) as stop, Watchdog(config.train.watchdog_s, comm.rank, comm.abort, calls=comm.calls,
+                                             ranks=comm.size, run_dir=config.run_dir) as watchdog:
         watchdog.beat("start-up (the dataset's manifest, the model, the run directory)")  # a stuck rank anywhere
         run = setup_run(config, comm, reader=reader, model=model, sync=sync)
         try:
@@ -280,6 +282,7 @@ def _train_epoch(run: Run, loop: _Loop, epoch: int, start_step: int, watchdog: W
     batches = loop.batches.epoch(epoch, start_step)
     try:
         for step in range(start_step, loop.batches.steps_per_epoch):
+            run.comm.calls.at(DATA_READ, epoch, step)  # the roll-call's phases (mpitrain/parallel/rollcall.py)
             x, y = _next_batch(loop, batches, stop)
             waited = time.perf_counter() - tick  # for this batch: the prefetch was behind
             watchdog.beat(f"epoch {epoch + 1} step {step + 1}")
@@ -326,6 +329,7 @@ def _save(run: Run, loop: _Loop, epoch: int, step: int, stop: StopSignals, best:
     the run's best (checkpoints/best.h5); refused on every rank once this or another rank failed to read its rows
     (`stop.read_failure`: it trained on stand-in batches)."""
     plan = loop.batches.rows.plan
+    run.comm.calls.at(CHECKPOINT, *((epoch, step - 1) if step else (epoch - 1, -1)))  # after that step, or epoch
     return run.checkpointer.save(epoch, step, run.model, loop.updater, loop.sync, (plan.global_batch, plan.window_rows),
                                  stop.read_failure, loop.state(), best)
 
@@ -349,6 +353,7 @@ def _step(run: Run, loop: _Loop, epoch: int, step: int, x, y, grads_ready):
     """One training step: forward and backward on this rank's batch, then the synchronizer's step (which
     updates the parameters), or those of each segment (`train.tbptt_steps`). Returns the batch's loss and correct
     count, on the device."""
+    run.comm.calls.at(STEP, epoch, step)
     with loop.allocations.span("step"):  # the step itself; its bookkeeping is a few Python objects
         return loop.stepper.step(run.model, x, y, (run.config.train.seed, run.comm.rank, epoch, step), grads_ready,
                                  loop.sync, loop.updater)
@@ -420,6 +425,7 @@ def _count(done: _Done, totals: Totals, end_traffic: Traffic) -> None:
 
 
 def _evaluate(run: Run, loop: _Loop) -> Evaluation:
+    run.comm.calls.at(EVALUATION)
     manifest = run.reader.manifest
     return evaluate(run.model, loop.test_rows, loop.batches.to_model_input, EVAL_BATCH_SIZE, run.comm,
                     manifest.num_classes, run.backend, run.target)
@@ -429,6 +435,7 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
     """The summary over all ranks (a collective); rank 0 writes summary.json and the report."""
     config, comm, model, backend = run.config, run.comm, run.model, run.backend
     evaluation = done.evaluation or _evaluate(run, loop)  # resumed a finished run: evaluate what it left
+    comm.calls.at(SUMMARY)
     slowest = comm.max(done.seconds)
     summary = {
         "test_accuracy": evaluation.accuracy, "test_loss": evaluation.loss,
