@@ -252,7 +252,11 @@ class TrainConfig(Options):
     log_every: int = option(50, "Steps per metrics window (a record in metrics.jsonl, a log line on rank 0).",
                             domain="[1, 1e9]")
     watchdog_s: float = option(1800.0, "Abort the job when a rank makes no progress for this many seconds, printing "
-                                       "where it is and every thread's stack.", domain="(0, 1e7]")
+                                       "which rank is not where the others are (the roll-call; each rank's "
+                                       "collectives and stacks in RUN_DIR/forensics/).", domain="(0, 1e7]")
+    straggler_factor: float = option(1.5, "Name a rank a straggler (in the log, metrics.jsonl and the report) when "
+                                          "its step time less its time inside MPI is more than this many times the "
+                                          "median rank's in 3 metrics windows in a row.", domain="(1, 1e6]")
     requeue: typing.Union[bool, str] = option(
         "auto", "After SIGUSR1 (the time limit's warning) stopped training (at a step with a checkpoint, or "
                 "before the first step), rank 0 runs "

@@ -15,7 +15,8 @@ preallocated arrays, so a step records them without allocating an array. The wat
 watchdog`) writes each rank's state when it fires and composes the `verdict` of the states the ranks wrote.
 
 A test stalls a rank on purpose with MPITRAIN_TEST_STALL=PHASE@RANK (a phase's name, or a collective's: the rank
-sleeps when it enters it the third time), which only the forensics tests set.
+sleeps when it enters it the third time), or slows it with MPITRAIN_TEST_SLOW=PHASE@RANK:SECONDS (it sleeps that
+long each time it enters the phase), which only the forensics tests set.
 """
 from __future__ import annotations
 
@@ -49,6 +50,8 @@ class RollCall:
         self.phase, self.since = START_UP, time.monotonic()
         self.epoch = self.step = -1  # the step the phase belongs to (0-based), -1: none
         self.stall, self.reached = _stall_of(os.environ.get("MPITRAIN_TEST_STALL", ""), rank), 0
+        slow, _, seconds = os.environ.get("MPITRAIN_TEST_SLOW", "").rpartition(":")
+        self.slow, self.slow_s = _stall_of(slow, rank), float(seconds or 0)
 
     def at(self, phase: int, epoch: int = -1, step: int = -1) -> None:
         """This rank enters `phase` (one of PHASES' indices) now, of step `step` of epoch `epoch` (0-based; -1: of
@@ -57,6 +60,8 @@ class RollCall:
         self.epoch, self.step = epoch, step
         if self.stall == PHASES[phase]:
             self._stall()
+        if self.slow == PHASES[phase]:
+            time.sleep(self.slow_s)
 
     def enter(self, name: int, nbytes: int) -> int:
         """This rank enters the collective `name` (one of COLLECTIVES' indices) of `nbytes`; returns its slot."""

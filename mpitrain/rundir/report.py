@@ -174,6 +174,11 @@ def _report_figure(runs: list[Run]):
     for name in ("bytes", "tau", "sparsity"):
         if name in axes and any(y > 0 for line in axes[name].lines for y in line.get_ydata()):
             axes[name].set_yscale("log")
+    named = [f"{run.label}: rank {w['straggler']['rank']} on {w['straggler']['host']} "
+             f"({w['straggler']['ratio']:.1f}x the median from step {w['global_step']})"
+             for run in runs for w in run.windows if "straggler" in w]
+    if named:  # mpitrain/training/stragglers.py
+        fig.suptitle("stragglers: " + "; ".join(named[:4]) + (" ..." if len(named) > 4 else ""), color="C3")
     return fig
 
 
@@ -198,6 +203,11 @@ def _report_html(runs: list[Run], image_base64: str) -> str:
         values = [run.name, run.mode, *[(run.summary or {}).get(key, "unfinished") for key in SUMMARY_COLUMNS.values()]]
         cells = [html.escape(f"{v:.4g}" if isinstance(v, float) else str(v)) for v in values]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    stragglers = "".join(
+        f"<p>Straggler: {html.escape(run.label)}: rank {w['straggler']['rank']} on "
+        f"{html.escape(str(w['straggler']['host']))} took {w['straggler']['busy_ms']:.1f} ms per step outside MPI, "
+        f"{w['straggler']['ratio']:.1f}x the median rank's, in the windows up to step {w['global_step']}</p>\n"
+        for run in runs for w in run.windows if "straggler" in w)
     evaluations = "".join(
         f"<h2>{html.escape(run.label)}: {html.escape(os.path.basename(picture)[:-4])}</h2>\n"
         f"<p><img alt=\"{html.escape(os.path.basename(picture))}\" src=\"data:image/png;base64,{_base64(picture)}\"></p>\n"
@@ -206,7 +216,7 @@ def _report_html(runs: list[Run], image_base64: str) -> str:
             "<style>body{font-family:sans-serif} table{border-collapse:collapse} "
             "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style></head><body>\n"
             f"<h1>mpitrain report: {html.escape(', '.join(r.label for r in runs))}</h1>\n"
-            f"<table><tr>{header}</tr>\n" + "\n".join(rows) + "</table>\n"
+            f"<table><tr>{header}</tr>\n" + "\n".join(rows) + "</table>\n" + stragglers +
             f"<p><img alt=\"loss, accuracy, throughput and communication per run\" "
             f"src=\"data:image/png;base64,{image_base64}\"></p>\n{evaluations}</body></html>\n")
 

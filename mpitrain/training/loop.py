@@ -181,7 +181,8 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
                  f" ({model.trainable_start} frozen)" if model.trainable_start else "", config.sync.mode,
                  run.backend.name,
                  ", collectives staged through host memory" if comm.staged else "")
-    metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs)
+    metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs,
+                         config.train.straggler_factor)
     schedule = Schedule(config.optimizer, batches.steps_per_epoch, config.train.epochs)
     schedule.load_state(start.loop_state.get("schedule", {}))
     _warm_up(run, batches, (config.train.seed, comm.rank, start.epoch, start.step))
@@ -454,6 +455,8 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
         "transfers": backend.transfers.to_dict(),
         "evaluation": evaluation.to_dict(),
     }
+    if loop.metrics.stragglers is not None and loop.metrics.stragglers.named:  # mpitrain/training/stragglers.py
+        summary["stragglers"] = loop.metrics.stragglers.named
     if loop.stopping.on:  # why training ended, where, and which checkpoint eval, predict and export take
         summary["early_stopping"] = {**loop.stopping.summary(), "best_checkpoint": RunDir(config.run_dir).best_checkpoint}
     if config.train.trace_allocations:  # the largest over the ranks, per span kind

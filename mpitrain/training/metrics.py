@@ -17,6 +17,7 @@ from mpitrain.base.errors import MpitrainError
 from mpitrain.rundir import tensorboard
 from mpitrain.rundir.directory import RunDir
 from mpitrain.rundir.metrics_file import append_record
+from mpitrain.training.stragglers import WINDOWS, Stragglers, spread
 
 log = logging.getLogger("mpitrain")
 
@@ -122,8 +123,9 @@ class MetricsLog:
     of it ran behind backward, and `mpi_ms_per_step` is the part that did not.
     """
 
-    def __init__(self, run_dir: str, comm, steps_per_epoch: int, epochs: int):
+    def __init__(self, run_dir: str, comm, steps_per_epoch: int, epochs: int, straggler_factor: float = 1.5):
         self.comm, self.steps_per_epoch, self.epochs = comm, steps_per_epoch, epochs
+        self.straggler_factor, self.stragglers = straggler_factor, None  # Stragglers, from the first window
         self.comm_seconds, self.comm_steps = 0.0, 0  # the sums behind comm_ms_per_step
         self.path = RunDir(run_dir).metrics
         self.bar = None
@@ -143,7 +145,7 @@ class MetricsLog:
 
         Every rank learns every rank's loss, so a NaN anywhere stops all ranks together.
         """
-        windows = self.comm.allgather_obj(window)
+        windows, hosts = zip(*self.comm.allgather_obj((window, self.comm.calls.host)))
         for rank, w in enumerate(windows):
             if w.first_bad_step >= 0:
                 raise MpitrainError(f"training diverged: loss is {w.loss_sum / max(w.samples, 1)} on rank {rank} "
@@ -164,6 +166,7 @@ class MetricsLog:
             "input_wait_ms_per_step": input_wait_ms([w.input_seconds for w in windows], window.steps),
             "comm_ms_per_step": 1e3 * sum(fastest) / max(len(fastest), 1),
             "rank_losses": [w.loss_sum / max(w.samples, 1) for w in windows],
+            **self._ranks(windows, hosts),
             **extra,
         }
         self.write(record)
@@ -174,6 +177,28 @@ class MetricsLog:
             log.info("epoch %d/%d step %d/%d loss %.4f acc %.4f %.0f samples/s", epoch + 1, self.epochs,
                      step + 1, self.steps_per_epoch, record["loss"], record["accuracy"], record["samples_per_s"])
         return record
+
+    def _ranks(self, windows: list[Totals], hosts: list[str]) -> dict:
+        """With several ranks, each one's compute, input wait and time inside MPI per step over the ranks
+        (`ranks_ms_per_step`: min, median, max and the slowest rank), and a rank named a straggler in this window
+        (`straggler`, logged on rank 0; mpitrain/training/stragglers.py)."""
+        if len(windows) < 2:
+            return {}
+        steps = [max(w.steps, 1) for w in windows]
+        inside = [1e3 * w.traffic.mpi_seconds / n for w, n in zip(windows, steps)]
+        wait = [1e3 * w.input_seconds / n for w, n in zip(windows, steps)]
+        busy = [1e3 * w.seconds / n - mpi for w, n, mpi in zip(windows, steps, inside)]
+        found = {"ranks_ms_per_step": {"compute": spread([b - i for b, i in zip(busy, wait)]),
+                                       "input_wait": spread(wait), "mpi": spread(inside)}}
+        self.stragglers = self.stragglers or Stragglers(self.straggler_factor, list(hosts))
+        named = self.stragglers.observe(busy)
+        if named:
+            found["straggler"] = named
+            if self.comm.is_root:
+                log.warning("straggler: rank %d on %s took %.1f ms per step outside MPI, %.1fx the median rank's "
+                            "%.1f ms, for %d metrics windows in a row", named["rank"], named["host"],
+                            named["busy_ms"], named["ratio"], named["median_ms"], WINDOWS)
+        return found
 
     @property
     def comm_ms_per_step(self) -> float:

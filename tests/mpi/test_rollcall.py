@@ -64,3 +64,19 @@ def test_a_stalled_rank_is_named_in_one_line_with_where_the_others_wait(tmp_path
     with open(states[stuck]["stacks"]) as f:
         assert "rollcall.py" in f.read()  # the stalled rank's stacks show where it sleeps
     assert open(os.path.join(folder, "verdict.txt")).read().strip() == verdict(states, ranks)
+
+
+def test_a_slow_rank_is_named_a_straggler_in_the_log_the_records_the_summary_and_the_report(tmp_path, dataset):
+    config = write_config(tmp_path / "exp.yaml", dataset, train={"epochs": 1, "batch_size": 8, "log_every": 2},
+                          report=True)
+    result = mpiexec(4, MPITRAIN, "train", config, timeout=90,
+                     env={**os.environ, "MPITRAIN_TEST_SLOW": "forward, backward and the update@2:0.02"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(rf"straggler: rank 2 on {HOST} took [\d.]+ ms per step outside MPI, [\d.]+x the median rank's "
+                     r"[\d.]+ ms, for 3 metrics windows in a row", result.stderr + result.stdout)
+    windows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl") if '"window"' in line]
+    assert all(w["ranks_ms_per_step"]["compute"]["slowest"] == 2 for w in windows)
+    named = [w["straggler"] for w in windows if "straggler" in w]
+    assert [n["rank"] for n in named] == [2] and named[0]["ratio"] > 1.5 and named[0]["busy_ms"] >= 20
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["stragglers"] == named
+    assert f"Straggler: run (allreduce): rank 2 on {HOST} took" in (tmp_path / "run" / "report.html").read_text()
