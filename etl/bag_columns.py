@@ -24,37 +24,26 @@ import numpy as np
 
 from mpitrain.base.errors import DataError
 from mpitrain.data.encoding import CategoryIds, category_text, text_hashes
-from mpitrain.data.sequences import Ragged, gathered_steps
+from mpitrain.data.sequences import Ragged, RaggedRows
 
 
 @dataclass
-class TextBags:
+class TextBags(RaggedRows):
     """Bags of text values: `values` (a pyarrow string array, null where a value is missing) and `offsets` (rows + 1,)
     int64; bag i is values[offsets[i]:offsets[i+1]]. Indexes, concatenates and pickles as `Ragged` does."""
 
     values: object
     offsets: np.ndarray
 
-    @property
-    def lengths(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
     def __getitem__(self, index) -> TextBags:
         import pyarrow as pa
-        index = np.asarray(index)
-        index = np.flatnonzero(index) if index.dtype == bool else index.astype(np.int64, copy=False)
-        offsets, steps = gathered_steps(self.offsets[:-1][index], self.lengths[index])
+        offsets, steps = self.taken(index)
         return TextBags(self.values.take(pa.array(steps, pa.int64())), offsets)
 
     @staticmethod
     def concat(parts: list[TextBags]) -> TextBags:
         import pyarrow as pa
-        shifts = np.cumsum([0] + [p.offsets[-1] for p in parts])
-        offsets = np.concatenate([[0]] + [p.offsets[1:] + shift for p, shift in zip(parts, shifts)])
-        return TextBags(pa.concat_arrays([p.values for p in parts]), offsets.astype(np.int64))
+        return TextBags(pa.concat_arrays([p.values for p in parts]), RaggedRows.joined_offsets(parts))
 
     @staticmethod
     def empty() -> TextBags:

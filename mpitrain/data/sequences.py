@@ -22,29 +22,47 @@ PAD_MULTIPLE = 8  # a batch's padded length is its longest sequence rounded up t
 MAX_LENGTH = 1 << 20  # the most steps a stored sequence may have (the ETL's --max-length is at most this)
 
 
-@dataclass
-class Ragged:
-    """Sequences of F-vectors: `values` (total steps, F) and `offsets` (rows + 1,) int64, offsets[0] == 0."""
+class RaggedRows:
+    """What rows of values held one after another with their `offsets` (rows + 1,) int64 share, whatever the values
+    are (`Ragged`'s numbers, a bag column's texts in the ETL): lengths, row count, and the offsets and value
+    positions of some rows taken or of parts joined."""
 
-    values: np.ndarray
     offsets: np.ndarray
 
     @property
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def taken(self, index) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets, value positions) of the rows at `index` (integer positions or a boolean mask), in that order."""
+        index = np.asarray(index)
+        index = np.flatnonzero(index) if index.dtype == bool else index.astype(np.int64, copy=False)
+        return gathered_steps(self.offsets[:-1][index], self.lengths[index])
+
+    @staticmethod
+    def joined_offsets(parts: list[RaggedRows]) -> np.ndarray:
+        """The offsets of `parts`' rows one part after another."""
+        shifts = np.cumsum([0] + [p.offsets[-1] for p in parts])
+        return np.concatenate([[0]] + [p.offsets[1:] + shift for p, shift in zip(parts, shifts)]).astype(np.int64)
+
+
+@dataclass
+class Ragged(RaggedRows):
+    """Sequences of F-vectors: `values` (total steps, F) and `offsets` (rows + 1,) int64, offsets[0] == 0."""
+
+    values: np.ndarray
+    offsets: np.ndarray
+
     @property
     def features(self) -> int:
         return self.values.shape[1]
 
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
     def __getitem__(self, index) -> Ragged:
         """The sequences at `index` (integer positions or a boolean mask), in that order."""
-        index = np.asarray(index)
-        index = np.flatnonzero(index) if index.dtype == bool else index.astype(np.int64, copy=False)
-        offsets, steps = gathered_steps(self.offsets[:-1][index], self.lengths[index])
+        offsets, steps = self.taken(index)
         return Ragged(self.values[steps], offsets)
 
     def padded(self) -> tuple[np.ndarray, np.ndarray]:
@@ -58,9 +76,7 @@ class Ragged:
 
     @staticmethod
     def concat(parts: list[Ragged]) -> Ragged:
-        shifts = np.cumsum([0] + [p.offsets[-1] for p in parts])
-        offsets = np.concatenate([[0]] + [p.offsets[1:] + shift for p, shift in zip(parts, shifts)])
-        return Ragged(np.concatenate([p.values for p in parts]), offsets.astype(np.int64))
+        return Ragged(np.concatenate([p.values for p in parts]), RaggedRows.joined_offsets(parts))
 
     @staticmethod
     def empty(features: int, dtype="float32") -> Ragged:
