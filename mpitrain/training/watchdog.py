@@ -77,7 +77,12 @@ class Watchdog(Periodic):
         said = f"[rank {self.rank}] watchdog: no progress for {idle:.0f} s (train.watchdog_s = {self.seconds:g}) " \
                f"at {self.where}"
         folder = os.path.join(self.run_dir, FORENSICS) if self.run_dir and os.path.isdir(self.run_dir) else ""
-        if self.calls is None or not folder or not self._roll_call(folder, said):
+        try:
+            called = self.calls is not None and bool(folder) and self._roll_call(folder, said)
+        except Exception as e:  # noqa: BLE001  (whatever the roll-call meets, the job must still end)
+            sys.stderr.write(f"[rank {self.rank}] watchdog: the roll-call failed ({type(e).__name__}: {e})\n")
+            called = False
+        if not called:
             sys.stderr.write(f"{said}; stacks:\n")
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
@@ -103,7 +108,7 @@ class Watchdog(Periodic):
         while len(states) < self.ranks and time.monotonic() < deadline:
             time.sleep(0.2)
             states = _states(folder, self.started)
-        if min(s["rank"] for s in states) == self.rank:
+        if min((s["rank"] for s in states), default=self.rank) == self.rank:
             line = verdict(states, self.ranks)
             write_file(os.path.join(folder, "verdict.txt"), lambda f: f.write(line + "\n"))
             sys.stderr.write(f"{said}: {line}; each rank's collectives and stacks: {folder}\n")
