@@ -1,7 +1,6 @@
 """The convolution and pooling kernels (kernels.im2col, kernels.pool, kernels.conv_rows) against their
 references, on odd sizes, batch 1 and strided views; and a conv (im2col or Winograd) or pooling layer's step allocates
 nothing."""
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -29,6 +28,7 @@ from mpitrain.kernels.pool import max_pool, max_pool_backward, max_pool_backward
 from mpitrain.nn.conv import AvgPool2D, Conv2D, MaxPool2D
 from mpitrain.nn.layers import Flatten
 from mpitrain.nn.model import Sequential
+from mpitrain.testing.traced import allocated_bytes
 
 GEOMETRIES = [  # (input C, H, W), kernel, stride, padding
     ((1, 6, 6), 3, 1, "valid"),
@@ -170,15 +170,7 @@ def assert_step_allocates_nothing(layer, x, dy):
     def step():
         layer.forward(x, training=True)
         layer.backward(dy)
-    tracemalloc.start()
-    try:
-        step()
-        tracemalloc.reset_peak()
-        base = tracemalloc.get_traced_memory()[0]
-        step()
-        assert tracemalloc.get_traced_memory()[1] - base <= 4096
-    finally:
-        tracemalloc.stop()
+    assert allocated_bytes(step) <= 4096
 
 
 @pytest.mark.parametrize("kind", KINDS)

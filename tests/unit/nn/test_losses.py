@@ -1,6 +1,5 @@
 """The losses: float64 gradients against central differences, values against plain formulas and scikit-learn,
 stability at extreme logits, no allocation after the first call, the loss/target-kind check and the options."""
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ from mpitrain.nn.losses import (
 )
 from mpitrain.nn.model import Sequential, build_model
 from mpitrain.testing.gradients import numeric_grad
+from mpitrain.testing.traced import allocated_bytes
 
 
 def sigmoid(x):
@@ -155,15 +155,8 @@ def test_a_call_allocates_nothing_after_the_first(loss, options, k):
     loss_fn, ws = loss_with_options(loss, options), workspace.part("loss")
     first = loss_fn(logits, targets, ws)[2]
     arrays = dict(workspace.arrays)
-    tracemalloc.start()
-    try:
-        loss_fn(logits, targets, ws)
-        tracemalloc.reset_peak()
-        base = tracemalloc.get_traced_memory()[0]
-        second = loss_fn(logits, targets, ws)[2]
-        allocated = tracemalloc.get_traced_memory()[1] - base
-    finally:
-        tracemalloc.stop()
+    allocated = allocated_bytes(lambda: loss_fn(logits, targets, ws))
+    second = loss_fn(logits, targets, ws)[2]
     assert second is first and workspace.arrays == arrays
     assert allocated <= 1024, f"{allocated} bytes allocated by one call"
 

@@ -1,7 +1,6 @@
 """Each updater against a step computed by hand; L2 touches weights only. Each fused kernel against its
 reference (sizes, dtypes, L2, strided views, state carried over steps), each updater against the unfused numpy
 formulas, and a step that allocates nothing."""
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -9,6 +8,7 @@ import pytest
 from mpitrain.config.sections import OptimizerConfig
 from mpitrain.kernels import updaters as kernels
 from mpitrain.nn.updaters import create_updater
+from mpitrain.testing.traced import allocated_bytes
 from mpitrain.testing.updater_cases import STEPS, step_inputs
 
 P = np.array([1.0, -2.0, 0.5])
@@ -230,13 +230,5 @@ def test_a_step_allocates_no_array(name, l2):
     config = UPDATER_CONFIGS.get(name) or {"adamw": dict(type="adamw", lr=0.001), "nadam": dict(type="nadam", lr=0.002),
                                            "amsgrad": dict(type="adam", lr=0.001, amsgrad=True)}[name]
     updater = create_updater(OptimizerConfig(**config, l2=l2), p, np.ones(n, dtype=np.float32))
-    tracemalloc.start()
-    try:
-        updater.delta(g, p)
-        tracemalloc.reset_peak()
-        before, _ = tracemalloc.get_traced_memory()
-        updater.delta(g, p)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert peak - before <= 4096, f"{peak - before} bytes allocated by one step"
+    allocated = allocated_bytes(lambda: updater.delta(g, p))
+    assert allocated <= 4096, f"{allocated} bytes allocated by one step"
