@@ -197,11 +197,7 @@ def _table_source(spec: str, options: SourceOptions, scoring: ScoringModel) -> S
     id 0, missing numbers the train mean where the columns impute them); labels checked against the model's target,
     a column per output for other targets than class (`label_columns`)."""
     description, target = scoring.description, scoring.target
-    if not source_kind(spec).tabular:
-        raise ConfigError(f"{spec}: a table model reads the columns of {schemes_that('tabular', 'or')}"
-                          " records; expected " + " or ".join(f"{s}:PATH" for s, k in SOURCES.items() if k.tabular))
-    labels = label_columns(options.label, target, description.get("target_names", []), scoring.outputs) \
-        if target != "class" and options.labeled else ()
+    labels = _labels_of_columns(spec, options, scoring, "a table model")
     return open_source(spec, options=replace(options, columns=description["columns"], target=target,
                                              label=",".join(labels) or options.label))
 
@@ -210,16 +206,23 @@ def _sequence_source(spec: str, options: SourceOptions, scoring: ScoringModel) -
     """A csv or parquet source of a sequence model's records: its dataset's sequence and bag columns by name (a
     --sequence column from parquet; a bag from a Parquet list or a CSV cell of `--bag-delimiter` values) and
     `--features` its fixed numeric columns (none by default), read and checked as the ETL read them."""
-    if not source_kind(spec).tabular:
-        raise ConfigError(f"{spec}: a sequence model reads the columns of {schemes_that('tabular', 'or')} records; "
-                          "expected " + " or ".join(f"{s}:PATH" for s, k in SOURCES.items() if k.tabular))
     columns, target = scoring.description["sequences"], scoring.target
-    labels = label_columns(options.label, target, scoring.description.get("target_names", []), scoring.outputs) \
-        if target != "class" and options.labeled else ()
+    labels = _labels_of_columns(spec, options, scoring, "a sequence model")
     return open_source(spec, options=replace(
         options, sequences=tuple(c["name"] for c in columns if not c.get("bag")),
         bags=tuple(c["name"] for c in columns if c.get("bag")), max_length=max(c["max_length"] for c in columns),
         feature_shape=(), feature_dtype="float32", target=target, label=",".join(labels) or options.label))
+
+
+def _labels_of_columns(spec: str, options: SourceOptions, scoring: ScoringModel, model: str) -> tuple:
+    """The label columns of a model that reads records by column name (`model`: what it is, for the message): a
+    csv or parquet source is required; other targets than class read a column per output (`label_columns`)."""
+    if not source_kind(spec).tabular:
+        raise ConfigError(f"{spec}: {model} reads the columns of {schemes_that('tabular', 'or')} records; expected "
+                          + " or ".join(f"{s}:PATH" for s, k in SOURCES.items() if k.tabular))
+    target = scoring.target
+    return label_columns(options.label, target, scoring.description.get("target_names", []), scoring.outputs) \
+        if target != "class" and options.labeled else ()
 
 
 def _check_shape(plan: ScorePlan) -> None:
@@ -350,11 +353,13 @@ class _Scorer:
         self.labeled, self.outputs, self.target = labeled, outputs, target
         self.names = [*keys, *columns, *TALLIES, TARGETS_TALLY]  # columns: the predictions' (and the label)
         self.sequences, self.entries = sequences, entries  # a sequence model's inputs and its columns' entries
+        # the model's first input is its fixed features' `x` unless it is a column's values (no `x` beside them)
+        self.fixed = input_name not in {values for values, _ in sequences.values()}
         self.stored = None  # their StoredSequences, made in the executor (a vocabulary's Arrow array, once)
         self.standardize = next(((np.asarray(t["mean"]), np.asarray(t["std"])) for t in transforms
                                  if t["name"] == "standardize"), None)  # a sequence model's fixed features'
 
-    def _feeds(self, x, input_names: list[str]) -> dict:
+    def _feeds(self, x) -> dict:
         """The model's inputs of a read batch's rows: rows of fixed size as they are; a sequence model's fixed
         features as `x` (where it takes them; standardized as the ETL stored them), each column as the ETL stored
         it (`StoredSequences`: a bag's ids, a standardized column's values), padded, and its lengths."""
@@ -364,8 +369,7 @@ class _Scorer:
         self.stored = self.stored or StoredSequences(self.entries)
         fixed = x.x if self.standardize is None else \
             ((x.x.astype(np.float64) - self.standardize[0]) / self.standardize[1]).astype(np.float32)
-        feeds = {name: fixed.astype(np.float32, copy=False) for name in input_names if name == "x" and
-                 name not in {values for values, _ in self.sequences.values()}}
+        feeds = {self.input_name: fixed.astype(np.float32, copy=False)} if self.fixed else {}
         for name, stored in self.stored(x.sequences).items():
             values, lengths = self.sequences[name]
             feeds[values], feeds[lengths] = stored.padded()
@@ -380,7 +384,7 @@ class _Scorer:
         for batch in batches:
             read = self.source.convert(self.split, batch)
             n = len(read.x)
-            outputs = session.run(None, self._feeds(read.x, [i.name for i in session.get_inputs()]))[0] if n else \
+            outputs = session.run(None, self._feeds(read.x))[0] if n else \
                 np.zeros((0, self.outputs), np.float32)
             predicted = decisions(self.target, outputs)
             columns = [batch.column(key).take(pa.array(read.kept, pa.int64())) for key in self.keys]
