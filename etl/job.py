@@ -430,12 +430,13 @@ def _write_splits(spark, plan: EtlPlan, tmp: str) -> Manifest:
 
 @contextlib.contextmanager
 def task_data_errors():
-    """Raise a Spark task's DataError again on the driver, as a DataError."""
+    """Raise a Spark task's user error (a DataError, a shard that a full disk refused) again on the driver, as a
+    DataError."""
     try:
         yield
     except Exception as e:
         # Spark wraps a task's exception into its own, keeping only the worker's traceback text.
-        found = re.search(rf"^{re.escape(DataError.__module__)}\.DataError: (.*)$", str(e), re.MULTILINE)
+        found = re.search(rf"^{re.escape(DataError.__module__)}\.\w*Error: (.*)$", str(e), re.MULTILINE)
         if found is None:
             raise
         raise DataError(found.group(1)) from None

@@ -22,7 +22,7 @@ import shutil
 import uuid
 
 from mpitrain.base.errors import DataError
-from mpitrain.base.files import refuse_existing
+from mpitrain.base.files import os_errors, refuse_existing
 from mpitrain.rundir.directory import FileLock
 
 log = logging.getLogger(__name__)
@@ -79,17 +79,19 @@ def atomic_folder(out: str, overwrite: bool, marker: str, kind: str, tag: str, c
     _remove_stale_temporaries(out, tag)
     tmp = f"{out}.{tag}-tmp-{uuid.uuid4().hex[:8]}"
     lock = FileLock(tmp + ".lock")
-    lock.take()  # a fresh name: nobody else holds it
-    if create:
-        os.makedirs(tmp)
     try:
+        with os_errors(lock.path, "starting the job beside its --out"):  # a full disk, a folder it cannot write
+            lock.take()  # a fresh name: nobody else holds it
+            if create:
+                os.makedirs(tmp)
         yield tmp
         _move_into_place(tmp, out, overwrite, marker, kind, tag)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
-        os.remove(lock.path)
+        if os.path.exists(lock.path):
+            os.remove(lock.path)
         lock.release()
 
 

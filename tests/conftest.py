@@ -167,6 +167,21 @@ def object_store():
 
 
 @pytest.fixture
+def small_disks():
+    """`small_disks.mount(folder, *options, size="1m")`: a tmpfs on a new folder for the disk-full and read-only
+    cases (`mpitrain.testing.small_disks`), unmounted at the test's end also when it failed. Mounting needs root:
+    without it the test skips; under CI=true that is a failure."""
+    from mpitrain.testing.small_disks import SmallDisks
+
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("the disk-full and read-only cases mount a tmpfs, which needs root")
+        pytest.skip("needs root to mount a tmpfs")
+    with SmallDisks() as disks:
+        yield disks
+
+
+@pytest.fixture
 def dataset(tmp_path):
     make_dataset(tmp_path / "data")
     return tmp_path / "data"

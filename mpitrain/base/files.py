@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 from contextlib import contextmanager
 
 from mpitrain.base.errors import MpitrainError, describe
@@ -35,6 +34,20 @@ def write_file(path: str, write, binary: bool = False, size: int = 0) -> None:
         os.replace(tmp, path)
 
 
+def write_hdf5(path: str, fill) -> bytes:
+    """Call `fill(h5)` on an HDF5 file built in memory (h5py's core driver), then write it whole with `write_file`
+    and return its bytes. HDF5's own writes to a full disk fail at random points and can crash the process; one
+    plain write of the finished file fails cleanly, as one line naming `path` and the space it needs."""
+    import h5py  # here: most commands never write HDF5
+
+    with h5py.File(os.path.basename(path), "w", driver="core", backing_store=False) as h5:
+        fill(h5)
+        h5.flush()
+        image = h5.id.get_file_image()
+    write_file(path, lambda f: f.write(image), binary=True, size=len(image))
+    return image
+
+
 def refuse_existing(path: str, overwrite: bool, error=MpitrainError) -> None:
     """Refuse an existing `path` (file, folder or link) unless `overwrite`, in the words every command uses."""
     if os.path.lexists(path) and not overwrite:
@@ -48,14 +61,26 @@ def os_errors(path: str, doing: str, cleanup: str | None = None, size: int = 0):
     try:
         yield
     except OSError as e:
-        if cleanup and os.path.exists(cleanup):
+        partial = bool(cleanup) and os.path.exists(cleanup)
+        if partial:
             os.remove(cleanup)
-        space = ""
-        if e.errno == errno.ENOSPC and size:
-            folder = os.path.dirname(os.path.abspath(path))
-            space = f" (it needs about {_megabytes(size)}, {_megabytes(shutil.disk_usage(folder).free)} free)"
-        removed = "; the partial file is removed" if cleanup else ""
+        space = _space_left(path, size) if e.errno == errno.ENOSPC else ""
+        removed = "; the partial file is removed" if partial else ""
         raise MpitrainError(f"{path}: {describe(e)} while {doing}{space}{removed}") from None
+
+
+def _space_left(path: str, size: int) -> str:
+    """What a full file system has left, for an error line: no file can be created when its inodes are all used
+    (many small files), whatever the bytes free; otherwise the `size` needed against the space free, when known."""
+    try:
+        stats = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return ""
+    if stats.f_files and not stats.f_favail:
+        return f" (no file can be created: all {stats.f_files} inodes of the file system are used)"
+    if size:
+        return f" (it needs about {_megabytes(size)}, {_megabytes(stats.f_bavail * stats.f_frsize)} free)"
+    return ""
 
 
 def _megabytes(n: int) -> str:

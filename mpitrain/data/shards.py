@@ -23,7 +23,7 @@ import hdf5plugin  # registers the lz4 and zstd filters with HDF5 before any sha
 import numpy as np
 
 from mpitrain.base.errors import DataError, describe
-from mpitrain.base.files import write_file
+from mpitrain.base.files import write_file, write_hdf5
 from mpitrain.base.paths import confined
 from mpitrain.data.encoding import CategoryIds
 from mpitrain.data.storage import Storage, sha256_of
@@ -207,11 +207,10 @@ def write_shard(dataset_dir: str, relative_path: str, x: np.ndarray, y: np.ndarr
         raise ValueError(f"{relative_path}: {len(x)} feature rows but {len(y)} labels")
     if x.dtype.name not in FEATURE_DTYPES:
         raise ValueError(f"{relative_path}: feature dtype {x.dtype}, expected one of {FEATURE_DTYPES}")
-    path = os.path.join(dataset_dir, relative_path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     rows = len(x)
     filters = _filters(compression)
-    with h5py.File(path, "w") as f:
+
+    def fill(f):
         labels = y.astype(np.int32) if y.ndim == 1 else y.astype(np.float32)  # class labels, else target columns
         stored = {"x": x, "y": labels, **(extras or {})}
         for name, seqs in (sequences or {}).items():
@@ -224,7 +223,8 @@ def write_shard(dataset_dir: str, relative_path: str, x: np.ndarray, y: np.ndarr
                 f.create_dataset(name, data=data)
         f.attrs["rows"] = rows
         f.attrs["schema_version"] = SCHEMA_VERSION
-    return ShardInfo(relative_path, rows, sha256_file(path))
+    content = write_hdf5(os.path.join(dataset_dir, relative_path), fill)  # whole or absent
+    return ShardInfo(relative_path, rows, hashlib.sha256(content).hexdigest())
 
 
 def manifest_bytes(manifest: Manifest) -> bytes:

@@ -18,7 +18,6 @@ other randomness derives from (seed, epoch, step, rank), so no RNG state is stor
 from __future__ import annotations
 
 import glob
-import io
 import json
 import os
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ import h5py
 import numpy as np
 
 from mpitrain.base.errors import DataError
-from mpitrain.base.files import write_file
+from mpitrain.base.files import write_hdf5
 from mpitrain.nn.flat import flat_views
 from mpitrain.rundir.directory import CHECKPOINT_NAME, RunDir
 
@@ -80,14 +79,11 @@ def write_best(run_dir: str, ckpt: Checkpoint) -> str:
 def write_checkpoint(path: str, ckpt: Checkpoint) -> str:
     """Write `ckpt` to `path` atomically (`mpitrain.base.files.write_file`): complete or absent.
 
-    The HDF5 file is built in memory and written with one plain write, so a full or read-only
-    disk fails there, cleanly: the partial file is removed, the checkpoints already there are
-    left alone, and the error names the file and the space needed.
+    The HDF5 file is built in memory and written with one plain write (`write_hdf5`), so a full or
+    read-only disk fails there, cleanly: the partial file is removed, the checkpoints already there
+    are left alone, and the error names the file and the space needed.
     """
-    buffer = io.BytesIO()
-    with h5py.File(buffer, "w") as f:
-        _write(f, ckpt)
-    write_file(path, lambda f: f.write(buffer.getbuffer()), binary=True, size=buffer.getbuffer().nbytes)
+    write_hdf5(path, lambda f: _write(f, ckpt))
     return path
 
 

@@ -233,10 +233,11 @@ class Checkpointer:
 
     def write_config(self, config) -> None:
         """Rank 0 writes RUN_DIR/config.yaml, the config as the run uses it, which every checkpoint then carries
-        too. A collective: a write that fails is an error on every rank."""
+        too; a file that already says exactly that (a resumed run, a finished one asked for its missing records) is
+        left untouched. A collective: a write that fails is an error on every rank."""
         self.config_yaml = config_yaml(config)
         with self.comm.agreed_errors():
-            if self.comm.is_root:
+            if self.comm.is_root and _text_of(self.files.config) != self.config_yaml:
                 write_file(self.files.config, lambda f: f.write(self.config_yaml))
 
     def save(self, epoch: int, step: int, model, updater, sync, order: tuple = (0, 0), read_failure: str | None = None,
@@ -402,3 +403,12 @@ class Checkpointer:
     def _restore(self, ckpt: Checkpoint, model) -> None:
         model.params[...] = self.backend.to_device(ckpt.params)
         model.stats[...] = self.backend.to_device(ckpt.stats)
+
+
+def _text_of(path: str) -> str | None:
+    """The text of the file `path`, None when it cannot be read as text."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError):
+        return None

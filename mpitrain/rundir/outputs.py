@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import json
 
-import h5py
 import numpy as np
 
-from mpitrain.base.files import os_errors, write_file
+from mpitrain.base.files import os_errors, write_file, write_hdf5
 from mpitrain.rundir.report import class_names, write_confusion_png, write_curves_png, write_scatter_png
 
 
@@ -71,15 +70,14 @@ def write_predictions(path: str, target: str, predicted: np.ndarray, outputs: np
     """Every row's prediction, the model's outputs and the true labels (see the module docstring for each target
     kind), with their provenance, the target kind and the target's column `names` as attributes. A model with a
     class per step (`per_step`, attribute `per_step`) has one row per valid step, in row order then step order."""
-    def write(f):
-        with h5py.File(f, "w") as h5:
-            h5.create_dataset("predicted", data=predicted)
-            if target not in ("regression", "reconstruction"):
-                h5.create_dataset("probabilities", data=outputs)
-            h5.create_dataset("label", data=labels)
-            h5.attrs.update(provenance)
-            h5.attrs["target"] = target
-            h5.attrs["per_step"] = per_step
-            if target != "class":
-                h5.attrs["target_names"] = names
-    write_file(path, write, binary=True)
+    def fill(h5):
+        h5.create_dataset("predicted", data=predicted)
+        if target not in ("regression", "reconstruction"):
+            h5.create_dataset("probabilities", data=outputs)
+        h5.create_dataset("label", data=labels)
+        h5.attrs.update(provenance)
+        h5.attrs["target"] = target
+        h5.attrs["per_step"] = per_step
+        if target != "class":
+            h5.attrs["target_names"] = names
+    write_hdf5(path, fill)

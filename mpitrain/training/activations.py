@@ -19,11 +19,10 @@ forward pass stops at the node, in evaluation mode (dropout off, batch norm's ru
 """
 from __future__ import annotations
 
-import h5py
 import numpy as np
 
 from mpitrain.base.errors import MpitrainError
-from mpitrain.base.files import write_file
+from mpitrain.base.files import write_hdf5
 from mpitrain.rundir.directory import RunDir, check_output
 from mpitrain.training.evaluation import batched_logits
 from mpitrain.training.trained import Trained, checked_output
@@ -85,11 +84,10 @@ def predict_activations(run_dir: str, comm, node: str, split: str = "test", out:
             embeddings, label = (np.concatenate([array for part in parts for array in part[i]] or [np.empty(0)])
                                  for i in range(2))
 
-            def write(f):
-                with h5py.File(f, "w") as h5:
-                    h5.create_dataset("embeddings", data=embeddings)
-                    h5.create_dataset("label", data=label)
-                    h5.attrs.update(trained.provenance())
-                    h5.attrs["node"] = node
-            write_file(path, write, binary=True)
+            def fill(h5):
+                h5.create_dataset("embeddings", data=embeddings)
+                h5.create_dataset("label", data=label)
+                h5.attrs.update(trained.provenance())
+                h5.attrs["node"] = node
+            write_hdf5(path, fill)
     return path, sum(comm.allgather_obj(rows))

@@ -10,6 +10,7 @@ step boundary with a checkpoint, after the last step once the summary and the re
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mpitrain.base.errors import ConfigError, DataError
+from mpitrain.base.errors import ConfigError, DataError, MpitrainError
 from mpitrain.base.files import os_errors, write_file
 from mpitrain.config.sections import Config, ignored_options
 from mpitrain.data.reader import Batches
@@ -145,8 +146,8 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
     stopping = EarlyStopping(config.train.early_stopping)
     stopping.load_state(start.loop_state.get("early_stopping", {}))
     stopped_early = stopping.stop and stopping.on
-    if (start.epoch >= config.train.epochs or stopped_early) \
-            and comm.bcast_obj(os.path.exists(RunDir(config.run_dir).summary)):
+    finished = start.epoch >= config.train.epochs or stopped_early
+    if finished and comm.bcast_obj(comm.is_root and _summary_is_current(run)):
         if comm.is_root and stopped_early:
             log.info("%s is finished: early stopping ended it after %d epochs (%s did not improve); its files are "
                      "left as they are", config.run_dir, start.epoch, config.train.early_stopping.monitor)
@@ -154,6 +155,9 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
             log.info("%s is finished: %d epochs trained, train.epochs is %d; its files are left as they are (a "
                      "larger train.epochs continues it)", config.run_dir, start.epoch, config.train.epochs)
         return None
+    if finished and comm.is_root:  # the job that trained it failed after the last step (`_records_missing`)
+        log.info("%s is finished but has no summary.json of its last checkpoint: writing its missing records, "
+                 "without training", config.run_dir)
     if config.model.init_from and start.iteration == 0:  # a fresh start: rank 0's arrays reach every rank at start
         with comm.agreed_errors():
             if comm.is_root:
@@ -446,6 +450,8 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
         **_reading(comm, loop.batches, done.steps),
         "peak_rss_mb": comm.max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),  # VmHWM, the largest rank
         "comm_ms_per_step": loop.metrics.comm_ms_per_step,
+        "steps_this_job": done.steps,  # 0: a later job that wrote the missing records (its figures are 0)
+        "final_checkpoint": os.path.basename(run.checkpointer.paths()[-1]),  # what it describes (_summary_is_current)
         "epochs": config.train.epochs, "ranks": comm.size, "nodes": comm.nodes,
         "ranks_per_node": comm.local_size, "sync_mode": config.sync.mode,
         "wall_s": comm.max(time.perf_counter() - started), "steps_per_epoch": loop.batches.steps_per_epoch,
@@ -464,14 +470,41 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
             loop.allocations.worst())) for kind in ("step", "evaluation")}
     with comm.agreed_errors():
         if comm.is_root:
-            write_file(RunDir(config.run_dir).summary, lambda f: json.dump(summary, f, indent=2))
+            _write_summary(run, summary)
             log.info("test accuracy %s, %.0f samples/s, %.0f bytes sent per step per rank",
                      figure(summary["test_accuracy"]), summary["samples_per_s"], summary["bytes_sent_per_step"])
             if config.report:
-                from mpitrain.rundir.report import write_report
-                with os_errors(config.run_dir, "drawing the report"):
-                    log.info("wrote %s and %s", *write_report([config.run_dir], config.run_dir, overwrite=True))
+                _draw_report(run)
     return summary
+
+
+def _write_summary(run: Run, summary: dict) -> None:
+    """(Rank 0) summary.json, the run's last required record, before anything optional. Training is complete by
+    now: a failure says what is saved and what is not, and how to finish the records without training."""
+    missing = "summary.json and the report" if run.config.report else "summary.json"
+    with _records_missing(run, missing):
+        write_file(RunDir(run.config.run_dir).summary, lambda f: json.dump(summary, f, indent=2))
+
+
+def _draw_report(run: Run) -> None:
+    """(Rank 0) report.png and report.html from the run's records, each whole or absent."""
+    from mpitrain.rundir.report import write_report
+    with _records_missing(run, "the report", also_saved=" and summary.json"):
+        with os_errors(run.config.run_dir, "drawing the report"):
+            log.info("wrote %s and %s", *write_report([run.config.run_dir], run.config.run_dir, overwrite=True))
+
+
+@contextlib.contextmanager
+def _records_missing(run: Run, missing: str, also_saved: str = ""):
+    """A failure to write a record after the last step (a full disk, a read-only folder) as one line that says what
+    is saved (training's final checkpoint, `also_saved`) and what is not (`missing`), and that `mpitrain train` on
+    the run again writes only the missing records, without training (`_set_up_training` finds the run finished)."""
+    try:
+        yield
+    except MpitrainError as e:
+        saved = f"its final checkpoint {run.checkpointer.paths()[-1]}{also_saved} {'are' if also_saved else 'is'}"
+        raise MpitrainError(f"{e}; training is complete and {saved} saved, {missing} not; once the cause is fixed, "
+                            f"`mpitrain train` on this run again writes {missing} without training") from None
 
 
 def _reading(comm, batches: Batches, steps: int) -> dict:
@@ -486,8 +519,28 @@ def _reading(comm, batches: Batches, steps: int) -> dict:
             "data_read_per_epoch": float(rows / (plan.blocks.total_rows * epochs)) if epochs else 0.0}
 
 
+def _summary_is_current(run: Run) -> bool:
+    """(Rank 0) Whether summary.json describes the run's newest checkpoint: not when it is missing or unreadable,
+    nor when it is an earlier end's (a job that trained on from it, then failed before its own summary). A summary
+    written before summaries named their checkpoint counts as current."""
+    try:
+        with open(RunDir(run.config.run_dir).summary) as f:
+            described = json.load(f).get("final_checkpoint")
+    except (OSError, ValueError, AttributeError):
+        return False
+    newest = run.checkpointer.paths()
+    return described is None or (bool(newest) and described == os.path.basename(newest[-1]))
+
+
 def _summary_of_finished_run(run: Run) -> dict:
-    """A finished run asked to train again touches nothing: the summary it wrote, on every rank (a collective)."""
+    """A finished run asked to train again trains nothing: the summary it wrote, on every rank (a collective); and
+    the report, drawn only when it is asked for and missing (the job that trained failed on it)."""
+    files = RunDir(run.config.run_dir)
+    with run.comm.agreed_errors():
+        if run.comm.is_root and run.config.report and not all(map(os.path.exists, (files.report_png,
+                                                                                   files.report_html))):
+            log.info("%s is finished but has no report: drawing it, without training", run.config.run_dir)
+            _draw_report(run)
     summary = None
     if run.comm.is_root:
         with open(RunDir(run.config.run_dir).summary) as f:

@@ -4,6 +4,7 @@ Rank 0 shows a tqdm bar when stderr is a terminal, plain log lines otherwise (ba
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 from tqdm import tqdm
 
-from mpitrain.base.errors import MpitrainError
+from mpitrain.base.errors import MpitrainError, describe
 from mpitrain.rundir import tensorboard
 from mpitrain.rundir.directory import RunDir
 from mpitrain.rundir.metrics_file import append_record
@@ -134,8 +135,9 @@ class MetricsLog:
 
     def start_epoch(self, epoch: int, start_step: int) -> None:
         if self.comm.is_root and self.events is None and tensorboard.available():  # the first epoch this job trains
-            self.events = tensorboard.EventWriter(os.path.dirname(self.path), self.steps_per_epoch,
-                                                  purge_step=epoch * self.steps_per_epoch + start_step)
+            with self._optional_events():
+                self.events = tensorboard.EventWriter(os.path.dirname(self.path), self.steps_per_epoch,
+                                                      purge_step=epoch * self.steps_per_epoch + start_step)
         if self.use_bar:
             self.bar = tqdm(total=self.steps_per_epoch, initial=start_step, desc=f"epoch {epoch + 1}/{self.epochs}",
                             unit="step", dynamic_ncols=True)
@@ -221,13 +223,29 @@ class MetricsLog:
             if self.comm.is_root:
                 append_record(self.path, {"time": time.time(), **record})
                 if self.events is not None:
-                    self.events.write(record)
+                    with self._optional_events():
+                        self.events.write(record)
 
     def close(self) -> None:
         """End rank 0's TensorBoard event file (the records are in it already)."""
         if self.events is not None:
-            self.events.close()
+            with self._optional_events():
+                self.events.close()
             self.events = None
+
+    @contextlib.contextmanager
+    def _optional_events(self):
+        """Rank 0's TensorBoard events are an optional copy of the records: a file system that refuses them (a full
+        disk) stops them for the rest of the job with one warning, and training goes on. metrics.jsonl, which
+        resuming, the report and `mpitrain report --tensorboard` read, keeps every record, and a write of it that
+        fails ends the job."""
+        try:
+            yield
+        except OSError as e:
+            self.events = None
+            log.warning("%s: %s while writing TensorBoard's events; they stop here for this job (metrics.jsonl keeps "
+                        "every record; `mpitrain report %s --tensorboard` writes them again)",
+                        os.path.dirname(self.path), describe(e), os.path.dirname(self.path))
 
 
 def input_wait_ms(input_seconds: list[float], steps: int) -> float:

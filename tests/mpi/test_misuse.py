@@ -293,29 +293,9 @@ def test_resuming_on_another_rank_count_keeps_the_earlier_records(trained, tmp_p
     assert after[:len(before)] == before and len(after) > len(before)
 
 
-@pytest.fixture
-def small_file_system(tmp_path):
-    """A 1 MiB tmpfs mounted for the test (root only), unmounted afterwards also when the test fails."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("the disk-full and read-only cases mount a tmpfs, which needs root")
-        pytest.skip("needs root to mount a tmpfs")
-    mounts = []
-
-    def mount(folder: Path, *options: str) -> Path:
-        folder.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(["size=1m", *options]), "tmpfs", str(folder)],
-                       check=True)
-        mounts.append(folder)
-        return folder
-    yield mount
-    for folder in mounts:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
-
-
 def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_good_checkpoints(trained, tmp_path,
-                                                                                    small_file_system):
-    disk = small_file_system(tmp_path / "disk")
+                                                                                    small_disks):
+    disk = small_disks.mount(tmp_path / "disk")
     wide = {"layers": [{"type": "dense", "units": 1500, "activation": "relu"}, {"type": "dense", "units": 3}]}
     config = write_config(tmp_path / "exp.yaml", trained / "data", model=wide, run_dir=str(disk / "run"),
                           train={**SMALL["train"], "epochs": 3}, checkpoint={"keep": 3})  # 0.34 MB a checkpoint
@@ -329,8 +309,8 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_good_checkpoi
     assert resumed.returncode == 0 and "ckpt-0002-000000.h5" in resumed.stdout, resumed.stderr
 
 
-def test_a_read_only_run_directory_is_one_line(trained, tmp_path, small_file_system):
-    disk = small_file_system(tmp_path / "disk", "ro")
+def test_a_read_only_run_directory_is_one_line(trained, tmp_path, small_disks):
+    disk = small_disks.mount(tmp_path / "disk", "ro")
     result, elapsed = run_case(["train", config_for(trained, tmp_path, run_dir=str(disk / "run"))])
     assert_one_line_error(result, elapsed, r"disk/run: Read-only file system; expected a folder this job can write")
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -264,3 +265,31 @@ def test_etl_overwrite_through_a_link_keeps_the_link_and_clears_only_dead_jobs_t
     assert manifest.seed == 5 and old.seed == 0
     assert sorted(os.listdir(tmp_path)) == ["current", "data_v1", "data_v1.etl-tmp-11ve0000",
                                             "data_v1.etl-tmp-11ve0000.lock"]
+
+
+@pytest.mark.parametrize("full_at", ["a shard", "the manifest"])
+def test_a_full_disk_at_a_shard_or_the_manifest_is_one_line_and_keeps_the_dataset_it_would_replace(
+        etl, tmp_path, small_disks, full_at):
+    """A real tmpfs made full before the job (`mpitrain.testing.small_disks`): of pages, with one left for the job's
+    lock, so the first shard fails; or of inodes, as many left as the job makes before its manifest, so the
+    manifest cannot be created."""
+    from mpitrain.testing.small_disks import FILLER, fill, limit_files
+    disk = small_disks.mount(tmp_path / "disk", size="4m")
+    job = ("--source", "digits:", "--out", disk / "digits", "--shards", "2", "--seed", "5", "--overwrite")
+    assert etl(*job)[0] == 0  # the dataset the next job would replace
+    made = sum(1 for _ in (disk / "digits").rglob("*"))  # its splits' folders, shards and manifest
+    if full_at == "a shard":
+        fill(disk, leave=1)
+        expected = r"digits\.etl-tmp-\w+/(train|test)/shard-\d+\.h5: No space left on device while writing it " \
+                   r"\(it needs about \d\.\d MB, 0\.0 MB free\); the partial file is removed"
+    else:
+        limit_files(disk, more=1 + made)  # the lock, the job's folder, its splits' folders and shards
+        expected = r"digits\.etl-tmp-\w+/manifest\.json: No space left on device while writing it \(no file can be " \
+                   r"created: all \d+ inodes of the file system are used\)$"
+    before = {p.relative_to(disk): p.read_bytes() for p in disk.rglob("*") if p.is_file() and p.name != FILLER}
+    status, _, err = etl(*job)
+    assert status == 2 and err.count("error: ") == 1 and "Traceback" not in err, err
+    assert re.search(expected, err.strip()), err
+    after = {p.relative_to(disk): p.read_bytes() for p in disk.rglob("*") if p.is_file() and p.name != FILLER}
+    assert after == before
+    assert set(os.listdir(disk)) - {FILLER} == {"digits"}  # no temporary folder or lock left
