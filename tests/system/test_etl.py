@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -267,16 +268,25 @@ def test_etl_overwrite_through_a_link_keeps_the_link_and_clears_only_dead_jobs_t
                                             "data_v1.etl-tmp-11ve0000.lock"]
 
 
+@pytest.fixture(scope="module")
+def digits_job(spark, tmp_path_factory):
+    """`mpitrain etl` arguments of digits in 2 shards, and the dataset they wrote (in a folder of its own)."""
+    folder = tmp_path_factory.mktemp("digits_job")
+    args = ["--source", "digits:", "--shards", "2", "--seed", "5", "--overwrite"]
+    run_etl(spark, "digits:", str(folder / "digits"), shards=2, seed=5)
+    return args, folder / "digits"
+
+
 @pytest.mark.parametrize("full_at", ["a shard", "the manifest"])
 def test_a_full_disk_at_a_shard_or_the_manifest_is_one_line_and_keeps_the_dataset_it_would_replace(
-        etl, tmp_path, small_disks, full_at):
-    """A real tmpfs made full before the job (`mpitrain.testing.small_disks`): of pages, with one left for the job's
-    lock, so the first shard fails; or of inodes, as many left as the job makes before its manifest, so the
-    manifest cannot be created."""
+        etl, digits_job, tmp_path, small_disks, full_at):
+    """The job replaces a dataset on a real tmpfs made full before it starts (`mpitrain.testing.small_disks`): of
+    pages, with one left for the job's lock, so the first shard fails; or of inodes, as many left as the job makes
+    before its manifest, so the manifest cannot be created."""
     from mpitrain.testing.small_disks import FILLER, fill, limit_files
+    args, dataset = digits_job
     disk = small_disks.mount(tmp_path / "disk", size="4m")
-    job = ("--source", "digits:", "--out", disk / "digits", "--shards", "2", "--seed", "5", "--overwrite")
-    assert etl(*job)[0] == 0  # the dataset the next job would replace
+    shutil.copytree(dataset, disk / "digits")  # the dataset the job would replace
     made = sum(1 for _ in (disk / "digits").rglob("*"))  # its splits' folders, shards and manifest
     if full_at == "a shard":
         fill(disk, leave=1)
@@ -287,7 +297,7 @@ def test_a_full_disk_at_a_shard_or_the_manifest_is_one_line_and_keeps_the_datase
         expected = r"digits\.etl-tmp-\w+/manifest\.json: No space left on device while writing it \(no file can be " \
                    r"created: all \d+ inodes of the file system are used\)$"
     before = {p.relative_to(disk): p.read_bytes() for p in disk.rglob("*") if p.is_file() and p.name != FILLER}
-    status, _, err = etl(*job)
+    status, _, err = etl(*args, "--out", disk / "digits")
     assert status == 2 and err.count("error: ") == 1 and "Traceback" not in err, err
     assert re.search(expected, err.strip()), err
     after = {p.relative_to(disk): p.read_bytes() for p in disk.rglob("*") if p.is_file() and p.name != FILLER}
