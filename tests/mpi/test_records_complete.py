@@ -70,6 +70,17 @@ def assert_nothing_partial(disk: Path) -> None:
     assert not list(disk.rglob("*.tmp")), sorted(disk.rglob("*"))
 
 
+def trained_again(disk: Path, config: str, says: str) -> tuple[dict, dict]:
+    """After a failure: nothing partial on `disk`; the run's files, then (inodes to spare) `mpitrain train` on the
+    run again, which ends well saying `says`, and the run's files after it."""
+    assert_nothing_partial(disk)
+    trained = contents(disk / "run")
+    limit_files(disk, more=100)
+    result, _ = train(config)
+    assert result.returncode == 0 and says in result.stderr, result.stderr
+    return trained, contents(disk / "run")
+
+
 def test_a_full_disk_while_appending_a_metrics_record_keeps_every_whole_record_and_the_checkpoint(
         first_epoch, tmp_path, small_disks):
     disk = small_disks.mount(tmp_path / "disk", size="2m")
@@ -109,15 +120,8 @@ def test_a_full_disk_at_the_summary_says_training_is_saved_and_train_again_write
                      r"without training$", line), line
     assert json.loads((run / "summary.json").read_text())["final_checkpoint"] == "ckpt-0001-000000.h5"  # epoch 1's
     assert not (run / "report.png").exists()
-    assert_nothing_partial(disk)
-    trained = contents(run)
-
-    limit_files(disk, more=100)
-    result, _ = train(config)
-    assert result.returncode == 0, result.stderr
-    assert "is finished but has no summary.json of its last checkpoint: writing its missing records, without " \
-           "training" in result.stderr
-    after = contents(run)
+    trained, after = trained_again(disk, config, "is finished but has no summary.json of its last checkpoint: "
+                                                 "writing its missing records, without training")
     assert {name: after[name] for name in trained if name != "summary.json"} == \
         {name: digest for name, digest in trained.items() if name != "summary.json"}  # no step trained
     summary = json.loads((run / "summary.json").read_text())
@@ -142,14 +146,7 @@ def test_a_full_disk_at_the_report_keeps_the_summary_and_train_again_draws_only_
                      r"the report without training$", line), line
     assert json.loads((run / "summary.json").read_text())["steps_this_job"] == 10
     assert not (run / "report.html").exists()
-    assert_nothing_partial(disk)
-    trained = contents(run)
-
-    limit_files(disk, more=100)
-    result, _ = train(config)
-    assert result.returncode == 0, result.stderr
-    assert "is finished but has no report: drawing it, without training" in result.stderr
-    after = contents(run)
+    trained, after = trained_again(disk, config, "is finished but has no report: drawing it, without training")
     assert {name: after[name] for name in trained if name != "report.png"} == \
         {name: digest for name, digest in trained.items() if name != "report.png"}  # the summary too
     assert "report.html" in after
