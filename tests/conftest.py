@@ -21,7 +21,6 @@ from mpitrain.testing.suite_time import layer_of, parse_budget, seconds_by_file,
 os.environ.setdefault("UCX_TLS", "self,sm")
 STARTED = pytest.StashKey[float]()
 LAUNCHING_LAYERS = ("mpi", "system")  # the layers whose tests start ranks, Spark, Slurm or simulated nodes
-RUN_ORDER = ("unit", "system", "mpi", None)  # None: a test outside the three layers
 
 
 def pytest_addoption(parser):
@@ -50,37 +49,35 @@ def pytest_terminal_summary(terminalreporter, config):
 def pytest_collection_modifyitems(items):
     """Mark each test with its folder's layer (`pytest -m unit` runs the fast ones alone), and run the unit tests
     first: they fail fastest, and they compile most of numba's kernels on both cores before the ranks of the mpi
-    tests would each compile them again at once; then the system tests, whose files take longest (a Spark cluster,
-    Slurm, simulated nodes), so that under `make test` none of them starts last; then the mpi tests
-    (docs/testing.md)."""
+    tests would each compile them again at once (docs/testing.md)."""
     for item in items:
         layer = layer_of(item.nodeid)
         if layer:
             item.add_marker(getattr(pytest.mark, layer))
-    items.sort(key=lambda item: RUN_ORDER.index(layer_of(item.nodeid)))  # stable: each layer keeps its order
+    items.sort(key=lambda item: layer_of(item.nodeid) != "unit")  # stable: each layer keeps its order
 
 
 @pytest.hookimpl(optionalhook=True)  # the suite also runs without pytest-xdist (-p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
-    """Under `pytest -n 3` (make test): the unit tests go, a test function with all its parameters at a time, to
-    whichever worker is free, in collection order (unit tests first); then each mpi or system test file is one unit
-    of work, run whole by one worker (its module fixtures, a Spark cluster or Slurm's daemons, start once), the
-    system files first. Three workers on two cores: the launching tests wait for JVMs, daemons, shaped links and
-    process starts a third of their time, and a third worker fills it. A test that measures time has the machine
-    to itself (`alone`, `pytest_runtest_protocol`). Other --dist modes are left to pytest-xdist."""
+    """Under `pytest -n 2` (make test): the unit tests go, a test function with all its parameters at a time, to
+    whichever worker is free, in collection order (unit tests first); then the mpi tests are one unit of work and
+    the system tests another, each run by one worker in its usual order, the two layers at the same time: the mpi
+    tests keep the cores busy while the system tests wait for a JVM, a daemon or a shaped link. A test that measures
+    time has the machine to itself (`alone`, `pytest_runtest_protocol`). Other --dist modes are left to pytest-xdist."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     config.option.loadscopereorder = False  # the largest unit of work first, otherwise
 
-    class FilesAsUnitsOfWork(LoadScopeScheduling):
+    class LayersAsUnitsOfWork(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            """A launching test's file; a unit test function's own, all its parameters on one worker (so that two
-            workers do not compile the same kernels at once for a test's neighbouring cases)."""
-            return nodeid.split("::")[0] if layer_of(nodeid) in LAUNCHING_LAYERS else nodeid.split("[")[0]
+            """A launching layer's one scope; a unit test function's own, all its parameters on one worker (so
+            that the two workers do not compile the same kernels at once for a test's neighbouring cases)."""
+            layer = layer_of(nodeid)
+            return f"{layer} tests" if layer in LAUNCHING_LAYERS else nodeid.split("[")[0]
 
-    return FilesAsUnitsOfWork(config, log)
+    return LayersAsUnitsOfWork(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)
