@@ -5,7 +5,6 @@ in one line naming the key; eval, predict and export of a checkpoint give what t
 config.yaml says now; a run left with only damaged checkpoints refuses until `resume=never`, and a start from
 scratch moves an earlier run's records aside instead of writing over them. Every refusal: exit 2, one error line,
 no traceback, every file that existed byte for byte unchanged."""
-import hashlib
 import json
 import re
 import shutil
@@ -15,9 +14,9 @@ import h5py
 import numpy as np
 import pytest
 
-from mpitrain.rundir.directory import RunDir
 from mpitrain.testing.datasets import make_dataset, write_config
 from mpitrain.testing.launch import MPITRAIN, command, mpiexec
+from mpitrain.testing.outcomes import file_digests as checksums
 
 SECTIONS = {"train": {"epochs": 1, "batch_size": 16, "seed": 1, "log_every": 10},
             "checkpoint": {"unit": "step", "every": 4, "keep": 10}}  # 10 steps: checkpoints at steps 4, 8, the end
@@ -33,12 +32,6 @@ def trained(tmp_path_factory):
     result = mpiexec(2, MPITRAIN, "train", config, timeout=120)
     assert result.returncode == 0, result.stderr
     return folder
-
-
-def checksums(folder: Path) -> dict:
-    """sha256 of every file under `folder`, but a run directory's lock (it names its newest holder)."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*"))
-            if p.is_file() and str(p) != RunDir(str(p.parent)).lock}
 
 
 def copy_run(trained: Path, case: Path, keep: tuple = ()) -> Path:

@@ -6,7 +6,6 @@ train` on the run again writes only the missing records, without training.
 Each disk is a real tmpfs, made full at the moment of the write (`mpitrain.testing.small_disks`): of pages for
 files that grow (metrics.jsonl's records), of inodes (no file can be created) for summary.json and the report,
 which a page holds. A full disk while checkpointing: tests/mpi/test_misuse.py."""
-import hashlib
 import json
 import re
 import shutil
@@ -17,6 +16,7 @@ import pytest
 
 from mpitrain.testing.datasets import make_dataset, write_config
 from mpitrain.testing.launch import MPITRAIN, command, mpiexec
+from mpitrain.testing.outcomes import file_digests, one_error_line
 from mpitrain.testing.small_disks import FILLER, fill, free_space, limit_files
 
 TRAIN = {"epochs": 1, "batch_size": 16, "seed": 1, "log_every": 1}  # 10 steps an epoch on 2 ranks, a record each
@@ -46,22 +46,6 @@ def train(config: str, ranks: int = 2):
     return result, time.monotonic() - started
 
 
-def one_error_line(result, elapsed: float) -> str:
-    """The run's one error line, after checking it ended as every user error does: exit 2, no traceback, soon."""
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "Traceback" not in result.stderr, result.stderr
-    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
-    assert len(errors) == 1, result.stderr
-    assert elapsed < 60
-    return errors[0]
-
-
-def contents(folder: Path) -> dict:
-    """sha256 of every file under `folder` but the disk's filler and the run's lock (it names its newest holder)."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name not in (FILLER, ".lock")}
-
-
 def checkpoints(run: Path) -> dict:
     return {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
 
@@ -74,11 +58,11 @@ def trained_again(disk: Path, config: str, says: str) -> tuple[dict, dict]:
     """After a failure: nothing partial on `disk`; the run's files, then (inodes to spare) `mpitrain train` on the
     run again, which ends well saying `says`, and the run's files after it."""
     assert_nothing_partial(disk)
-    trained = contents(disk / "run")
+    trained = file_digests(disk / "run", skip=(FILLER,))
     limit_files(disk, more=100)
     result, _ = train(config)
     assert result.returncode == 0 and says in result.stderr, result.stderr
-    return trained, contents(disk / "run")
+    return trained, file_digests(disk / "run", skip=(FILLER,))
 
 
 def test_a_full_disk_while_appending_a_metrics_record_keeps_every_whole_record_and_the_checkpoint(
@@ -159,12 +143,12 @@ def test_a_full_disk_at_eval_or_predict_is_one_line_and_changes_nothing(first_ep
     disk = small_disks.mount(tmp_path / "disk", size="2m")
     shutil.copytree(first_epoch / "run", disk / "run")
     fill(disk)
-    before = contents(disk)
+    before = file_digests(disk, skip=(FILLER,))
     started = time.monotonic()
     result = mpiexec(2, MPITRAIN, subcommand, disk / "run", timeout=120)
     line = one_error_line(result, time.monotonic() - started)
     assert re.search(rf"run/{written}: No space left on device while writing it", line), line
-    assert contents(disk) == before
+    assert file_digests(disk, skip=(FILLER,)) == before
     assert_nothing_partial(disk)
     free_space(disk)
     assert command(MPITRAIN, subcommand, disk / "run", timeout=120).returncode == 0  # the run itself is intact
