@@ -11,7 +11,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 # at MPI_Init on a single host, pmodels/mpich#7417). On a cluster, set UCX_TLS for its network.
 export UCX_TLS ?= self,sm
 
-.PHONY: setup bytecode fashion-mnist slurm network-tools demo test test-fast test-mpi lint bench bench-gpu clean
+.PHONY: setup bytecode fashion-mnist slurm network-tools demo test test-fast test-mpi lint bench bench-gpu gpu-pack gpu-check clean
 
 setup: $(VENV)/.installed $(VENV)/.kernels
 
@@ -115,6 +115,15 @@ bench-gpu: setup fashion-mnist
 	$(PY) benchmarks/kernels.py --backend cupy
 	$(PY) benchmarks/throughput.py --backend cupy --data data/fashion --out benchmarks/results
 	$(PY) -m mpitrain.testing.tables --results benchmarks/results --page docs/benchmarks.md --readme README.md
+
+# The GPU check (docs/gpus.md#the-gpu-check): gpu-pack, here, puts into .gpu/ what a GPU machine without a package
+# registry or Spark lacks; gpu-check, there, installs it and verifies, measures and reports in one command (it stops
+# at once, saying so, without a GPU). `python benchmarks/gpu_check.py --dry-run` runs its steps on a CPU.
+gpu-pack: setup fashion-mnist
+	$(PY) benchmarks/gpu_pack.py --fashion $(FASHION) --out .gpu
+
+gpu-check:
+	bash benchmarks/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) *.egg-info data runs

@@ -139,11 +139,12 @@ def worker(rank: int, args, init_file: str, results) -> None:
     optimizer = torch_optimizer(config.optimizer, weights, biases)
     clip_norm = config.train.clip_norm
     loss_fn = torch.nn.CrossEntropyLoss()
-    seconds, samples = 0.0, 0
+    seconds, samples, host_seconds, steps = 0.0, 0, 0.0, 0
     for epoch in range(args.epochs):
         tick = time.perf_counter()
         counted = epoch >= args.warmup_epochs
         for x, y in batches.epoch(epoch):
+            host_tick = time.thread_time()  # the step's CPU time in this thread (on a GPU: launching its kernels)
             optimizer.zero_grad(set_to_none=True)
             y = torch.from_numpy(y).to(args.device)
             loss = loss_fn(model(*torch_inputs(x, args.device)), y.long())
@@ -151,6 +152,8 @@ def worker(rank: int, args, init_file: str, results) -> None:
             if clip_norm:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
             optimizer.step()
+            host_seconds += (time.thread_time() - host_tick) * counted
+            steps += counted
             now = time.perf_counter()
             seconds += (now - tick) * counted
             samples += len(y) * counted
@@ -171,7 +174,8 @@ def worker(rank: int, args, init_file: str, results) -> None:
                     *torch_inputs(batches.to_model_input(x), args.device))
                 right += int((logits.argmax(1).cpu().numpy() == y).sum())
         accuracy = right / len(test)
-        results.put({"samples_per_s": samples * args.ranks / float(slowest[0]), "test_accuracy": accuracy})
+        results.put({"samples_per_s": samples * args.ranks / float(slowest[0]), "test_accuracy": accuracy,
+                     "host_cpu_ms_per_step": 1e3 * host_seconds / max(steps, 1)})
     if distributed:
         dist.destroy_process_group()
 

@@ -35,7 +35,7 @@ from mpitrain.training.accumulation import micro_batch
 from mpitrain.training.allocations import AllocationTrace
 from mpitrain.training.early_stopping import EarlyStopping
 from mpitrain.training.evaluation import EVAL_BATCH_SIZE, Evaluation, evaluate
-from mpitrain.training.metrics import MetricsLog, Totals, Traffic, Window, figure, input_wait_ms, per_step
+from mpitrain.training.metrics import MetricsLog, Totals, Traffic, Window, figure, mean_ms_per_step, per_step
 from mpitrain.training.preemption import Stopped, StopSignals, requeue
 from mpitrain.training.pretrain import pretrain
 from mpitrain.training.run import Run, setup_run
@@ -117,6 +117,7 @@ class _Done:
     steps: int = 0
     traffic: Traffic = Traffic()
     input_seconds: float = 0.0
+    host_seconds: float = 0.0
     evaluation: Evaluation | None = None
     hashes: list = field(default_factory=list)
 
@@ -283,7 +284,7 @@ def _train_epoch(run: Run, loop: _Loop, epoch: int, start_step: int, watchdog: W
     comm, grads_ready = run.comm, functools.partial(loop.sync.grads_ready, run.model.trainable)  # backward tells the sync
     loop.metrics.start_epoch(epoch, start_step)
     window, totals = Window(), Totals()
-    tick = time.perf_counter()
+    tick, host_tick = time.perf_counter(), time.thread_time()
     batches = loop.batches.epoch(epoch, start_step)
     try:
         for step in range(start_step, loop.batches.steps_per_epoch):
@@ -294,7 +295,8 @@ def _train_epoch(run: Run, loop: _Loop, epoch: int, start_step: int, watchdog: W
             loop.updater.lr = loop.schedule.rate(epoch, step)
             before = Traffic.of(comm)
             loss, correct = _step(run, loop, epoch, step, x, y, grads_ready)
-            window.add(step, loss, correct, len(y), time.perf_counter() - tick, Traffic.of(comm) - before, waited)
+            window.add(step, loss, correct, len(y), time.perf_counter() - tick, Traffic.of(comm) - before, waited,
+                       time.thread_time() - host_tick)
             last = step + 1 == loop.batches.steps_per_epoch
             stop_signal = stop.agreed()  # the same answer on every rank, in the same step (a read failure raises)
             if (step + 1) % run.config.train.log_every == 0 or last or stop_signal:
@@ -312,7 +314,7 @@ def _train_epoch(run: Run, loop: _Loop, epoch: int, start_step: int, watchdog: W
                     return totals
             if _step_checkpoint_due(run.config, step) and not last:
                 _save(run, loop, epoch, step + 1, stop)
-            tick = time.perf_counter()
+            tick, host_tick = time.perf_counter(), time.thread_time()
     finally:
         batches.close()  # ends the prefetch thread
     return totals
@@ -427,6 +429,7 @@ def _count(done: _Done, totals: Totals, end_traffic: Traffic) -> None:
     done.samples += totals.samples
     done.steps += totals.steps
     done.input_seconds += totals.input_seconds
+    done.host_seconds += totals.host_seconds
 
 
 def _evaluate(run: Run, loop: _Loop) -> Evaluation:
@@ -446,7 +449,8 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
         "test_accuracy": evaluation.accuracy, "test_loss": evaluation.loss,
         "samples_per_s": sum(comm.allgather_obj(done.samples)) / slowest if slowest else 0.0,
         **per_step(comm.allgather_obj(done.traffic), done.steps),  # the ranks' mean
-        "input_wait_ms_per_step": input_wait_ms(comm.allgather_obj(done.input_seconds), done.steps),
+        "input_wait_ms_per_step": mean_ms_per_step(comm.allgather_obj(done.input_seconds), done.steps),
+        "host_cpu_ms_per_step": mean_ms_per_step(comm.allgather_obj(done.host_seconds), done.steps),
         **_reading(comm, loop.batches, done.steps),
         "peak_rss_mb": comm.max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),  # VmHWM, the largest rank
         "comm_ms_per_step": loop.metrics.comm_ms_per_step,

@@ -59,12 +59,14 @@ class Totals:
     first_bad_step: int = -1  # the first step whose loss was NaN or Inf
     step_comm: tuple = ()  # each step's communication seconds, start to end
     input_seconds: float = 0.0  # the time the steps waited for their batch (part of `seconds`)
+    host_seconds: float = 0.0  # the training thread's CPU time in the steps (on a GPU: launching its kernels)
 
     def __add__(self, other: Totals) -> Totals:
         bad = [s for s in (self.first_bad_step, other.first_bad_step) if s >= 0]
         return Totals(self.steps + other.steps, self.samples + other.samples, self.loss_sum + other.loss_sum,
                       self.correct + other.correct, self.seconds + other.seconds, self.traffic + other.traffic,
-                      min(bad, default=-1), self.step_comm + other.step_comm, self.input_seconds + other.input_seconds)
+                      min(bad, default=-1), self.step_comm + other.step_comm, self.input_seconds + other.input_seconds,
+                      self.host_seconds + other.host_seconds)
 
 
 @dataclass
@@ -83,10 +85,12 @@ class Window:
     traffic: Traffic = Traffic()
     step_comm: list = field(default_factory=list)
     input_seconds: float = 0.0
+    host_seconds: float = 0.0
 
     def add(self, step: int, loss, correct, samples: int, seconds: float, traffic: Traffic,
-            input_seconds: float) -> None:
-        """One step: `seconds` from the end of the step before, of which `input_seconds` waiting for its batch."""
+            input_seconds: float, host_seconds: float) -> None:
+        """One step: `seconds` from the end of the step before, of which `input_seconds` waiting for its batch;
+        `host_seconds` of the training thread's CPU time over the same span."""
         if self.first_step < 0:
             self.first_step = step
         self.samples.append(samples)
@@ -94,13 +98,15 @@ class Window:
         self.corrects.append(correct)
         self.seconds += seconds
         self.input_seconds += input_seconds
+        self.host_seconds += host_seconds
         self.traffic += traffic
         self.step_comm.append(traffic.comm_seconds)
 
     def totals(self, backend) -> Totals:
         """The window's sums on the host (one counted copy through `backend`)."""
         if not self.losses:
-            return Totals(seconds=self.seconds, traffic=self.traffic, input_seconds=self.input_seconds)
+            return Totals(seconds=self.seconds, traffic=self.traffic, input_seconds=self.input_seconds,
+                          host_seconds=self.host_seconds)
         xp = backend.xp
         losses, corrects = backend.to_host(xp.stack([xp.stack(self.losses).astype(np.float64),
                                                      xp.stack(self.corrects).astype(np.float64)]))
@@ -108,7 +114,7 @@ class Window:
         return Totals(len(losses), sum(self.samples), float(losses @ np.asarray(self.samples, dtype=np.float64)),
                       int(corrects.sum()), self.seconds, self.traffic,
                       self.first_step + int(np.argmax(bad)) if bad.any() else -1, tuple(self.step_comm),
-                      self.input_seconds)
+                      self.input_seconds, self.host_seconds)
 
 
 class MetricsLog:
@@ -165,7 +171,8 @@ class MetricsLog:
             "samples": samples,
             "samples_per_s": samples / max(max(w.seconds for w in windows), 1e-12),
             **per_step([w.traffic for w in windows], window.steps),
-            "input_wait_ms_per_step": input_wait_ms([w.input_seconds for w in windows], window.steps),
+            "input_wait_ms_per_step": mean_ms_per_step([w.input_seconds for w in windows], window.steps),
+            "host_cpu_ms_per_step": mean_ms_per_step([w.host_seconds for w in windows], window.steps),
             "comm_ms_per_step": 1e3 * sum(fastest) / max(len(fastest), 1),
             "rank_losses": [w.loss_sum / max(w.samples, 1) for w in windows],
             **self._ranks(windows, hosts),
@@ -248,9 +255,10 @@ class MetricsLog:
                         os.path.dirname(self.path), describe(e), os.path.dirname(self.path))
 
 
-def input_wait_ms(input_seconds: list[float], steps: int) -> float:
-    """The ranks' mean time per step spent waiting for the next batch (the prefetch was behind), in ms."""
-    return 1e3 * sum(input_seconds) / (len(input_seconds) * max(steps, 1))
+def mean_ms_per_step(seconds: list[float], steps: int) -> float:
+    """The ranks' mean time per step, in ms, of their `seconds` over `steps` steps each (the time spent waiting for
+    the next batch, or the training thread's CPU time)."""
+    return 1e3 * sum(seconds) / (len(seconds) * max(steps, 1))
 
 
 def figure(value: float | None) -> str:

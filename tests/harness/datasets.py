@@ -98,6 +98,27 @@ def make_digits_dataset(path, shards=2, seed=0, test_fraction=0.2, validation_fr
     return manifest
 
 
+def make_fashion_dataset(path, idx_folder: str, limit: int | None = None, shards: int = 4) -> Manifest:
+    """Fashion-MNIST's images from an IDX folder as the ETL's `--source idx:` writes them, but without Spark (the GPU
+    machine has none: benchmarks/gpu_check.py): each split's first `limit` images or all, in file order, unshuffled.
+    """
+    from mpitrain.etl.idx import find_splits, read_records
+    splits, counts, train = {}, {}, None
+    for split, (images, labels) in find_splits(idx_folder).items():
+        count = images.count if limit is None else min(limit, images.count)
+        x, y = read_records(images, 0, count)[:, None], read_records(labels, 0, count).astype(np.int32)
+        bounds = [i * count // shards for i in range(shards + 1)]
+        splits[split] = [write_shard(str(path), shard_path(split, i), x[a:b], y[a:b])
+                         for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+        counts[split] = np.bincount(y, minlength=10).tolist()
+        train = x / 255.0 if split == "train" else train
+    manifest = Manifest(feature_shape=train.shape[1:], feature_dtype="uint8", scale=1 / 255, offset=0.0,
+                        mean=float(train.mean()), std=float(train.std()), num_classes=10, label_counts=counts,
+                        splits=splits, source=f"idx:{idx_folder}", seed=0)
+    write_manifest(str(path), manifest)
+    return manifest
+
+
 def write_config(path, dataset_dir, **sections) -> str:
     """A small MLP config for `dataset_dir`; keyword arguments replace or extend sections."""
     import yaml

@@ -151,6 +151,24 @@ def write_image_rows_parquet(path, idx_folder: str, split: str, limit: int | Non
     return count
 
 
+def make_fashion_rows_dataset(path, idx_folder: str, limit: int | None = None, shards: int = 2) -> Manifest:
+    """Fashion-MNIST's images as sequences of their rows (28 steps of 28 numbers, pixel / 255), the dataset
+    `mpitrain etl --sequence rows` makes of `write_image_rows_parquet`'s records, written without Spark (the GPU
+    machine has none): each split's first `limit` images or all."""
+    from mpitrain.etl.idx import find_splits, read_records
+    splits = find_splits(idx_folder)
+
+    def rows(split: str):
+        images, labels = splits[split]
+        count = images.count if limit is None else min(limit, images.count)
+        pixels = read_records(images, 0, count).astype(np.float32) / 255
+        return np.empty((count, 0), np.float32), {"rows": list(pixels)}, read_records(labels, 0, count).astype(np.int32)
+    by_split = {"train": rows("train"), "test": rows("test")}
+    n_train, n_test = (len(by_split[split][2]) for split in ("train", "test"))
+    return write_sequence_dataset(path, lambda n, seed: by_split["train" if seed % 2 == 0 else "test"], n_train,
+                                  n_test, shards, 0, 10, {"rows": 28})
+
+
 def make_sequence_dataset(path, n_train: int = 600, n_test: int = 200, shards: int = 2, seed: int = 0,
                           classes: int = 4, features: int = 2, lengths=(10, 200), column: str = "readings",
                           rule: str = "motifs") -> Manifest:

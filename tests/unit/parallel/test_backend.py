@@ -79,7 +79,7 @@ def test_no_transfer_inside_training_steps_and_one_per_window(name):
         loss, correct = model.train_batch(x, y, key=(0, 0, 0, step))
         model.params += updater.delta(model.grads, model.params)
         assert not isinstance(loss, float) and not isinstance(correct, int)  # still arrays on the device
-        window.add(step, loss, correct, len(y), 0.01, Traffic(), 0.0)
+        window.add(step, loss, correct, len(y), 0.01, Traffic(), 0.0, 0.0)
     assert counts(backend) == before, "a training step copied between host and device"
     totals = window.totals(backend)
     assert counts(backend)[:2] == before[:2] and counts(backend)[2] == before[2] + 1  # the window's one read
@@ -91,7 +91,7 @@ def test_a_window_finds_the_first_step_whose_loss_is_not_finite():
     backend = create_backend("numpy")
     window = Window()
     for step, loss in enumerate([0.5, 0.4, np.inf, np.nan], start=7):
-        window.add(step, np.float32(loss), np.int64(3), 4, 0.1, Traffic(), 0.0)
+        window.add(step, np.float32(loss), np.int64(3), 4, 0.1, Traffic(), 0.0, 0.0)
     totals = window.totals(backend)
     assert totals.first_bad_step == 9 and totals.correct == 12 and totals.samples == 16
 

@@ -3,7 +3,7 @@ batches (the file they go to: tests/unit/rundir/test_metrics_file.py)."""
 import numpy as np
 
 from mpitrain.parallel.backend import create_backend
-from mpitrain.training.metrics import Traffic, Window, input_wait_ms
+from mpitrain.training.metrics import Traffic, Window, mean_ms_per_step
 
 
 def test_each_collective_is_timed_once():
@@ -32,13 +32,13 @@ def test_each_collective_is_timed_once():
         assert (comm.mpi_seconds, comm.comm_seconds) == (8.0, 10.0)
 
 
-def test_the_time_steps_waited_for_their_batch_is_kept_apart_and_summed():
+def test_the_time_steps_waited_for_their_batch_and_their_host_cpu_time_are_kept_apart_and_summed():
     window = Window()
-    window.add(0, np.float32(1.0), np.int64(3), 4, 0.010, Traffic(), 0.002)
-    window.add(1, np.float32(2.0), np.int64(1), 4, 0.030, Traffic(), 0.004)
+    window.add(0, np.float32(1.0), np.int64(3), 4, 0.010, Traffic(), 0.002, 0.005)
+    window.add(1, np.float32(2.0), np.int64(1), 4, 0.030, Traffic(), 0.004, 0.007)
     totals = window.totals(create_backend("numpy"))
-    assert (totals.steps, totals.seconds, totals.input_seconds) == (2, 0.040, 0.006)
-    assert (totals + totals).input_seconds == 0.012
-    assert input_wait_ms([0.006, 0.002], 2) == 2.0  # two ranks' 8 ms over 2 steps each
+    assert (totals.steps, totals.seconds, totals.input_seconds, totals.host_seconds) == (2, 0.040, 0.006, 0.012)
+    assert ((totals + totals).input_seconds, (totals + totals).host_seconds) == (0.012, 0.024)
+    assert mean_ms_per_step([0.006, 0.002], 2) == 2.0  # two ranks' 8 ms over 2 steps each
 
 
