@@ -21,7 +21,8 @@ written with the real shard writer (mpitrain.testing), not the ETL. mpitrain its
     bash benchmarks/gpu_check.sh                  # on a GPU machine (make gpu-check)
 
 Without a GPU and without --dry-run it stops at once, saying so. Results: OUT/gpu_check.json, OUT/gpu_check.md and
-one log per step; the table is printed last.
+one log per step in OUT/logs (gpu_check.sh packs them into OUT/logs.tgz: a lease brings back 8 files at most); the
+table is printed last.
 """
 from __future__ import annotations
 
@@ -29,7 +30,6 @@ import argparse
 import importlib.metadata
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -37,13 +37,16 @@ import time
 
 from embeddings import GRAPH
 
+from mpitrain.data.shards import read_manifest
 from mpitrain.parallel.backend import gpu_available
 from mpitrain.testing.datasets import make_click_dataset, make_fashion_dataset
 from mpitrain.testing.sequences import make_fashion_rows_dataset, make_sequence_dataset
 
-from common import BIN, HERE, markdown_table
+from common import BIN, HERE, markdown_table, write_results
+from common import machine as common_machine
 
 REPO = os.path.dirname(HERE)
+TARGETS = {"MLP": 1.2, "LeNet": 1.0}  # samples/s beside PyTorch CUDA eager's (issue 50)
 GPU_TESTS = ["tests/system/test_gpu.py", "tests/unit/parallel/test_backend.py"]
 PACKAGES = ["numpy", "cupy-cuda13x", "cupy-cuda12x", "numba", "numba-cuda", "torch", "mpi4py", "mpich", "h5py",
             "hdf5plugin", "onnxruntime"]
@@ -69,18 +72,22 @@ ONE_RANK_MODELS = {
 class Steps:
     """The check's steps in turn: each one's outcome, log and figures, and the time left."""
 
-    def __init__(self, out: str, budget: float):
-        self.out, self.deadline, self.rows = out, time.monotonic() + budget, []
+    def __init__(self, logs: str, budget: float):
+        self.logs, self.deadline = logs, time.monotonic() + budget
+        os.makedirs(logs, exist_ok=True)
+
+    def log(self, name: str) -> str:
+        return os.path.join(self.logs, f"{slug(name)}.log")
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
     def run(self, name: str, command: list[str], timeout: float) -> tuple[bool, str]:
-        """Run `command`, its output to OUT/<name>.log; (passed, the line saying what went wrong)."""
+        """Run `command`, its output to LOGS/<name>.log; (passed, the line saying what went wrong)."""
         timeout = min(timeout, self.left())
         if timeout < 10:
             return False, "left out: the check's time budget was spent"
-        log, started = os.path.join(self.out, f"{slug(name)}.log"), time.monotonic()
+        log, started = self.log(name), time.monotonic()
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO,
                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -113,20 +120,21 @@ def last_error(output: str, status: int) -> str:
 
 
 def machine(backend: str) -> dict:
-    """The GPU, driver, Python and package versions."""
-    found = {"python": platform.python_version(), "backend": backend, "date": time.strftime("%Y-%m-%d")}
+    """Where and with what the check ran: common.machine()'s fields (the README's tables print them), the versions of
+    the packages that matter on a GPU, and the GPU and driver as nvidia-smi names them."""
+    found = common_machine()
     for package in PACKAGES:
         try:
-            found[package] = importlib.metadata.version(package)
+            found["versions"][package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             pass
     try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=30)
-        found["gpu"] = smi.stdout.strip() or smi.stderr.strip()
-    except (OSError, subprocess.TimeoutExpired) as e:
-        found["gpu"] = f"none ({e})"
-    return found
+        found["gpu"] = smi.stdout.strip().replace(", ", ", driver ") or smi.stderr.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        found["gpu"] = "no GPU"
+    return {**found, "backend": backend}
 
 
 def write_datasets(work: str, fashion: str, limit: int | None) -> dict[str, str]:
@@ -189,11 +197,10 @@ def torch_run(steps: Steps, name: str, config: str, data: str, batch: int, devic
     """PyTorch eager on the same config, rows and batch (benchmarks/torch_ddp.py, 1 process), one warm-up epoch."""
     command = [sys.executable, os.path.join(HERE, "torch_ddp.py"), "--data", data, "--config", config, "--ranks", "1",
                "--epochs", "2", "--device", device, "--batch-size", str(batch), "--warmup-epochs", "1"]
-    log = os.path.join(steps.out, f"{slug(name)}.log")
     passed, reason = steps.run(name, command, timeout)
     row = {"step": name, "passed": passed, "reason": reason}
     if passed:
-        with open(log) as f:
+        with open(steps.log(name)) as f:
             result = json.loads(f.read().strip().splitlines()[-1])
         row.update(samples_per_s=result["samples_per_s"], test_accuracy=result["test_accuracy"],
                    host_cpu_ms_per_step=result["host_cpu_ms_per_step"])
@@ -207,34 +214,38 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/results/gpu-check")
     parser.add_argument("--budget", type=float, default=420, help="seconds; steps that would start later are left out")
     parser.add_argument("--repeat", type=int, default=2, help="turns of each throughput row; the median counts")
+    parser.add_argument("--models", nargs="+", choices=list(TWO_RANK_MODELS), default=list(TWO_RANK_MODELS),
+                        help="the models of the training steps (default: all)")
     parser.add_argument("--dry-run", action="store_true",
                         help="on a CPU: every step on numpy and PyTorch's CPU with a few rows, to check the script")
+    parser.add_argument("--rows", type=int, default=2000, help="with --dry-run: the rows of each split")
     args = parser.parse_args(argv)
     if not args.dry_run and not gpu_available():
         print("gpu_check: no GPU here (cupy is missing or cupy.is_available() is False); nothing was run. "
               "On a CPU, `python benchmarks/gpu_check.py --dry-run` checks the script.", file=sys.stderr)
         return 2
     backend, device = ("numpy", "cpu") if args.dry_run else ("cupy", "cuda")
-    limit, two_rank_rows = (2000, 1024) if args.dry_run else (None, 8192)
-    os.makedirs(args.out, exist_ok=True)
-    steps = Steps(args.out, args.budget)
+    limit, two_rank_rows = (args.rows, args.rows // 2) if args.dry_run else (None, 8192)
+    steps = Steps(os.path.join(args.out, "logs"), args.budget)
     result = {"machine": machine(backend), "dry_run": args.dry_run, "steps": []}
     print(json.dumps(result["machine"]), flush=True)
 
     passed, reason = steps.run("gpu tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                                "-rfE", f"--junitxml={args.out}/gpu-tests.xml", *GPU_TESTS], 300)
+                                                "-rfE", f"--junitxml={steps.logs}/gpu-tests.xml", "--tb=short", *GPU_TESTS], 300)
     result["steps"].append({"step": "gpu tests", "passed": passed, "reason": reason})
 
     with tempfile.TemporaryDirectory() as work:
         data = write_datasets(work, args.fashion, limit)
+        result["rows"] = {name: read_manifest(path).rows("train") for name, path in data.items()}
         configs = {"clicks": click_config(work)}
-        for model, (config, dataset, extra) in TWO_RANK_MODELS.items():
+        for model, (config, dataset, extra) in ((m, TWO_RANK_MODELS[m]) for m in args.models):
             row = mpitrain_run(steps, f"2 ranks {model}", 2, configs.get(config, config),
                                {"backend": backend, "data.path": data[dataset], "train.epochs": 1,
                                 "data.max_rows": two_rank_rows, **extra}, 150)
             result["steps"].append(row)
         for turn in range(args.repeat):
-            for model, (config, dataset, batch, beside_torch) in ONE_RANK_MODELS.items():
+            for model, (config, dataset, batch, beside_torch) in ((m, ONE_RANK_MODELS[m]) for m in args.models
+                                                                 if m in ONE_RANK_MODELS):
                 settings = {"backend": backend, "data.path": data[dataset], "train.epochs": 2,
                             "train.batch_size": batch, "train.log_every": 100, "data.max_rows": limit or 30_000}
                 rows = [mpitrain_run(steps, f"1 rank {model} mpitrain {turn}", 1, configs.get(config, config),
@@ -244,12 +255,7 @@ def main(argv=None) -> int:
                                           device, 120))
                 result["steps"] += [{**row, "model": model, "batch": batch, "turn": turn} for row in rows]
     result["throughput"] = throughput_rows(result["steps"])
-    table = report(result)
-    with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    with open(os.path.join(args.out, "gpu_check.md"), "w") as f:
-        f.write(table)
-    print(table)
+    write_results(args.out, "gpu_check", result, report(result), measured_on=result["machine"])
     return 0 if all(step["passed"] for step in result["steps"]) else 1
 
 
@@ -271,21 +277,26 @@ def throughput_rows(steps: list[dict]) -> list[dict]:
 
 
 def report(result: dict) -> str:
-    """The check as Markdown: the machine, each step's outcome, the throughput rows."""
-    m = result["machine"]
-    head = (f"GPU check{' (dry run, numpy and PyTorch CPU)' if result['dry_run'] else ''}, {m['date']}: "
-            f"{m.get('gpu')}; " + ", ".join(f"{k} {v}" for k, v in m.items() if k not in ("gpu", "date", "backend")))
-    outcomes = markdown_table(
-        ["step", "outcome", "samples/s", "test acc", "staged bytes/step"],
-        [[s["step"], "passed" if s["passed"] else f"FAILED: {s['reason']}", fmt(s.get("samples_per_s"), "{:.0f}"),
-          fmt(s.get("test_accuracy"), "{:.4f}"), fmt(s.get("staged_bytes_per_step"), "{:.0f}")]
-         for s in result["steps"] if "turn" not in s or not s["passed"]], "llrrr")
+    """The check as Markdown: the throughput rows first (the README's headline copies that table), then every step's
+    outcome."""
+    gpu = result["machine"]["gpu"]
+    head = (f"Fashion-MNIST ({result['rows']['fashion']} training images), LSTM motifs and a click table on {gpu}"
+            f"{' (a dry run: numpy and PyTorch on the CPU)' if result['dry_run'] else ''}: 1 rank, 2 epochs of which "
+            f"the first is not counted, each row the median of its turns beside PyTorch CUDA eager's; targets: MLP "
+            f">= {TARGETS['MLP']}x, LeNet >= {TARGETS['LeNet']}x PyTorch. Host CPU: the training thread's CPU time per "
+            f"step.")
     speed = markdown_table(
         ["model", "engine", "batch", "samples/s", "vs PyTorch", "host CPU ms/step", "test acc"],
         [[r["model"], r["engine"], str(r["batch"]), f"{r['samples_per_s']:.0f}", fmt(r["vs_torch"], "{:.2f}x"),
           fmt(r["host_cpu_ms_per_step"], "{:.2f}"), fmt(r["test_accuracy"], "{:.4f}")]
          for r in result["throughput"]], "llrrrrr")
-    return f"{head}\n\n{outcomes}\n\n1 rank, 2 epochs, the first not counted; the median of each row's turns:\n\n{speed}\n"
+    outcomes = markdown_table(
+        ["step", "outcome", "samples/s", "test acc", "staged bytes/step"],
+        [[s["step"], "passed" if s["passed"] else f"FAILED: {s['reason']}", fmt(s.get("samples_per_s"), "{:.0f}"),
+          fmt(s.get("test_accuracy"), "{:.4f}"), fmt(s.get("staged_bytes_per_step"), "{:.0f}")]
+         for s in result["steps"] if "turn" not in s or not s["passed"]], "llrrr")
+    return (f"{head}\n\n{speed}\n\nThe GPU tests, then 2 ranks sharing the GPU (collectives staged through host "
+            f"memory), 1 epoch of up to 8,192 rows each; a 1-rank run that failed:\n\n{outcomes}\n")
 
 
 def fmt(value, pattern: str) -> str:

@@ -20,8 +20,11 @@ $PY -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir -
 export UCX_TLS=${UCX_TLS:-self,sm} PYTHONUNBUFFERED=1
 # numba's CPU kernels compiled once, on 4 of the machine's cores, while the GPU tests run
 BIN=$(dirname "$(command -v $PY)")
-for part in 1 2 3 4; do "$BIN/mpitrain" warm-up --part $part/4 > "$OUT/warm-up-$part.log" 2>&1 & done
+mkdir -p "$OUT/logs"
+for part in 1 2 3 4; do "$BIN/mpitrain" warm-up --part $part/4 > "$OUT/logs/warm-up-$part.log" 2>&1 & done
 $PY benchmarks/gpu_check.py --fashion .gpu/fashion --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu-check.log"
 status=${PIPESTATUS[0]}
 wait
+# a lease brings back 8 files at most: the step logs travel as one archive
+tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 exit $status

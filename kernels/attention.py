@@ -4,8 +4,9 @@
     softmax_backward(dp, p, out)                   # out = p * (dp - sum(dp * p)) along the keys
 
 A query of sequence b sees the keys j < lengths[b] (its valid steps; `lengths` None: every step), and with `causal`
-only j <= its own step; the others get probability exactly 0. Every query sees at least key 0, so no row is empty,
-padded queries included (their outputs reach nobody). One thread per (b, h) pair runs its rows in float64 sums:
+only j <= its own step; the others get probability exactly 0. Every query of a sequence of at least one step sees
+at least key 0, padded queries included (their outputs reach nobody); the queries of a sequence of no steps (an
+empty bag read as tokens) see no key, and all their weights are 0. One thread per (b, h) pair runs its rows in float64 sums:
 the row's maximum first (for exp's range), then the exponentials and their sum, then the division. The backward's
 row sum of dp * p is taken in float64 too. Nothing is allocated. numpy arrays run the numba kernels, other arrays
 (cupy) the references.
@@ -85,8 +86,10 @@ def masked_softmax_reference(scores, lengths, causal, out) -> None:
     xp = array_module(scores)
     seen = seen_keys(xp, lengths, scores.shape[2], scores.shape[3], causal)
     masked = xp.where(seen, scores, -xp.inf)
-    e = xp.exp(masked - masked.max(axis=-1, keepdims=True))
-    out[...] = e / e.sum(axis=-1, keepdims=True)
+    top = masked.max(axis=-1, keepdims=True)
+    e = xp.exp(masked - xp.where(top > -xp.inf, top, 0))  # a row that sees no key: exp(-inf) = 0 throughout ...
+    total = e.sum(axis=-1, keepdims=True)
+    out[...] = e / xp.where(total > 0, total, 1)  # ... and its weights 0, as the CPU kernel's
 
 
 def softmax_backward_reference(dp, p, out) -> None:

@@ -23,6 +23,8 @@ SECTIONS = [("throughput", "Throughput per sync mode, beside PyTorch DDP (`bench
             ("scaling", "Scaling and communication cost model (`benchmarks/scaling.py`, "
                         "plot in `benchmarks/results/scaling.png`)"),
             ("kernels", "Threshold kernels (`benchmarks/kernels.py`)"),
+            ("gpu_check", "The GPU check: one GPU beside PyTorch CUDA, the GPU tests, 2 ranks sharing the GPU "
+                          "(`make gpu-check`)"),
             ("throughput_gpu", "One GPU beside PyTorch CUDA (`benchmarks/throughput.py --backend cupy`)"),
             ("kernels_gpu", "Threshold kernels on the GPU (`benchmarks/kernels.py --backend cupy`)"),
             ("cluster", "Simulated multi-node cluster beside the cost model (`benchmarks/cluster.py`)"),
@@ -49,7 +51,8 @@ HEADLINE = [("throughput", "CPU, 2 ranks on 2 cores, beside PyTorch DDP",
             ("cnn_accuracy", "Conv nets after 10 epochs, 4 ranks, sharing", lambda row: True),
             ("tables", "Tables through ETL, 2-rank training and eval, beside scikit-learn on the same split",
              lambda row: True),
-            ("throughput_gpu", "One H100 GPU beside PyTorch CUDA", lambda row: True)]
+            ("gpu_check", "One GPU beside PyTorch CUDA eager, 1 rank (`make gpu-check`)",
+             lambda row: row["model"] in ("MLP", "LeNet"))]
 
 
 def markers(name: str) -> tuple[str, str]:

@@ -14,6 +14,7 @@ import pytest
 from mpitrain.kernels.threshold import message, reference
 from mpitrain.parallel.backend import gpu_available
 from mpitrain.rundir.checkpoint import list_checkpoints
+from mpitrain.testing.backend_models import CNN, SEQUENCE_MODELS, write_model_data
 from mpitrain.testing.cuda_check import run_cuda_kernels_check
 from mpitrain.testing.datasets import make_dataset, write_config
 from mpitrain.testing.launch import MPITRAIN, mpiexec
@@ -21,10 +22,6 @@ from mpitrain.testing.updater_cases import STEPS, step_inputs
 
 pytestmark = pytest.mark.skipif(not gpu_available(), reason="no GPU: cupy is not installed or "
                                 "cupy.is_available() is False; the cupy backend's tests need a CUDA GPU")
-CNN = {"layers": [{"type": "conv2d", "filters": 4, "kernel": 3, "padding": "same"}, {"type": "batchnorm"},
-                  {"type": "relu"}, {"type": "maxpool2d", "pool": 2}, {"type": "avgpool2d", "pool": 2},
-                  {"type": "flatten"}, {"type": "dense", "units": 12, "activation": "relu"},
-                  {"type": "dropout", "rate": 0.2}, {"type": "dense", "units": 3}]}  # dropout: the same masks on both
 MODES = [{"mode": "allreduce"}, {"mode": "averaging", "frequency": 3}, {"mode": "sharing", "threshold": 1.0e-2},
          {"mode": "sharing", "threshold": 1.0e-2, "exchange": "split"},
          {"mode": "sharing", "threshold": 1.0e-2, "exchange": "recursive"}, {"mode": "none"}]
@@ -210,39 +207,10 @@ def test_two_ranks_sharing_one_gpu_equal_numpy_in_every_mode(tmp_path, sync):
         assert math.isclose(gpu["test_loss"], cpu["test_loss"], rel_tol=1e-3)
 
 
-# The layers of sequences and bags (docs/sequences.md, docs/tables.md), each on its dataset
-SEQUENCE_MODELS = {
-    "transformer": {"layers": [], "graph": [
-        {"name": "d", "type": "dense", "input": "readings", "units": 8},
-        {"name": "c", "type": "cls_token", "input": "d"},
-        {"name": "p", "type": "positional", "input": "c"},
-        {"name": "t", "type": "transformer", "input": "p", "heads": 2, "ff_units": 16, "rate": 0.1},
-        {"name": "a", "type": "attention", "input": "t", "heads": 2, "causal": True},
-        {"name": "n", "type": "layernorm", "input": "a"},
-        {"name": "g", "type": "gelu_tanh", "input": "n"},
-        {"name": "first", "type": "cls_pool", "input": "t"},
-        {"name": "mean", "type": "global_avg_pool", "input": "g"},
-        {"name": "j", "type": "concat", "inputs": ["first", "mean"]},
-        {"name": "out", "type": "dense", "input": "j", "units": 4}]},
-    "bags": {"layers": [], "graph": [
-        {"name": "bag", "type": "embedding_bag", "input": "recent", "dim": 4, "mode": "mean"},
-        {"name": "tokens", "type": "token_embedding", "input": "recent", "dim": 4},
-        {"name": "over", "type": "attention", "input": "tokens", "heads": 2},
-        {"name": "most", "type": "global_max_pool", "input": "over"},
-        {"name": "j", "type": "concat", "inputs": ["bag", "most", "numeric"]},
-        {"name": "h", "type": "dense", "input": "j", "units": 8, "activation": "silu"},
-        {"name": "out", "type": "dense", "input": "h", "units": 2}]},
-}
-
-
 def backends_agree(tmp_path, name: str, backends=("numpy", "cupy")) -> None:
     """SEQUENCE_MODELS[name] trained on 1 rank on each of `backends` from the same seed ends with the same
     parameters and test loss within float32 tolerance."""
-    from mpitrain.testing.sequences import make_bag_dataset, make_sequence_dataset
-    if name == "bags":
-        make_bag_dataset(tmp_path / "data", n_train=320, n_test=64, ids=50)  # empty bags among them
-    else:
-        make_sequence_dataset(tmp_path / "data", n_train=320, n_test=64, lengths=(5, 30))
+    write_model_data(name, tmp_path / "data")
     (first, first_params), (second, second_params) = (
         trained(tmp_path, f"{backend}-{i}", 1, backend, {"mode": "none"}, SEQUENCE_MODELS[name])
         for i, backend in enumerate(backends))
