@@ -116,11 +116,7 @@ class Recurrent(Layer):
                 start = None if reverse or self.initial_states is None else self.initial_states[name]
                 state[steps if reverse else 0] = 0 if start is None else start
             for t in _time_steps(steps, reverse):
-                before, after = t + reverse, t + 1 - reverse
-                self.step(xp, p, gates[t], {s: a[before] for s, a in states.items()},
-                          {s: a[after] for s, a in states.items()}, {s: a[t] for s, a in saved.items()})
-                for state in states.values():
-                    xp.copyto(state[after], state[before], where=self.padded[t])
+                self.step(xp, p, gates, states, saved, t, t + reverse, t + 1 - reverse)
             h = states["h"]
             if self.return_sequences:
                 xp.copyto(y[:, :, k * units:(k + 1) * units], h[1 - reverse:steps + 1 - reverse].transpose(1, 0, 2))
@@ -164,15 +160,9 @@ class Recurrent(Layer):
             if not self.return_sequences:
                 carry["h"][...] = dy[:, k * units:(k + 1) * units]
             for t in reversed(_time_steps(steps, reverse)):
-                before = t + reverse
                 if self.return_sequences:
                     carry["h"] += dy[:, t, k * units:(k + 1) * units]
-                self.step_backward(xp, p, gates[t], {s: a[before] for s, a in states.items()},
-                                   {s: a[t] for s, a in saved.items()}, carry, into, grad_in[t], grad_rec[t])
-                for grad in (grad_in,) if grad_rec is grad_in else (grad_in, grad_rec):
-                    xp.copyto(grad[t], 0, where=self.padded[t])
-                for s in self.states:
-                    xp.copyto(into[s], carry[s], where=self.padded[t])
+                self.step_backward(xp, p, gates, states, saved, carry, into, grad_in, grad_rec, t, t + reverse)
                 carry, into = into, carry
             previous = states["h"][reverse:steps + reverse].reshape(-1, units)  # h before each time step
             xp.matmul(self.x.reshape(-1, features).T, grad_in.reshape(-1, columns), out=self.grads[f"W{d}"])
@@ -193,17 +183,18 @@ class Recurrent(Layer):
         xp.copyto(out, dx.transpose(1, 0, 2))
         return out
 
-    def step(self, xp, p: dict, g, before: dict, after: dict, saved: dict) -> None:
-        """One time step forward: `g` (B, G*H) holds the input projection plus input bias and becomes the gates'
-        activations; the states `before` (B, H) give the states `after`; `saved` what `step_backward` needs."""
+    def step(self, xp, p: dict, gates, states: dict, saved: dict, t: int, before: int, after: int) -> None:
+        """Time step t forward (kernels/recurrent.py): gates[t] (B, G*H) holds the input projection plus input bias and
+        becomes the gates' activations; the states' rows `before` (T + 1, B, H) give their rows `after`, carried over
+        where the sequence is padded; `saved` keeps what `step_backward` needs at row t."""
         raise NotImplementedError
 
-    def step_backward(self, xp, p: dict, g, before: dict, saved: dict, carry: dict, into: dict, grad_in,
-                      grad_rec) -> None:
-        """One time step backward: from `carry` (the loss's gradients of the states after the step) write the
-        gradients of the pre-activations (`grad_in` on the input side, `grad_rec` on the recurrent side: the same
-        array for an LSTM) and of the states before the step (`into`). `carry` is only read: at padded steps the
-        loop carries it over unchanged."""
+    def step_backward(self, xp, p: dict, gates, states: dict, saved: dict, carry: dict, into: dict, grad_in,
+                      grad_rec, t: int, before: int) -> None:
+        """Time step t backward: from `carry` (the loss's gradients of the states after the step) write the gradients
+        of the pre-activations into grad_in[t] and grad_rec[t] (the input and recurrent sides: the same array for an
+        LSTM), zero where padded, and of the states before the step into `into`, where padded `carry` unchanged.
+        `carry` is only read."""
         raise NotImplementedError
 
     def _scratch(self, name: str, like):
@@ -227,14 +218,17 @@ class LSTM(Recurrent):
         bias[2 * self.units:3 * self.units] = 1.0  # the forget gate
         return bias
 
-    def step(self, xp, p, g, before, after, saved):
-        recurrent = self._scratch("recurrent", g)
-        xp.matmul(before["h"], p["R"], out=recurrent)
-        lstm_step(g, recurrent, before["c"], after["c"], after["h"], saved["tanh_c"])
+    def step(self, xp, p, gates, states, saved, t, before, after):
+        recurrent = self._scratch("recurrent", gates[t])
+        xp.matmul(states["h"][before], p["R"], out=recurrent)
+        lstm_step(gates, recurrent, states["h"], states["c"], saved["tanh_c"], self.padded, t, before, after)
 
-    def step_backward(self, xp, p, g, before, saved, carry, into, grad_in, grad_rec):
-        lstm_step_backward(g, before["c"], saved["tanh_c"], carry["h"], carry["c"], grad_in, into["c"])
-        xp.matmul(grad_in, p["R"].T, out=into["h"])
+    def step_backward(self, xp, p, gates, states, saved, carry, into, grad_in, grad_rec, t, before):
+        direct = self._scratch("direct", carry["h"])
+        lstm_step_backward(gates, states["c"], saved["tanh_c"], carry["h"], carry["c"], grad_in, into["c"], direct,
+                           self.padded, t, before)
+        xp.matmul(grad_in[t], p["R"].T, out=into["h"])
+        into["h"] += direct
 
 
 @layer_type("gru")
@@ -251,16 +245,16 @@ class GRU(Recurrent):
     input_bias = "bW"
     recurrent_bias = "bR"
 
-    def step(self, xp, p, g, before, after, saved):
-        recurrent = self._scratch("recurrent", g)
-        xp.matmul(before["h"], p["R"], out=recurrent)
-        recurrent += p["bR"]
-        gru_step(g, recurrent, before["h"], after["h"], saved["recurrent_h"])
+    def step(self, xp, p, gates, states, saved, t, before, after):
+        recurrent = self._scratch("recurrent", gates[t])
+        xp.matmul(states["h"][before], p["R"], out=recurrent)
+        gru_step(gates, recurrent, p["bR"], states["h"], saved["recurrent_h"], self.padded, t, before, after)
 
-    def step_backward(self, xp, p, g, before, saved, carry, into, grad_in, grad_rec):
+    def step_backward(self, xp, p, gates, states, saved, carry, into, grad_in, grad_rec, t, before):
         direct = self._scratch("direct", carry["h"])
-        gru_step_backward(g, before["h"], saved["recurrent_h"], carry["h"], grad_in, grad_rec, direct)
-        xp.matmul(grad_rec, p["R"].T, out=into["h"])
+        gru_step_backward(gates, states["h"], saved["recurrent_h"], carry["h"], grad_in, grad_rec, direct,
+                          self.padded, t, before)
+        xp.matmul(grad_rec[t], p["R"].T, out=into["h"])
         into["h"] += direct
 
 

@@ -17,9 +17,11 @@ from numba import cuda
 SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 assert SIMULATED or cuda.is_available(), "run with NUMBA_ENABLE_CUDASIM=1, or on a machine with a CUDA GPU"
 
+from mpitrain.kernels import recurrent_cuda  # noqa: E402
 from mpitrain.kernels import threshold as kernels  # noqa: E402
 from mpitrain.kernels.threshold import cuda as cuda_kernels  # noqa: E402
 from mpitrain.kernels.threshold import message, reference  # noqa: E402
+from mpitrain.testing.recurrent_steps import outputs, step_arrays, step_backward, step_forward  # noqa: E402
 from mpitrain.testing.threshold_cases import bits, edge_cases, residual_with_fraction  # noqa: E402
 
 TILES = cuda_kernels.CudaKernels(block=32, per_thread=8)  # n = 1000: 4 blocks of 256 elements
@@ -116,6 +118,27 @@ def check_dispatch() -> None:
     print("ok dispatch", flush=True)
 
 
+def check_recurrent_steps() -> None:
+    """The LSTM and GRU step kernels (kernels/recurrent_cuda.py) write what the CPU path writes, padded sequences
+    included, in float32 and float64 (the simulator takes numpy arrays; a GPU, device copies): one sequence of one
+    unit, and sizes past one block of threads in both directions (recurrent_cuda.BLOCK)."""
+    for kind in ("lstm", "gru"):
+        for dtype, tolerance in ((np.float32, 1e-5), (np.float64, 1e-12)):
+            for batch, units in ((1, 1), (recurrent_cuda.BLOCK[0] + 1, recurrent_cuda.BLOCK[1] + 1)):
+                expected = step_arrays(kind, batch, units, dtype, seed=batch + units)
+                got = {k: v if SIMULATED or not isinstance(v, np.ndarray) else cuda.to_device(v)
+                       for k, v in step_arrays(kind, batch, units, dtype, seed=batch + units).items()}
+                for after_backward, run in ((False, step_forward), (True, step_backward)):
+                    run(kind, expected)
+                    run(kind, got, recurrent_cuda)
+                    for name, want in outputs(kind, expected, after_backward).items():
+                        have = outputs(kind, got, after_backward)[name]
+                        have = have if SIMULATED else have.copy_to_host()
+                        np.testing.assert_allclose(have, want, rtol=tolerance, atol=tolerance,
+                                                   err_msg=f"{kind} {dtype.__name__} {batch}x{units}: {name}")
+    print("ok recurrent steps", flush=True)
+
+
 def main() -> None:
     start = time.perf_counter()
     for name, residual, tau in edge_cases():
@@ -129,6 +152,7 @@ def main() -> None:
     if not SIMULATED:
         check_default_launch()
     check_dispatch()
+    check_recurrent_steps()
     print(f"OK ({time.perf_counter() - start:.1f} s)")
 
 

@@ -1,5 +1,7 @@
-"""Training on the CPU along the GPU's kernel path: every layer kernel takes the reference written against `xp`
-(what cupy arrays run: kernels/dispatch.py) on numpy arrays, instead of its numba path.
+"""Training on the CPU along the GPU's kernel path: every layer kernel takes what cupy arrays run (kernels/dispatch.py)
+on numpy arrays, instead of its numba CPU path: the references written against `xp`. The recurrent layers' steps run
+numba-CUDA kernels there, which without a GPU only the CUDA simulator runs (NUMBA_ENABLE_CUDASIM=1), a thread at a
+time: too slowly to train on more than a few rows.
 
     python -m mpitrain.testing.reference_paths OUT CONFIG [CONFIG ...]
 

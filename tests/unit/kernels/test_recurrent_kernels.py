@@ -1,45 +1,28 @@
-"""The recurrent layers' backward step kernels (kernels/recurrent.py) equal their ufunc references (cupy's path), on
-gates a forward step computed, float32 and float64, batch 1 and odd sizes."""
+"""The recurrent layers' step kernels (kernels/recurrent.py) on the CPU: a padded sequence's states are carried over
+forward and its gradients pass on unchanged backward, and a step's backward equals the gradient of its forward by
+central differences in float64 (float32 too: the same kernels). The GPU's kernels are held to these in
+tests/harness/cuda_kernels_check.py."""
 import numpy as np
 import pytest
 
-from mpitrain.kernels import recurrent as kernels
-
-SIZES = [(1, 1), (3, 5), (17, 33)]  # (B, H)
-DTYPES = [np.float32, np.float64]
+from mpitrain.testing.recurrent_steps import SIZES, gradient_check, step_arrays, step_backward, step_forward
 
 
-def close(dtype):
-    return {"rtol": 1e-5 if dtype == np.float32 else 1e-12, "atol": 1e-6 if dtype == np.float32 else 1e-14}
-
-
-def arrays(rng, dtype, *shapes):
-    return [rng.normal(size=shape).astype(dtype) for shape in shapes]
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
 @pytest.mark.parametrize("batch, units", SIZES)
-def test_lstm_step_backward_equals_the_reference(batch, units, dtype):
-    rng = np.random.default_rng(batch * units)
-    g, recurrent = arrays(rng, dtype, (batch, 4 * units), (batch, 4 * units))
-    c_before, c_after, h_after, tanh_c, dh, dc = arrays(rng, dtype, *[(batch, units)] * 6)
-    kernels.lstm_step(g, recurrent, c_before, c_after, h_after, tanh_c)  # gates as backward finds them
-    got, expected = [(np.empty_like(g), np.empty_like(dc)) for _ in range(2)]
-    kernels.lstm_step_backward(g, c_before, tanh_c, dh, dc, *got)
-    kernels.lstm_step_backward_reference(g, c_before, tanh_c, dh, dc, *expected)
-    for a, b in zip(got, expected):
-        np.testing.assert_allclose(a, b, **close(dtype))
+def test_a_padded_sequence_keeps_its_states_and_passes_its_gradients_on(kind, batch, units):
+    a = step_arrays(kind, batch, units, np.float64, seed=batch * units)
+    step_forward(kind, a)
+    padded = a["padded"][a["t"], :, 0]
+    for state in ("h", "c") if kind == "lstm" else ("h",):
+        np.testing.assert_array_equal(a[state][a["after"]][padded], a[state][a["before"]][padded])
+    step_backward(kind, a)
+    assert (a["grad_in"][a["t"]][padded] == 0).all() and (a["grad_rec"][a["t"]][padded] == 0).all()
+    np.testing.assert_array_equal(a["direct"][padded], a["dh"][padded])
+    if kind == "lstm":
+        np.testing.assert_array_equal(a["dc_before"][padded], a["dc"][padded])
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("batch, units", SIZES)
-def test_gru_step_backward_equals_the_reference(batch, units, dtype):
-    rng = np.random.default_rng(batch * units)
-    g, recurrent = arrays(rng, dtype, (batch, 3 * units), (batch, 3 * units))
-    h_before, h_after, recurrent_h, dh = arrays(rng, dtype, *[(batch, units)] * 4)
-    kernels.gru_step(g, recurrent, h_before, h_after, recurrent_h)
-    got, expected = [(np.empty_like(g), np.empty_like(g), np.empty_like(dh)) for _ in range(2)]
-    kernels.gru_step_backward(g, h_before, recurrent_h, dh, *got)
-    kernels.gru_step_backward_reference(g, h_before, recurrent_h, dh, *expected)
-    for a, b in zip(got, expected):
-        np.testing.assert_allclose(a, b, **close(dtype))
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_a_steps_backward_is_the_gradient_of_its_forward(kind):
+    gradient_check(kind, batch=3, units=4)
