@@ -9,11 +9,13 @@ layer (`pretrain`); `RECORD_KEYS` are the keys each must have.
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 from mpitrain.base.errors import MpitrainError, describe
-from mpitrain.base.files import os_errors, write_file
+from mpitrain.base.files import write_file
 
+log = logging.getLogger("mpitrain")
 RECORD_KEYS = {"window": ("global_step", "samples_per_s", "bytes_sent_per_step"),
                "epoch": ("epoch", "train_loss", "test_loss", "test_accuracy"),
                "pretrain": ("layer", "epoch", "reconstruction_error")}
@@ -59,35 +61,50 @@ def drop_records_after(path: str, epoch: int, step: int) -> None:
 
 
 def read_records(path: str) -> list[dict]:
-    """Every record of a metrics.jsonl as it is (blank lines skipped): what TensorBoard's events are written from."""
-    with os_errors(path, "reading it"):
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+    """Every record of a metrics.jsonl as it is: what TensorBoard's events are written from."""
+    return [record for _, record in _checked_lines(path)]
 
 
 def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
     """(window records, epoch records) of a metrics.jsonl, checked line by line."""
-    expected = "one JSON object per line, as `mpitrain train` writes"
-    try:
-        with open(path) as f:
-            lines = f.read().splitlines()
-    except OSError as e:
-        raise MpitrainError(f"{path}: cannot read ({e.strerror}); expected the metrics file of a run") from None
     records = {kind: [] for kind in RECORD_KEYS}
-    for number, line in enumerate(lines, start=1):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            raise MpitrainError(f"{path}: line {number} is not valid JSON (truncated or corrupt?); "
-                                f"expected {expected}") from None
+    for number, record in _checked_lines(path):
         keys = RECORD_KEYS.get(record.get("kind")) if isinstance(record, dict) else None
         if keys is None or any(key not in record for key in keys):
-            raise MpitrainError(f"{path}: line {number} is not a window, epoch or pretrain record; expected {expected} "
+            raise MpitrainError(f"{path}: line {number} is not a window, epoch or pretrain record; expected {EXPECTED} "
                                 f"with these keys: {RECORD_KEYS}")
         records[record["kind"]].append(record)
     if not records["epoch"]:
         raise MpitrainError(f"{path}: no epoch record; expected at least one finished epoch")
     return records["window"], records["epoch"]
+
+
+EXPECTED = "one JSON object per line, as `mpitrain train` writes"
+
+
+def _checked_lines(path: str) -> list[tuple[int, object]]:
+    """(line number, record) of each line of a metrics file, blank lines skipped. A last line cut short, with no
+    newline after it (a job killed while writing it, which the next `train` drops too), is left out with a warning;
+    any other line that is not JSON is a MpitrainError naming it."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        raise MpitrainError(f"{path}: cannot read ({e.strerror}); expected the metrics file of a run") from None
+    lines = text.splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append((number, json.loads(line)))
+        except json.JSONDecodeError:
+            if number == len(lines) and not text.endswith("\n"):
+                log.warning("%s: its last line is cut short (a job that ended while writing it): left out", path)
+                continue
+            raise MpitrainError(f"{path}: line {number} is not valid JSON (truncated or corrupt?); "
+                                f"expected {EXPECTED}") from None
+    return records
 
 
 def _keeps(line: str, keep) -> bool:

@@ -9,6 +9,7 @@ goes on to train; `mpitrain eval` and `predict` restore a checkpoint into the sa
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from contextlib import contextmanager
@@ -137,6 +138,7 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
     config = resolve(config, decided, "the config")
     if not config.run_dir:
         raise ConfigError("the config: run_dir is empty; expected the run directory, e.g. Config(run_dir='runs/x')")
+    check_configs_agree(config, comm)
     comm = on_backend(comm, config)
     data_path = config.data.path if is_url(config.data.path) else os.path.abspath(config.data.path)
     decided = {"run_dir": os.path.abspath(config.run_dir), "data.path": data_path,
@@ -163,6 +165,38 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
     checkpointer = Checkpointer(config.run_dir, comm, comm.backend, reader.manifest_sha256, reader.path,
                                 keep=config.checkpoint.keep, resume=config.resume)
     return Run(config, comm, comm.backend, reader, model, checkpointer)
+
+
+def check_configs_agree(config: Config, comm) -> None:
+    """Every rank must train one config (a collective of a digest, the run's first: ranks of other configs, another
+    file or other --set options per rank, would wait in different collectives until the watchdog). Where they differ,
+    a ConfigError on every rank naming the first key that differs and each rank's value."""
+    flat = _flat(config.to_dict())
+    text = json.dumps(flat, sort_keys=True, default=str)
+    if len(set(comm.allgather_obj(hashlib.sha256(text.encode()).hexdigest()))) == 1:
+        return
+    configs = [json.loads(c) for c in comm.allgather_obj(text)]
+    keys = sorted(key for key in set().union(*configs) if len({json.dumps(c.get(key)) for c in configs}) > 1)
+    ranks_of = {}
+    for rank, c in enumerate(configs):
+        ranks_of.setdefault(json.dumps(c.get(keys[0])), []).append(rank)
+    values = " but ".join(f"{value} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+                          for value, ranks in ranks_of.items())
+    others = f" (and {len(keys) - 1} more key(s): {', '.join(keys[1:4])}{', ...' if len(keys) > 4 else ''})" \
+        if len(keys) > 1 else ""
+    raise ConfigError(f"the ranks' configs differ: {keys[0]} is {values}{others}; expected one config on every rank "
+                      f"(the same file and --set options)")
+
+
+def _flat(config: dict) -> dict:
+    """{section.key: value} of a config's sections, and its top-level keys as they are."""
+    flat = {}
+    for name, value in config.items():
+        if isinstance(value, dict):
+            flat.update({f"{name}.{key}": v for key, v in value.items()})
+        else:
+            flat[name] = value
+    return flat
 
 
 def model_layers(config: Config, manifest) -> list:

@@ -3,6 +3,7 @@ command under `mpiexec -n 2` (or alone, for single-process commands), and assert
 no traceback, a quick exit, and that every file that existed before is byte for byte unchanged."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -197,7 +198,6 @@ def run_case(command_args, ranks: int = 2, timeout: float = 90):
 
 
 def assert_one_line_error(result, elapsed: float, pattern: str) -> None:
-    import re
     assert re.search(pattern, one_error_line(result, elapsed)), result.stderr
 
 
@@ -304,6 +304,21 @@ def test_a_read_only_run_directory_is_one_line(trained, tmp_path, small_disks):
     disk = small_disks.mount(tmp_path / "disk", "ro")
     result, elapsed = run_case(["train", config_for(trained, tmp_path, run_dir=str(disk / "run"))])
     assert_one_line_error(result, elapsed, r"disk/run: Read-only file system; expected a folder this job can write")
+
+
+def test_ranks_of_different_configs_are_refused_at_once_naming_the_difference(trained, tmp_path):
+    """One mpiexec starting ranks on two configs (MPMD, or a script passing its own --set per rank) refuses them
+    before anything else, instead of the ranks waiting in different collectives until the watchdog (seen: 100% CPU
+    for 30 minutes)."""
+    configs = [write_config(tmp_path / f"{size}.yaml", trained / "data", **{
+        **SMALL, "train": {**SMALL["train"], "batch_size": size}, "run_dir": str(tmp_path / "run")}) for size in (16, 32)]
+    started = time.monotonic()
+    result = command(MPIEXEC, "-n", 1, MPITRAIN, "train", configs[0], ":", "-n", 2, MPITRAIN, "train", configs[1],
+                     timeout=60)
+    assert_one_line_error(result, time.monotonic() - started, re.escape(
+        "the ranks' configs differ: train.batch_size is 16 on rank 0 but 32 on ranks 1, 2; expected one config on "
+        "every rank"))
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("variable, launcher", [("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),

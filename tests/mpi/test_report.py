@@ -51,10 +51,11 @@ def test_eval_writes_the_confusion_picture(runs):
 
 @pytest.mark.parametrize("damage, message", [
     (lambda path: path.unlink(), "metrics.jsonl: cannot read"),
-    (lambda path: path.write_text(path.read_text()[:-20]), "is not valid JSON (truncated or corrupt?)"),
+    (lambda path: path.write_text("".join(line[:20] + "\n" if number == 1 else line for number, line in enumerate(
+        path.read_text().splitlines(keepends=True)))), "line 2 is not valid JSON (truncated or corrupt?)"),
     (lambda path: path.write_text("".join(line for line in path.read_text().splitlines(keepends=True)
                                           if '"window"' in line)), "metrics.jsonl: no epoch record"),
-], ids=["missing", "truncated", "no-epoch"])
+], ids=["missing", "corrupt", "no-epoch"])
 def test_damaged_metrics_give_one_clear_error(runs, tmp_path, capsys, damage, message):
     run_dir = tmp_path / "run"
     shutil.copytree(runs / "dense", run_dir)
@@ -62,6 +63,21 @@ def test_damaged_metrics_give_one_clear_error(runs, tmp_path, capsys, damage, me
     assert main(["report", str(run_dir)]) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and str(run_dir / "metrics.jsonl") in err and message in err
+
+
+def test_a_last_line_cut_short_by_a_killed_job_is_left_out_with_a_warning(runs, tmp_path, caplog):
+    """A job killed while writing a record leaves its last line without its end: the report and TensorBoard's events
+    are drawn from the records before it (as the next `train` drops it), saying so."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(runs / "dense", run_dir)
+    (run_dir / "report.png").unlink()
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "window", "epoch": 2, "st')
+    for extra in ([], ["--tensorboard"]):
+        caplog.clear()
+        assert main(["report", str(run_dir), *extra]) == 0
+        assert "metrics.jsonl: its last line is cut short (a job that ended while writing it): left out" in caplog.text
+    assert imread(run_dir / "report.png").shape[:2] == REPORT_PIXELS
 
 
 def test_bench_tables_rewrite_only_measured_sections_and_the_headline(tmp_path):
