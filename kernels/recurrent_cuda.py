@@ -19,11 +19,17 @@ from .recurrent import gru_cell, gru_cell_backward, lstm_cell, lstm_cell_backwar
 BLOCK = (4, 64)  # (sequences, units) per block of threads
 
 
+@cuda.jit(device=True)
+def _unit(states):
+    """This thread's (sequence, unit, units) of the (rows, B, H) `states`; sequence -1 for a thread past them."""
+    r, j = cuda.grid(2)
+    return (r, j, states.shape[2]) if r < states.shape[1] and j < states.shape[2] else (-1, -1, 0)
+
+
 @cuda.jit
 def _lstm_forward(gates, recurrent, h, c, tanh_c, padded, t, before, after):
-    r, j = cuda.grid(2)
-    units = c.shape[2]
-    if r >= c.shape[1] or j >= units:
+    r, j, units = _unit(c)
+    if r < 0:
         return
     g = gates[t, r]
     i, o, f, cell, c_new, tanh_new, h_new = lstm_cell(
@@ -39,9 +45,8 @@ def _lstm_forward(gates, recurrent, h, c, tanh_c, padded, t, before, after):
 
 @cuda.jit
 def _lstm_backward(gates, c, tanh_c, dh, dc, grad_in, dc_before, direct, padded, t, before):
-    r, j = cuda.grid(2)
-    units = c.shape[2]
-    if r >= c.shape[1] or j >= units:
+    r, j, units = _unit(c)
+    if r < 0:
         return
     g, grad = gates[t, r], grad_in[t, r]
     if padded[t, r, 0]:
@@ -55,9 +60,8 @@ def _lstm_backward(gates, c, tanh_c, dh, dc, grad_in, dc_before, direct, padded,
 
 @cuda.jit
 def _gru_forward(gates, recurrent, bias, h, recurrent_h, padded, t, before, after):
-    r, j = cuda.grid(2)
-    units = h.shape[2]
-    if r >= h.shape[1] or j >= units:
+    r, j, units = _unit(h)
+    if r < 0:
         return
     g, rec = gates[t, r], recurrent[r]
     kept = rec[2 * units + j] + bias[2 * units + j]
@@ -70,9 +74,8 @@ def _gru_forward(gates, recurrent, bias, h, recurrent_h, padded, t, before, afte
 
 @cuda.jit
 def _gru_backward(gates, h, recurrent_h, dh, grad_in, grad_rec, direct, padded, t, before):
-    r, j = cuda.grid(2)
-    units = h.shape[2]
-    if r >= h.shape[1] or j >= units:
+    r, j, units = _unit(h)
+    if r < 0:
         return
     g, grad, rec = gates[t, r], grad_in[t, r], grad_rec[t, r]
     if padded[t, r, 0]:

@@ -187,7 +187,9 @@ class Recurrent(Layer):
         """Time step t forward (kernels/recurrent.py): gates[t] (B, G*H) holds the input projection plus input bias and
         becomes the gates' activations; the states' rows `before` (T + 1, B, H) give their rows `after`, carried over
         where the sequence is padded; `saved` keeps what `step_backward` needs at row t."""
-        raise NotImplementedError
+        recurrent = self._scratch("recurrent", gates[t])
+        xp.matmul(states["h"][before], p["R"], out=recurrent)
+        self.gate_step(p, gates, recurrent, states, saved, t, before, after)
 
     def step_backward(self, xp, p: dict, gates, states: dict, saved: dict, carry: dict, into: dict, grad_in,
                       grad_rec, t: int, before: int) -> None:
@@ -195,6 +197,20 @@ class Recurrent(Layer):
         of the pre-activations into grad_in[t] and grad_rec[t] (the input and recurrent sides: the same array for an
         LSTM), zero where padded, and of the states before the step into `into`, where padded `carry` unchanged.
         `carry` is only read."""
+        direct = self._scratch("direct", carry["h"])
+        self.gate_step_backward(gates, states, saved, carry, into, grad_in, grad_rec, direct, t, before)
+        xp.matmul(grad_rec[t], p["R"].T, out=into["h"])
+        into["h"] += direct
+
+    def gate_step(self, p: dict, gates, recurrent, states: dict, saved: dict, t: int, before: int,
+                  after: int) -> None:
+        """The gate work of `step` after its matmul `recurrent` = h R: the layer's step kernel."""
+        raise NotImplementedError
+
+    def gate_step_backward(self, gates, states: dict, saved: dict, carry: dict, into: dict, grad_in, grad_rec,
+                           direct, t: int, before: int) -> None:
+        """The gate work of `step_backward` before its matmul: the layer's step kernel, writing the hidden state's
+        own part of its gradient into `direct`, to which grad_rec[t] R^T is added."""
         raise NotImplementedError
 
     def _scratch(self, name: str, like):
@@ -218,17 +234,12 @@ class LSTM(Recurrent):
         bias[2 * self.units:3 * self.units] = 1.0  # the forget gate
         return bias
 
-    def step(self, xp, p, gates, states, saved, t, before, after):
-        recurrent = self._scratch("recurrent", gates[t])
-        xp.matmul(states["h"][before], p["R"], out=recurrent)
+    def gate_step(self, p, gates, recurrent, states, saved, t, before, after):
         lstm_step(gates, recurrent, states["h"], states["c"], saved["tanh_c"], self.padded, t, before, after)
 
-    def step_backward(self, xp, p, gates, states, saved, carry, into, grad_in, grad_rec, t, before):
-        direct = self._scratch("direct", carry["h"])
+    def gate_step_backward(self, gates, states, saved, carry, into, grad_in, grad_rec, direct, t, before):
         lstm_step_backward(gates, states["c"], saved["tanh_c"], carry["h"], carry["c"], grad_in, into["c"], direct,
                            self.padded, t, before)
-        xp.matmul(grad_in[t], p["R"].T, out=into["h"])
-        into["h"] += direct
 
 
 @layer_type("gru")
@@ -245,17 +256,12 @@ class GRU(Recurrent):
     input_bias = "bW"
     recurrent_bias = "bR"
 
-    def step(self, xp, p, gates, states, saved, t, before, after):
-        recurrent = self._scratch("recurrent", gates[t])
-        xp.matmul(states["h"][before], p["R"], out=recurrent)
+    def gate_step(self, p, gates, recurrent, states, saved, t, before, after):
         gru_step(gates, recurrent, p["bR"], states["h"], saved["recurrent_h"], self.padded, t, before, after)
 
-    def step_backward(self, xp, p, gates, states, saved, carry, into, grad_in, grad_rec, t, before):
-        direct = self._scratch("direct", carry["h"])
+    def gate_step_backward(self, gates, states, saved, carry, into, grad_in, grad_rec, direct, t, before):
         gru_step_backward(gates, states["h"], saved["recurrent_h"], carry["h"], grad_in, grad_rec, direct,
                           self.padded, t, before)
-        xp.matmul(grad_rec[t], p["R"].T, out=into["h"])
-        into["h"] += direct
 
 
 def _time_steps(steps: int, reverse: bool) -> range:
