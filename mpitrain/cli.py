@@ -3,7 +3,7 @@ the one place user errors are caught.
 
 Multi-rank commands run the same under `mpiexec -n N`, `srun`, or alone (1 rank). An
 uncaught exception on any rank aborts the whole job (see `launch.install_abort_hook`);
-a user error (bad config, bad data) prints one line on rank 0 and exits 2 on every rank. SIGUSR1 or SIGTERM
+a user error (bad config, bad data) prints one line on rank 0 and exits 2 on every rank. SIGUSR1, SIGTERM or SIGINT (Ctrl-C)
 ends `train`, `eval` and `predict` on every rank with one line and exit 3, at any moment from `main`'s first line
 (`mpitrain.training.preemption`: the handlers are held from there, before mpi4py is imported).
 The commands are thin: `train` is `mpitrain.train`, and `eval`/`predict` build their run

@@ -4,7 +4,7 @@
     summary = mpitrain.train(config, comm)                       # the same, from Python
 
 `train` is a collective: every rank calls it. Rank 0 writes the run directory (config.yaml,
-checkpoints/, metrics.jsonl, summary.json, the report). SIGUSR1 or SIGTERM on any rank, at any moment, stops
+checkpoints/, metrics.jsonl, summary.json, the report). SIGUSR1, SIGTERM or SIGINT on any rank, at any moment, stops
 every rank (`mpitrain.training.preemption`: `Stopped`, exit 3): before the first step with nothing to save, at a
 step boundary with a checkpoint, after the last step once the summary and the report are written.
 """
@@ -51,7 +51,7 @@ def train(config: Config, comm, *, reader=None, model=None, sync: Synchronizer |
 
     `reader` (a DatasetReader), `model` (a Sequential) and `sync` (a Synchronizer built on
     the run's communicator) replace the parts the config would build (the Python API).
-    SIGUSR1 or SIGTERM on any rank while it runs raises `Stopped` on every rank, with a checkpoint of the step it
+    SIGUSR1, SIGTERM or SIGINT (Ctrl-C) on any rank while it runs raises `Stopped` on every rank, with a checkpoint of the step it
     stopped at when there is one (`mpitrain.training.preemption`). For the call's duration mpitrain's handlers
     replace the caller's, which come back when it returns, unless `hold_stop_signals()` holds them for the
     whole process, as the command line does.
@@ -377,7 +377,7 @@ def _record_window(run: Run, loop: _Loop, epoch: int, step: int, window: Window)
 
 def _stop_with_checkpoint(run: Run, loop: _Loop, epoch: int, step: int, signal_name: str, watchdog: Watchdog,
                           stop: StopSignals):
-    """The ranks agreed to stop after `step` (SIGUSR1 or SIGTERM on any rank): checkpoint it, requeue the job after
+    """The ranks agreed to stop after `step` (a stop signal on any rank): checkpoint it, requeue the job after
     SIGUSR1 (rank 0), and raise Stopped (exit status 3)."""
     watchdog.beat(f"the checkpoint of {signal_name} at epoch {epoch + 1} step {step + 1}")
     path = _save(run, loop, epoch, step + 1, stop)

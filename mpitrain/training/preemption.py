@@ -1,9 +1,10 @@
-"""Preemption and time limits: SIGUSR1 or SIGTERM, on any rank and at any moment of `mpitrain train`, ends every
-rank with exit status 3 and one line: the checkpoint of the step training stopped at, or, before the first step,
-"stopped by SIGNAL before the first step, nothing to save".
+"""Preemption, time limits and Ctrl-C: SIGUSR1, SIGTERM or SIGINT, on any rank and at any moment of `mpitrain train`,
+ends every rank with exit status 3 and one line: the checkpoint of the step training stopped at, or, before the first
+step, "stopped by SIGNAL before the first step, nothing to save".
 
     #SBATCH --signal=USR1@120      # Slurm sends SIGUSR1 two minutes before the time limit
     scancel --signal=USR1 JOBID    # or ask for it by hand; a preempting scheduler sends SIGTERM
+    Ctrl-C on mpiexec              # it sends SIGINT to every rank (a second Ctrl-C: mpiexec aborts them)
 
     hold_stop_signals()                        # the command line: its first line, before mpi4py is imported
     with signals_blocked_while_mpi_starts():   # MPI_Init installs the MPI library's own SIGUSR1 handler
@@ -17,8 +18,10 @@ rank with exit status 3 and one line: the checkpoint of the step training stoppe
         final evaluation, summary, report; stop.agree_now()
 
 A signal only sets a flag in the rank that got it (the handler does nothing else: no logging, no MPI), so a
-second signal, at any moment, changes nothing. Ranks that got different signals agree on the larger number:
-SIGTERM (the job is to end) over SIGUSR1 (requeue it). The flag counts at three kinds of agreement point, each a
+second signal, at any moment, changes nothing. Ranks that got different signals agree on the strongest, in the order
+of SIGNALS: SIGTERM (the job is to end) over SIGINT (the user ends it) over SIGUSR1 (requeue it). Python's own SIGINT
+handler raised KeyboardInterrupt in whatever the rank was doing, and left the others waiting in a collective for it:
+Ctrl-C on `mpiexec` hung the job. The flag counts at three kinds of agreement point, each a
 collective every rank reaches, so a rank that got a signal never leaves the others waiting:
 
 - **Before the first step** (`agree_now`): one blocking Allreduce (MAX) after set-up (the dataset, the
@@ -69,8 +72,8 @@ import numpy as np
 
 from mpitrain.base.errors import DataError, MpitrainError
 
-SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-READ_FAILED = 1 << 16  # above every signal number: a rank could not read its rows
+SIGNALS = (signal.SIGUSR1, signal.SIGINT, signal.SIGTERM)  # the stop signals, weakest first (the agreement's order)
+READ_FAILED = 1 << 16  # above every signal's place in SIGNALS: a rank could not read its rows
 
 
 class Stopped(MpitrainError):
@@ -94,7 +97,7 @@ def _handle(number, frame) -> None:
 
 
 def _install() -> dict:
-    """mpitrain's flag-setting handlers for SIGUSR1 and SIGTERM; returns the previous ones."""
+    """mpitrain's flag-setting handlers for the stop signals; returns the previous ones."""
     return {number: signal.signal(number, _handle) for number in SIGNALS}
 
 
@@ -109,7 +112,7 @@ def release_stop_signals() -> None:
     """For commands that have no stop agreement (etl, score, export, report, info): the signals' defaults back, and
     a signal that came while mpitrain held them delivered now, so it ends the process as it would have."""
     for number in SIGNALS:
-        signal.signal(number, signal.SIG_DFL)
+        signal.signal(number, signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL)
     _Flag.held = False
     if _Flag.received:
         signal.raise_signal(_Flag.received)
@@ -122,7 +125,7 @@ def signal_received() -> str | None:
 
 @contextmanager
 def signals_blocked_while_mpi_starts():
-    """Block SIGUSR1 and SIGTERM while the block starts MPI, then put mpitrain's handlers back over the MPI
+    """Block the stop signals while the block starts MPI, then put mpitrain's handlers back over the MPI
     library's and unblock them: a signal that came meanwhile is delivered to mpitrain's handler. Not a
     collective."""
     before = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
@@ -172,10 +175,12 @@ class StopSignals:
         """The agreed value as a signal name (None: no signal); a read failure is raised on every rank."""
         if self.agreed_signal[0] == READ_FAILED:
             self.comm.raise_first_failure(self.read_failure, DataError)
-        return signal.Signals(int(self.agreed_signal[0])).name if self.agreed_signal[0] else None
+        return SIGNALS[int(self.agreed_signal[0]) - 1].name if self.agreed_signal[0] else None
 
     def _post(self):
-        self.outgoing[0] = READ_FAILED if self.read_failure is not None else _Flag.received
+        """Post this rank's word: READ_FAILED, or its signal's place in SIGNALS counted from 1 (0: none)."""
+        self.outgoing[0] = READ_FAILED if self.read_failure is not None else \
+            SIGNALS.index(_Flag.received) + 1 if _Flag.received else 0
         return self.comm.iallreduce_max(self.outgoing, self.agreed_signal)
 
     def agreed(self) -> str | None:

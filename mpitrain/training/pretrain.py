@@ -11,7 +11,7 @@ of the supervised model, which `mpitrain.training.loop` fine-tunes with backprop
 
 Each finished layer is checkpointed to RUN_DIR/pretrain/layer-LL.h5 (atomically, by rank 0),
 so a resumed run skips finished layers; a layer interrupted half way starts again. Every step agrees on the
-stop signals like a training step (`mpitrain.training.preemption`): SIGUSR1 or SIGTERM ends pretraining on every
+stop signals like a training step (`mpitrain.training.preemption`): SIGUSR1, SIGTERM or SIGINT ends pretraining on every
 rank one or two steps later, with exit status 3, the finished layers kept. A
 checkpoint taken on another dataset or of another shape is refused, saying what differs.
 After every epoch, metrics.jsonl gets a `pretrain` record: reconstruction error (mean

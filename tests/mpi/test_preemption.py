@@ -104,6 +104,26 @@ def test_a_signal_to_one_rank_stops_every_rank_with_a_checkpoint_and_resume_ends
         assert len(set(uninterrupted.values())) > 2 and min(uninterrupted.values()) < 0.05  # the schedule moved it
 
 
+def test_ctrl_c_on_mpiexec_stops_every_rank_with_a_checkpoint(data, tmp_path):
+    """Ctrl-C: mpiexec sends SIGINT to every rank. Python's own handler raised KeyboardInterrupt in one rank while the
+    other waited in a collective for it, and the job hung (seen: 60 s and counting, one rank at 100% CPU); SIGINT is
+    a stop signal now, and the job ends as under SIGTERM."""
+    config = write_config(tmp_path / "exp.yaml", data, run_dir=str(tmp_path / "run"), **LONG)
+    job = subprocess.Popen([MPIEXEC, "-n", "2", MPITRAIN, "train", config], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    metrics, deadline = tmp_path / "run" / "metrics.jsonl", time.monotonic() + 60
+    while not (metrics.exists() and '"epoch": 0' in metrics.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert job.poll() is None, "the job ended before Ctrl-C"
+    job.send_signal(signal.SIGINT)
+    out, err = job.communicate(timeout=60)
+    assert job.returncode == 3, err
+    stopped = re.search(r"mpitrain train: stopped by SIGINT at epoch \d+ step \d+: wrote (\S+); resume with the same "
+                        r"command", err)
+    assert stopped and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert os.path.exists(stopped.group(1))
+
+
 def trained_with_three_checkpoints(data, tmp_path) -> tuple[str, list]:
     config = write_config(tmp_path / "exp.yaml", data, run_dir=str(tmp_path / "run"),
                           train={"epochs": 3, "batch_size": 64, "seed": 1, "log_every": 50},
