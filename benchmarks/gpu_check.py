@@ -76,31 +76,28 @@ class Steps:
         self.logs, self.deadline = logs, time.monotonic() + budget
         os.makedirs(logs, exist_ok=True)
 
-    def log(self, name: str) -> str:
-        return os.path.join(self.logs, f"{slug(name)}.log")
-
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def run(self, name: str, command: list[str], timeout: float) -> tuple[bool, str]:
-        """Run `command`, its output to LOGS/<name>.log; (passed, the line saying what went wrong)."""
+    def run(self, name: str, command: list[str], timeout: float) -> tuple[bool, str, str]:
+        """Run `command`, its output to LOGS/<name>.log; (passed, the line saying what went wrong, the output)."""
         timeout = min(timeout, self.left())
         if timeout < 10:
-            return False, "left out: the check's time budget was spent"
-        log, started = self.log(name), time.monotonic()
+            return False, "left out: the check's time budget was spent", ""
+        log, started = os.path.join(self.logs, f"{slug(name)}.log"), time.monotonic()
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO,
                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
             output, passed = done.stdout + done.stderr, done.returncode == 0
             reason = "" if passed else last_error(output, done.returncode)
-        except subprocess.TimeoutExpired as stopped:
-            output = (stopped.stdout or b"").decode() + (stopped.stderr or b"").decode() if isinstance(
-                stopped.stdout, bytes) else (stopped.stdout or "") + (stopped.stderr or "")
+        except subprocess.TimeoutExpired as stopped:  # its output so far comes as bytes, text=True or not
+            output = "".join(part.decode(errors="replace") if isinstance(part, bytes) else part
+                             for part in (stopped.stdout or "", stopped.stderr or ""))
             passed, reason = False, f"timed out after {timeout:.0f} s"
         with open(log, "w") as f:
             f.write(" ".join(command) + "\n\n" + output)
         print(f"{name}: {'passed' if passed else reason} ({time.monotonic() - started:.0f} s)", flush=True)
-        return passed, reason
+        return passed, reason, output
 
 
 def slug(name: str) -> str:
@@ -179,7 +176,7 @@ def mpitrain_run(steps: Steps, name: str, ranks: int, config: str, settings: dic
     first epoch when it trained more than one, test accuracy, staged bytes per step)."""
     with tempfile.TemporaryDirectory() as run_dir:
         settings = {"run_dir": run_dir, "resume": "never", "report": False, **settings}
-        passed, reason = steps.run(name, train_command(ranks, config, settings), timeout)
+        passed, reason, _ = steps.run(name, train_command(ranks, config, settings), timeout)
         row = {"step": name, "passed": passed, "reason": reason}
         if not passed:
             return row
@@ -197,11 +194,10 @@ def torch_run(steps: Steps, name: str, config: str, data: str, batch: int, devic
     """PyTorch eager on the same config, rows and batch (benchmarks/torch_ddp.py, 1 process), one warm-up epoch."""
     command = [sys.executable, os.path.join(HERE, "torch_ddp.py"), "--data", data, "--config", config, "--ranks", "1",
                "--epochs", "2", "--device", device, "--batch-size", str(batch), "--warmup-epochs", "1"]
-    passed, reason = steps.run(name, command, timeout)
+    passed, reason, output = steps.run(name, command, timeout)
     row = {"step": name, "passed": passed, "reason": reason}
     if passed:
-        with open(steps.log(name)) as f:
-            result = json.loads(f.read().strip().splitlines()[-1])
+        result = json.loads(output.strip().splitlines()[-1])
         row.update(samples_per_s=result["samples_per_s"], test_accuracy=result["test_accuracy"],
                    host_cpu_ms_per_step=result["host_cpu_ms_per_step"])
     return row
@@ -230,7 +226,7 @@ def main(argv=None) -> int:
     result = {"machine": machine(backend), "dry_run": args.dry_run, "steps": []}
     print(json.dumps(result["machine"]), flush=True)
 
-    passed, reason = steps.run("gpu tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    passed, reason, _ = steps.run("gpu tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                                 "-rfE", f"--junitxml={steps.logs}/gpu-tests.xml", "--tb=short", *GPU_TESTS], 300)
     result["steps"].append({"step": "gpu tests", "passed": passed, "reason": reason})
 

@@ -94,10 +94,10 @@ def _gru_step_backward_cpu(g, h_before, recurrent_h, dh, grad_in, grad_rec, dire
             grad_rec[r, j], grad_rec[r, h + j], grad_rec[r, 2 * h + j] = d_z, d_r, d_n_rec
 
 
-def _sigmoid(xp, a) -> None:
+def _sigmoid(a) -> None:
     """a = sigmoid(a) in place, as (1 + tanh(a / 2)) / 2: no overflow for large |a|."""
     a *= 0.5
-    xp.tanh(a, out=a)
+    np.tanh(a, out=a)
     a += 1
     a *= 0.5
 
@@ -110,7 +110,7 @@ def lstm_step(gates, recurrent, h, c, tanh_c, padded, t: int, before: int, after
     units = c.shape[2]
     g = gates[t]
     g += recurrent
-    _sigmoid(np, g[:, :3 * units])
+    _sigmoid(g[:, :3 * units])
     np.tanh(g[:, 3 * units:], out=g[:, 3 * units:])
     i, o, f, cell = g[:, :units], g[:, units:2 * units], g[:, 2 * units:3 * units], g[:, 3 * units:]
     c_after, h_after = c[after], h[after]
@@ -143,7 +143,7 @@ def gru_step(gates, recurrent, bias, h, recurrent_h, padded, t: int, before: int
     recurrent += bias
     g = gates[t]
     g[:, :2 * units] += recurrent[:, :2 * units]
-    _sigmoid(np, g[:, :2 * units])
+    _sigmoid(g[:, :2 * units])
     z, reset, n = g[:, :units], g[:, units:2 * units], g[:, 2 * units:]
     h_after, h_before = h[after], h[before]
     np.copyto(recurrent_h[t], recurrent[:, 2 * units:])

@@ -110,8 +110,7 @@ def _launch(kernel, rows: int, units: int, *args) -> None:
     """`kernel` over (rows, units) threads, on the current cupy stream for cupy arrays (numpy arrays: the simulator's,
     on its default stream)."""
     grid = (-(-rows // BLOCK[0]), -(-units // BLOCK[1]))
-    arrays = [a for a in args if hasattr(a, "__cuda_array_interface__")]
-    stream = _stream(_cupy_stream()) if arrays else 0
+    stream = _stream(_cupy_stream()) if hasattr(args[0], "__cuda_array_interface__") else 0
     kernel[grid, BLOCK, stream](*(_device(a) if hasattr(a, "__cuda_array_interface__") else a for a in args))
 
 

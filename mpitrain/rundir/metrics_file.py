@@ -19,6 +19,7 @@ log = logging.getLogger("mpitrain")
 RECORD_KEYS = {"window": ("global_step", "samples_per_s", "bytes_sent_per_step"),
                "epoch": ("epoch", "train_loss", "test_loss", "test_accuracy"),
                "pretrain": ("layer", "epoch", "reconstruction_error")}
+EXPECTED = "one JSON object per line, as `mpitrain train` writes"
 
 
 def append_record(path: str, record: dict) -> None:
@@ -77,9 +78,6 @@ def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
     if not records["epoch"]:
         raise MpitrainError(f"{path}: no epoch record; expected at least one finished epoch")
     return records["window"], records["epoch"]
-
-
-EXPECTED = "one JSON object per line, as `mpitrain train` writes"
 
 
 def _checked_lines(path: str) -> list[tuple[int, object]]:
