@@ -81,7 +81,7 @@ def worker(rank: int, args, init_file: str, results) -> None:
     groups = reader.manifest.input_groups
     numeric, categorical = groups["numeric"], groups["categorical"]
     torch.manual_seed(config.train.seed)
-    model = TableModel(categorical.ids, dim, numeric.stop - numeric.start, hidden, args.sparse)
+    model = TableModel(categorical.ids, dim, numeric.shape[0], hidden, args.sparse)
     dense_bytes = 4 * sum(p.numel() for name, p in model.named_parameters() if not name.startswith("tables."))
     model = torch.nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's parameters
     optimizer = torch.optim.SGD(model.parameters(), lr=config.optimizer.lr)
@@ -90,10 +90,9 @@ def worker(rank: int, args, init_file: str, results) -> None:
     tick = time.perf_counter()
     for step, (x, y) in enumerate(batches.epoch(0)):
         counted = step >= args.warmup_steps
-        rows = torch.from_numpy(x)
-        ids = rows[:, categorical.start:categorical.stop].long()
+        ids = torch.from_numpy(x.columns["categorical"]).long()  # the reader's batch: numbers and int32 ids
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(rows[:, numeric.start:numeric.stop], ids), torch.from_numpy(y))
+        loss = loss_fn(model(torch.from_numpy(x.x), ids), torch.from_numpy(y))
         loss.backward()
         optimizer.step()
         now = time.perf_counter()
@@ -128,8 +127,7 @@ def test_loss(model, config, numeric, categorical) -> float:
     total = 0.0
     with torch.no_grad():
         for x, y in test.batches(EVAL_BATCH):
-            rows = torch.from_numpy(x)
-            logits = model(rows[:, numeric.start:numeric.stop], rows[:, categorical.start:categorical.stop].long())
+            logits = model(torch.from_numpy(x.x), torch.from_numpy(x.columns["categorical"]).long())
             total += float(torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.from_numpy(y),
                                                                                 reduction="sum"))
     return total / len(test)

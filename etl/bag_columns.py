@@ -4,7 +4,7 @@ pages, which become a ragged sequence of ids through one vocabulary (or hashing)
     bags = bag_column(batch.column("recent"), "recent", max_length=500, where=path, record=name)   # a Parquet list
     bags = bag_column(texts, "recent", 500, path, name, delimiter="|")   # a CSV cell: "m17|m3|m17"
     fitted = fit_bags(train_rows, ["recent"], options, spec)   # etl/tables.py: {name: its ids' entry}, on the driver
-    ids = bag_ids(bags, CategoryIds(fitted["recent"], "--bag"))          # Ragged float32 ids (steps, 1)
+    ids = bag_ids(bags, CategoryIds(fitted["recent"], "--bag"))          # Ragged int32 ids (steps, 1)
 
 A record's bag is read as its values' text (`mpitrain.data.encoding.category_text`: strings as they are, an
 integer's decimal text). An empty list, an empty CSV cell and a missing list are the empty bag (an `embedding_bag`
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpitrain.base.errors import DataError
-from mpitrain.data.encoding import CategoryIds, category_text, text_hashes
+from mpitrain.data.encoding import ID_DTYPE, CategoryIds, category_text, text_hashes
 from mpitrain.data.sequences import Ragged, RaggedRows
 
 
@@ -86,5 +86,5 @@ def bag_column(column, name: str, max_length: int, where: str, record, delimiter
 
 
 def bag_ids(bags: TextBags, ids: CategoryIds) -> Ragged:
-    """A shard's bags as stored: each value's id (its column's vocabulary or hash buckets) as float32 steps of 1."""
-    return Ragged(ids(bags.values).astype(np.float32)[:, None], bags.offsets)
+    """A shard's bags as stored: each value's id (its column's vocabulary or hash buckets) as ID_DTYPE steps of 1."""
+    return Ragged(ids(bags.values).astype(ID_DTYPE)[:, None], bags.offsets)

@@ -31,7 +31,7 @@ import numpy as np
 
 from mpitrain.base.domains import check_number
 from mpitrain.base.errors import ConfigError, DataError
-from mpitrain.data.encoding import TableRows
+from mpitrain.data.encoding import ID_DTYPE, TableRows
 from mpitrain.data.sequences import MAX_LENGTH, SequenceRows, token_ids
 from mpitrain.data.shards import (
     CHUNK_ROWS,
@@ -331,7 +331,7 @@ def _shard_task(shard: int, pieces, placement: Placement, shards: int, transform
     sequences = transforms.apply_sequences(x.sequences) if isinstance(x, SequenceRows) else {}
     stored = transforms.apply(x.x if sequences else x, keys)
     info = write_shard_to(tmp, shard_path(split, shard % shards), stored, y, transforms.one_hot(y, num_classes),
-                          compression, sequences)
+                          compression, sequences, transforms.apply_ids(x))
     scale, offset = transforms.scale_offset
     values = stored.astype(np.float64) * scale + offset
     steps = {name: _sequence_stats(seqs) for name, seqs in sequences.items()}
@@ -446,7 +446,7 @@ def _manifest(plan: EtlPlan, transforms: Transforms, num_classes: int, written: 
               bad_records: int) -> Manifest:
     source, columns = plan.source, transforms.columns
     stats = written[STATS_SPLIT]
-    feature_shape = (sum(map(len, columns.values())),) if columns else tuple(source.feature_shape)
+    feature_shape = (len(columns.get("numeric", [])),) if columns else tuple(source.feature_shape)
     rows = sum(shard.info.rows for shard in stats)
     count = rows * math.prod(feature_shape)
     mean = sum(shard.total for shard in stats) / max(count, 1)
@@ -472,7 +472,8 @@ def _manifest(plan: EtlPlan, transforms: Transforms, num_classes: int, written: 
         class_names=list(source.class_names), bad_records=bad_records,
         compression=plan.options.compression, chunk_rows=CHUNK_ROWS, checksums="fletcher32", target=target.kind,
         target_names=list(target.columns) if target.kind != "class" else [], columns=columns, sequences=sequences,
-        step_target=getattr(source, "step_target", ""), **_target_statistics(stats, rows, target.kind))
+        step_target=getattr(source, "step_target", ""), **_target_statistics(stats, rows, target.kind),
+        id_dtype=ID_DTYPE if columns.get("categorical") or any(c.get("bag") for c in sequences) else "")
 
 
 def _target_statistics(stats: list[ShardWritten], rows: int, kind: str) -> dict[str, list[float]]:

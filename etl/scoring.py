@@ -42,6 +42,7 @@ import numpy as np
 
 from mpitrain.base.domains import check_number
 from mpitrain.base.errors import ConfigError, DataError
+from mpitrain.data.sequences import Inputs
 from mpitrain.data.shards import FEATURE_DTYPES
 from mpitrain.etl.job import FRACTIONS, check_bad_records, task_data_errors
 from mpitrain.etl.output import atomic_folder, check_apart, check_out
@@ -360,9 +361,13 @@ class _Scorer:
                                  if t["name"] == "standardize"), None)  # a sequence model's fixed features'
 
     def _feeds(self, x) -> dict:
-        """The model's inputs of a read batch's rows: rows of fixed size as they are; a sequence model's fixed
+        """The model's inputs of a read batch's rows: rows of fixed size as they are (a table's numbers and ids as
+        its `Inputs`); a sequence model's fixed
         features as `x` (where it takes them; standardized as the ETL stored them), each column as the ETL stored
         it (`StoredSequences`: a bag's ids, a standardized column's values), padded, and its lengths."""
+        from mpitrain.rundir.export import IDS, INPUT
+        if isinstance(x, Inputs):  # a table's numbers (none: no input `x`) and its categorical ids, int64 in ONNX
+            return {**({INPUT: x.x} if x.x.shape[1] else {}), IDS: x.columns[IDS].astype(np.int64)}
         if not self.sequences:
             return {self.input_name: x.astype(self.feature_dtype, copy=False)}
         from mpitrain.etl.sequence_columns import StoredSequences
@@ -373,6 +378,8 @@ class _Scorer:
         for name, stored in self.stored(x.sequences).items():
             values, lengths = self.sequences[name]
             feeds[values], feeds[lengths] = stored.padded()
+            if feeds[values].dtype.kind in "iu":  # a bag's ids: int64 in ONNX
+                feeds[values] = feeds[values].astype(np.int64)
         return feeds
 
     def __call__(self, batches):

@@ -5,7 +5,7 @@
 Each record's sequence becomes a `Ragged` row (its steps' values one after another, and offsets), stored so in the
 shards and never padded (docs/sequences.md). A step is one number (`features` 1) or a list of `features` numbers,
 the length of the first record's first step. Token ids are integers and are stored exactly (float32 holds integers
-up to 2**24). A record whose sequence is missing, empty, longer than `--max-length`, or holds a missing or
+up to 2**24; larger ones are numbers, `mpitrain.data.sequences.TOKEN_IDS`). A record whose sequence is missing, empty, longer than `--max-length`, or holds a missing or
 non-finite number or a step of another length is not a bad record to drop: the data is not what the job was told,
 so the job stops with one line naming the file, the record and the column. `StoredSequences` is what the ETL does
 to a column's values before it stores them, which scoring does to a record's again.

@@ -42,7 +42,7 @@ class TableOptions:
             raise ConfigError(f"--min-count {self.min_count}: expected an integer >= 1")
         if not 1 <= self.max_vocabulary <= MAX_IDS - 2:
             raise ConfigError(f"--max-vocabulary {self.max_vocabulary}: expected 1..{MAX_IDS - 2} (ids 0 and 1 are "
-                              "missing and out of vocabulary; ids are stored exactly in float32 up to 2**24)")
+                              "missing and out of vocabulary; ids are int32)")
 
     def check(self, categorical: tuple[str, ...]) -> None:
         """Every column --hash-buckets names is a `categorical` one (the --categorical and --bag columns)."""
@@ -192,7 +192,8 @@ def fit_bags(train_rows, names: list[str], options: TableOptions, spec: str) -> 
 @dataclass
 class TableTransforms(Transforms):
     """A table's `Transforms`: its parsed rows (`TableRows`) encoded by the fitted `columns` into float32 rows of
-    x, fed to the model as stored (scale 1, offset 0); `--one-hot` as for any class target."""
+    x and integer rows of ids, fed to the model as stored (scale 1, offset 0); `--one-hot` as for any class
+    target."""
 
     fitted: dict = field(default_factory=dict)
 
@@ -214,4 +215,7 @@ class TableTransforms(Transforms):
         return 1.0, 0.0
 
     def apply(self, x: TableRows, keys: np.ndarray) -> np.ndarray:
-        return self.encoder.encode_rows(x)
+        return self.encoder.numbers(x)
+
+    def apply_ids(self, x: TableRows) -> np.ndarray | None:
+        return self.encoder.ids(x) if self.encoder.categorical else None

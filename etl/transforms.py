@@ -175,6 +175,10 @@ class Transforms:
             bits = self._uniform(keys, v.shape[1]) < np.clip(v, 0.0, 1.0)
         return bits.astype(np.uint8).reshape(x.shape)
 
+    def apply_ids(self, x) -> np.ndarray | None:
+        """A table's categorical ids of stored source rows (`etl/tables.py`), stored beside x; None for other rows."""
+        return None
+
     def apply_sequences(self, sequences: dict) -> dict:
         """A shard's sequence columns ({name: Ragged, or a bag column's TextBags}) as stored: each bag column's ids,
         each standardized column per channel (float32), the others as they are (`StoredSequences` of the columns'

@@ -340,7 +340,8 @@ def _info(args) -> int:
     manifest = read_manifest(args.dataset)
     print(f"{args.dataset}: schema {manifest.schema_version}, features {manifest.feature_dtype}"
           f"{list(manifest.feature_shape)} (scale {manifest.scale:.6g}, offset {manifest.offset:g}, "
-          f"mean {manifest.mean:.6g}, std {manifest.std:.6g}), {_target(manifest)}")
+          f"mean {manifest.mean:.6g}, std {manifest.std:.6g})"
+          f"{f', ids {manifest.id_dtype}[{manifest.id_columns}]' if manifest.id_columns else ''}, {_target(manifest)}")
     for line in _columns(manifest):
         print(line)
     if manifest.source:

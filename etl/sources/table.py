@@ -24,7 +24,7 @@ import numpy as np
 
 from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.data.encoding import TableEncoder, TableRows, numeric_values, parse_table
-from mpitrain.data.sequences import Ragged, SequenceRows
+from mpitrain.data.sequences import Inputs, Ragged, SequenceRows
 from mpitrain.data.shards import FEATURE_DTYPES, TARGETS
 from mpitrain.etl.bag_columns import TextBags, bag_column
 from mpitrain.etl.records import BadRecords, ReadBatch, Target, checked_batch
@@ -335,7 +335,13 @@ class TableSource(Source):
         bad.add(np.flatnonzero(label_ok & parsed.bad), lambda i: f"{where}: {parsed.problem(i)} at record {record(i)}")
         good = label_ok & ~parsed.bad
         rows = parsed.rows[good]
-        return ReadBatch(self.encoder.encode_rows(rows) if self.encoder else rows, y[good], seen, bad, positions[good])
+        return ReadBatch(self._encoded(rows) if self.encoder else rows, y[good], seen, bad, positions[good])
+
+    def _encoded(self, rows: TableRows):
+        """A table model's input of parsed rows: their numbers, and beside them their ids (`Inputs`) when the model
+        has categorical columns."""
+        x = self.encoder.numbers(rows)
+        return Inputs(x, {"categorical": self.encoder.ids(rows)}) if self.encoder.categorical else x
 
 
 def checked_classes(source: TableSource, distinct) -> tuple[str, ...]:

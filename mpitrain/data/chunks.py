@@ -1,21 +1,21 @@
 """Reading a split's blocks (whole HDF5 chunks of its shards) from a folder or an object store, checked as they arrive.
 
     shards = ShardFiles(storage, manifest, "train", verify_checksums=True)
-    shards.read(blocks, piece, x_out, y_out)     # rows piece.lo..piece.hi of one block
+    shards.read(blocks, piece, x_out, y_out, ids_out)     # rows piece.lo..piece.hi of one block
     shards.rows_read, shards.bytes_read          # what came from storage: whole chunks
 
 A shard is opened when a block of it is first needed and kept open (at most `OPEN_SHARDS`
 of them, least recently used closed first), with HDF5's chunk cache off: a block is decoded
 straight into the caller's array, and nothing is cached twice. Each read fetches and decodes
 whole chunks (a piece of a block still costs its chunk): `rows_read` counts their rows and
-`bytes_read` their stored (compressed) bytes, `x` and `y` together; from a remote store
+`bytes_read` their stored (compressed) bytes, `x`, `y` and `ids` together; from a remote store
 `bytes_fetched` counts every byte the responses carried (HDF5's metadata reads included).
 
 Checks, as rows arrive: shards written with per-chunk Fletcher-32 checksums (the manifest
 says `checksums: fletcher32`) are verified by HDF5 on every chunk read; for older shards
 the whole file's sha256 is checked against the manifest when the shard is first opened
-(`data.verify_checksums`). Shapes and dtypes are checked at open, labels and finite
-features after each read. A shard that is missing, fails its checksum or cannot be read is
+(`data.verify_checksums`). Shapes and dtypes are checked at open, labels, finite
+features and ids within their columns after each read. A shard that is missing, fails its checksum or cannot be read is
 one `DataError` naming the file and the rows.
 """
 from __future__ import annotations
@@ -50,19 +50,21 @@ class ShardFiles:
         self.rows_read, self.bytes_read = 0, 0
         self.bytes_fetched = 0  # a remote store: every byte its responses carried, HDF5's metadata included
 
-    def read(self, blocks: Blocks, piece: Piece, x_out: np.ndarray, y_out: np.ndarray,
+    def read(self, blocks: Blocks, piece: Piece, x_out: np.ndarray, y_out: np.ndarray, ids_out: np.ndarray,
              sequences: dict[str, RaggedBuffer] | None = None, row: int = 0) -> None:
-        """Rows [piece.lo, piece.hi) of block `piece.block` into x_out and y_out (arrays of piece.hi - piece.lo rows)
-        and, for a dataset of sequence columns, their sequences into `sequences` (one `RaggedBuffer` per column) as
-        its rows `row`.. on."""
+        """Rows [piece.lo, piece.hi) of block `piece.block` into x_out, y_out and ids_out (arrays of piece.hi -
+        piece.lo rows; ids_out (rows, 0) without categorical columns) and, for a dataset of sequence columns, their
+        sequences into `sequences` (one `RaggedBuffer` per column) as its rows `row`.. on."""
         index = int(blocks.shard[piece.block])
         start = int(blocks.start[piece.block])
-        x, y, chunk_bytes, stored_sequences = self._datasets(index)
+        x, y, ids, chunk_bytes, stored_sequences = self._datasets(index)
         path = self.storage.path(self.shards[index].path)
         lo, hi = start + piece.lo, start + piece.hi
         try:
-            if x_out.size:  # (rows, 0): a sequence dataset without fixed features
+            if x_out.size:  # (rows, 0): a dataset of sequence or categorical columns without numbers
                 x.read_direct(x_out, np.s_[lo:hi])
+            if ids_out.size:
+                ids.read_direct(ids_out, np.s_[lo:hi])
             y.read_direct(y_out, np.s_[lo:hi])
             self.bytes_read += chunk_bytes(start)
             for name, (values, offsets) in stored_sequences.items():
@@ -71,7 +73,7 @@ class ShardFiles:
                 out = sequences[name].space(row, bounds)
                 if len(out):
                     values.read_direct(out, np.s_[bounds[0]:bounds[-1]])
-                if not all_finite(out):
+                if out.dtype.kind == "f" and not all_finite(out):
                     raise DataError(f"{path}: sequence column {name!r} holds NaN or Inf in rows {lo}..{hi - 1}; "
                                     "expected finite values")
                 self.bytes_read += out.nbytes + bounds.nbytes
@@ -79,19 +81,19 @@ class ShardFiles:
             raise DataError(f"{path}: rows {lo}..{hi - 1} could not be read ({describe(e) if isinstance(e, OSError) else e}); "
                             "the chunk fails its checksum or the shard is damaged or gone") from None
         self.rows_read += int(blocks.rows[piece.block])
-        check_values(path, x_out, y_out, self.manifest)
+        check_values(path, x_out, y_out, ids_out, self.manifest)
 
     def close(self) -> None:
         while self.open_files:
             self._close(next(iter(self.open_files)))
 
     def _datasets(self, index: int) -> tuple:
-        """Shard `index`'s datasets x and y, the stored bytes of their chunks (`_chunk_bytes`) and its sequence
-        columns' (values, offsets) by name, opened and checked on first use (h5py objects kept: reading them again
-        creates nothing)."""
+        """Shard `index`'s datasets x, y and ids (None without categorical columns), the stored bytes of their chunks
+        (`_chunk_bytes`) and its sequence columns' (values, offsets) by name, opened and checked on first use (h5py
+        objects kept: reading them again creates nothing)."""
         if index in self.open_files:
             self.open_files.move_to_end(index)
-            return self.open_files[index][:4]
+            return self.open_files[index][:5]
         shard = self.shards[index]
         path = self.storage.path(shard.path)
         if self.verify_whole_file and index not in self.checked:
@@ -119,10 +121,11 @@ class ShardFiles:
         sequences = {column["name"]: (f[f"sequences/{column['name']}/values"],
                                       f[f"sequences/{column['name']}/offsets"])
                      for column in self.manifest.stored_sequences}
-        self.open_files[index] = (f["x"], f["y"], _chunk_bytes(f["x"], f["y"]), sequences, f, raw)
+        fixed = [f["x"], f["y"], f["ids"] if self.manifest.id_columns else None]
+        self.open_files[index] = (*fixed, _chunk_bytes(*filter(None, fixed)), sequences, f, raw)
         if len(self.open_files) > OPEN_SHARDS:
             self._close(next(iter(self.open_files)))
-        return self.open_files[index][:4]
+        return self.open_files[index][:5]
 
     def _close(self, index: int) -> None:
         *_, f, raw = self.open_files.pop(index)
@@ -185,9 +188,9 @@ def _check_offsets(path: str, name: str, offsets: np.ndarray, first_row: int, st
                         "steps")
 
 
-def check_values(path: str, x: np.ndarray, y: np.ndarray, manifest: Manifest) -> None:
-    """Labels that fit the target (class: 0..num_classes-1; binary and multilabel: 0 or 1; regression: finite) and
-    finite float features, or one DataError naming the shard."""
+def check_values(path: str, x: np.ndarray, y: np.ndarray, ids: np.ndarray, manifest: Manifest) -> None:
+    """Labels that fit the target (class: 0..num_classes-1; binary and multilabel: 0 or 1; regression: finite),
+    finite float features and each categorical column's ids in 0..ids-1, or one DataError naming the shard."""
     if manifest.target == "class":
         bad = (y < 0) | (y >= manifest.num_classes)
         expected = f"0..{manifest.num_classes - 1}"
@@ -201,3 +204,10 @@ def check_values(path: str, x: np.ndarray, y: np.ndarray, manifest: Manifest) ->
         raise DataError(f"{path}: label {y[bad][0]:g} out of range for a {manifest.target} target; expected {expected}")
     if x.dtype.kind == "f" and not np.isfinite(x).all():
         raise DataError(f"{path}: features contain NaN or Inf; expected finite values")
+    if ids.size:
+        low, high = ids.min(axis=0), ids.max(axis=0)
+        for j, column in enumerate(manifest.columns["categorical"]):
+            if low[j] < 0 or high[j] >= column["ids"]:
+                raise DataError(f"{path}: categorical column {column['name']!r} holds id "
+                                f"{low[j] if low[j] < 0 else high[j]}, expected 0..{column['ids'] - 1} (its ids in "
+                                f"{MANIFEST_NAME})")

@@ -1,15 +1,15 @@
-"""A table's records as rows of `x`: the one mapping of raw columns to model rows, which the manifest's `columns`
-record, so that the ETL, Spark scoring and export apply the same one.
+"""A table's records as rows of `x` and `ids`: the one mapping of raw columns to model rows, which the manifest's
+`columns` record, so that the ETL, Spark scoring and export apply the same one.
 
     encoder = TableEncoder(manifest.columns)
     encoded = encoder.encode(batch)      # a pyarrow RecordBatch or Table, or {column name: values}
-    encoded.x                            # float32 (rows, encoder.width); a bad row holds zeros
+    encoded.x, encoded.ids               # float32 (rows, encoder.width), int32 (rows, categorical); a bad row: zeros
     encoded.bad, encoded.problem(i)      # the rows that cannot be encoded, and why (one line naming the column)
 
 `encode` is two steps, which the ETL runs apart: its read tasks parse records (`parse_table`, giving
 `TableRows`), the driver fits statistics and vocabularies on the train split, then the shard tasks map the parsed
-rows (`TableEncoder.encode_rows`). A row of x holds the `columns["numeric"]` entries in order, then one id per
-`columns["categorical"]` entry:
+rows (`TableEncoder.numbers` and `TableEncoder.ids`). A row of x holds the `columns["numeric"]` entries in order,
+and a row of ids one id per `columns["categorical"]` entry, an integer (`ID_DTYPE`):
 
 - numeric `{name}`: the value as a float; a missing one (null, an empty CSV field, NaN) becomes the entry's `impute`
   when it has one, else the row is bad; then `(value - mean) / std` when the entry has `mean` and `std`. Text that
@@ -36,6 +36,10 @@ from mpitrain.kernels.activations import splitmix64
 FNV_OFFSET, FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
 HASH = "fnv1a64-splitmix64"  # the hash of `hash_ids`, named in a hashed column's manifest entry
 MISSING_ID, OUT_OF_VOCABULARY_ID = 0, 1
+# Ids (a categorical or bag column's) are integers from the ETL to the embedding's gather, stored as ID_DTYPE: at most
+# MAX_IDS per column (a table of as many rows; the sparse exchange carries them in int32 too).
+ID_DTYPE = "int32"
+MAX_IDS = 1 << 31
 
 
 def fnv1a64(texts) -> np.ndarray:
@@ -249,15 +253,17 @@ def parse_table(batch, numeric: Sequence[str], categorical: Sequence[str], imput
 
 @dataclass
 class Encoded:
-    """Encoded records: `x` float32 (rows, width), zeros in a bad row; `bad` and `problem(i)` as `Parsed`'s."""
+    """Encoded records: `x` float32 (rows, width) and `ids` (rows, categorical columns), zeros in a bad row; `bad`
+    and `problem(i)` as `Parsed`'s."""
 
     x: np.ndarray
+    ids: np.ndarray
     bad: np.ndarray
     problem: Callable[[int], str]
 
 
 class TableEncoder:
-    """The manifest's `columns` as a mapping of records to rows of x (see the module docstring).
+    """The manifest's `columns` as a mapping of records to rows of x and ids (see the module docstring).
 
     `numeric` and `categorical` name the raw columns a record must have (indicators are computed, not read);
     `imputed` the numeric ones whose missing values are filled in.
@@ -269,26 +275,27 @@ class TableEncoder:
         self.numeric = [c["name"] for c in entries if "missing_of" not in c]
         self.categorical = [c["name"] for c in columns.get("categorical", [])]
         self.imputed = {c["name"] for c in entries if "impute" in c}
-        self.width = len(entries) + len(self.categorical)
+        self.width = len(entries)  # x's; ids have one per categorical column
         for entry in entries:
             if "missing_of" in entry and entry["missing_of"] not in self.numeric:
                 raise DataError(f"columns.numeric {entry['name']!r}: missing_of {entry['missing_of']!r} is not a "
                                 f"numeric column ({self.numeric})")
-        self.ids = [CategoryIds(entry, "columns.categorical") for entry in columns.get("categorical", [])]
+        self.column_ids = [CategoryIds(entry, "columns.categorical") for entry in columns.get("categorical", [])]
 
     def parse(self, batch) -> Parsed:
         """The encoder's raw columns of `batch` parsed (`parse_table`)."""
         return parse_table(batch, self.numeric, self.categorical, self.imputed)
 
     def encode(self, batch) -> Encoded:
-        """Records (a pyarrow RecordBatch or Table, or {column name: values}) -> rows of x, bad rows marked."""
+        """Records (a pyarrow RecordBatch or Table, or {column name: values}) -> rows of x and ids, bad rows marked."""
         parsed = self.parse(batch)
         x = np.zeros((len(parsed.rows), self.width), np.float32)
+        ids = np.zeros((len(parsed.rows), len(self.categorical)), ID_DTYPE)
         good = np.flatnonzero(~parsed.bad)
-        x[good] = self.encode_rows(parsed.rows[good])
-        return Encoded(x, parsed.bad, parsed.problem)
+        x[good], ids[good] = self.numbers(parsed.rows[good]), self.ids(parsed.rows[good])
+        return Encoded(x, ids, parsed.bad, parsed.problem)
 
-    def encode_rows(self, rows: TableRows) -> np.ndarray:
+    def numbers(self, rows: TableRows) -> np.ndarray:
         """Parsed rows (no bad ones among them) -> float32 rows of x."""
         x = np.empty((len(rows), self.width), np.float32)
         entries = self.columns.get("numeric", [])
@@ -302,9 +309,14 @@ class TableEncoder:
             if "mean" in entry:
                 values = (values - float(entry["mean"])) / (float(entry["std"]) or 1.0)
             x[:, j] = values
-        for j, (ids, texts) in enumerate(zip(self.ids, rows.categorical), start=len(entries)):
-            x[:, j] = ids(texts)
         return x
+
+    def ids(self, rows: TableRows) -> np.ndarray:
+        """Parsed rows (no bad ones among them) -> their ids, ID_DTYPE (rows, categorical columns)."""
+        ids = np.empty((len(rows), len(self.categorical)), ID_DTYPE)
+        for j, (column_ids, texts) in enumerate(zip(self.column_ids, rows.categorical)):
+            ids[:, j] = column_ids(texts)
+        return ids
 
 
 class CategoryIds:

@@ -26,7 +26,7 @@ from mpitrain.base.workspace import Workspace, WorkspacePart
 from mpitrain.data.augment import augment_images
 from mpitrain.data.chunks import ShardFiles
 from mpitrain.data.order import Blocks, EpochPlan
-from mpitrain.data.sequences import SequenceBatch, SequenceInputs
+from mpitrain.data.sequences import SequenceBatch, Inputs
 from mpitrain.data.shards import Manifest, read_manifest_and_sha256
 from mpitrain.data.storage import Storage
 from mpitrain.data.stream import EvalRows, TrainRows, model_input, padded_rows
@@ -162,11 +162,11 @@ class ModelInput:
     def __call__(self, stored: np.ndarray, out=None):
         """`stored` as model input: in `out` (a backend array of the right shape) when given, else a new array. A
         padded `SequenceBatch` goes in as stored (sequences are not rescaled), on the backend's device; of
-        `SequenceInputs`, the fixed features are scaled (as rows are) and the sequences go as stored."""
-        if isinstance(stored, SequenceInputs):
+        `Inputs`, the fixed features are scaled (as rows are) and the columns (ids, sequences) go as stored."""
+        if isinstance(stored, Inputs):
             x = self.ws("inputs.x", stored.x.shape, self.dtype, host=True)
             scaled(stored.x, self.scale, self.shift, x)
-            return self.on_device(SequenceInputs(x, stored.sequences), "inputs")
+            return self.on_device(Inputs(x, stored.columns), "inputs")
         if isinstance(stored, SequenceBatch):
             return self.on_device(stored, "sequence")
         if out is None:
@@ -181,12 +181,13 @@ class ModelInput:
         return out
 
     def on_device(self, batch, name: str):
-        """A padded batch of host arrays (a `SequenceBatch`, or `SequenceInputs` whose `x` is already scaled) on the
-        backend, each array in the grow-only device buffer `name.PART` (itself on the CPU)."""
-        if isinstance(batch, SequenceInputs):
-            return SequenceInputs(self._on_device(batch.x, f"{name}.x"),
-                                  {column: self.on_device(each, f"{name}.{column}")
-                                   for column, each in batch.sequences.items()})
+        """A batch of host arrays (a padded `SequenceBatch`, `Inputs` whose `x` is already scaled, or a column of ids)
+        on the backend, each array in the grow-only device buffer `name.PART` (itself on the CPU)."""
+        if isinstance(batch, Inputs):
+            return Inputs(self._on_device(batch.x, f"{name}.x"),
+                          {column: self.on_device(each, f"{name}.{column}") for column, each in batch.columns.items()})
+        if isinstance(batch, np.ndarray):
+            return self._on_device(batch, name)
         return SequenceBatch(self._on_device(batch.values, f"{name}.values"),
                              self._on_device(batch.lengths, f"{name}.lengths"))
 
@@ -245,7 +246,7 @@ class Batches:
         buffer pair 1, so numba compiles or loads them here and not in the prefetch thread's first batch (the first
         step's time). Not a collective."""
         manifest = self.rows.shards.manifest
-        x, y = self._buffers(1)
+        x, y, _ = self._buffers(1)
         stored_x = np.zeros((1, *x.shape[1:]), manifest.feature_dtype)
         stored_y = np.zeros((1, *manifest.target_shape), manifest.target_dtype)
         gather_scaled(stored_x, stored_y, np.zeros(1, np.int64), self.scale, self.shift, x[:1], y[:1])
@@ -254,30 +255,32 @@ class Batches:
 
     def zeros(self):
         """A batch of zeros in buffer pair 0: what a rank whose read failed trains on until every rank knows (a
-        sequence dataset's: sequences of one zero step)."""
-        x, y = self._buffers(0)
-        x[...], y[...] = 0, 0
+        sequence dataset's: sequences of one zero step; ids 0)."""
+        x, y, ids = self._buffers(0)
+        x[...], y[...], ids[...] = 0, 0, 0
         manifest = self.rows.shards.manifest
-        if manifest.sequences:
-            columns = {column["name"]: SequenceBatch(np.zeros((self.batch_size, 1, column["features"]), self.dtype),
-                                                     np.ones(self.batch_size, np.int64))
-                       for column in manifest.sequences}
-            if manifest.step_target:
-                y = np.zeros((self.batch_size, 1), np.int32)
-            return self.to_model_input.on_device(model_input(manifest, x, columns), "zeros"), self._on_device(y, "y0")
-        return self._on_device(x, "x0"), self._on_device(y, "y0")
+        columns = {column["name"]: SequenceBatch(np.zeros((self.batch_size, 1, column["features"]),
+                                                          manifest.values_dtype(column) if column.get("bag")
+                                                          else self.dtype), np.ones(self.batch_size, np.int64))
+                   for column in manifest.sequences}
+        if manifest.step_target:
+            y = np.zeros((self.batch_size, 1), np.int32)
+        return self.to_model_input.on_device(model_input(manifest, x, ids, columns), "zeros"), self._on_device(y, "y0")
 
     def _batch(self, view, epoch: int, step: int):
         """Step `step`'s rows (ascending within the batch) into buffer pair `step % 2`."""
         slot = step % 2
-        stored_x, stored_y, index, sequences = view.step(step)
+        stored_x, stored_y, stored_ids, index, sequences = view.step(step)
         if self.record is not None:
             self.record(epoch, step, view.row_ids(step))
-        x, y = self._buffers(slot)
-        if sequences:  # each sequence column padded to the batch's longest of it, a step target's classes alike
+        x, y, ids = self._buffers(slot)
+        manifest = self.rows.shards.manifest
+        np.take(stored_ids, index, axis=0, out=ids)  # the categorical ids as stored: integers, (B, 0) if none
+        if sequences or manifest.id_columns:  # each sequence column padded to its longest, step classes alike
             gather_scaled(stored_x, stored_y, index, self.scale, self.shift, x, y)  # fixed features: (B, 0) if none
             self.to_model_input.targets.to_model(y, out=y)
-            batch, y = padded_rows(self.rows.shards.manifest, sequences, x, y, index, self.ws, str(slot), self.dtype)
+            batch, y = padded_rows(manifest, sequences, x, y, ids, index, self.ws, str(slot), self.dtype) \
+                if sequences else (model_input(manifest, x, ids, {}), y)
             with self._device():
                 batch = self.to_model_input.on_device(batch, f"batch{slot}")
             return batch, self._on_device(y, f"y{slot}")
@@ -295,10 +298,12 @@ class Batches:
         return self.backend.xp.cuda.Device(self.backend.device) if self.backend.on_gpu else contextlib.nullcontext()
 
     def _buffers(self, slot: int):
-        """Host buffer pair `slot`: a batch's model input and its labels or targets."""
+        """Host buffers `slot`: a batch's model input x, its labels or targets, and its categorical ids."""
         manifest = self.rows.shards.manifest
         return (self.ws(f"x{slot}", (self.batch_size, *self.rows.row_shape), self.dtype, host=True),
-                self.ws(f"y{slot}", (self.batch_size, *manifest.target_shape), manifest.target_dtype, host=True))
+                self.ws(f"y{slot}", (self.batch_size, *manifest.target_shape), manifest.target_dtype, host=True),
+                self.ws(f"ids{slot}", (self.batch_size, manifest.id_columns), manifest.id_dtype or np.int32,
+                        host=True))
 
     def _on_device(self, host: np.ndarray, name: str):
         """`host` itself on the CPU; on a GPU, the device buffer `name` it is copied into."""

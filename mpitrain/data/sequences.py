@@ -149,20 +149,20 @@ class SequenceBatch:
 
 
 @dataclass
-class SequenceInputs:
-    """A batch of a dataset whose model reads several inputs (docs/sequences.md: sequence columns beside each other
-    or beside fixed features): the fixed features `x` (B, k), k = 0 without any, and each sequence column padded to
-    its own longest with its own lengths, `sequences` {column name: SequenceBatch}, in the manifest's order. A graph
-    model (`mpitrain.nn.graph`) reads `x`'s column group `numeric` and each column as the input of its name."""
+class Inputs:
+    """A batch of a dataset whose model reads several inputs: the fixed features `x` (B, k), k = 0 without any, and
+    its columns by name, in the manifest's order: a table's categorical ids (`categorical`, (B, columns) integers)
+    and each sequence column padded to its own longest with its own lengths (a `SequenceBatch`; docs/sequences.md).
+    A graph model (`mpitrain.nn.graph`) reads `x` as the input `numeric` and each column as the input of its name."""
 
     x: object
-    sequences: dict[str, SequenceBatch]
+    columns: dict[str, object]
 
     def __len__(self) -> int:
         return len(self.x)
 
-    def copy(self) -> SequenceInputs:
-        return SequenceInputs(self.x.copy(), {name: batch.copy() for name, batch in self.sequences.items()})
+    def copy(self) -> Inputs:
+        return Inputs(self.x.copy(), {name: batch.copy() for name, batch in self.columns.items()})
 
 
 class RaggedBuffer:
@@ -220,6 +220,11 @@ class RaggedBuffer:
         return out
 
 
+# A sequence column's values are float32 (its steps may be numbers), which holds every integer only up to 2**24: a
+# column of larger integers is numbers, not token ids. A bag column stores its ids as integers (no such limit).
+TOKEN_IDS = 1 << 24
+
+
 def gathered_steps(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(offsets, steps) of sequences gathered one after another: each of `lengths[i]` steps from `starts[i]` on in
     some values array; `values[steps]` holds them in that order, and `offsets` (int64, len + 1) where each begins."""
@@ -229,8 +234,9 @@ def gathered_steps(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray,
 
 def token_ids(values: np.ndarray) -> int:
     """A sequence column's `ids` (the manifest's, docs/sequences.md): the largest value + 1 when every value is a
-    non-negative integer of one feature per step (token ids), else 0 (no ids)."""
-    if values.shape[1] != 1 or not len(values) or (values < 0).any() or (values != np.floor(values)).any():
+    non-negative integer of one feature per step (token ids) below TOKEN_IDS, else 0 (no ids: numbers)."""
+    if values.shape[1] != 1 or not len(values) or (values < 0).any() or (values != np.floor(values)).any() or \
+            values.max() >= TOKEN_IDS:
         return 0
     return int(values.max()) + 1
 

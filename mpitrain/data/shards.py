@@ -2,7 +2,9 @@
 
 A dataset is a folder holding `manifest.json` and, per split, HDF5 shards
 `SPLIT/shard-NNNNN.h5` with datasets `x` (rows, *feature_shape) and `y` (rows,) int32,
-chunked by rows. The manifest is written last: it is the commit point of an ETL run.
+chunked by rows, and for a table with categorical columns `ids` (rows, columns) of the
+manifest's `id_dtype`: ids are integers end to end, never floats. The manifest is written
+last: it is the commit point of an ETL run.
 
 Every dataset of a shard is written in chunks of `CHUNK_ROWS` rows, each chunk with HDF5's
 Fletcher-32 checksum (HDF5 verifies a chunk when it reads it and raises OSError on a
@@ -25,7 +27,8 @@ import numpy as np
 from mpitrain.base.errors import DataError, describe
 from mpitrain.base.files import write_file, write_hdf5
 from mpitrain.base.paths import confined
-from mpitrain.data.encoding import CategoryIds
+from mpitrain.data.encoding import ID_DTYPE, MAX_IDS, CategoryIds
+from mpitrain.data.sequences import TOKEN_IDS
 from mpitrain.data.storage import Storage, sha256_of
 
 SCHEMA_VERSION = 1
@@ -40,7 +43,11 @@ TARGETS = ("class", "binary", "multilabel", "regression")  # "": only the whole-
 GZIP_LEVEL = 4
 # A table's column groups, in the order their columns sit in a row of `x` (see `Manifest.columns`).
 COLUMN_GROUPS = ("numeric", "categorical")
-MAX_IDS = 1 << 24  # a categorical id is stored in float32 `x`, exact up to 2**24
+# Ids (a categorical column's, a bag's) are stored as ID_DTYPE integers (`mpitrain.data.encoding`), in a shard's `ids`
+# and a bag column's values. Datasets written before (ids in float32 `x`, exact below 2**24) are refused with how to
+# write them again:
+OLD_IDS = ("its ids are stored in float32 x, as an earlier mpitrain wrote them (exact only below 2**24); expected a "
+           "dataset written by this mpitrain's ETL: run `mpitrain etl` (or the spark-submit job) on the source again")
 
 
 @dataclass(frozen=True)
@@ -77,8 +84,8 @@ class Manifest:
     target: str = "class"  # what `y` holds, one of TARGETS
     target_names: list[str] = field(default_factory=list)  # binary, multilabel, regression: y's columns, named
     # A table's columns by group ({} for images and plain numeric rows): {"numeric": [COLUMN, ...], "categorical":
-    # [COLUMN, ...]}. x is float32 (rows, numeric + categorical): the numeric columns first, then one id per
-    # categorical column, 0..ids-1 (float32 holds them exactly). A column is {"name", ...how the ETL encoded it}:
+    # [COLUMN, ...]}. x is float32 (rows, numeric), and a shard's `ids` (rows, categorical) holds one id per
+    # categorical column, 0..ids-1, as `id_dtype` integers. A column is {"name", ...how the ETL encoded it}:
     # categorical ones have "ids" (how many) and a "vocabulary" (id 0: missing, 1: out of vocabulary, 2+i: the
     # i-th value) or "hash_buckets" (id 0: missing, 1 + hash mod buckets); numeric ones may have "mean"/"std"
     # (standardized) and "impute" (the value a missing one got); an indicator column has "missing_of".
@@ -96,6 +103,8 @@ class Manifest:
     # in a manifest written before the ETL recorded them.
     target_mean: list[float] = field(default_factory=list)
     target_std: list[float] = field(default_factory=list)
+    # The integer dtype of the ids (ID_DTYPE) of a dataset with categorical or bag columns, "" without any.
+    id_dtype: str = ""
 
     @property
     def input_shape(self) -> tuple:
@@ -115,6 +124,10 @@ class Manifest:
         """Every ragged column of a shard, {name, features}: the sequence columns, then the step target if any."""
         return self.sequences + ([{"name": self.step_target, "features": 1}] if self.step_target else [])
 
+    def values_dtype(self, column: dict) -> np.dtype:
+        """The dtype a stored (ragged) column's values have: `id_dtype` for a bag column's ids, else float32."""
+        return np.dtype(self.id_dtype if column.get("bag") else np.float32)
+
     @property
     def target_shape(self) -> tuple[int, ...]:
         """One row's `y` shape: () for class labels, (k,) for the other targets."""
@@ -126,18 +139,20 @@ class Manifest:
 
     @property
     def input_groups(self) -> dict[str, InputGroup]:
-        """The model's named inputs in `x`: slices of a row by column group. Without `columns`, the whole row is
-        the one input `numeric` (of `feature_shape`: an image stays an image). Sequence columns: `sequence_inputs`."""
-        if not self.columns:  # a dataset of sequences without fixed features has none (its x is (rows, 0))
-            return {"numeric": InputGroup(0, tuple(self.feature_shape))} if self.feature_shape != (0,) else {}
-        groups, start = {}, 0
-        for name in COLUMN_GROUPS:
-            columns = self.columns.get(name, [])
-            if columns:
-                groups[name] = InputGroup(start, (len(columns),), tuple(c["ids"] for c in columns)
-                                          if name == "categorical" else ())
-                start += len(columns)
+        """The model's named inputs of a row: `numeric`, the row of x (its numbers; without `columns` the whole row,
+        of `feature_shape`: an image stays an image), and `categorical`, the row of `ids` (`InputGroup.ids`: how
+        many ids each column has). Sequence columns: `sequence_inputs`."""
+        numeric = self.columns.get("numeric", []) if self.columns else None
+        groups = {} if self.feature_shape == (0,) else \
+            {"numeric": InputGroup(0, (len(numeric),) if numeric is not None else tuple(self.feature_shape))}
+        if self.id_columns:
+            groups["categorical"] = InputGroup(0, (self.id_columns,), tuple(c["ids"] for c in self.columns["categorical"]))
         return groups
+
+    @property
+    def id_columns(self) -> int:
+        """The categorical columns of a row: the width of a shard's `ids` (0: it has none)."""
+        return len(self.columns.get("categorical", []))
 
     @property
     def outputs(self) -> int:
@@ -162,8 +177,8 @@ class Manifest:
 
 @dataclass(frozen=True)
 class InputGroup:
-    """A named model input: `shape` values of a row of `x` from `start` on; `ids` (categorical) is how many ids
-    each of its columns has."""
+    """A named model input: `shape` values of a row of `x` from `start` on, or with `ids` (categorical: how many
+    ids each of its columns has) the row of `ids`."""
 
     start: int
     shape: tuple[int, ...]
@@ -195,9 +210,10 @@ def _filters(compression: str) -> dict:
 
 def write_shard(dataset_dir: str, relative_path: str, x: np.ndarray, y: np.ndarray,
                 extras: dict[str, np.ndarray] | None = None, compression: str = "none",
-                sequences: dict | None = None) -> ShardInfo:
+                sequences: dict | None = None, ids: np.ndarray | None = None) -> ShardInfo:
     """Write one shard and return its manifest entry (rows and sha256 of the file).
 
+    `ids` (rows, categorical columns), a table's categorical ids, are stored as ID_DTYPE integers (`ids`).
     `extras` are further per-row datasets (e.g. `y_onehot`), chunked like `x`; readers may ignore them.
     Every chunk gets a Fletcher-32 checksum and is compressed with `compression` (one of COMPRESSIONS);
     byte shuffling goes before a codec, so float32 features compress too. `sequences` ({name: `Ragged`}) are stored
@@ -207,14 +223,17 @@ def write_shard(dataset_dir: str, relative_path: str, x: np.ndarray, y: np.ndarr
         raise ValueError(f"{relative_path}: {len(x)} feature rows but {len(y)} labels")
     if x.dtype.name not in FEATURE_DTYPES:
         raise ValueError(f"{relative_path}: feature dtype {x.dtype}, expected one of {FEATURE_DTYPES}")
+    if ids is not None and (ids.dtype.kind not in "iu" or ids.shape[:1] != (len(x),) or ids.ndim != 2):
+        raise ValueError(f"{relative_path}: ids {ids.dtype}{list(ids.shape)}, expected integers ({len(x)}, columns)")
     rows = len(x)
     filters = _filters(compression)
 
     def fill(f):
         labels = y.astype(np.int32) if y.ndim == 1 else y.astype(np.float32)  # class labels, else target columns
-        stored = {"x": x, "y": labels, **(extras or {})}
+        stored = {"x": x, "y": labels, **({} if ids is None else {"ids": ids.astype(ID_DTYPE)}), **(extras or {})}
         for name, seqs in (sequences or {}).items():
-            stored[f"sequences/{name}/values"] = seqs.values.astype(np.float32, copy=False)
+            values = seqs.values  # a bag column's ids stay integers
+            stored[f"sequences/{name}/values"] = values.astype(ID_DTYPE if values.dtype.kind in "iu" else np.float32)
             stored[f"sequences/{name}/offsets"] = seqs.offsets.astype(np.int64, copy=False)
         for name, data in stored.items():
             if data.size:  # an empty dataset cannot be chunked, so it has no filters
@@ -274,7 +293,7 @@ def read_manifest_and_sha256(dataset_dir: str, storage: Storage | None = None) -
         raise DataError(f"{path}: schema_version {version}, this mpitrain reads {SCHEMA_VERSION}")
     shape = need("feature_shape", list)
     sequences = _checked_sequences(data.get("sequences", []), path)
-    if (not shape or not all(isinstance(d, int) and d > 0 for d in shape)) and not (sequences and shape == [0]):
+    if (not shape or not all(isinstance(d, int) and d > 0 for d in shape)) and shape != [0]:
         raise DataError(f"{path}: feature_shape {shape!r}, expected a list of positive integers")
     dtype = need("feature_dtype", str)
     if dtype not in FEATURE_DTYPES:
@@ -304,7 +323,19 @@ def read_manifest_and_sha256(dataset_dir: str, storage: Storage | None = None) -
     checksums = data.get("checksums", "")
     if checksums not in CHECKSUMS:
         raise DataError(f"{path}: checksums {checksums!r}, expected one of {CHECKSUMS}")
-    columns = _checked_columns(data.get("columns", {}), path, tuple(shape), dtype)
+    id_dtype = data.get("id_dtype", "")
+    raw_columns = data.get("columns", {})
+    if isinstance(raw_columns, dict) and raw_columns.get("categorical") or any(c.get("bag") for c in sequences):
+        if id_dtype == "":
+            raise DataError(f"{path}: {OLD_IDS}")
+        if id_dtype != ID_DTYPE:
+            raise DataError(f"{path}: id_dtype {id_dtype!r}, expected {ID_DTYPE!r}")
+    elif id_dtype != "":
+        raise DataError(f"{path}: id_dtype {id_dtype!r}, expected \"\" (the dataset has no categorical or bag columns)")
+    columns = _checked_columns(raw_columns, path, tuple(shape), dtype)
+    if shape == [0] and not sequences and not columns.get("categorical"):
+        raise DataError(f"{path}: feature_shape [0], expected a list of positive integers (rows of no features are "
+                        "only a dataset's of sequence or categorical columns)")
     splits = {}
     for name, split in need("splits", dict).items():
         try:
@@ -322,7 +353,7 @@ def read_manifest_and_sha256(dataset_dir: str, storage: Storage | None = None) -
         class_names=[str(name) for name in class_names], bad_records=int(data.get("bad_records", 0)),
         compression=compression, chunk_rows=chunk_rows, checksums=checksums, target=target,
         target_names=[str(name) for name in target_names], columns=columns, sequences=sequences,
-        step_target=_checked_step_target(data.get("step_target", ""), path, sequences, target),
+        step_target=_checked_step_target(data.get("step_target", ""), path, sequences, target), id_dtype=id_dtype,
         **_checked_target_statistics(data, path, target, target_names), **numbers), hashlib.sha256(raw).hexdigest()
 
 
@@ -336,10 +367,10 @@ def _checked_sequences(sequences, path: str) -> list[dict]:
             isinstance(s, dict) and isinstance(s.get("name"), str) and count(s.get("features"))
             and count(s.get("max_length")) and count(s.get("longest", 1), least=0)
             and count(s.get("shortest", 1), least=0 if s.get("bag") else 1)
-            and count(s.get("ids", 1), MAX_IDS) for s in sequences):
+            and count(s.get("ids", 1), MAX_IDS if s.get("bag") else TOKEN_IDS) for s in sequences):
         raise DataError(f"{path}: sequences {str(sequences)[:200]}, expected [{{name, features, max_length, "
-                        f"longest, shortest, ids}}, ...] with positive integers (ids at most {MAX_IDS}; shortest "
-                        "0 for a bag column)")
+                        f"longest, shortest, ids}}, ...] with positive integers (ids at most {TOKEN_IDS}, a bag's "
+                        f"{MAX_IDS}; shortest 0 for a bag column)")
     for column in sequences:
         if column.get("bag", False) is not False:
             if column["bag"] is not True or column["features"] != 1:
@@ -375,8 +406,8 @@ def _checked_target_statistics(data: dict, path: str, target: str, target_names:
 
 
 def _checked_columns(columns, path: str, feature_shape: tuple[int, ...], feature_dtype: str) -> dict[str, list[dict]]:
-    """The manifest's `columns`, checked: known groups of named columns, categorical ones with 1..MAX_IDS ids, as
-    many as a row of float32 `x` has values."""
+    """The manifest's `columns`, checked: known groups of named columns, categorical ones with 1..MAX_IDS ids, the
+    numeric ones as many as a row of float32 `x` has values."""
     if not isinstance(columns, dict) or not set(columns) <= set(COLUMN_GROUPS) or not all(
             isinstance(group, list) and all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in group)
             for group in columns.values()):
@@ -387,10 +418,10 @@ def _checked_columns(columns, path: str, feature_shape: tuple[int, ...], feature
         if not isinstance(ids, int) or isinstance(ids, bool) or not 1 <= ids <= MAX_IDS:
             raise DataError(f"{path}: columns.categorical {column['name']!r} has ids {ids!r}, expected an integer "
                             f"1..{MAX_IDS}")
-    width = sum(len(group) for group in columns.values())
+    width = len(columns.get("numeric", []))
     if columns and (feature_shape != (width,) or feature_dtype != "float32"):
-        raise DataError(f"{path}: columns name {width} columns, expected feature_shape [{width}] and feature_dtype "
-                        f"float32 (it says {list(feature_shape)} {feature_dtype})")
+        raise DataError(f"{path}: columns name {width} numeric columns, expected feature_shape [{width}] and "
+                        f"feature_dtype float32 (it says {list(feature_shape)} {feature_dtype})")
     return {name: group for name, group in columns.items() if group}
 
 
@@ -437,11 +468,17 @@ def check_structure(f: h5py.File, path: str, manifest: Manifest, shard: ShardInf
                         f"expected {manifest.feature_dtype}{list(expected_x)}")
     for column in manifest.stored_sequences:
         values, offsets = f.get(f"sequences/{column['name']}/values"), f.get(f"sequences/{column['name']}/offsets")
+        dtype = manifest.values_dtype(column)
         if values is None or offsets is None or values.ndim != 2 or values.shape[1] != column["features"] or \
-                offsets.shape != (shard.rows + 1,):
+                values.dtype != dtype or offsets.shape != (shard.rows + 1,):
             raise DataError(f"{path}: sequence column {column['name']!r} is not stored as the manifest says; expected "
-                            f"datasets sequences/{column['name']}/values (steps, {column['features']}) and "
+                            f"datasets sequences/{column['name']}/values {dtype}(steps, {column['features']}) and "
                             f"sequences/{column['name']}/offsets ({shard.rows + 1},)")
+    if manifest.id_columns:
+        ids, expected = f.get("ids"), (shard.rows, manifest.id_columns)
+        if ids is None or ids.shape != expected or ids.dtype != manifest.id_dtype:
+            raise DataError(f"{path}: dataset 'ids' is {'absent' if ids is None else f'{ids.dtype}{list(ids.shape)}'}, "
+                            f"expected {manifest.id_dtype}{list(expected)} (an id per categorical column)")
     expected_y = (shard.rows, *manifest.target_shape)
     if y.shape != expected_y or y.dtype != manifest.target_dtype:
         raise DataError(f"{path}: dataset 'y' is {y.dtype}{list(y.shape)}, expected "

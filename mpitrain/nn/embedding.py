@@ -5,7 +5,7 @@
     Embedding(dim="auto")       # per column min(50, round(1.6 * ids ** 0.56)) (fast.ai's rule of thumb)
 
 Its input is a dataset's `categorical` input (`mpitrain.data.shards.Manifest.input_groups`):
-float ids 0..ids-1 per column, exact in float32. Table j has `ids[j]` rows; the graph model
+integer ids 0..ids-1 per column (a shard's `ids`). Table j has `ids[j]` rows; the graph model
 tells the layer those counts (`take_ids`) before it asks for parameter shapes. The ids get
 no gradient.
 

@@ -11,7 +11,7 @@
 A node is a layer (`type` one of `GRAPH_TYPES`, its arguments as in `model.layers`) with a
 unique `name`, reading one `input` or, for `concat`, `add` and cross-attention (`attention`
 with `inputs: [queries, memory]`: `Layer.joined_by`), several `inputs`: the dataset's column
-groups (`numeric`, `categorical`: `Manifest.input_groups`, slices of a row of x), its sequence
+groups (`numeric`, a row of x, and `categorical`, its ids: `Manifest.input_groups`), its sequence
 columns (each the input of its name, `(None, F)`: `Manifest.sequence_inputs`) or nodes named
 before it. The last node is the output; every node must lead to it.
 An `embedding` reads `categorical` itself.
@@ -42,7 +42,7 @@ import numpy as np
 
 from mpitrain.base.arrays import array_module
 from mpitrain.base.errors import ConfigError
-from mpitrain.data.sequences import SequenceBatch, SequenceInputs
+from mpitrain.data.sequences import Inputs, SequenceBatch
 from mpitrain.nn.embedding import Embedding
 from mpitrain.nn.feature_tokens import FeatureTokens
 from mpitrain.nn.layer_types import GRAPH_TYPES
@@ -81,9 +81,10 @@ class Graph(Network):
     """Named nodes over a row's column groups and sequence columns, a loss on the last node's output; see the
     module docstring.
 
-    `groups` are the dataset's inputs in x (`Manifest.input_groups`); `input_shape` is what the model reads of a
+    `groups` are the dataset's column groups (`Manifest.input_groups`: `numeric` in x, `categorical` the batch's
+    ids, an `Inputs` column); `input_shape` is what the model reads of a
     row (`Manifest.input_shape`: x's shape, or `(None, F)` for one sequence column alone); `sequences` the
-    sequence columns' shapes by name (`Manifest.sequence_inputs`), read from a `SequenceInputs` batch (or from a
+    sequence columns' shapes by name (`Manifest.sequence_inputs`), read from a `Inputs` batch (or from a
     `SequenceBatch`, the one column of a dataset of it alone).
     """
 
@@ -129,7 +130,7 @@ class Graph(Network):
             _fuse_activations(node.layers)
 
     def forward(self, x, training: bool = False, key: tuple = (0,), until: str | None = None):
-        """The output of rows `x` (batch, *input_shape; a `SequenceInputs` or `SequenceBatch` of a dataset of
+        """The output of rows `x` (batch, *input_shape; a `Inputs` or `SequenceBatch` of a dataset of
         sequences), or with `until` node `until`'s (after its activation); `key` (seed, rank, epoch, step) seeds
         dropout. Each layer is told its input's lengths (`layer.lengths`, None for a value that is no sequence)."""
         values, lengths = self._inputs(x)
@@ -155,15 +156,17 @@ class Graph(Network):
 
     def _inputs(self, x) -> tuple[dict, dict]:
         """({input name: value}, {input name: its lengths, None for a column group}) of a batch: rows of x cut by
-        column group, and each sequence column of a `SequenceInputs` (a `SequenceBatch`: the one column's)."""
+        column group, and each column of an `Inputs` (the categorical ids; a sequence column, a `SequenceBatch`, with
+        its lengths) or a `SequenceBatch` (the one column's)."""
         if isinstance(x, SequenceBatch):
-            x = SequenceInputs(None, {next(iter(self.sequences)): x})
-        rows, columns = (x.x, x.sequences) if isinstance(x, SequenceInputs) else (x, {})
+            x = Inputs(None, {next(iter(self.sequences)): x})
+        rows, columns = (x.x, x.columns) if isinstance(x, Inputs) else (x, {})
         values = {name: rows if self.whole_row else rows[:, group.start:group.stop].reshape(len(rows), *group.shape)
-                  for name, group in self.groups.items()}
+                  for name, group in self.groups.items() if name not in columns}
         lengths = dict.fromkeys(values)
         for name, batch in columns.items():
-            values[name], lengths[name] = batch.values, batch.lengths
+            values[name], lengths[name] = (batch.values, batch.lengths) if isinstance(batch, SequenceBatch) else \
+                (batch, None)
         return values, lengths
 
     def backward(self, dy, grads_ready=None) -> None:

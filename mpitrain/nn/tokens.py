@@ -3,7 +3,7 @@
     TokenEmbedding(dim=32)              # ids from the dataset: its sequence column's manifest "ids" (ETL-counted)
     TokenEmbedding(dim=32, ids=50000)   # a table of 50000 rows, whatever the dataset says
 
-Its input is a sequence of one number per step, `(None, 1)`: integer ids 0..ids-1, stored exactly in float32 (the
+Its input is a sequence of one number per step, `(None, 1)`: integer ids 0..ids-1 below 2**24, stored exactly in float32 (the
 ETL records `ids`, the largest + 1, for a sequence column of non-negative integers: docs/sequences.md). Step t's
 output is row `ids[t]` of the table, `(None, dim)`. The ids get no gradient; the table's gradient is dense (written
 whole each step, rows of padded steps included: their gradient is zero by the masking contract), so every sync

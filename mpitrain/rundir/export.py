@@ -15,9 +15,9 @@ feature and target description, which `mpitrain score` reads.
 The graph is built by emitters that each append a part to an `OnnxGraph` and return the name of that part's
 output: `emit_input_scaling` here, the layers' own (`mpitrain.nn.onnx`, one module per family of layers, beside
 which a new layer's goes) and `emit_output_head` here. A graph model (`model.graph`) goes node by node
-(`mpitrain.nn.onnx.emit_nodes`): its column groups are Slices of the row, its sequence columns inputs of their own
-(`onnx_sequence_inputs`: `NAME` and `NAME_lengths` each), an embedding is a Gather per categorical column, concat
-and add are Concat and Add. A table's raw records are encoded into the rows the graph
+(`mpitrain.nn.onnx.emit_nodes`): its numbers are the row `x`, a table's categorical ids the int64 input
+`categorical` (`IDS`), its sequence columns inputs of their own (`onnx_sequence_inputs`: `NAME` and `NAME_lengths`
+each); an embedding is a Gather per categorical column, concat and add are Concat and Add. A table's raw records are encoded into the rows the graph
 takes (numbers standardized, categories as ids) by `mpitrain.data.encoding.TableEncoder` from the manifest's
 `columns`, which the metadata carries: Spark scoring does it; another runtime applies the same mapping (docs/tables.md).
 """
@@ -41,6 +41,8 @@ LENGTHS = "lengths"  # a sequence model's second input: each row's steps (docs/s
 # A model of several inputs (a graph on sequence columns beside each other or fixed features) takes `x` (the fixed
 # features, when there are any) and per sequence column its values, named as the column, and its lengths, so named:
 LENGTHS_SUFFIX = "_lengths"
+# A table's categorical ids: an input of their own, int64 [N, categorical columns], beside `x` (its numbers).
+IDS = "categorical"
 # The graph's last operator and its output's name, by target kind (`Manifest.target`).
 OUTPUT_HEADS = {"class": ("Softmax", "probabilities"), "binary": ("Sigmoid", "probabilities"),
                 "multilabel": ("Sigmoid", "probabilities"), "regression": (None, "values"),
@@ -117,6 +119,8 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
     graph = OnnxGraph(model.params.dtype)
     sequence = manifest.input_shape[0] is None  # inputs x (N, T, F) padded and LENGTHS (N,): docs/sequences.md
     columns = onnx_sequence_inputs(manifest) if manifest.sequences else {}  # {column: (values, lengths)}
+    if manifest.id_columns:  # the categorical ids: an int64 input of their own, of no lengths
+        columns = {IDS: (IDS, None), **columns}
     if sequence:
         graph.lengths = LENGTHS
         x = INPUT
@@ -129,11 +133,14 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
     output = emit_output_head(graph, x, target, model.loss, units)
     inputs = [helper.make_tensor_value_info(INPUT, helper.np_dtype_to_tensor_dtype(np.dtype(manifest.feature_dtype)),
                                             ["N", *manifest.feature_shape])]  # N: any batch size
+    inputs = inputs if manifest.feature_shape != (0,) and not sequence else []
+    if manifest.id_columns:
+        inputs.append(helper.make_tensor_value_info(IDS, onnx.TensorProto.INT64, ["N", manifest.id_columns]))
     if manifest.sequences:  # T: any padded length, each column's own
-        inputs = inputs if manifest.feature_shape != (0,) and not sequence else []
         for column in manifest.sequences:
             values, lengths = columns[column["name"]]
-            inputs += [helper.make_tensor_value_info(values, onnx.TensorProto.FLOAT,
+            kind = onnx.TensorProto.INT64 if column.get("bag") else onnx.TensorProto.FLOAT  # a bag's ids: integers
+            inputs += [helper.make_tensor_value_info(values, kind,
                                                      ["N", _steps(manifest, column["name"]), column["features"]]),
                        helper.make_tensor_value_info(lengths, onnx.TensorProto.INT64, ["N"])]
     per_step = model.output_shape[0] is None  # a class per step: (N, T, classes) of the first column's steps
@@ -232,14 +239,16 @@ def sequence_inputs(proto, columns: list[str]) -> dict[str, tuple[str, str]]:
 
 def input_rows_shape(proto) -> tuple[str, tuple[int, ...]]:
     """(numpy dtype name, feature shape) of the rows an exported graph takes (its one input, less the batch); of a
-    sequence model (`sequence_inputs`), its fixed features' (its input `x` beside the columns; (0,) without)."""
+    sequence model (`sequence_inputs`) or a table's with categorical ids (`IDS`), its fixed features' (its input `x`
+    beside the columns; (0,) without)."""
     onnx = require_onnx()
-    graph, inputs = proto.graph, list(proto.graph.input)
-    names = [i.name for i in inputs]
-    if any(name == LENGTHS or name.endswith(LENGTHS_SUFFIX) for name in names):
+    graph, names = proto.graph, [i.name for i in proto.graph.input]
+    inputs = [i for i in proto.graph.input if i.name != IDS]
+    sequences = any(name == LENGTHS or name.endswith(LENGTHS_SUFFIX) for name in names)
+    if sequences:
         inputs = [i for i in inputs if i.name == INPUT] if LENGTHS not in names else []
-        if not inputs:
-            return "float32", (0,)
+    if not inputs and (sequences or IDS in names):
+        return "float32", (0,)
     if len(inputs) != 1 or len(graph.output) != 1:
         raise MpitrainError(f"the ONNX model has {len(inputs)} inputs and {len(graph.output)} outputs; "
                             "expected one input (rows) and one output (probabilities or values)")

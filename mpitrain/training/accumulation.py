@@ -18,9 +18,9 @@ from mpitrain.base.errors import ConfigError
 
 
 def micro_batch(x, rows: slice):
-    """Rows `rows` of a batch: an array's, or each part's of a SequenceBatch or SequenceInputs (its padding kept)."""
-    if hasattr(x, "sequences"):
-        return type(x)(x.x[rows], {name: micro_batch(batch, rows) for name, batch in x.sequences.items()})
+    """Rows `rows` of a batch: an array's, or each part's of a SequenceBatch or Inputs (its padding kept)."""
+    if hasattr(x, "columns"):
+        return type(x)(x.x[rows], {name: micro_batch(batch, rows) for name, batch in x.columns.items()})
     if hasattr(x, "lengths"):
         return type(x)(x.values[rows], x.lengths[rows])
     return x[rows]

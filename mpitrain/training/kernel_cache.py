@@ -21,7 +21,8 @@ import time
 import numpy as np
 
 from mpitrain.config.sections import ModelConfig, OptimizerConfig
-from mpitrain.data.sequences import SequenceBatch, SequenceInputs
+from mpitrain.data.encoding import ID_DTYPE
+from mpitrain.data.sequences import Inputs, SequenceBatch
 from mpitrain.data.shards import InputGroup
 from mpitrain.kernels.rows import gather_scaled, scaled
 from mpitrain.nn.graph import build_graph
@@ -130,15 +131,16 @@ def sequences(rng) -> None:
 def table(rng) -> None:
     """Graphs over a table's columns: embedding tables, concat and add, a sigmoid output; the columns as tokens
     through a transformer block; a bag column of ids through an embedding bag."""
-    groups = {"numeric": InputGroup(0, (3,)), "categorical": InputGroup(3, (2,), (6, 4))}
-    x = np.column_stack([rng.normal(size=(ROWS, 3)), rng.integers(0, 4, (ROWS, 2))]).astype(np.float32)
+    groups = {"numeric": InputGroup(0, (3,)), "categorical": InputGroup(0, (2,), (6, 4))}
+    x = rng.normal(size=(ROWS, 3)).astype(np.float32)
+    ids = rng.integers(0, 4, (ROWS, 2)).astype(ID_DTYPE)  # as a shard stores them
     for graph in (TABLE, TABLE_TOKENS):
-        model = build_graph(ModelConfig(graph=graph, loss="binary_cross_entropy"), groups, (5,), 1, np)
-        _train(model, x, _labels(rng, 1, "binary_cross_entropy"))
+        model = build_graph(ModelConfig(graph=graph, loss="binary_cross_entropy"), groups, (3,), 1, np)
+        _train(model, Inputs(x, {"categorical": ids}), _labels(rng, 1, "binary_cross_entropy"))
     model = build_graph(ModelConfig(graph=BAG, loss="binary_cross_entropy"), {"numeric": InputGroup(0, (3,))}, (3,),
                         1, np, sequences={"recent": (None, 1)}, steps=6, sequence_ids={"recent": 9})
-    bags = SequenceBatch(rng.integers(0, 9, (ROWS, 6, 1)).astype(np.float32), np.array([5, 1, 6, 2][:ROWS], np.int64))
-    _train(model, SequenceInputs(x[:, :3], {"recent": bags}), _labels(rng, 1, "binary_cross_entropy"))
+    bags = SequenceBatch(rng.integers(0, 9, (ROWS, 6, 1)).astype(ID_DTYPE), np.array([5, 1, 6, 2][:ROWS], np.int64))
+    _train(model, Inputs(x, {"recent": bags}), _labels(rng, 1, "binary_cross_entropy"))
 
 
 def optimizers(rng) -> None:

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from mpitrain.data.encoding import ID_DTYPE
 from mpitrain.data.shards import Manifest, shard_path, write_manifest, write_shard
 from mpitrain.etl.idx import IMAGES_MAGIC, LABELS_MAGIC
 
@@ -174,11 +175,17 @@ def siblings(out: Path) -> list[str]:
 
 
 def read_split(dataset_dir, split: str = "train", rank: int = 0, ranks: int = 1, **options):
-    """Rank `rank` of `ranks`'s evaluation share of `split` (all of it on one rank), read whole: (x, y)."""
+    """Rank `rank` of `ranks`'s evaluation share of `split` (all of it on one rank), read whole: (x, y); a table's x
+    with categorical columns an `Inputs` of its numbers and ids."""
     from mpitrain.data.reader import DatasetReader
+    from mpitrain.data.sequences import Inputs
     rows = DatasetReader(str(dataset_dir), SimpleNamespace(rank=rank, size=ranks), **options).eval_rows(split)
     parts = [(x.copy(), y.copy()) for x, y in rows.batches(1000)]
-    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    y = np.concatenate([p[1] for p in parts])
+    if isinstance(parts[0][0], Inputs):
+        return Inputs(np.concatenate([p[0].x for p in parts]),
+                      {name: np.concatenate([p[0].columns[name] for p in parts]) for name in parts[0][0].columns}), y
+    return np.concatenate([p[0] for p in parts]), y
 
 
 class Clicks:
@@ -212,19 +219,19 @@ class Clicks:
 
 
 def make_click_dataset(path, n_train=20000, n_test=5000, ids=(100, 10000), numeric=3, shards=2, seed=0) -> dict:
-    """`Clicks` rows written as a table dataset (numeric columns, then ids 0..k-1 per categorical column, a binary
-    target) without the ETL; returns the test rows' true probabilities and clicks."""
+    """`Clicks` rows written as a table dataset (numeric columns in x, ids 0..k-1 per categorical column in ids, a
+    binary target) without the ETL; returns the test rows' true probabilities and clicks."""
     numbers, codes, clicks, probability = Clicks(ids, numeric).draw(n_train + n_test, seed)
-    x = np.column_stack([numbers, codes]).astype(np.float32)
+    x = numbers.astype(np.float32)
     splits = {}
     for split, (a, b) in (("train", (0, n_train)), ("test", (n_train, n_train + n_test))):
         bounds = np.linspace(a, b, shards + 1).astype(int)
-        splits[split] = [write_shard(str(path), shard_path(split, i), x[lo:hi], clicks[lo:hi])
+        splits[split] = [write_shard(str(path), shard_path(split, i), x[lo:hi], clicks[lo:hi], ids=codes[lo:hi])
                          for i, (lo, hi) in enumerate(zip(bounds, bounds[1:]))]
     columns = {"numeric": [{"name": f"n{j}"} for j in range(numeric)],
                "categorical": [{"name": f"c{j}", "ids": k} for j, k in enumerate(ids)]}
     write_manifest(str(path), Manifest(
         feature_shape=(x.shape[1],), feature_dtype="float32", scale=1.0, offset=0.0, mean=0.0, std=1.0,
         num_classes=2, label_counts={}, splits=splits, source="synthetic clicks", seed=seed,
-        checksums="fletcher32", target="binary", target_names=["click"], columns=columns))
+        checksums="fletcher32", target="binary", target_names=["click"], columns=columns, id_dtype=ID_DTYPE))
     return {"probability": probability[n_train:], "clicks": clicks[n_train:, 0]}

@@ -112,14 +112,15 @@ def write_csv(path, x: np.ndarray, y: np.ndarray, label_names: list[str]) -> Non
 
 
 def read_split(dataset: str, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """Every row of a split of a dataset folder, in order: (x, y) as stored."""
+    """Every row of a split of a dataset folder, in order: (x, y) as stored, a table's x its numbers and then its
+    categorical ids, side by side as float64 (exact), the matrix scikit-learn takes."""
     import h5py
 
     from mpitrain.data.shards import read_manifest
     parts = []
     for shard in read_manifest(dataset).shards(split):
         with h5py.File(os.path.join(dataset, shard.path), "r") as f:
-            parts.append((f["x"][...], f["y"][...]))
+            parts.append((np.column_stack([f["x"][...], f["ids"][...]]) if "ids" in f else f["x"][...], f["y"][...]))
     return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpitrain.data.encoding import HASH
+from mpitrain.data.encoding import HASH, ID_DTYPE
 from mpitrain.data.sequences import Ragged, SequenceBatch, token_ids
 from mpitrain.data.shards import Manifest, shard_path, write_manifest, write_shard
 
@@ -60,10 +60,10 @@ def token_sequences(n: int, seed: int = 0, ids: int = 40, classes: int = 3, leng
     return sequences, labels
 
 
-def ragged(sequences: list[np.ndarray]) -> Ragged:
-    """A list of (steps, F) arrays as one `Ragged`."""
+def ragged(sequences: list[np.ndarray], dtype=np.float32) -> Ragged:
+    """A list of (steps, F) arrays as one `Ragged` of `dtype` values (a bag's: ids)."""
     offsets = np.concatenate([[0], np.cumsum([len(s) for s in sequences])]).astype(np.int64)
-    return Ragged(np.concatenate(sequences).astype(np.float32), offsets)
+    return Ragged(np.concatenate(sequences).astype(dtype), offsets)
 
 
 def write_parquet(path, sequences: list[np.ndarray], labels, column: str = "readings", integer: bool = False) -> None:
@@ -209,7 +209,8 @@ def write_sequence_dataset(path, rows, n_train: int, n_test: int, shards: int, s
         x, columns, labels = rows(n, seed * 2 + salt)
         bounds = [i * n // shards for i in range(shards + 1)]
         splits[split] = [write_shard(str(path), shard_path(split, i), x[a:b], labels[a:b],
-                                     sequences={name: ragged(sequences[a:b]) for name, sequences in columns.items()})
+                                     sequences={name: ragged(sequences[a:b], ID_DTYPE if name in bags else np.float32)
+                                                for name, sequences in columns.items()})
                          for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
         counts[split] = np.bincount(labels, minlength=classes).tolist()
         for name in max_lengths:
@@ -220,7 +221,7 @@ def write_sequence_dataset(path, rows, n_train: int, n_test: int, shards: int, s
                         seed=seed, checksums="fletcher32",
                         sequences=[column_entry(name, found[name], max_lengths[name], steps[name], name in bags)
                                    for name in max_lengths],
-                        step_target=step_target)
+                        step_target=step_target, id_dtype=ID_DTYPE if bags else "")
     write_manifest(str(path), manifest)
     return manifest
 

@@ -258,8 +258,8 @@ def test_a_graph_of_two_sequence_columns_and_fixed_features_learns_predicts_alik
     assert [i.name for i in session.get_inputs()] == ["x", "readings", "readings_lengths", "events", "events_lengths"]
     rows = 0
     for x, _ in DatasetReader(str(data), _Rank()).eval_rows("test").batches(50):
-        feeds = {"x": x.x, **{name: batch.values for name, batch in x.sequences.items()},
-                 **{f"{name}_lengths": batch.lengths for name, batch in x.sequences.items()}}
+        feeds = {"x": x.x, **{name: batch.values for name, batch in x.columns.items()},
+                 **{f"{name}_lengths": batch.lengths for name, batch in x.columns.items()}}
         got = session.run(None, feeds)[0]
         np.testing.assert_allclose(got, probabilities[rows:rows + len(got)], rtol=0, atol=1e-5)
         rows += len(got)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
+from mpitrain.data.shards import read_manifest
 from mpitrain.rundir.checkpoint import list_checkpoints
 from mpitrain.testing.datasets import make_click_dataset, write_config
 from mpitrain.testing.launch import MPITRAIN, mpiexec
@@ -105,4 +106,6 @@ def test_an_ft_transformer_resumes_mid_epoch_bit_for_bit_and_exports_what_predic
         predicted = f["probabilities"][...]
     x, _ = read_split(str(folder / "data"), "test")
     session = onnxruntime.InferenceSession(str(tmp_path / "ft.onnx"), providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(session.run(None, {"x": x.astype(np.float32)})[0], predicted, rtol=0, atol=1e-5)
+    numbers = len(read_manifest(str(folder / "data")).columns["numeric"])  # x: the numbers, then the ids
+    feeds = {"x": x[:, :numbers].astype(np.float32), "categorical": x[:, numbers:].astype(np.int64)}
+    np.testing.assert_allclose(session.run(None, feeds)[0], predicted, rtol=0, atol=1e-5)

@@ -18,6 +18,8 @@ from mpitrain.data.encoding import hash_ids
 from mpitrain.data.shards import read_manifest
 from mpitrain.testing.datasets import read_split, siblings
 
+BUCKETS = 2**31 - 1  # the most --hash-buckets takes: ids past float32's integers (2**24), as int32
+
 
 def one_error_line(status: int, err: str) -> str:
     """The one line a failed `mpitrain etl` prints (Spark's own warnings aside)."""
@@ -60,24 +62,25 @@ def test_csv_table_to_ids_and_standardized_numbers(etl, csv_table, tmp_path):
     path, raw = csv_table
     out = tmp_path / "people"
     status, printed, err = etl("--source", f"csv:{path}", "--out", out, "--shards", 2, "--seed", 3, "--label", "l1,l2,l3",
-                               "--categorical", "city,shop,user", "--hash-buckets", "user:1000", "--min-count", 3,
+                               "--categorical", "city,shop,user", "--hash-buckets", f"user:{BUCKETS}", "--min-count", 3,
                                "--numeric-missing", "impute", "--standardize")
     assert status == 0, err[-3000:]
     assert f"wrote {out}: train 320 rows, test 80 rows" in printed
     manifest = read_manifest(str(out))
     assert (manifest.target, manifest.target_names, manifest.num_classes) == ("multilabel", ["l1", "l2", "l3"], 3)
-    assert (manifest.feature_shape, manifest.feature_dtype) == ((7,), "float32")
+    assert (manifest.feature_shape, manifest.feature_dtype, manifest.id_dtype) == ((4,), "float32", "int32")
     assert (manifest.scale, manifest.offset, manifest.mean, manifest.std) == (1.0, 0.0, 0.0, 1.0)
     numeric, categorical = manifest.columns["numeric"], manifest.columns["categorical"]
     assert [c["name"] for c in numeric] == ["rowid", "age", "income", "age_missing"]
     assert numeric[3] == {"name": "age_missing", "missing_of": "age"}  # income misses nothing: no indicator
-    assert [(c["name"], c["ids"]) for c in categorical][2] == ("user", 1001)
-    assert categorical[2]["hash_buckets"] == 1000
+    assert [(c["name"], c["ids"]) for c in categorical][2] == ("user", BUCKETS + 1)
+    assert categorical[2]["hash_buckets"] == BUCKETS
     assert set(manifest.input_groups) == {"numeric", "categorical"}
 
     split_rows = {}
     for split in ("train", "test"):
         x, y = read_split(out, split)
+        x = x.x  # the numbers
         rowid = np.rint(x[:, 0].astype(np.float64) * numeric[0]["std"] + numeric[0]["mean"]).astype(int)
         split_rows[split] = rowid
         assert y.dtype == np.float32 and y.shape == (len(x), 3)
@@ -91,7 +94,7 @@ def test_csv_table_to_ids_and_standardized_numbers(etl, csv_table, tmp_path):
         assert numeric[j]["mean"] == pytest.approx(np.nanmean(raw[name][train]), rel=1e-12)
         assert numeric[j]["std"] == pytest.approx(np.nanstd(raw[name][train]), rel=1e-12)
         assert numeric[j]["impute"] == numeric[j]["mean"]
-    x, _ = read_split(out, "train")
+    x = read_split(out, "train")[0].x
     age = raw["age"][train]
     expected = np.where(np.isnan(age), 0.0, (age - numeric[1]["mean"]) / numeric[1]["std"]).astype(np.float32)
     np.testing.assert_allclose(x[:, 1], expected, rtol=1e-6, atol=1e-6)
@@ -107,11 +110,15 @@ def test_csv_table_to_ids_and_standardized_numbers(etl, csv_table, tmp_path):
     ids = []
     for split, rowid in split_rows.items():
         x, _ = read_split(out, split)
+        categories = x.columns["categorical"]
+        assert categories.dtype == np.int32 and categories.shape == (len(rowid), 3)
         city = raw["city"][rowid]
         expected = [0 if c == "" else cities.index(c) + 2 if c in cities else 1 for c in city]
-        np.testing.assert_array_equal(x[:, 4], expected)
-        np.testing.assert_array_equal(x[:, 6], hash_ids(pa.array(np.array(raw["user"])[rowid]), 1000))
-        ids += x[:, 4].tolist()
+        np.testing.assert_array_equal(categories[:, 0], expected)
+        users = hash_ids(pa.array(np.array(raw["user"])[rowid]), BUCKETS)  # int64, beyond float32's integers
+        assert (users > 2**24).mean() > 0.9
+        np.testing.assert_array_equal(categories[:, 2], users)
+        ids += categories[:, 0].tolist()
     assert {0, 1} <= set(ids)  # missing, and rare (lima) or test-only (zurich)
 
 
@@ -124,8 +131,8 @@ def test_info_names_the_target_and_every_column(etl, csv_table, tmp_path, capsys
     assert status == 0, err[-3000:]
     assert cli.main(["info", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"{out}: schema 1, features float32[5] (scale 1, offset 0, mean 0, std 1), target multilabel " \
-                       "(3 labels: l1, l2, l3)"
+    assert lines[0] == f"{out}: schema 1, features float32[3] (scale 1, offset 0, mean 0, std 1), ids int32[2], " \
+                       "target multilabel (3 labels: l1, l2, l3)"
     assert lines[1] == "columns numeric (3): age (imputed), income (imputed), age_missing (missing indicator of age)"
     assert lines[2] == "columns categorical (2): city (1001 ids: 1000 hash buckets), shop (1001 ids: 1000 hash buckets)"
     manifest = json.loads((out / "manifest.json").read_text())
@@ -162,14 +169,15 @@ def test_parquet_binary_target_and_text_classes(etl, parquet_table, tmp_path):
     positives = manifest.label_counts["test"][0]
     assert abs(positives - 0.2 * clicked.sum()) <= 1
     x, y = read_split(out, "test")
+    x, categories = x.x, x.columns["categorical"]
     row = x[:, 1].astype(int)
     assert y.dtype == np.float32 and y.shape == (60, 1)
     np.testing.assert_array_equal(y[:, 0], clicked[row])
     device = manifest.columns["categorical"][0]
     assert set(device["vocabulary"]) <= {"100", "101", "102", "103"}  # integers by their decimal text
-    np.testing.assert_array_equal(x[:, 2], [device["vocabulary"].index(str(d)) + 2
-                                            for d in np.array(raw["device"])[row]])
-    np.testing.assert_array_equal(x[:, 3] == 0, [raw["country"][r] is None for r in row])
+    np.testing.assert_array_equal(categories[:, 0], [device["vocabulary"].index(str(d)) + 2
+                                                     for d in np.array(raw["device"])[row]])
+    np.testing.assert_array_equal(categories[:, 1] == 0, [raw["country"][r] is None for r in row])
 
     out = tmp_path / "answers"
     status, _, err = etl("--source", f"parquet:{path}", "--out", out, "--shards", 1, "--label", "answer",
@@ -179,7 +187,7 @@ def test_parquet_binary_target_and_text_classes(etl, parquet_table, tmp_path):
     assert (manifest.target, manifest.class_names, manifest.num_classes) == ("class", ["maybe", "no", "yes"], 3)
     x, y = read_split(out, "train")
     assert y.dtype == np.int32
-    answers = np.array(raw["answer"])[x[:, 0].astype(int)]
+    answers = np.array(raw["answer"])[x.x[:, 0].astype(int)]
     np.testing.assert_array_equal(np.array(manifest.class_names)[y], answers)
 
 
@@ -268,7 +276,7 @@ def test_text_classes_of_a_csv_found_by_spark(etl, tmp_path):
     assert manifest.label_counts == {"train": [10, 10, 10, 0], "test": [0, 0, 1, 1]}
     assert manifest.columns["categorical"] == [{"name": "shade", "ids": 3, "vocabulary": ["dark"], "min_count": 1}]
     x, y = read_split(out, "test")
-    assert sorted(zip(y.tolist(), x[:, 1].tolist())) == [(2, 0.0), (3, 2.0)]  # red: shade missing; violet: dark
+    assert sorted(zip(y.tolist(), x.columns["categorical"][:, 0].tolist())) == [(2, 0), (3, 2)]  # red: shade missing; violet: dark
     status, _, err = etl("--source", f"csv:file://{tmp_path / 'train.csv'}", "--out", tmp_path / "other", "--shards", 1,
                          "--label", "hue")
     assert one_error_line(status, err).startswith("mpitrain etl: error: --label hue: no column 'hue' in csv:file://")

@@ -404,9 +404,11 @@ def clicks_model(spark, tmp_path_factory):
     return folder, records, folder / "model.onnx", folder / "run"
 
 
-def onnx_outputs(model: Path, x: np.ndarray) -> np.ndarray:
+def onnx_outputs(model: Path, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """ONNX Runtime's outputs of a table model for rows of numbers `x` and their categorical `ids` (int64 there)."""
     import onnxruntime as ort
-    return ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    return ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "categorical": ids.astype(np.int64)})[0]
 
 
 def test_a_table_model_scores_raw_records_through_its_columns(spark, clicks_model, tmp_path, monkeypatch, capsys,
@@ -439,8 +441,8 @@ def test_a_table_model_scores_raw_records_through_its_columns(spark, clicks_mode
     x_test, _ = read_split(folder / "data", "test")
     encoded = encoder.encode(records)
     assert not encoded.bad.any()
-    where = {row.tobytes(): i for i, row in enumerate(encoded.x)}
-    order = [where[row.tobytes()] for row in x_test]
+    where = {row.tobytes() + ids.tobytes(): i for i, (row, ids) in enumerate(zip(encoded.x, encoded.ids))}
+    order = [where[row.tobytes() + ids.tobytes()] for row, ids in zip(x_test.x, x_test.columns["categorical"])]
     clicks_csv(tmp_path / "test.csv", {name: [values[i] for i in order] for name, values in records.items()})
     metrics = mpitrain_score(tmp_path / "test.csv", tmp_path / "a")
     got = read_output(tmp_path / "a", "row")
@@ -448,7 +450,8 @@ def test_a_table_model_scores_raw_records_through_its_columns(spark, clicks_mode
     assert (got["row"] == np.arange(1, len(order) + 1)).all()
     expected, predicted = predictions(run_dir)
     np.testing.assert_allclose(got["probabilities"], expected, rtol=0, atol=1e-5)
-    np.testing.assert_allclose(got["probabilities"], onnx_outputs(model, x_test), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got["probabilities"], onnx_outputs(model, x_test.x, x_test.columns["categorical"]),
+                               rtol=0, atol=1e-5)
     assert (np.stack(got["predicted"]) == predicted).all()
     labels = np.stack(got["label"])
     assert (labels[:, 0] == [records["clicked"][i] for i in order]).all()
@@ -469,11 +472,11 @@ def test_a_table_model_scores_raw_records_through_its_columns(spark, clicks_mode
     assert list(got) == ["row", "predicted", "probabilities"] and list(got["row"]) == [1, 2, 3, 5, 6]
     mine = encoder.encode({name: [v for i, v in enumerate(values) if i != 3] for name, values in new.items()})
     assert not mine.bad.any()
-    ids = {name: mine.x[:, len(columns["numeric"]) + j] for j, name in enumerate(encoder.categorical)}
+    ids = {name: mine.ids[:, j] for j, name in enumerate(encoder.categorical)}
     assert list(ids["color"][[0, 2, 3]]) == [OUT_OF_VOCABULARY_ID, MISSING_ID, OUT_OF_VOCABULARY_ID]  # GREEN: not green
     assert list(ids["shop"][[1, 4]]) == [OUT_OF_VOCABULARY_ID] * 2 and ids["shop"][0] >= 2
     assert mine.x[1, 1] == 0 and list(mine.x[:, 2]) == [0, 1, 0, 0, 0]  # the missing age: its mean, standardized
-    np.testing.assert_allclose(got["probabilities"], onnx_outputs(model, mine.x), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got["probabilities"], onnx_outputs(model, mine.x, mine.ids), rtol=0, atol=1e-5)
 
 
 def test_a_table_model_refuses_a_source_without_its_columns(clicks_model, tmp_path):

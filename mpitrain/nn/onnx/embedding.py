@@ -11,12 +11,12 @@ from mpitrain.nn.onnx.graph import emits
 
 @emits(Embedding)
 def embedding(graph, layer, x, name, input_shape):
-    """Per categorical column: its ids (Slice, Cast to int64) Gather their table's rows, (N, 1, dim); the columns
-    joined (N, columns, dim) with one dim, else side by side and flattened (N, sum of dims), as the layer gives."""
+    """Per categorical column: its ids (a Slice of the int64 input `categorical`) Gather their table's rows,
+    (N, 1, dim); the columns joined (N, columns, dim) with one dim, else side by side and flattened (N, sum of
+    dims), as the layer gives."""
     rows = []
     for j, table in enumerate(layer.tables):
-        ids = graph.node("Cast", [graph.columns(x, j, j + 1, f"{name}/{j}")], f"{name}/{j}",
-                         to=graph.onnx.TensorProto.INT64)
+        ids = graph.columns(x, j, j + 1, f"{name}/{j}")
         rows.append(graph.node("Gather", [graph.constant(f"{name}/{table.name}", layer.params[table.name]), ids],
                                f"{name}/{j}", axis=0))
     if len(layer.output_shape(input_shape)) == 2:

@@ -32,19 +32,22 @@ def emit_layers(graph: OnnxGraph, model, x: str) -> str:
     return x
 
 
-def emit_nodes(graph: OnnxGraph, model, x: str | None, sequences: dict[str, tuple[str, str]]) -> str:
-    """A graph model's nodes (`mpitrain.nn.graph.Graph`) on the scaled rows `x` and the `sequences` ({column:
-    (values name, lengths name)}): each column group a Slice of the row (the whole row when it is the one input),
+def emit_nodes(graph: OnnxGraph, model, x: str | None, columns: dict[str, tuple[str, str | None]]) -> str:
+    """A graph model's nodes (`mpitrain.nn.graph.Graph`) on the scaled rows `x` and the inputs of its `columns`
+    ({column: (values name, lengths name)}: the categorical ids, of no lengths, and the sequence columns): each
+    other column group a Slice of the row (the whole row when it is the one input),
     each node's layers on its inputs' outputs (an embedding one Gather per column), concat a Concat along the last
     axis, add a chain of Adds, another merge (cross-attention) its emitter on the list of its inputs (their lengths
     `graph.input_lengths`); each value's lengths kept (`graph.lengths` set to a node's input's before its
     layers, a merge's output has its inputs' one lengths); the output node's output name."""
     values, shapes, lengths = {}, {}, {}
     for name, group in model.groups.items():
-        values[name] = x if model.whole_row else graph.columns(x, group.start, group.stop, f"input/{name}")
+        if name not in columns:
+            values[name] = x if model.whole_row else graph.columns(x, group.start, group.stop, f"input/{name}")
         shapes[name], lengths[name] = group.shape, None
-    for name, (value, steps) in sequences.items():
-        values[name], shapes[name], lengths[name] = value, model.sequences[name], steps
+    for name, (value, steps) in columns.items():
+        values[name], lengths[name] = value, steps
+        shapes[name] = model.sequences[name] if name in model.sequences else shapes[name]
     for index, node in enumerate(model.nodes):
         inputs = [values[name] for name in node.inputs]
         graph.lengths = lengths[node.inputs[0]]

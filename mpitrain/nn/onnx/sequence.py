@@ -30,12 +30,12 @@ def _valid_steps(graph, x, name: str) -> str:
                                     graph.constant(f"{name}/feature_axis", [2], np.int64)], f"{name}/valid")
 
 
-def _masked(graph, x, name: str, fill: float) -> str:
-    """`x` (N, T, F) with its padded steps set to `fill` (Where, so whatever the padding holds); `x` itself without
-    lengths (every step valid)."""
+def _masked(graph, x, name: str, fill: float, dtype=None) -> str:
+    """`x` (N, T, F) with its padded steps set to `fill` (of `x`'s `dtype`, by default the graph's; Where, so whatever
+    the padding holds); `x` itself without lengths (every step valid)."""
     if graph.lengths is None:
         return x
-    return graph.node("Where", [_valid_steps(graph, x, name), x, graph.constant(f"{name}/fill", fill)], name)
+    return graph.node("Where", [_valid_steps(graph, x, name), x, graph.constant(f"{name}/fill", fill, dtype)], name)
 
 
 @emits(Positional)
@@ -133,9 +133,10 @@ def cls_pool(graph, layer, x, name, input_shape):
 
 @emits(EmbeddingBag)
 def embedding_bag(graph, layer, x, name, input_shape):
-    """The bag's ids (padded ones read as 0) Gather their rows (N, T, dim); padded steps masked to 0 (-inf for max);
-    ReduceSum over the steps (over the lengths at least 1 for mean), or ReduceMax with empty bags set to 0."""
-    ids = graph.node("Cast", [_masked(graph, x, f"{name}/input", 0.0)], f"{name}/ids", to=graph.onnx.TensorProto.INT64)
+    """The bag's ids (int64, padded ones read as 0) Gather their rows (N, T, dim); padded steps masked to 0 (-inf for
+    max); ReduceSum over the steps (over the lengths at least 1 for mean), or ReduceMax with empty bags set to 0."""
+    ids = graph.node("Cast", [x], f"{name}/ids", to=graph.onnx.TensorProto.INT64)  # the input's int64 already
+    ids = _masked(graph, ids, f"{name}/input", 0, np.int64)
     ids = graph.node("Squeeze", [ids, graph.constant(f"{name}/feature_axis", [2], np.int64)], f"{name}/ids")
     rows = graph.node("Gather", [graph.constant(f"{name}/table", layer.params["table"]), ids], f"{name}/rows", axis=0)
     lengths = graph.lengths

@@ -3,8 +3,8 @@
 A step of a large table touches a few rows (the batch's ids), so each rank sends those rows,
 ids and values, instead of the table: after an Allgather of every rank's touched-row count per
 table, each table whose rows would put fewer bytes on a rank's wire than a dense Allreduce of
-it goes into one Allgatherv of messages `[ids..., values...]` per table (ids as floats of the
-gradient's dtype: exact below 2**24, `mpitrain.data.shards.MAX_IDS`); the others are
+it goes into one Allgatherv of messages `[ids..., values...]` per table (ids as integers of the
+gradient's width, their bits carried in its dtype: `id_bits`); the others are
 Allreduced whole. Every rank then zeroes the rows any rank touched and adds the ranks' rows in
 rank order, so the sums are bit-identical everywhere, and divides them by the ranks: the mean
 gradient, as for the dense part. The table then remembers which rows hold values
@@ -64,10 +64,16 @@ def exchange_tables(comm, model, dense: bool = False) -> None:
         table.written = union
 
 
+def id_bits(dtype) -> np.dtype:
+    """The integers whose bits a message of float `dtype` carries its ids in: of the same width (int32 in float32,
+    any id of a table of up to 2**31 rows, `mpitrain.data.shards.MAX_IDS`), moved as they are, never converted."""
+    return np.dtype(f"int{8 * np.dtype(dtype).itemsize}")
+
+
 def _message(grads, table):
-    """A table's part of this rank's message: its touched ids (as floats), then their rows."""
+    """A table's part of this rank's message: its touched ids (their bits, `id_bits`), then their rows."""
     matrix = grads[table.start:table.stop].reshape(table.rows, table.dim)
-    return table.touched.astype(grads.dtype), matrix[table.touched].ravel()
+    return table.touched.astype(id_bits(grads.dtype)).view(grads.dtype), matrix[table.touched].ravel()
 
 
 def _part(message, counts, chosen, tables, position):
@@ -75,7 +81,7 @@ def _part(message, counts, chosen, tables, position):
     offset = sum(int(counts[t]) * (1 + tables[t].dim) for t in chosen[:position])
     t = chosen[position]
     n, dim = int(counts[t]), tables[t].dim
-    ids = message[offset:offset + n].astype(np.int64)
+    ids = message[offset:offset + n].view(id_bits(message.dtype)).astype(np.int64)
     return ids, message[offset + n:offset + n * (1 + dim)].reshape(n, dim)
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from mpitrain.data.encoding import (TableEncoder, TableRows, fnv1a64, hash_ids, parse_table, text_hashes,
+from mpitrain.data.encoding import (MAX_IDS, TableEncoder, TableRows, fnv1a64, hash_ids, parse_table, text_hashes,
                                     vocabulary_ids)
 from mpitrain.base.errors import DataError
 
@@ -46,19 +46,36 @@ def test_vocabulary_ids_missing_out_of_vocabulary_and_known():
 
 def test_encoder_maps_records_as_the_columns_say():
     encoder = TableEncoder(COLUMNS)
-    assert (encoder.numeric, encoder.categorical, encoder.width) == (["age", "income"], ["country", "shop", "user"], 6)
+    assert (encoder.numeric, encoder.categorical, encoder.width) == (["age", "income"], ["country", "shop", "user"], 3)
     records = {"age": [50.0, None, np.nan], "income": [1, 2, 3], "country": ["fr", None, "de"],
                "shop": [12, 7, None], "user": ["u1", "u2", None]}
     encoded = encoder.encode(records)
     users = hash_ids(pa.array(["u1", "u2"]), 100)
     np.testing.assert_array_equal(encoded.x, np.array([
-        [1.0, 1, 0, 3, 4, users[0]],  # (50 - 40) / 10; shop 12 is vocabulary[2]
-        [0.0, 2, 1, 0, 2, users[1]],  # age imputed by 40 (standardized 0), indicator 1; country missing
-        [0.0, 3, 1, 1, 0, 0]], np.float32))  # NaN is missing too; "de" out of vocabulary; shop and user missing
-    assert encoded.x.dtype == np.float32 and not encoded.bad.any()
+        [1.0, 1, 0],  # (50 - 40) / 10
+        [0.0, 2, 1],  # age imputed by 40 (standardized 0), indicator 1
+        [0.0, 3, 1]], np.float32))  # NaN is missing too
+    np.testing.assert_array_equal(encoded.ids, np.array([
+        [3, 4, users[0]],  # shop 12 is vocabulary[2]
+        [0, 2, users[1]],  # country missing
+        [1, 0, 0]]))  # "de" out of vocabulary; shop and user missing
+    assert encoded.x.dtype == np.float32 and encoded.ids.dtype == np.int32 and not encoded.bad.any()
     batch = pa.RecordBatch.from_pydict({**records, "extra": ["ignored"] * 3})
-    np.testing.assert_array_equal(encoder.encode(batch).x, encoded.x)
-    np.testing.assert_array_equal(encoder.encode(pa.Table.from_batches([batch])).x, encoded.x)
+    for again in (encoder.encode(batch), encoder.encode(pa.Table.from_batches([batch]))):
+        np.testing.assert_array_equal(again.x, encoded.x)
+        np.testing.assert_array_equal(again.ids, encoded.ids)
+
+
+def test_ids_beyond_float32s_integers_stay_exact_up_to_two_to_the_31():
+    buckets = MAX_IDS - 1  # the most --hash-buckets takes
+    encoder = TableEncoder({"categorical": [{"name": "user", "ids": MAX_IDS, "hash_buckets": buckets,
+                                             "hash": "fnv1a64-splitmix64"}]})
+    users = [f"user-{i}" for i in range(1000)]
+    expected = hash_ids(pa.array(users), buckets)
+    encoded = encoder.encode({"user": users})
+    assert encoded.x.shape == (1000, 0) and encoded.ids.dtype == np.int32
+    assert encoded.ids[:, 0].tolist() == expected.tolist()  # each as its int64 hash id: none rounded
+    assert (expected > 2**24).mean() > 0.99 and (expected != expected.astype(np.float32).astype(np.int64)).any()
 
 
 def test_bad_numbers_are_marked_and_explained_by_column():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mpitrain.data.reader import Batches, DatasetReader
-from mpitrain.data.sequences import PAD_MULTIPLE, Ragged, RaggedBuffer, SequenceInputs, SequenceRows
+from mpitrain.data.sequences import PAD_MULTIPLE, Ragged, RaggedBuffer, Inputs, SequenceRows
 from mpitrain.base.errors import DataError
 from mpitrain.base.workspace import Workspace
 from mpitrain.parallel.backend import create_backend
@@ -94,9 +94,9 @@ def test_several_inputs_come_as_the_fixed_features_and_each_column_padded_to_its
                 stored[name] += [f[f"sequences/{name}/values"][a:b] for a, b in zip(offsets, offsets[1:])]
     rows = 0
     for x, _ in DatasetReader(str(tmp_path / "ds"), _Rank(0, 1)).eval_rows("test").batches(7):
-        assert isinstance(x, SequenceInputs) and list(x.sequences) == ["readings", "events"]
+        assert isinstance(x, Inputs) and list(x.columns) == ["readings", "events"]
         np.testing.assert_array_equal(x.x, stored["x"][rows:rows + len(x)])
-        for name, batch in x.sequences.items():
+        for name, batch in x.columns.items():
             assert batch.values.shape[1] == -(-batch.lengths.max() // PAD_MULTIPLE) * PAD_MULTIPLE  # its own longest
             for r, length in enumerate(batch.lengths):
                 np.testing.assert_array_equal(batch.values[r, :length], stored[name][rows + r])
@@ -107,5 +107,5 @@ def test_several_inputs_come_as_the_fixed_features_and_each_column_padded_to_its
     batches = Batches(reader.train_rows("train", 8, 1, seed=0, shuffle=True), reader.manifest,
                       create_backend("numpy"), "float32", seed=0, rank=0, prefetch=False)
     for x, y in batches.epoch(0):
-        assert x.x.shape == (8, 2) and {name: b.values.shape[2] for name, b in x.sequences.items()} == \
+        assert x.x.shape == (8, 2) and {name: b.values.shape[2] for name, b in x.columns.items()} == \
             {"readings": 2, "events": 1} and y.shape == (8,)

@@ -64,7 +64,7 @@ def test_ids_come_from_the_vocabulary_or_the_hash_buckets():
     bags = bag_column(pa.array(BAGS, pa.list_(pa.string())), "recent", 10, "f", record)
     vocabulary = CategoryIds({"name": "recent", **vocabulary_entry(["m3", "m2", "m1"])}, "--bag")
     ids = bag_ids(bags, vocabulary)
-    assert ids.values.dtype == np.float32 and ids.values.shape == (7, 1) and (ids.offsets == bags.offsets).all()
+    assert ids.values.dtype == np.int32 and ids.values.shape == (7, 1) and (ids.offsets == bags.offsets).all()
     assert ids.values[:, 0].tolist() == [2, 4, 2, 3, 0, 1, 1]  # m9 and 7: out of vocabulary; None: missing
     hashed = bag_ids(bags, CategoryIds({"name": "recent", **vocabulary_entry(buckets=5)}, "--bag"))
     assert hashed.values[:, 0].tolist() == hash_ids(bags.values, 5).tolist()

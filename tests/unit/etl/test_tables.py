@@ -55,12 +55,12 @@ def test_wrong_columns_and_targets_fail_in_one_line_naming_them(table, options, 
 
 
 @pytest.mark.parametrize("options, message", [
-    (lambda: dict(tables=TableOptions(hash_buckets=(("city", 1 << 24),))),
-     "--hash-buckets city:16777216: expected 1..16777215"),
+    (lambda: dict(tables=TableOptions(hash_buckets=(("city", 1 << 31),))),
+     "--hash-buckets city:2147483648: expected 1..2147483647"),
     (lambda: dict(tables=TableOptions(hash_buckets=(("x1", 10),))),
      "--hash-buckets x1:10: 'x1' is not a --categorical or --bag column"),
     (lambda: dict(transforms=TransformOptions(scale=True)), "--scale and --binarize: a table"),
-    (lambda: dict(tables=TableOptions(max_vocabulary=0)), "--max-vocabulary 0: expected 1..16777214"),
+    (lambda: dict(tables=TableOptions(max_vocabulary=0)), "--max-vocabulary 0: expected 1..2147483646"),
     (lambda: dict(tables=TableOptions(min_count=0)), "--min-count 0: expected an integer >= 1"),
     (lambda: dict(source_options=SourceOptions(label="a,b", categorical=("city",)),
                   transforms=TransformOptions(one_hot=True)),

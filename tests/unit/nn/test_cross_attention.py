@@ -7,7 +7,7 @@ import pytest
 
 from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import ModelConfig
-from mpitrain.data.sequences import SequenceBatch, SequenceInputs
+from mpitrain.data.sequences import Inputs, SequenceBatch
 from mpitrain.nn.attention import CrossAttention
 from mpitrain.nn.graph import build_network
 from mpitrain.nn.losses import softmax_cross_entropy
@@ -39,8 +39,8 @@ def test_the_output_does_not_depend_on_the_memorys_padding():
     rng = np.random.default_rng(1)
     model = graph_model(GRAPH)
     short = inputs(rng, [4, 6], [5, 2], 6, 5)
-    padded = SequenceInputs(short.x, {"a": short.sequences["a"], "b": SequenceBatch(
-        *padded_batch([short.sequences["b"].values[r, :n] for r, n in enumerate([5, 2])], 19, seed=9))})
+    padded = Inputs(short.x, {"a": short.columns["a"], "b": SequenceBatch(
+        *padded_batch([short.columns["b"].values[r, :n] for r, n in enumerate([5, 2])], 19, seed=9))})
     np.testing.assert_allclose(model.forward(padded), model.forward(short).copy(), rtol=0, atol=1e-12)
 
 

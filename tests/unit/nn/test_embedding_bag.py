@@ -7,7 +7,7 @@ import pytest
 
 from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.config.sections import ModelConfig
-from mpitrain.data.sequences import SequenceBatch, SequenceInputs
+from mpitrain.data.sequences import Inputs, SequenceBatch
 from mpitrain.data.shards import Manifest
 from mpitrain.nn.embedding_bag import EmbeddingBag
 from mpitrain.nn.graph import build_network
@@ -90,10 +90,10 @@ def graph(mode: str) -> list:
             {"name": "out", "type": "dense", "input": "joined", "units": 3}]
 
 
-def inputs(dtype=np.float64) -> SequenceInputs:
+def inputs(dtype=np.float64) -> Inputs:
     x, lengths = bag_batch()
     numbers = np.random.default_rng(3).normal(size=(len(BAGS), 2))
-    return SequenceInputs(numbers.astype(dtype), {"bag": SequenceBatch(x.astype(dtype), lengths)})
+    return Inputs(numbers.astype(dtype), {"bag": SequenceBatch(x.astype(dtype), lengths)})
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])

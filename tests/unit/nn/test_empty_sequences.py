@@ -4,7 +4,7 @@ Runtime giving what the model gives."""
 import numpy as np
 import pytest
 
-from mpitrain.data.sequences import SequenceBatch, SequenceInputs
+from mpitrain.data.sequences import Inputs, SequenceBatch
 from mpitrain.testing.gradients import padded_batch
 from tests.unit.nn.test_graph_sequences import graph_model, manifest, softmax
 
@@ -28,7 +28,7 @@ LENGTHS = [3, 0, 5]  # the middle row's sequence is empty
 def batch(lengths, dtype, seed=1):
     rng = np.random.default_rng(seed)
     values, lengths = padded_batch([rng.normal(size=(n, 2)) for n in lengths], 8, seed)
-    return SequenceInputs(np.zeros((len(lengths), 0), dtype), {"a": SequenceBatch(values.astype(dtype), lengths)})
+    return Inputs(np.zeros((len(lengths), 0), dtype), {"a": SequenceBatch(values.astype(dtype), lengths)})
 
 
 def model_of(nodes, dtype="float64"):
@@ -44,8 +44,8 @@ def test_an_empty_sequence_gives_finite_outputs_and_gradients_and_leaves_the_oth
         model.train_batch(x, np.array([0, 1, 2]))
         outputs = model.forward(x, training=False).copy()
     assert np.isfinite(model.grads).all()
-    alone = SequenceInputs(x.x[[0, 2]], {"a": SequenceBatch(x.sequences["a"].values[[0, 2]],
-                                                            x.sequences["a"].lengths[[0, 2]])})
+    alone = Inputs(x.x[[0, 2]], {"a": SequenceBatch(x.columns["a"].values[[0, 2]],
+                                                            x.columns["a"].lengths[[0, 2]])})
     np.testing.assert_allclose(outputs[[0, 2]], model.forward(alone, training=False), rtol=0, atol=1e-12)
 
 
@@ -54,8 +54,8 @@ def test_a_pool_of_an_empty_sequence_is_zeros_and_passes_back_no_gradient(pool):
     model = model_of([{"name": "r", "type": pool, "input": "a"}])
     x = batch(LENGTHS, np.float64)
     pooled = model.nodes[0].layers[0]
-    pooled.lengths = x.sequences["a"].lengths
-    assert (pooled.forward(x.sequences["a"].values, training=True)[1] == 0).all()
+    pooled.lengths = x.columns["a"].lengths
+    assert (pooled.forward(x.columns["a"].values, training=True)[1] == 0).all()
     dx = pooled.backward(np.ones((3, 2)))
     assert (dx[1] == 0).all() and (dx[0, :3] != 0).any()
 
@@ -70,5 +70,5 @@ def test_onnx_runtime_gives_what_the_model_gives_on_a_batch_with_an_empty_sequen
     from mpitrain.rundir.export import onnx_model
     session = onnxruntime.InferenceSession(onnx_model(model, manifest(features=(0,), columns=(("a", 2),)))
                                            .SerializeToString(), providers=["CPUExecutionProvider"])
-    (ours,) = session.run(None, {"x": x.sequences["a"].values, "lengths": x.sequences["a"].lengths})
+    (ours,) = session.run(None, {"x": x.columns["a"].values, "lengths": x.columns["a"].lengths})
     np.testing.assert_allclose(ours, softmax(model.forward(x, training=False)), rtol=1e-5, atol=1e-6)

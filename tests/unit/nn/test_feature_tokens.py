@@ -52,14 +52,16 @@ def test_onnx_runtime_equals_the_models_forward(graph):
     import onnxruntime as ort
     columns = {"numeric": [{"name": n} for n in "abc"], "categorical": [{"name": "c", "ids": 6}, {"name": "d",
                                                                                                  "ids": 4}]}
-    manifest = Manifest((5,), "float32", 1.0, 0.0, 0.0, 1.0, 1, {}, {}, target="binary", target_names=["t"],
-                        columns=columns)
+    manifest = Manifest((3,), "float32", 1.0, 0.0, 0.0, 1.0, 1, {}, {}, target="binary", target_names=["t"],
+                        columns=columns, id_dtype="int32")
     model = build_network(ModelConfig(graph=graph, loss="binary_cross_entropy"), manifest, np)
     model.init_params(3, "xavier")
-    rows = table_rows(np.random.default_rng(0), 40).astype(np.float32)
+    rows = table_rows(np.random.default_rng(0), 40)
+    rows.x = rows.x.astype(np.float32)
     expected = 1 / (1 + np.exp(-model.forward(rows).astype(np.float64)))
     session = ort.InferenceSession(onnx_model(model, manifest).SerializeToString(), providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(session.run(None, {"x": rows})[0], expected, rtol=1e-5, atol=1e-5)
+    feeds = {"x": rows.x, "categorical": rows.columns["categorical"].astype(np.int64)}
+    np.testing.assert_allclose(session.run(None, feeds)[0], expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("node, message", [
@@ -71,5 +73,5 @@ def test_onnx_runtime_equals_the_models_forward(graph):
 def test_config_checks(node, message):
     graph = [BOTH[0], {"name": "tokens", "type": "feature_tokens", "dim": 4, **node}, *HEAD]
     with pytest.raises(ConfigError, match=message):
-        build_graph(ModelConfig(graph=graph, loss="binary_cross_entropy"), GROUPS, (5,), 1, np)
+        build_graph(ModelConfig(graph=graph, loss="binary_cross_entropy"), GROUPS, (3,), 1, np)
     assert FeatureTokens.joined_by is FeatureTokensWithEmbeddings

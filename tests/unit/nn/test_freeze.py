@@ -9,7 +9,6 @@ from mpi4py import MPI
 from mpitrain.base.errors import ConfigError
 from mpitrain.config.on_resume import first_change
 from mpitrain.config.sections import ModelConfig, OptimizerConfig, SyncConfig
-from mpitrain.data.shards import InputGroup
 from mpitrain.nn.graph import build_graph
 from mpitrain.nn.model import Sequential, build_model
 from mpitrain.nn.updaters import create_updater
@@ -17,6 +16,7 @@ from mpitrain.parallel.backend import create_backend
 from mpitrain.parallel.comm import Communicator
 from mpitrain.parallel.sync import create_synchronizer
 from mpitrain.training.steps import WholeBatch
+from tests.unit.nn.test_graph import GROUPS, table_rows
 
 LAYERS = [{"type": "dense", "units": 6, "activation": "tanh"}, {"type": "dense", "units": 5, "activation": "relu"},
           {"type": "dense", "units": 3}]
@@ -101,20 +101,20 @@ def test_a_frozen_layer_keeps_its_values_under_adamw_in_every_mode(mode):
 
 
 def test_a_frozen_graph_embedding_is_no_table_of_the_trainable_part():
-    groups = {"numeric": InputGroup(0, (3,)), "categorical": InputGroup(3, (2,), (6, 4))}
+    groups = GROUPS
     graph = [{"name": "emb", "type": "embedding", "input": "categorical", "dim": 3, "freeze": True},
              {"name": "flat", "type": "flatten", "input": "emb"},
              {"name": "joined", "type": "concat", "inputs": ["flat", "numeric"]},
              {"name": "hidden", "type": "dense", "input": "joined", "units": 5, "activation": "relu"},
              {"name": "out", "type": "dense", "input": "hidden", "units": 1}]
-    model = build_graph(ModelConfig(graph=graph, loss="binary_cross_entropy", dtype="float64"), groups, (5,), 1, np)
+    model = build_graph(ModelConfig(graph=graph, loss="binary_cross_entropy", dtype="float64"), groups, (3,), 1, np)
     assert model.trainable.sparse_tables == [] and model.trainable.dense_start == 0
     assert model.trainable_start == 6 * 3 + 4 * 3
     unfrozen = build_graph(ModelConfig(graph=[{k: v for k, v in node.items() if k != "freeze"} for node in graph],
-                                       loss="binary_cross_entropy"), groups, (5,), 1, np)
+                                       loss="binary_cross_entropy"), groups, (3,), 1, np)
     assert len(unfrozen.trainable.sparse_tables) == 2 and unfrozen.trainable.dense_start == 30
     rng = np.random.default_rng(0)
-    x = np.column_stack([rng.normal(size=(4, 3)), rng.integers(0, 6, 4), rng.integers(0, 4, 4)])
+    x = table_rows(rng, 4)
     model.init_params(0, "xavier")
     model.grads[...] = np.nan
     model.train_batch(x, rng.integers(0, 2, (4, 1)).astype(np.float64))

@@ -5,6 +5,7 @@ import pytest
 
 from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import ModelConfig
+from mpitrain.data.sequences import Inputs
 from mpitrain.data.shards import InputGroup, Manifest
 from mpitrain.nn.graph import build_graph, build_network
 from mpitrain.nn.losses import binary_cross_entropy, softmax_cross_entropy
@@ -16,17 +17,18 @@ ISSUE_GRAPH = [{"name": "emb", "type": "embedding", "input": "categorical", "dim
                {"name": "joined", "type": "concat", "inputs": ["flat", "numeric"]},
                {"name": "hidden", "type": "dense", "input": "joined", "units": 5, "activation": "relu"},
                {"name": "out", "type": "dense", "input": "hidden", "units": 1}]
-GROUPS = {"numeric": InputGroup(0, (3,)), "categorical": InputGroup(3, (2,), (6, 4))}
+GROUPS = {"numeric": InputGroup(0, (3,)), "categorical": InputGroup(0, (2,), (6, 4))}
 
 
 def table_rows(rng, n):
-    """Rows of x as a table stores them: 3 numbers, then an id of each categorical column (6 and 4 ids)."""
-    return np.column_stack([rng.normal(size=(n, 3)), rng.integers(0, 6, n), rng.integers(0, 4, n)])
+    """A table's batch as the reader gives it: 3 numbers in x, an int32 id of each categorical column (6 and 4 ids)."""
+    return Inputs(rng.normal(size=(n, 3)),
+                  {"categorical": np.column_stack([rng.integers(0, 6, n), rng.integers(0, 4, n)]).astype(np.int32)})
 
 
 def check_gradients(graph, n=6, seed=0):
     rng = np.random.default_rng(seed)
-    model = build_graph(ModelConfig(graph=graph, loss="binary_cross_entropy", dtype="float64"), GROUPS, (5,), 1, np)
+    model = build_graph(ModelConfig(graph=graph, loss="binary_cross_entropy", dtype="float64"), GROUPS, (3,), 1, np)
     model.init_params(seed, "xavier")
     model.params += rng.normal(0, 0.1, model.n_params)
     x, y = table_rows(rng, n), rng.integers(0, 2, (n, 1)).astype(np.float64)
@@ -86,11 +88,11 @@ def test_residual_blocks_with_batch_norm_on_image_rows_have_the_gradients_of_cen
 
 def test_an_embedding_backward_writes_only_the_touched_rows_and_clears_them_next_step():
     rng = np.random.default_rng(1)
-    model = build_graph(ModelConfig(graph=ISSUE_GRAPH, loss="binary_cross_entropy"), GROUPS, (5,), 1, np)
+    model = build_graph(ModelConfig(graph=ISSUE_GRAPH, loss="binary_cross_entropy"), GROUPS, (3,), 1, np)
     model.init_params(0, "xavier")
     x, y = table_rows(rng, 8), np.ones((8, 1), np.float32)
     for ids in ([0, 1], [5, 5]):
-        x[:, 3] = np.resize(ids, 8)
+        x.columns["categorical"][:, 0] = np.resize(ids, 8)
         model.train_batch(x, y)
         table = model.sparse_tables[0]
         grad = model.grads[table.start:table.stop].reshape(table.rows, table.dim)
@@ -120,9 +122,9 @@ def test_an_activation_node_acts_on_what_it_reads_and_leaves_the_node_written_ab
              {"name": "o", "type": "dense", "input": "s", "units": 1}]
     model = check_gradients(graph)
     x = table_rows(np.random.default_rng(1), 4)
-    np.testing.assert_array_equal(model.forward(x, until="r"), np.maximum(x[:, :3], 0))
+    np.testing.assert_array_equal(model.forward(x, until="r"), np.maximum(x.x, 0))
     a = model.layers[0]
-    np.testing.assert_allclose(model.forward(x, until="a"), x[:, :3] @ a.params["W"] + a.params["b"])
+    np.testing.assert_allclose(model.forward(x, until="a"), x.x @ a.params["W"] + a.params["b"])
 
 
 @pytest.mark.parametrize("graph, message", [
@@ -140,7 +142,7 @@ def test_an_activation_node_acts_on_what_it_reads_and_leaves_the_node_written_ab
 ])
 def test_a_wrong_node_is_one_error_naming_it(graph, message):
     with pytest.raises(ConfigError) as e:
-        build_graph(ModelConfig(graph=graph, loss="binary_cross_entropy"), GROUPS, (5,), 1, np)
+        build_graph(ModelConfig(graph=graph, loss="binary_cross_entropy"), GROUPS, (3,), 1, np)
     assert message in str(e.value)
 
 
@@ -157,7 +159,7 @@ def test_stepping_only_the_written_rows_of_a_table_gives_the_whole_buffer_step(m
     from mpitrain.nn.updaters import create_updater
     from mpitrain.parallel.sync.base import apply_update
     rng = np.random.default_rng(2)
-    models = [build_graph(ModelConfig(graph=ISSUE_GRAPH, loss="binary_cross_entropy"), GROUPS, (5,), 1, np)
+    models = [build_graph(ModelConfig(graph=ISSUE_GRAPH, loss="binary_cross_entropy"), GROUPS, (3,), 1, np)
               for _ in range(2)]
     config = OptimizerConfig(type="sgd", lr=0.1, momentum=momentum, l2=1e-3)
     updaters = [create_updater(config, model.params, model.decay_mask) for model in models]
@@ -177,8 +179,8 @@ def test_stepping_only_the_written_rows_of_a_table_gives_the_whole_buffer_step(m
 
 def test_an_id_beyond_its_table_is_a_data_error_naming_the_column():
     from mpitrain.base.errors import DataError
-    model = build_graph(ModelConfig(graph=ISSUE_GRAPH, loss="binary_cross_entropy"), GROUPS, (5,), 1, np)
+    model = build_graph(ModelConfig(graph=ISSUE_GRAPH, loss="binary_cross_entropy"), GROUPS, (3,), 1, np)
     x = table_rows(np.random.default_rng(0), 4)
-    x[2, 4] = 4  # column 1 has ids 0..3
+    x.columns["categorical"][2, 1] = 4  # column 1 has ids 0..3
     with pytest.raises(DataError, match=r"categorical column 1 holds id 4, expected 0\.\.3"):
         model.forward(x)

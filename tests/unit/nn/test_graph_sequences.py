@@ -7,7 +7,7 @@ import pytest
 
 from mpitrain.base.errors import ConfigError, MpitrainError
 from mpitrain.config.sections import ModelConfig
-from mpitrain.data.sequences import SequenceBatch, SequenceInputs
+from mpitrain.data.sequences import Inputs, SequenceBatch
 from mpitrain.data.shards import Manifest
 from mpitrain.nn.graph import build_network
 from mpitrain.nn.losses import softmax_cross_entropy
@@ -44,7 +44,7 @@ def inputs(rng, lengths_a, lengths_b, steps_a, steps_b, seed=1):
     fixed features per row."""
     a = SequenceBatch(*padded_batch([rng.normal(size=(n, 2)) for n in lengths_a], steps_a, seed))
     b = SequenceBatch(*padded_batch([rng.normal(size=(n, 1)) for n in lengths_b], steps_b, seed + 1))
-    return SequenceInputs(rng.normal(size=(len(lengths_a), 2)), {"a": a, "b": b})
+    return Inputs(rng.normal(size=(len(lengths_a), 2)), {"a": a, "b": b})
 
 
 def test_two_sequence_inputs_and_fixed_features_have_the_gradients_of_central_differences():
@@ -63,9 +63,9 @@ def test_a_row_gives_the_same_outputs_and_gradients_whatever_its_batch_and_paddi
     rng = np.random.default_rng(1)
     ours = inputs(rng, [4, 6], [5, 2], 6, 5)
     others = inputs(rng, [11, 3], [14, 9], 11, 14)
-    wider = SequenceInputs(np.concatenate([ours.x, others.x]), {
-        name: SequenceBatch(*padded_batch([batch.values[r, :batch.lengths[r]] for batch in (ours.sequences[name],
-                                                                                            others.sequences[name])
+    wider = Inputs(np.concatenate([ours.x, others.x]), {
+        name: SequenceBatch(*padded_batch([batch.values[r, :batch.lengths[r]] for batch in (ours.columns[name],
+                                                                                            others.columns[name])
                                            for r in range(2)], 24, seed=7))
         for name in ("a", "b")})
     model = graph_model()
@@ -106,7 +106,7 @@ def test_a_class_per_step_graph_gives_a_sequence_of_the_first_columns_steps():
              {"name": "out", "type": "dense", "input": "j", "units": 3}]
     model = graph_model(graph, step_target="tags")
     x = inputs(np.random.default_rng(3), [5, 2], [4, 4], 8, 8)
-    x.sequences.pop("b")
+    x.columns.pop("b")
     assert model.output_shape == (None, 3) and model.forward(x).shape == (2, 8, 3)
 
 
@@ -147,23 +147,23 @@ def test_embeddings_of_a_node_that_gives_a_sequence_are_refused():
         node_of(model, None, "ja")
 
 
-def onnx_run(model, dataset: Manifest, x: SequenceInputs):
+def onnx_run(model, dataset: Manifest, x: Inputs):
     """The ONNX graph of `model` for `dataset` run by onnxruntime on `x` (float32); (its inputs, its output)."""
     import onnxruntime
 
     from mpitrain.rundir.export import onnx_model
     session = onnxruntime.InferenceSession(onnx_model(model, dataset).SerializeToString(),
                                            providers=["CPUExecutionProvider"])
-    feeds = {"x": x.x, **{name: b.values for name, b in x.sequences.items()},
-             **{f"{name}_lengths": b.lengths for name, b in x.sequences.items()}}
+    feeds = {"x": x.x, **{name: b.values for name, b in x.columns.items()},
+             **{f"{name}_lengths": b.lengths for name, b in x.columns.items()}}
     names = [i.name for i in session.get_inputs()]
     return session.get_inputs(), session.run(None, {name: feeds[name] for name in names})[0]
 
 
-def float32_inputs(*args) -> SequenceInputs:
+def float32_inputs(*args) -> Inputs:
     x = inputs(*args)
-    return SequenceInputs(x.x.astype(np.float32), {name: SequenceBatch(batch.values.astype(np.float32), batch.lengths)
-                                                   for name, batch in x.sequences.items()})
+    return Inputs(x.x.astype(np.float32), {name: SequenceBatch(batch.values.astype(np.float32), batch.lengths)
+                                                   for name, batch in x.columns.items()})
 
 
 def softmax(logits):
@@ -196,7 +196,7 @@ def test_a_class_per_step_graph_of_two_columns_exports_its_valid_steps():
     graph_inputs, got = onnx_run(model, dataset, x)
     assert [i.name for i in graph_inputs] == ["a", "a_lengths", "b", "b_lengths"]  # no fixed features: no x
     assert graph_inputs[0].shape == ["N", "T_a", 2]
-    valid = np.arange(8)[None, :] < x.sequences["a"].lengths[:, None]
+    valid = np.arange(8)[None, :] < x.columns["a"].lengths[:, None]
     np.testing.assert_allclose(got[valid], softmax(model.forward(x).astype(np.float64))[valid], rtol=0, atol=1e-5)
 
 

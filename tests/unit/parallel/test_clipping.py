@@ -7,6 +7,7 @@ from mpi4py import MPI
 
 from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import ModelConfig, OptimizerConfig, SyncConfig, load_config
+from mpitrain.data.sequences import Inputs
 from mpitrain.data.shards import InputGroup
 from mpitrain.nn.graph import build_graph
 from mpitrain.nn.layers import Dense
@@ -94,11 +95,12 @@ def test_tables_stepped_by_their_written_rows_are_clipped_with_the_whole_gradien
              {"name": "flat", "type": "flatten", "input": "emb"},
              {"name": "joined", "type": "concat", "inputs": ["flat", "numeric"]},
              {"name": "out", "type": "dense", "input": "joined", "units": 1}]
-    groups = {"numeric": InputGroup(0, (3,)), "categorical": InputGroup(3, (2,), (50, 40))}
-    model = build_graph(ModelConfig(graph=graph, loss="binary_cross_entropy", dtype="float64"), groups, (5,), 1, np)
+    groups = {"numeric": InputGroup(0, (3,)), "categorical": InputGroup(0, (2,), (50, 40))}
+    model = build_graph(ModelConfig(graph=graph, loss="binary_cross_entropy", dtype="float64"), groups, (3,), 1, np)
     model.init_params(0, "xavier")
     rng = np.random.default_rng(0)
-    x = np.column_stack([rng.normal(size=(6, 3)), rng.integers(0, 50, 6), rng.integers(0, 40, 6)])
+    x = Inputs(rng.normal(size=(6, 3)), {"categorical": np.column_stack([rng.integers(0, 50, 6),
+                                                                          rng.integers(0, 40, 6)]).astype(np.int32)})
     model.train_batch(x, rng.integers(0, 2, (6, 1)).astype(np.float64))
     assert all(table.written is not None for table in model.sparse_tables)  # plain SGD steps only these rows
     grads = model.grads.copy()

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from mpitrain.config.sections import ModelConfig
+from mpitrain.data.sequences import Inputs
 from mpitrain.data.shards import Manifest
 from mpitrain.data.units import output_units
 from mpitrain.nn.graph import build_network
@@ -29,19 +30,21 @@ HEADS = {"binary": ("binary_cross_entropy", 1, lambda z: 1 / (1 + np.exp(-z))),
 def test_onnx_runtime_gives_the_graph_models_outputs(target):
     import onnxruntime as ort
     loss, outputs, head = HEADS[target]
-    manifest = Manifest((5,), "float32", 1.0, 0.0, 0.0, 1.0, outputs if target == "class" else 2, {}, {},
+    manifest = Manifest((3,), "float32", 1.0, 0.0, 0.0, 1.0, outputs if target == "class" else 2, {}, {},
                         target=target, target_names=[] if target == "class" else [f"t{j}" for j in range(outputs)],
-                        columns=COLUMNS, **({"target_mean": [250.0, -1.0], "target_std": [30.0, 0.5]}
-                                            if target == "regression" else {}))
+                        columns=COLUMNS, id_dtype="int32", **({"target_mean": [250.0, -1.0], "target_std": [30.0, 0.5]}
+                                                              if target == "regression" else {}))
     graph = [*WIDE_AND_DEEP, {"name": "out", "type": "dense", "input": "all", "units": outputs}]
     model = build_network(ModelConfig(graph=graph, loss=loss), manifest, np)
     model.init_params(3, "xavier")
     rng = np.random.default_rng(0)
-    rows = np.column_stack([rng.normal(size=(40, 3)), rng.integers(0, 7, 40), rng.integers(0, 50, 40)])
-    rows = rows.astype(np.float32)
-    expected = head(model.forward(rows).astype(np.float64))
-    session = ort.InferenceSession(onnx_model(model, manifest).SerializeToString(), providers=["CPUExecutionProvider"])
-    (got,) = session.run(None, {"x": rows})
+    numbers = rng.normal(size=(40, 3)).astype(np.float32)
+    ids = np.column_stack([rng.integers(0, 7, 40), rng.integers(0, 50, 40)]).astype(np.int32)  # as a shard stores them
+    expected = head(model.forward(Inputs(numbers, {"categorical": ids})).astype(np.float64))
+    proto = onnx_model(model, manifest)
+    assert [(i.name, i.type.tensor_type.elem_type) for i in proto.graph.input] == [("x", 1), ("categorical", 7)]
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {"x": numbers, "categorical": ids.astype(np.int64)})  # float32 numbers, int64 ids
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
