@@ -473,7 +473,8 @@ def _manifest(plan: EtlPlan, transforms: Transforms, num_classes: int, written: 
         compression=plan.options.compression, chunk_rows=CHUNK_ROWS, checksums="fletcher32", target=target.kind,
         target_names=list(target.columns) if target.kind != "class" else [], columns=columns, sequences=sequences,
         step_target=getattr(source, "step_target", ""), **_target_statistics(stats, rows, target.kind),
-        id_dtype=ID_DTYPE if columns.get("categorical") or any(c.get("bag") for c in sequences) else "")
+        id_dtype=ID_DTYPE if columns.get("categorical") or any(c.get("bag") or c.get("integer") for c in sequences)
+        else "")
 
 
 def _target_statistics(stats: list[ShardWritten], rows: int, kind: str) -> dict[str, list[float]]:
@@ -494,18 +495,22 @@ def _sequence_columns(source, written: dict[str, list[ShardWritten]], transforms
     for name in source.sequences:
         stats = [shard.steps[name] for results in written.values() for shard in results]
         column = {"name": name, "features": source.step_features[name], "max_length": source.options.max_length,
-                  "longest": max(total_longest for _, total_longest, _, _ in stats),
-                  "shortest": min(shortest for _, _, shortest, _ in stats),
+                  "longest": max(total_longest for _, total_longest, _, _, _ in stats),
+                  "shortest": min(shortest for _, _, shortest, _, _ in stats),
                   "steps": {split: sum(shard.steps[name][0] for shard in results) for split, results in written.items()}}
-        ids = [bound for *_, bound in stats if bound is not None]
+        ids = [bound for *_, bound, _ in stats if bound is not None]
         if ids and min(ids) > 0:  # every value a non-negative integer: token ids, 0..ids-1
             column["ids"] = max(ids)
-        columns.append({**column, **transforms.sequence_entry(name)})
+        entry = transforms.sequence_entry(name)
+        if not entry.get("bag") and any(integer for *_, integer in stats):  # stored as integers (token ids)
+            column["integer"] = True
+        columns.append({**column, **entry})
     return columns
 
 
 def _sequence_stats(seqs) -> tuple:
-    """A shard's (steps, longest, shortest, ids) of a sequence column: ids as `token_ids` gives them (0: not token
-    ids), None for no values."""
+    """A shard's (steps, longest, shortest, ids, integer) of a sequence column as stored: ids as `token_ids` gives
+    them (0: not token ids), None for no values; integer: whether its values are integers (stored as int32)."""
     ids = token_ids(seqs.values) if seqs.values.size else None
-    return (int(seqs.offsets[-1]), int(seqs.lengths.max(initial=0)), int(seqs.lengths.min(initial=MAX_LENGTH)), ids)
+    return (int(seqs.offsets[-1]), int(seqs.lengths.max(initial=0)), int(seqs.lengths.min(initial=MAX_LENGTH)), ids,
+            seqs.values.dtype.kind in "iu")

@@ -4,8 +4,9 @@
 
 Each record's sequence becomes a `Ragged` row (its steps' values one after another, and offsets), stored so in the
 shards and never padded (docs/sequences.md). A step is one number (`features` 1) or a list of `features` numbers,
-the length of the first record's first step. Token ids are integers and are stored exactly (float32 holds integers
-up to 2**24; larger ones are numbers, `mpitrain.data.sequences.TOKEN_IDS`). A record whose sequence is missing, empty, longer than `--max-length`, or holds a missing or
+the length of the first record's first step. A column of integers (a Parquet list of an integer type: token ids)
+stays integers, stored as int32; one of floats is stored as float32 (which holds integers exactly up to 2**24:
+`mpitrain.data.sequences.TOKEN_IDS`). A record whose sequence is missing, empty, longer than `--max-length`, or holds a missing or
 non-finite number or a step of another length is not a bad record to drop: the data is not what the job was told,
 so the job stops with one line naming the file, the record and the column. `StoredSequences` is what the ETL does
 to a column's values before it stores them, which scoring does to a record's again.
@@ -20,6 +21,7 @@ from mpitrain.data.sequences import Ragged
 from mpitrain.etl.bag_columns import bag_ids
 
 DEFAULT_MAX_LENGTH = 10_000
+INT32_RANGE = 1 << 31  # a column of integers is stored as int32 (`mpitrain.data.encoding.ID_DTYPE`)
 
 
 def step_features(first_value) -> int:
@@ -57,11 +59,19 @@ def ragged_column(column, name: str, features: int, max_length: int, where: str,
         raise DataError(f"{where}: column {name!r} holds numbers as steps; expected lists of {features} numbers")
     if not (pa.types.is_integer(steps.type) or pa.types.is_floating(steps.type) or pa.types.is_null(steps.type)):
         raise DataError(f"{where}: column {name!r} holds {steps.type} values in its sequences; expected numbers")
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    if pa.types.is_integer(steps.type):  # integers stay integers (token ids past float32's 2**24 included)
+        bad = np.zeros(len(lengths), bool)
+        bad[parents[steps.is_null().to_numpy(zero_copy_only=False)]] = True
+        _refuse(where, name, record, bad, "holds a missing number in its sequence, expected integers")
+        values = steps.cast(pa.int64()).to_numpy(zero_copy_only=False) if len(steps) else np.zeros(0, np.int64)
+        bad[parents[(values < -INT32_RANGE) | (values >= INT32_RANGE)]] = True
+        _refuse(where, name, record, bad, f"holds an integer outside -2**31..2**31-1, expected integers an int32 holds")
+        return Ragged(values.reshape(-1, features), offsets)
     values = pc.fill_null(steps.cast(pa.float64()), np.nan).to_numpy(zero_copy_only=False)
     bad = np.zeros(len(lengths), bool)
     bad[parents[~np.isfinite(values)]] = True
     _refuse(where, name, record, bad, "holds a missing or non-finite number in its sequence, expected finite numbers")
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     return Ragged(values.astype(np.float32).reshape(-1, features), offsets)
 
 

@@ -178,7 +178,7 @@ class ParquetSource(TableSource):
             raise DataError(f"{where}: record {record(i)}: label column {self.step_target!r} holds "
                             f"{steps.values[step, 0]:g} at step {step - steps.offsets[i]}, expected "
                             f"{self.target.expected}")
-        return steps
+        return Ragged(steps.values.astype(np.float32), steps.offsets)  # stored as the manifest's step target is
 
     def _label_texts(self, spark) -> tuple[str, ...]:
         frames = [spark.read.parquet(self.paths[split]).select(_column(self.labels[0]).cast("string").alias("value"))

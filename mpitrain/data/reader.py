@@ -29,7 +29,7 @@ from mpitrain.data.order import Blocks, EpochPlan
 from mpitrain.data.sequences import SequenceBatch, Inputs
 from mpitrain.data.shards import Manifest, read_manifest_and_sha256
 from mpitrain.data.storage import Storage
-from mpitrain.data.stream import EvalRows, TrainRows, model_input, padded_rows
+from mpitrain.data.stream import EvalRows, TrainRows, model_dtype, model_input, padded_rows
 from mpitrain.data.units import Units, output_units, target_units
 from mpitrain.kernels.rows import gather_scaled, scaled
 
@@ -260,9 +260,8 @@ class Batches:
         x[...], y[...], ids[...] = 0, 0, 0
         manifest = self.rows.shards.manifest
         columns = {column["name"]: SequenceBatch(np.zeros((self.batch_size, 1, column["features"]),
-                                                          manifest.values_dtype(column) if column.get("bag")
-                                                          else self.dtype), np.ones(self.batch_size, np.int64))
-                   for column in manifest.sequences}
+                                                          model_dtype(manifest, column, self.dtype)),
+                                                 np.ones(self.batch_size, np.int64)) for column in manifest.sequences}
         if manifest.step_target:
             y = np.zeros((self.batch_size, 1), np.int32)
         return self.to_model_input.on_device(model_input(manifest, x, ids, columns), "zeros"), self._on_device(y, "y0")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mpitrain.data.encoding import MAX_IDS
 from mpitrain.kernels.rows import copy_ragged, longest, padded_rows
 
 PAD_MULTIPLE = 8  # a batch's padded length is its longest sequence rounded up to a multiple of this
@@ -220,8 +221,8 @@ class RaggedBuffer:
         return out
 
 
-# A sequence column's values are float32 (its steps may be numbers), which holds every integer only up to 2**24: a
-# column of larger integers is numbers, not token ids. A bag column stores its ids as integers (no such limit).
+# A sequence column of floats stores them as float32, which holds every integer only up to 2**24: larger ones are
+# numbers, not token ids. A column of integers (`integer`) and a bag column store theirs as int32 (up to MAX_IDS).
 TOKEN_IDS = 1 << 24
 
 
@@ -234,9 +235,10 @@ def gathered_steps(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray,
 
 def token_ids(values: np.ndarray) -> int:
     """A sequence column's `ids` (the manifest's, docs/sequences.md): the largest value + 1 when every value is a
-    non-negative integer of one feature per step (token ids) below TOKEN_IDS, else 0 (no ids: numbers)."""
+    non-negative integer of one feature per step (token ids), floats below TOKEN_IDS, else 0 (no ids: numbers)."""
+    limit = MAX_IDS if values.dtype.kind in "iu" else TOKEN_IDS
     if values.shape[1] != 1 or not len(values) or (values < 0).any() or (values != np.floor(values)).any() or \
-            values.max() >= TOKEN_IDS:
+            values.max() >= limit:
         return 0
     return int(values.max()) + 1
 

@@ -35,6 +35,9 @@ SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 FEATURE_DTYPES = ("uint8", "float32")
 CHUNK_ROWS = 1024
+# The most rows a manifest may list for one shard (the ETL writes far fewer: a split's rows over --shards). A count
+# beyond it is an edited manifest, refused before the reader plans an epoch of so many chunks.
+MAX_SHARD_ROWS = 1 << 31
 COMPRESSIONS = ("none", "gzip", "lz4", "zstd")
 CHECKSUMS = ("", "fletcher32")
 # What `y` holds: class labels 0..num_classes-1 (int32, (rows,)); one 0/1 outcome (binary, float32 (rows, 1)); several
@@ -125,8 +128,9 @@ class Manifest:
         return self.sequences + ([{"name": self.step_target, "features": 1}] if self.step_target else [])
 
     def values_dtype(self, column: dict) -> np.dtype:
-        """The dtype a stored (ragged) column's values have: `id_dtype` for a bag column's ids, else float32."""
-        return np.dtype(self.id_dtype if column.get("bag") else np.float32)
+        """The dtype a stored (ragged) column's values have: `id_dtype` for a bag's ids and a column of integers
+        (`integer`: token ids), else float32."""
+        return np.dtype(self.id_dtype if column.get("bag") or column.get("integer") else np.float32)
 
     @property
     def target_shape(self) -> tuple[int, ...]:
@@ -325,13 +329,15 @@ def read_manifest_and_sha256(dataset_dir: str, storage: Storage | None = None) -
         raise DataError(f"{path}: checksums {checksums!r}, expected one of {CHECKSUMS}")
     id_dtype = data.get("id_dtype", "")
     raw_columns = data.get("columns", {})
-    if isinstance(raw_columns, dict) and raw_columns.get("categorical") or any(c.get("bag") for c in sequences):
+    if isinstance(raw_columns, dict) and raw_columns.get("categorical") or \
+            any(c.get("bag") or c.get("integer") for c in sequences):
         if id_dtype == "":
             raise DataError(f"{path}: {OLD_IDS}")
         if id_dtype != ID_DTYPE:
             raise DataError(f"{path}: id_dtype {id_dtype!r}, expected {ID_DTYPE!r}")
     elif id_dtype != "":
-        raise DataError(f"{path}: id_dtype {id_dtype!r}, expected \"\" (the dataset has no categorical or bag columns)")
+        raise DataError(f"{path}: id_dtype {id_dtype!r}, expected \"\" (the dataset has no categorical, bag or "
+                        "integer columns)")
     columns = _checked_columns(raw_columns, path, tuple(shape), dtype)
     if shape == [0] and not sequences and not columns.get("categorical"):
         raise DataError(f"{path}: feature_shape [0], expected a list of positive integers (rows of no features are "
@@ -342,6 +348,12 @@ def read_manifest_and_sha256(dataset_dir: str, storage: Storage | None = None) -
             splits[name] = [ShardInfo(s["path"], int(s["rows"]), str(s["sha256"])) for s in split["shards"]]
         except (KeyError, TypeError, ValueError):
             raise DataError(f"{path}: splits.{name}.shards, expected a list of {{path, rows, sha256}}") from None
+    for name, split in data["splits"].items():
+        for i, shard in enumerate(split["shards"]):  # a shard's rows order the epoch before its file is opened
+            rows = shard["rows"]
+            if not isinstance(rows, int) or isinstance(rows, bool) or not 0 <= rows <= MAX_SHARD_ROWS:
+                raise DataError(f"{path}: splits.{name}.shards[{i}].rows is {rows!r}, expected an integer "
+                                f"0..{MAX_SHARD_ROWS} (the rows of {shard['path']})")
     for name, shards in splits.items():  # nothing outside the dataset is read (mpitrain/base/paths.py)
         for i, shard in enumerate(shards):
             confined(shard.path, path, f"splits.{name}.shards[{i}].path")
@@ -367,10 +379,11 @@ def _checked_sequences(sequences, path: str) -> list[dict]:
             isinstance(s, dict) and isinstance(s.get("name"), str) and count(s.get("features"))
             and count(s.get("max_length")) and count(s.get("longest", 1), least=0)
             and count(s.get("shortest", 1), least=0 if s.get("bag") else 1)
-            and count(s.get("ids", 1), MAX_IDS if s.get("bag") else TOKEN_IDS) for s in sequences):
+            and count(s.get("ids", 1), MAX_IDS if s.get("bag") or s.get("integer") else TOKEN_IDS)
+            and s.get("integer", False) in (True, False) for s in sequences):
         raise DataError(f"{path}: sequences {str(sequences)[:200]}, expected [{{name, features, max_length, "
-                        f"longest, shortest, ids}}, ...] with positive integers (ids at most {TOKEN_IDS}, a bag's "
-                        f"{MAX_IDS}; shortest 0 for a bag column)")
+                        f"longest, shortest, ids, integer}}, ...] with positive integers (ids at most {TOKEN_IDS}, a "
+                        f"bag's or integer column's {MAX_IDS}; shortest 0 for a bag column; integer true or false)")
     for column in sequences:
         if column.get("bag", False) is not False:
             if column["bag"] is not True or column["features"] != 1:

@@ -190,15 +190,21 @@ def padded_rows(manifest, buffers: dict[str, RaggedBuffer], x: np.ndarray, y: np
                 index: np.ndarray, ws, suffix: str, dtype):
     """(what a model reads, its targets) of the rows `index` of a dataset of sequence columns, host arrays of the
     workspace part `ws` (grow-only buffers named `COLUMN{suffix}`, `step_target{suffix}`): each column of `buffers`
-    padded to its own longest (`RaggedBuffer.padded`; numbers in `dtype`, a bag's ids as stored), joined with `x`
+    padded to its own longest (`RaggedBuffer.padded`; in `model_dtype`), joined with `x`
     and `ids`, the rows' fixed features and categorical ids, by `model_input`; and `y`, the rows' targets, or a step
     target's classes padded alike (`RaggedBuffer.padded_classes`)."""
     columns = {column["name"]: SequenceBatch(*buffers[column["name"]].padded(
-        index, ws, f"{column['name']}{suffix}", manifest.values_dtype(column) if column.get("bag") else dtype))
-        for column in manifest.sequences}
+        index, ws, f"{column['name']}{suffix}", model_dtype(manifest, column, dtype))) for column in manifest.sequences}
     if manifest.step_target:
         y = buffers[manifest.step_target].padded_classes(index, ws, f"step_target{suffix}")
     return model_input(manifest, x, ids, columns), y
+
+
+def model_dtype(manifest, column: dict, dtype) -> np.dtype:
+    """The dtype a model gets a sequence column's values in: integers as stored (ids; a layer that reads numbers
+    converts them, `mpitrain.nn.layers.as_numbers`), floats in the model's `dtype`."""
+    stored = manifest.values_dtype(column)
+    return stored if stored.kind in "iu" else np.dtype(dtype)
 
 
 def model_input(manifest, x, ids, columns: dict[str, SequenceBatch]):

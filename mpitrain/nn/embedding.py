@@ -55,6 +55,8 @@ class TableGrad:
 class Embedding(Layer):
     """Per categorical column j, output row i is table_j[ids[i, j]]; see the module docstring."""
 
+    reads_ids = True
+
     def __init__(self, dim=8, init: str | None = None):
         if not (isinstance(dim, int) and not isinstance(dim, bool) and dim >= 1 or dim == "auto"
                 or isinstance(dim, list) and dim and all(isinstance(d, int) and d >= 1 for d in dim)):

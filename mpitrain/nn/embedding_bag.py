@@ -37,6 +37,8 @@ class EmbeddingBag(Layer):
 
     not_cut = "it reduces a whole bag, which no segment holds"
 
+    reads_ids = True
+
     def __init__(self, dim: int = 16, mode: str = "mean", ids="auto", init: str | None = None):
         if not (isinstance(dim, int) and not isinstance(dim, bool) and dim >= 1):
             raise ValueError(f"dim {dim!r}, expected an integer >= 1 (one table)")

@@ -46,7 +46,7 @@ from mpitrain.data.sequences import Inputs, SequenceBatch
 from mpitrain.nn.embedding import Embedding
 from mpitrain.nn.feature_tokens import FeatureTokens
 from mpitrain.nn.layer_types import GRAPH_TYPES
-from mpitrain.nn.layers import is_sequence, varying
+from mpitrain.nn.layers import as_numbers, is_sequence, varying
 from mpitrain.nn.merge import Merge
 from mpitrain.nn.model import (
     LAYER_ARGUMENTS,
@@ -139,6 +139,7 @@ class Graph(Network):
             inputs = [values[name] for name in node.inputs]
             if node.merge:  # its output carries its first input's lengths (`build_graph` checks merged ones agree)
                 merge = node.merge
+                inputs = [as_numbers(value, merge.ws, f"numbers{k}", self.params.dtype) for k, value in enumerate(inputs)]
                 merge.key, merge.lengths = (*key, layer_index), lengths[node.inputs[0]]
                 merge.input_lengths = [lengths[name] for name in node.inputs]
                 value = merge.forward(inputs, training)

@@ -68,6 +68,7 @@ class Layer:
     keeps_lengths = True  # `output_lengths` gives the input's lengths back (a graph may merge such sequences)
     joined_by: type | None = None  # the Merge class a graph node of this type builds when it reads several `inputs`
     tables: tuple | list = ()  # its embedding tables whose gradients may travel sparse (`mpitrain.nn.embedding.TableGrad`)
+    reads_ids = False  # it takes integer ids as they are (an embedding's); any other layer gets integers as numbers
 
     @property
     def ws(self) -> WorkspacePart:
@@ -328,6 +329,16 @@ def refuse_sequence(shape: tuple, layer: str, why: str) -> None:
     if is_sequence(shape):
         raise ValueError(f"a {layer} layer cannot take a sequence (None, {shape[1]}): {why}; turn the sequence into "
                          "one vector per row first (global_avg_pool, global_max_pool, or an lstm's last state)")
+
+
+def as_numbers(x, ws: WorkspacePart, name: str, dtype):
+    """`x` for a layer that reads numbers: itself, or an integer sequence column's values (ids a token_embedding would
+    take as they are) as `dtype` in the grow-only workspace array `name`. Not a collective."""
+    if x.dtype.kind not in "iu":
+        return x
+    out = varying(ws, name, x.shape, dtype)
+    out[...] = x
+    return out
 
 
 def varying(ws: WorkspacePart, name: str, shape: tuple, dtype):

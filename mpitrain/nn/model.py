@@ -21,7 +21,7 @@ from mpitrain.kernels.activations import KINDS
 from mpitrain.kernels.im2col import PADDINGS
 from mpitrain.nn.flat import FlatModel, TrainablePart, flat_views
 from mpitrain.nn.layer_types import LAYER_TYPES
-from mpitrain.nn.layers import ACTIVATIONS, INIT_SCHEMES, FusesActivation, Layer, is_sequence
+from mpitrain.nn.layers import ACTIVATIONS, INIT_SCHEMES, FusesActivation, Layer, as_numbers, is_sequence
 from mpitrain.nn.losses import check_loss_options, loss_with_options
 from mpitrain.nn.positional import ENCODINGS, Positional
 from mpitrain.nn.sequence import SEQUENCE_PADDINGS
@@ -105,6 +105,8 @@ class Network(FlatModel):
         carried on (`output_lengths`) while it is a sequence (`gives_sequence`; docs/sequences.md)."""
         layer = self.layers[index]
         layer.key, layer.lengths = (*key, index), lengths
+        if not layer.reads_ids:  # an integer sequence column goes in as the model's numbers
+            x = as_numbers(x, layer.ws, "numbers", self.params.dtype)
         x = layer.forward(x, training)
         return x, (layer.output_lengths(lengths) if lengths is not None and self.gives_sequence[index] else None)
 

@@ -39,6 +39,8 @@ class TokenEmbedding(Layer):
 
     per_step = True
 
+    reads_ids = True
+
     def __init__(self, dim: int = 16, ids="auto", init: str | None = None):
         if not (isinstance(dim, int) and not isinstance(dim, bool) and dim >= 1):
             raise ValueError(f"dim {dim!r}, expected an integer >= 1 (one table)")

@@ -128,6 +128,8 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
         x = None
     else:
         x = emit_input_scaling(graph, INPUT, *input_scaling(manifest, normalize))
+    graph.integers = {values for column, (values, _) in columns.items()
+                      if column == IDS or manifest.values_dtype(_column(manifest, column)).kind in "iu"}
     x = emit_nodes(graph, model, x, columns) if hasattr(model, "nodes") else emit_layers(graph, model, x)
     units = output_units(manifest, normalize, standardize_targets, model.reconstruction, model.loss)
     output = emit_output_head(graph, x, target, model.loss, units)
@@ -139,7 +141,8 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
     if manifest.sequences:  # T: any padded length, each column's own
         for column in manifest.sequences:
             values, lengths = columns[column["name"]]
-            kind = onnx.TensorProto.INT64 if column.get("bag") else onnx.TensorProto.FLOAT  # a bag's ids: integers
+            stored = manifest.values_dtype(column)  # a bag's ids, a column of integers: int64 here
+            kind = onnx.TensorProto.INT64 if stored.kind in "iu" else onnx.TensorProto.FLOAT
             inputs += [helper.make_tensor_value_info(values, kind,
                                                      ["N", _steps(manifest, column["name"]), column["features"]]),
                        helper.make_tensor_value_info(lengths, onnx.TensorProto.INT64, ["N"])]
@@ -158,6 +161,11 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
     helper.set_model_props(proto, {key: str(value) for key, value in props.items()})
     onnx.checker.check_model(proto, full_check=True)
     return proto
+
+
+def _column(manifest, name: str) -> dict:
+    """The manifest's entry of sequence column `name`."""
+    return next(column for column in manifest.sequences if column["name"] == name)
 
 
 def _steps(manifest, column: str) -> str:

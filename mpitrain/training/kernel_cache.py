@@ -123,7 +123,7 @@ def sequences(rng) -> None:
     for layers in SEQUENCES:
         _train(build_model(ModelConfig(layers=layers), (None, 2), 3, np, sequence={"longest": 6, "shortest": 2}),
                batch, labels)
-    ids = SequenceBatch(rng.integers(0, 9, (ROWS, 6, 1)).astype(np.float32), lengths)
+    ids = SequenceBatch(rng.integers(0, 9, (ROWS, 6, 1)).astype(ID_DTYPE), lengths)  # a column of integers
     _train(build_model(ModelConfig(layers=TOKENS), (None, 1), 3, np, sequence={"longest": 6, "shortest": 2}), ids,
            labels)
 

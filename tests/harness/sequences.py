@@ -174,7 +174,8 @@ def make_sequence_dataset(path, n_train: int = 600, n_test: int = 200, shards: i
                           rule: str = "motifs") -> Manifest:
     """A dataset of one sequence column, written as the ETL writes one, by `rule` (one of RULES): `motif_sequences`;
     `tagged`: `tagged_sequences`, a class per step in the step target `tags` (2 classes); `tokens`:
-    `token_sequences` (40 ids, 3 classes: the manifest's column has `ids`)."""
+    `token_sequences` (40 ids, 3 classes: the manifest's column has `ids`), stored as integers (int32), as the ETL
+    stores a Parquet list of integers."""
     classes = {"tagged": 2, "tokens": 3}.get(rule, classes)
 
     def rows(n: int, seed: int):
@@ -188,7 +189,7 @@ def make_sequence_dataset(path, n_train: int = 600, n_test: int = 200, shards: i
             sequences, labels = motif_sequences(n, seed, classes, features, lengths)
         return np.empty((n, 0), np.float32), {column: sequences}, labels
     return write_sequence_dataset(path, rows, n_train, n_test, shards, seed, classes, {column: lengths[1]},
-                                  "tags" if rule == "tagged" else "")
+                                  "tags" if rule == "tagged" else "", integers=(column,) if rule == "tokens" else ())
 
 
 def make_mixed_dataset(path, n_train: int = 600, n_test: int = 200, shards: int = 2, seed: int = 0,
@@ -200,16 +201,19 @@ def make_mixed_dataset(path, n_train: int = 600, n_test: int = 200, shards: int 
 
 
 def write_sequence_dataset(path, rows, n_train: int, n_test: int, shards: int, seed: int, classes: int,
-                           max_lengths: dict[str, int], step_target: str = "", bags: tuple[str, ...] = ()) -> Manifest:
+                           max_lengths: dict[str, int], step_target: str = "", bags: tuple[str, ...] = (),
+                           integers: tuple[str, ...] = ()) -> Manifest:
     """Write the splits `rows(n, seed)` gives ((x (n, k), {column: sequences (steps, F)}, classes (n,)), the
     sequence columns `max_lengths` names and the `step_target`'s classes) into `shards` shards each, and the
-    manifest, with the real shard writer; the columns `bags` names are bag columns of ids (empty bags allowed)."""
+    manifest, with the real shard writer; the columns `bags` names are bag columns of ids (empty bags allowed), those
+    `integers` names columns of integers (token ids); both stored as int32."""
     splits, counts, steps, found = {}, {}, {name: {} for name in max_lengths}, {name: [] for name in max_lengths}
     for split, n, salt in (("train", n_train, 0), ("test", n_test, 1)):
         x, columns, labels = rows(n, seed * 2 + salt)
         bounds = [i * n // shards for i in range(shards + 1)]
         splits[split] = [write_shard(str(path), shard_path(split, i), x[a:b], labels[a:b],
-                                     sequences={name: ragged(sequences[a:b], ID_DTYPE if name in bags else np.float32)
+                                     sequences={name: ragged(sequences[a:b],
+                                                             ID_DTYPE if name in bags + integers else np.float32)
                                                 for name, sequences in columns.items()})
                          for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
         counts[split] = np.bincount(labels, minlength=classes).tolist()
@@ -219,9 +223,9 @@ def write_sequence_dataset(path, rows, n_train: int, n_test: int, shards: int, s
     manifest = Manifest(feature_shape=(x.shape[1],), feature_dtype="float32", scale=1.0, offset=0.0, mean=0.0,
                         std=1.0, num_classes=classes, label_counts=counts, splits=splits, source="synthetic",
                         seed=seed, checksums="fletcher32",
-                        sequences=[column_entry(name, found[name], max_lengths[name], steps[name], name in bags)
-                                   for name in max_lengths],
-                        step_target=step_target, id_dtype=ID_DTYPE if bags else "")
+                        sequences=[{**column_entry(name, found[name], max_lengths[name], steps[name], name in bags),
+                                    **({"integer": True} if name in integers else {})} for name in max_lengths],
+                        step_target=step_target, id_dtype=ID_DTYPE if bags + integers else "")
     write_manifest(str(path), manifest)
     return manifest
 

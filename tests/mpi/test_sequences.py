@@ -87,8 +87,10 @@ def test_a_sequence_model_learns_and_predicts_alike_in_any_batch_and_in_onnx(dat
     session = onnxruntime.InferenceSession(str(tmp_path / f"{model}.onnx"))
     assert [i.name for i in session.get_inputs()] == ["x", "lengths"]
     rows = 0
+    assert session.get_inputs()[0].type == "tensor(int64)"  # a column of integers: int64 ids
     for x, _ in DatasetReader(str(data), _Rank()).eval_rows("test").batches(50):
-        got = session.run(None, {"x": x.values, "lengths": x.lengths})[0]
+        assert x.values.dtype == np.int32  # as stored
+        got = session.run(None, {"x": x.values.astype(np.int64), "lengths": x.lengths})[0]
         np.testing.assert_allclose(got, probabilities[rows:rows + len(got)], rtol=0, atol=1e-5)
         rows += len(got)
     assert rows == len(probabilities)
@@ -158,8 +160,10 @@ def test_a_token_model_learns_which_keyword_and_exports(tmp_path):
     exported = command(MPITRAIN, "export", run_dir, "--out", tmp_path / "tokens.onnx")
     assert exported.returncode == 0, exported.stderr
     session, rows = onnxruntime.InferenceSession(str(tmp_path / "tokens.onnx")), 0
+    assert session.get_inputs()[0].type == "tensor(int64)"  # a column of integers: int64 ids
     for x, _ in DatasetReader(str(data), _Rank()).eval_rows("test").batches(50):
-        got = session.run(None, {"x": x.values, "lengths": x.lengths})[0]
+        assert x.values.dtype == np.int32  # as stored
+        got = session.run(None, {"x": x.values.astype(np.int64), "lengths": x.lengths})[0]
         np.testing.assert_allclose(got, probabilities[rows:rows + len(got)], rtol=0, atol=1e-5)
         rows += len(got)
 

@@ -129,13 +129,23 @@ def test_a_class_per_step_must_have_a_class_at_every_step(etl, tmp_path):
 
 def test_a_column_of_token_ids_records_its_ids_and_lengths(etl, tmp_path):
     sequences, labels = token_sequences(150, seed=4, ids=40, lengths=(5, 30))
+    sequences[7] = sequences[7].astype(np.int64)
+    sequences[7][2] = 2**24 + 1  # past float32's integers: an integer column keeps it (int32 end to end)
     write_parquet(tmp_path / "tokens.parquet", sequences, labels, column="tokens", integer=True)
     status, _, err = etl("--source", f"parquet:{tmp_path / 'tokens.parquet'}", "--out", tmp_path / "ds", "--shards", 2,
                          "--sequence", "tokens")
     assert status == 0, err[-2000:]
-    (column,) = read_manifest(str(tmp_path / "ds")).sequences
-    assert column["ids"] == 1 + int(max(s.max() for s in sequences))
+    manifest = read_manifest(str(tmp_path / "ds"))
+    (column,) = manifest.sequences
+    assert column["ids"] == 2**24 + 2 and column["integer"] is True and manifest.id_dtype == "int32"
     assert (column["shortest"], column["longest"]) == (min(map(len, sequences)), max(map(len, sequences)))
+    stored = []
+    for split in manifest.splits:
+        for shard in manifest.shards(split):
+            with h5py.File(tmp_path / "ds" / shard.path) as f:
+                assert f["sequences/tokens/values"].dtype == np.int32
+                stored.append(f["sequences/tokens/values"][:, 0])
+    assert sorted(np.concatenate(stored).tolist()) == sorted(int(v) for s in sequences for v in s[:, 0])
 
 
 def test_standardize_takes_each_channel_of_a_sequence_column_to_the_train_split_s_mean_0_and_std_1(etl, tmp_path):

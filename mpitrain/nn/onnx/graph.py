@@ -59,6 +59,14 @@ class OnnxGraph:
         self.nodes, self.initializers = [], []
         self.lengths: str | None = None  # a sequence's (N,) int64 lengths tensor, while the values are a sequence
         self.input_lengths: list = []  # a merge's inputs' lengths (`emit_nodes`), each a name or None
+        self.integers: set[str] = set()  # the int64 inputs (ids, a column of integers), which only id layers take
+
+    def numbers(self, x: str, name: str) -> str:
+        """`x` for a layer that reads numbers: itself, or an integer input Cast to the graph's dtype (as
+        `mpitrain.nn.layers.as_numbers` converts it)."""
+        if x not in self.integers:
+            return x
+        return self.node("Cast", [x], f"{name}/numbers", to=self.onnx.helper.np_dtype_to_tensor_dtype(self.dtype))
 
     def constant(self, name: str, value, dtype=None) -> str:
         """An initializer `name` holding `value` (numpy or cupy) in `dtype`, by default the graph's; a number is a

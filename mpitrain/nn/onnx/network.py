@@ -19,6 +19,7 @@ def check_exportable(layers, where: str = "layer") -> None:
 def emit_layer(graph: OnnxGraph, layer, x: str, name: str, input_shape: tuple[int, ...]) -> str:
     """Append `layer` (one of `EMITTERS`' types; `check_exportable` first) on input `x`, whose rows have
     `input_shape`, as nodes named `name/OP`; the name of its output."""
+    x = x if layer.reads_ids else graph.numbers(x, name)
     return EMITTERS[type(layer)](graph, layer, x, name, tuple(input_shape))
 
 
@@ -51,6 +52,8 @@ def emit_nodes(graph: OnnxGraph, model, x: str | None, columns: dict[str, tuple[
     for index, node in enumerate(model.nodes):
         inputs = [values[name] for name in node.inputs]
         graph.lengths = lengths[node.inputs[0]]
+        if node.merge:  # a merge reads numbers (a layer's own emitter converts what it reads: `emit_layer`)
+            inputs = [graph.numbers(value, f"{node.name}/{k}") for k, value in enumerate(inputs)]
         if isinstance(node.merge, Concat):
             value = graph.node("Concat", inputs, node.name, axis=-1)
             shape = node.merge.merged_shape([shapes[name] for name in node.inputs])

@@ -57,7 +57,8 @@ def positional(graph, layer, x, name, input_shape):
 @emits(TokenEmbedding)
 def token_embedding(graph, layer, x, name, input_shape):
     """Gather of the table's rows by the ids (N, T, 1) as int64, padded steps read as id 0 (their values are free)."""
-    ids = graph.node("Cast", [_masked(graph, x, f"{name}/input", 0.0)], f"{name}/ids", to=graph.onnx.TensorProto.INT64)
+    ids = graph.node("Cast", [x], f"{name}/ids", to=graph.onnx.TensorProto.INT64)  # the input's int64 already, or
+    ids = _masked(graph, ids, f"{name}/input", 0, np.int64)  # a float32 column's integers
     ids = graph.node("Squeeze", [ids, graph.constant(f"{name}/feature_axis", [2], np.int64)], f"{name}/ids")
     return graph.node("Gather", [graph.constant(f"{name}/table", layer.params["table"]), ids], name, axis=0)
 

@@ -89,3 +89,16 @@ def test_bad_format_keys_name_the_file(tmp_path, key, value, expected):
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))
     with pytest.raises(DataError, match=f"{tmp_path / MANIFEST_NAME}: {expected}"):
         read_manifest(str(tmp_path))
+
+
+@pytest.mark.parametrize("rows", [-5, 10**15, 2.5, "160"])
+def test_a_shards_rows_out_of_their_domain_are_refused_before_anything_is_read(tmp_path, rows):
+    """A hand-edited count: -5 once dropped the shard and trained on the rest (exit 0); 10**15 hung planning an
+    epoch of 10**12 chunks."""
+    make_dataset(tmp_path)
+    data = json.loads((tmp_path / MANIFEST_NAME).read_text())
+    data["splits"]["train"]["shards"][1]["rows"] = rows
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(DataError, match=r"splits.train.shards\[1\].rows is .*, expected an integer 0\.\.2147483648 "
+                                        r"\(the rows of train/shard-00001.h5\)"):
+        read_manifest(str(tmp_path))
