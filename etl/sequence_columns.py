@@ -66,7 +66,7 @@ def ragged_column(column, name: str, features: int, max_length: int, where: str,
         _refuse(where, name, record, bad, "holds a missing number in its sequence, expected integers")
         values = steps.cast(pa.int64()).to_numpy(zero_copy_only=False) if len(steps) else np.zeros(0, np.int64)
         bad[parents[(values < -INT32_RANGE) | (values >= INT32_RANGE)]] = True
-        _refuse(where, name, record, bad, f"holds an integer outside -2**31..2**31-1, expected integers an int32 holds")
+        _refuse(where, name, record, bad, "holds an integer outside -2**31..2**31-1, expected integers an int32 holds")
         return Ragged(values.reshape(-1, features), offsets)
     values = pc.fill_null(steps.cast(pa.float64()), np.nan).to_numpy(zero_copy_only=False)
     bad = np.zeros(len(lengths), bool)
