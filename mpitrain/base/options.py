@@ -14,6 +14,7 @@ the dotted key, and says what was expected.
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 import types
 import typing
 from dataclasses import field
@@ -75,10 +76,19 @@ def origin_of(where, key: str) -> str:
     return where.of(key) if hasattr(where, "of") else where
 
 
+def shown(value) -> str:
+    """`value`'s repr for an error line, cut short (`...`) past 2 levels, 8 items of a list or mapping, or 200
+    characters of a string or number: a long list in a config stays one readable line."""
+    short = reprlib.Repr()  # its limits as attributes: Python 3.11's takes no arguments
+    short.maxlevel, short.maxlist, short.maxdict = 2, 8, 8
+    short.maxstring = short.maxlong = short.maxother = 200
+    return short.repr(value)
+
+
 def check_value(ok: bool, where, key: str, value, expected: str) -> None:
     """A ConfigError naming `where`, `key` and `value` and saying what was `expected`, unless `ok`."""
     if not ok:
-        raise ConfigError(f"{origin_of(where, key)}: {key} is {value!r}, expected {expected}")
+        raise ConfigError(f"{origin_of(where, key)}: {key} is {shown(value)}, expected {expected}")
 
 
 def coerce(value, kind, where, key: str):
@@ -98,7 +108,7 @@ def coerce(value, kind, where, key: str):
         if isinstance(value, each) and not (each is int and isinstance(value, bool)):
             return value
     names = " or ".join(getattr(a, "__name__", str(a)) for a in allowed)
-    raise ConfigError(f"{origin_of(where, key)}: {key} is {value!r}, expected {names}")
+    raise ConfigError(f"{origin_of(where, key)}: {key} is {shown(value)}, expected {names}")
 
 
 def optional_feature(value, defaults: dict, where, key: str):

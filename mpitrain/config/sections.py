@@ -32,6 +32,7 @@ from mpitrain.base.options import (
     optional_feature,
     origin_of,
     section,
+    shown,
 )
 from mpitrain.config.yaml_input import read_yaml, read_yaml_file
 from mpitrain.data.augment import AUGMENT_DEFAULTS
@@ -561,7 +562,7 @@ def _build(cls, raw, where: str, prefix: str, base=None):
     """Turn a mapping into dataclass `cls` (keys missing from it keep `base`'s values, or the class defaults),
     rejecting unknown keys and wrong types."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{origin_of(where, prefix[:-1])}: {prefix or 'config'} is {raw!r}, expected a mapping")
+        raise ConfigError(f"{origin_of(where, prefix[:-1])}: {prefix or 'config'} is {shown(raw)}, expected a mapping")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - known)

@@ -165,6 +165,36 @@ def test_each_mistake_is_one_line_naming_where_it_was_made(tmp_path, text, overr
     assert "\n" not in str(error.value)
 
 
+def laughs(levels: int) -> str:
+    """A "billion laughs" value: `levels` lists, each of 9 aliases of the one before (9^levels strings)."""
+    lists = ["&a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"] + \
+        [f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return f"[{', '.join(lists)}]"
+
+
+@pytest.mark.parametrize("text, override, message", [
+    (BASE + f"train: {{seed: {laughs(9)}}}\n", [], r"^{path}: its aliases expand the 36 values written into "
+                                                   r"490,329,072; expected at most 100,000 values more than written"),
+    (BASE, [f"train.seed={laughs(9)}"], r"^--set train.seed=.*: its aliases expand the 19 values written into "),
+    (BASE + "train: {seed: &a [*a]}\n", [], r"^{path}:3:15: this anchored value holds itself through an alias"),
+    ("data: {path: d}\nmodel: {layers: &l [{type: dense, units: 2}, *l]}\n", [],
+     r"^{path}:2:17: this anchored value holds itself through an alias"),
+    (BASE + "train: {seed: " + "[" * 3000 + "]" * 3000 + "}\n", [], r"^{path}: nested too deeply for PyYAML to read"),
+    (BASE + f"train: {{seed: {laughs(4)}}}\n", [], r"^{path}: train.seed is \[\['lol', .{{0,400}}\], expected int$"),
+    (BASE + f"train: {{seed: {list(range(100_000))}}}\n", [], r"^{path}: train.seed is \[0, 1, 2, 3, 4, 5, 6, 7, "
+                                                              r"\.\.\.\], expected int$"),
+], ids=["billion-laughs", "set-billion-laughs", "holds-itself", "layers-hold-themselves", "nested-3000-deep",
+        "aliased-value-shown-short", "long-list-shown-short"])
+def test_a_config_that_aliases_or_nesting_make_huge_is_one_short_line(tmp_path, text, override, message):
+    """Before: a 500-byte config of aliases of aliases ran for minutes, growing without bound, to print a repr of
+    490 million strings; a value holding itself (`&l [..., *l]`) and nesting 3,000 deep were a RecursionError
+    traceback on every rank (exit 1)."""
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=message.format(path=re.escape(path))) as error:
+        load_config(path, override)
+    assert "\n" not in str(error.value) and len(str(error.value)) < 1000
+
+
 def test_user_yaml_is_read_by_one_function():
     """Every YAML a user wrote goes through mpitrain.config.yaml_input.read_yaml: its errors are one line."""
     import pathlib
