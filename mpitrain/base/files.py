@@ -5,6 +5,7 @@ line, which path failed and why.
     write_file(path, lambda f: json.dump(summary, f))      # temporary file, fsync, rename
     with os_errors(path, "reading it"): ...                 # an OSError as one line naming the path
     refuse_existing(path, overwrite)                        # an existing path refused unless --overwrite
+    dangling_link("runs/exp")                               # "runs" when it is a symlink to nothing, else None
 """
 from __future__ import annotations
 
@@ -54,6 +55,17 @@ def refuse_existing(path: str, overwrite: bool, error=MpitrainError) -> None:
     """Refuse an existing `path` (file, folder or link) unless `overwrite`, in the words every command uses."""
     if os.path.lexists(path) and not overwrite:
         raise error(f"{path}: exists; pass --overwrite to replace it")
+
+
+def dangling_link(path: str) -> str | None:
+    """The first of `path`'s folders, or `path` itself, that is a symbolic link leading nowhere (to a missing path,
+    or a loop of links), else None: what a "File exists" from making `path`'s folders means, said plainly."""
+    parts = os.path.abspath(path).split(os.sep)
+    for i in range(2, len(parts) + 1):
+        part = os.sep.join(parts[:i])
+        if os.path.islink(part) and not os.path.exists(part):
+            return part
+    return None
 
 
 @contextmanager

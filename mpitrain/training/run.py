@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from mpitrain.base.errors import ConfigError, describe
+from mpitrain.base.files import dangling_link
 from mpitrain.config.resolved import resolve
 from mpitrain.config.sections import Config
 from mpitrain.data.reader import Batches, DatasetReader, ModelInput
@@ -63,8 +64,10 @@ class Run:
                     os.makedirs(run_dir, exist_ok=True)
                     owner = lock.take()
                 except OSError as e:
-                    raise ConfigError(f"{run_dir}: {describe(e)}; expected a folder this job can write (run_dir)") \
-                        from None
+                    link = dangling_link(run_dir)
+                    why = f"{'it' if link == run_dir else link} is a symbolic link to {os.readlink(link)}, which leads nowhere (a missing path " \
+                          "or a loop of links)" if link else describe(e)
+                    raise ConfigError(f"{run_dir}: {why}; expected a folder this job can write (run_dir)") from None
                 if owner is not None:
                     raise ConfigError(f"{run_dir}: in use by another job ({owner}); a run directory belongs to one "
                                       "job at a time: wait for it to end, or use another run_dir")

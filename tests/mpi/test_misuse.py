@@ -117,6 +117,14 @@ def run_dir_is_a_file(trained, case):
     return ["train", config_for(trained, case)]
 
 
+def run_dir_is_a_dangling_link(parent: bool):
+    """run_dir (or, `parent`, the folder above it) a symbolic link to a folder not made yet: a scratch space's."""
+    def setup(trained, case):
+        (case / "scratch").symlink_to(case / "not-made-yet")
+        return ["train", config_for(trained, case, run_dir=str(case / ("scratch/run" if parent else "scratch")))]
+    return setup
+
+
 def with_set(*overrides):
     def setup(trained, case):
         return ["train", config_for(trained, case), *[part for o in overrides for part in ("--set", o)]]
@@ -182,6 +190,10 @@ CASES = [
     ("corrupt-shard", corrupt_shard(True), "could not be read .*; the chunk fails its checksum"),
     ("unreadable-shard", corrupt_shard(False), "not a readable shard"),
     ("run-dir-is-a-file", run_dir_is_a_file, "expected a folder this job can write"),
+    ("run-dir-dangling-link", run_dir_is_a_dangling_link(False), r"scratch: it is a symbolic link to \S+/not-made-yet, "
+                                                                 "which leads nowhere"),
+    ("run-dir-in-a-dangling-link", run_dir_is_a_dangling_link(True),
+     r"scratch/run: \S+/scratch is a symbolic link to \S+/not-made-yet, which leads nowhere"),
     ("eval-negative-batch", eval_with("eval", "--batch-size", "-5"), "--batch-size is -5, expected an integer >= 1"),
     ("eval-no-run-dir", lambda trained, case: ["eval", str(case / "nowhere")], "no such run directory"),
     ("predict-out-is-a-folder", predict_into_a_folder, "is a folder; expected an HDF5 file path"),
