@@ -12,7 +12,9 @@ So `mpitrain/__init__.py` calls `thread_plan()` before anything imports numpy or
 the number of ranks on this node comes from the launcher's environment, and every pool
 variable the user did not set gets `cores // ranks` (at least 1). The user's own values win;
 a user's `OMP_NUM_THREADS` (what Spark sets for its Python workers: `spark.task.cpus`) is the
-default for every pool. Nothing here imports numpy: it runs first.
+default for every pool. A user's value that is no count of threads (`0`, `-3`, `abc`) is replaced by the share
+and named in the log line: numba's import would raise on it, on every rank. Nothing here imports numpy: it runs
+first.
 """
 from __future__ import annotations
 
@@ -50,14 +52,17 @@ class ThreadPlan:
     cores: int  # the cores this process may run on
     threads: dict  # pool variable -> its value in this process's environment
     chosen_by_user: tuple  # the pool variables the user set
+    ignored: tuple = ()  # "VARIABLE=VALUE" the user set that is no count of threads: replaced by the share
 
     def describe(self) -> str:
         """One line for the log."""
         source = f"from {self.launcher}" if self.launcher else "no MPI or Slurm launcher in the environment, so 1"
         user = f"; set by you: {', '.join(self.chosen_by_user)}" if self.chosen_by_user else ""
+        ignored = f"; ignored: {', '.join(self.ignored)} (expected a whole number of threads >= 1)" \
+            if self.ignored else ""
         return (f"threads: {self.ranks_on_node} rank(s) on this node ({source}), {self.cores} core(s): numba "
                 f"{self.threads['NUMBA_NUM_THREADS']}, BLAS {self.threads['OPENBLAS_NUM_THREADS']} thread(s) per "
-                f"rank{user}")
+                f"rank{user}{ignored}")
 
 
 def ranks_on_node(environ) -> tuple[int, str | None]:
@@ -85,21 +90,23 @@ def ranks_on_node(environ) -> tuple[int, str | None]:
 def plan_threads(environ, cores: int) -> ThreadPlan:
     """What `size_thread_pools` sets in `environ` for a process that may run on `cores` cores.
 
-    A variable counts as the user's when set and not marked as set by an ancestor's mpitrain. Each
-    pool variable the user did not set gets the user's OMP_NUM_THREADS when that is a whole number, else
-    SLURM_CPUS_PER_TASK under srun (the cores Slurm gave each task), else cores // ranks on the node.
+    A variable counts as the user's when set to a whole number >= 1 and not marked as set by an ancestor's
+    mpitrain (any other value of the user's is `ignored`). Each pool variable the user did not set gets the
+    user's OMP_NUM_THREADS when that is one, else SLURM_CPUS_PER_TASK under srun (the cores Slurm gave each task), else cores // ranks on the node.
     """
     ranks, launcher = ranks_on_node(environ)
     sized = _sized_by_mpitrain(environ)
-    chosen = tuple(v for v in POOL_VARIABLES if environ.get(v) and environ[v] != sized.get(v))
-    if "OMP_NUM_THREADS" in chosen and _positive_int(environ["OMP_NUM_THREADS"]):
+    given = tuple(v for v in POOL_VARIABLES if environ.get(v) and environ[v] != sized.get(v))
+    chosen = tuple(v for v in given if _positive_int(environ[v]))
+    if "OMP_NUM_THREADS" in chosen:
         share = int(environ["OMP_NUM_THREADS"])
     elif launcher == "Slurm srun" and _positive_int(environ.get("SLURM_CPUS_PER_TASK")):
         share = int(environ["SLURM_CPUS_PER_TASK"])
     else:
         share = max(1, cores // ranks)
     threads = {v: environ[v] if v in chosen else str(share) for v in POOL_VARIABLES}
-    return ThreadPlan(ranks, launcher, cores, threads, chosen)
+    return ThreadPlan(ranks, launcher, cores, threads, chosen, tuple(f"{v}={environ[v]}" for v in given
+                                                                     if v not in chosen))
 
 
 def size_thread_pools(environ=os.environ) -> ThreadPlan:

@@ -4,6 +4,8 @@ real ranks: tests/mpi/test_thread_pools.py, tests/system/test_thread_pools_spark
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -60,6 +62,25 @@ def test_the_users_values_win_and_omp_num_threads_speaks_for_every_pool():
     only_numba = plan_threads({"MPI_LOCALNRANKS": "2", "NUMBA_NUM_THREADS": "2"}, 8).threads
     assert only_numba == {"OMP_NUM_THREADS": "4", "OPENBLAS_NUM_THREADS": "4", "MKL_NUM_THREADS": "4",
                           "NUMBA_NUM_THREADS": "2"}
+
+
+def test_a_users_value_that_is_no_count_of_threads_is_replaced_by_the_share_and_named():
+    """Before: NUMBA_NUM_THREADS=0 (or -3) kept, so numba's import raised `ValueError: Number of threads specified
+    must be > 0.` on every rank: a traceback, exit 1."""
+    plan = plan_threads({"MPI_LOCALNRANKS": "2", "NUMBA_NUM_THREADS": "0", "OMP_NUM_THREADS": "abc",
+                         "OPENBLAS_NUM_THREADS": "-3", "MKL_NUM_THREADS": "2"}, 8)
+    assert plan.threads == {"OMP_NUM_THREADS": "4", "OPENBLAS_NUM_THREADS": "4", "MKL_NUM_THREADS": "2",
+                            "NUMBA_NUM_THREADS": "4"}
+    assert plan.chosen_by_user == ("MKL_NUM_THREADS",)
+    assert plan.describe().endswith("; set by you: MKL_NUM_THREADS; ignored: OMP_NUM_THREADS=abc, "
+                                    "OPENBLAS_NUM_THREADS=-3, NUMBA_NUM_THREADS=0 (expected a whole number of "
+                                    "threads >= 1)")
+    environ = {"NUMBA_NUM_THREADS": "0"}
+    size_thread_pools(environ)
+    assert environ["NUMBA_NUM_THREADS"] == str(CORES) and "NUMBA_NUM_THREADS" in environ[SIZED_MARK]
+    started = subprocess.run([sys.executable, "-c", "import mpitrain, numba; print(numba.config.NUMBA_NUM_THREADS)"],
+                             env={**os.environ, "NUMBA_NUM_THREADS": "0"}, capture_output=True, text=True, timeout=60)
+    assert started.returncode == 0 and started.stdout.strip() == str(CORES), started.stderr
 
 
 def test_values_an_ancestor_process_sized_are_not_taken_for_the_users():
