@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
+import stat
 
 from mpitrain.base.errors import ConfigError, DataError, describe
 from mpitrain.base.paths import leaves
@@ -65,6 +66,9 @@ class Storage:
         if leaves(self.root, full):
             raise DataError(f"{full}: a symlink takes it to {os.path.realpath(full)}, outside the dataset {self.root}; "
                             "expected the dataset's files inside its folder")
+        kind = _special_kind(full)
+        if kind:  # reading a named pipe waits for a writer, on every rank, with no end
+            raise DataError(f"{full}: is {kind}, not a file; expected the dataset's file written by mpitrain etl")
         return full
 
     def exists(self, relative: str) -> bool:
@@ -113,6 +117,20 @@ def sha256_of(f) -> str:
     for block in iter(lambda: f.read(1 << 20), b""):
         digest.update(block)
     return digest.hexdigest()
+
+
+def _special_kind(path: str) -> str | None:
+    """What `path` is when it exists and is neither a regular file nor a folder (a named pipe, a device, a socket),
+    in a few words; else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    for test, kind in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return None
 
 
 def open_storage(location: str, options: dict | None = None) -> Storage:

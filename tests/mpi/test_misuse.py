@@ -112,6 +112,15 @@ def corrupt_shard(verify: bool):
     return setup
 
 
+def shard_is_a_named_pipe(trained, case):
+    """A shard replaced by a FIFO: reading it would wait for a writer, on every rank, with no end (seen: `train` and
+    `info` hung until killed)."""
+    shutil.copytree(trained / "data", case / "data")
+    (case / "data" / "train" / "shard-00001.h5").unlink()
+    os.mkfifo(case / "data" / "train" / "shard-00001.h5")
+    return ["train", write_config(case / "exp.yaml", case / "data", run_dir=str(case / "run"), **SMALL)]
+
+
 def run_dir_is_a_file(trained, case):
     (case / "run").write_text("a file where the run directory should be")
     return ["train", config_for(trained, case)]
@@ -189,6 +198,8 @@ CASES = [
     ("data-path-is-a-file", data_path_is_a_file, "is a file; expected a dataset folder"),
     ("corrupt-shard", corrupt_shard(True), "could not be read .*; the chunk fails its checksum"),
     ("unreadable-shard", corrupt_shard(False), "not a readable shard"),
+    ("shard-is-a-named-pipe", shard_is_a_named_pipe, r"data/train/shard-00001.h5: is a named pipe \(FIFO\), not a file; "
+                                                     "expected the dataset's file written by mpitrain etl"),
     ("run-dir-is-a-file", run_dir_is_a_file, "expected a folder this job can write"),
     ("run-dir-dangling-link", run_dir_is_a_dangling_link(False), r"scratch: it is a symbolic link to \S+/not-made-yet, "
                                                                  "which leads nowhere"),
