@@ -35,6 +35,7 @@ OVERWRITE_HELP = ("replace an existing --out file (never one in a run's checkpoi
 
 def main(argv=None) -> int:
     hold_stop_signals()  # first: a signal from here on is one to stop at (mpitrain.training.preemption)
+    _open_standard_streams()
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     parser = _parser(next((a for a in argv if not a.startswith("-")), None))
     args = parser.parse_args(argv)
@@ -58,6 +59,20 @@ def main(argv=None) -> int:
         if rank == 0:
             print(f"mpitrain {args.command}: {'' if stopped else 'error: '}{e}", file=sys.stderr)
         return Stopped.exit_status if stopped else 2
+
+
+def _open_standard_streams() -> None:
+    """Give a standard stream this process started without (`2>&-`, `>&-`, a daemon's closed descriptors) the null
+    device. Python sets such a stream to None, and `train` ended with exit 1 and nothing written: its first write
+    to stderr raised, with nowhere to say so. And the next file opened would take the free descriptor, 2, where C
+    libraries (HDF5, MPI) write their errors."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # takes fd: the lowest free descriptor, those below it open by now
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False))
 
 
 def _ended(command: str, comm) -> int:

@@ -298,6 +298,17 @@ def test_a_second_job_on_a_run_directory_is_refused_naming_the_first(trained, tm
     assert windows == sorted(set(windows))  # one job's records, in order, none twice
 
 
+@pytest.mark.parametrize("closed", [(2,), (0, 1, 2)], ids=["stderr", "all-three"])
+def test_a_job_started_with_its_standard_streams_closed_trains(trained, tmp_path, closed):
+    """`mpitrain train ... 2>&-` (a daemon's closed descriptors): before, Python's sys.stderr was None, the first
+    look at it raised, and the job ended with exit 1, nothing trained and nowhere to say why."""
+    config = config_for(trained, tmp_path)
+    result = subprocess.run([MPITRAIN, "train", config], preexec_fn=lambda: [os.close(fd) for fd in closed],
+                            timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert result.returncode == 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["epochs"] == 1
+
+
 def test_resuming_on_another_rank_count_keeps_the_earlier_records(trained, tmp_path):
     run = copy_run(trained, tmp_path)
     before = (run / "metrics.jsonl").read_text().splitlines()
