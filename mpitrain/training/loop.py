@@ -273,7 +273,14 @@ def _stop_after_last_step(run: Run, stop: StopSignals) -> None:
     if signal_name:
         report = " and the report" if run.config.report else ""
         raise Stopped(f"stopped by {signal_name} after the last step, training complete: the final checkpoint is "
-                      f"{run.checkpointer.paths()[-1]}; wrote summary.json{report}; nothing left to resume")
+                      f"{_final_checkpoint(run)}; wrote summary.json{report}; nothing left to resume")
+
+
+def _final_checkpoint(run: Run) -> str:
+    """The run's newest checkpoint as rank 0 lists it, on every rank (a collective). Rank 0 alone writes and reads
+    the checkpoints; another rank's node may not see them (a run_dir on node-local disk, an NFS client's cached
+    listing of checkpoints/), and its own empty listing raised IndexError on it once training was complete."""
+    return run.comm.bcast_obj(run.checkpointer.paths()[-1] if run.comm.is_root else None)
 
 
 def _train_epoch(run: Run, loop: _Loop, epoch: int, start_step: int, watchdog: Watchdog, stop: StopSignals,
@@ -455,7 +462,7 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
         "peak_rss_mb": comm.max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),  # VmHWM, the largest rank
         "comm_ms_per_step": loop.metrics.comm_ms_per_step,
         "steps_this_job": done.steps,  # 0: a later job that wrote the missing records (its figures are 0)
-        "final_checkpoint": os.path.basename(run.checkpointer.paths()[-1]),  # what it describes (_summary_is_current)
+        "final_checkpoint": os.path.basename(_final_checkpoint(run)),  # what it describes (_summary_is_current)
         "epochs": config.train.epochs, "ranks": comm.size, "nodes": comm.nodes,
         "ranks_per_node": comm.local_size, "sync_mode": config.sync.mode,
         "wall_s": comm.max(time.perf_counter() - started), "steps_per_epoch": loop.batches.steps_per_epoch,

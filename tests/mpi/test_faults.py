@@ -13,7 +13,7 @@ import pytest
 from mpitrain.parallel.sync import parameter_hash
 from mpitrain.rundir.checkpoint import list_checkpoints, load_checkpoint
 from mpitrain.testing.datasets import make_dataset, write_config
-from mpitrain.testing.launch import MPIEXEC, MPITRAIN, RANK_SCRIPTS, mpiexec, train_each
+from mpitrain.testing.launch import MPIEXEC, MPITRAIN, RANK_SCRIPTS, command, mpiexec, train_each
 
 
 def final_hash(run_dir):
@@ -177,6 +177,28 @@ def test_a_killed_rank_ends_the_job_and_resume_finishes(tmp_path):
     assert [r["epoch"] for r in records if r["kind"] == "epoch"] == list(range(resumed_from + 2))
     steps = [r["global_step"] for r in records if r["kind"] == "window"]
     assert steps == sorted(set(steps))
+
+
+def test_a_run_directory_only_rank_0_sees_trains_resumes_and_finishes(tmp_path):
+    """run_dir on rank 0's node-local disk, or an NFS client's cached listing of checkpoints/ on another node: rank 1
+    runs in a mount namespace of its own, with an empty tmpfs over the folder. Rank 0 alone writes and reads the
+    checkpoints; before, rank 1's empty listing raised IndexError once training was complete (exit 1, no
+    summary.json)."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("hiding the run directory from rank 1 mounts a tmpfs, which needs root")
+        pytest.skip("needs root to mount a tmpfs")
+    make_dataset(tmp_path / "data", n_train=320, n_test=64)
+    (tmp_path / "local").mkdir()
+    config = write_config(tmp_path / "exp.yaml", tmp_path / "data", run_dir=str(tmp_path / "local" / "run"),
+                          train={"epochs": 1, "batch_size": 16})
+    for epochs in (1, 2):  # trains, then resumes
+        hidden = f"mount -t tmpfs none {tmp_path / 'local'} && exec {MPITRAIN} train {config} --set=train.epochs={epochs}"
+        result = command(MPIEXEC, "-n", 1, MPITRAIN, "train", config, f"--set=train.epochs={epochs}", ":",
+                         "-n", 1, "unshare", "-m", "sh", "-c", hidden, timeout=120)
+        assert result.returncode == 0, result.stderr
+        summary = json.loads((tmp_path / "local" / "run" / "summary.json").read_text())
+        assert summary["epochs"] == epochs and summary["final_checkpoint"] == f"ckpt-{epochs:04d}-000000.h5"
 
 
 def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
