@@ -24,7 +24,7 @@ import re
 import socket
 from dataclasses import dataclass
 
-from mpitrain.base.errors import MpitrainError
+from mpitrain.base.errors import ConfigError, MpitrainError
 from mpitrain.base.files import refuse_existing
 from mpitrain.config.sections import Config, load_config
 from mpitrain.data.shards import MANIFEST_NAME
@@ -173,6 +173,28 @@ def load_run_config(path: str, overrides=()) -> Config:
         log.info("%s is the config of the run in %s: run_dir is that folder", path, own)
         overrides = [f"run_dir={own}", *overrides]
     return load_config(path, overrides)
+
+
+def dataset_around(folder: str) -> str | None:
+    """The dataset folder (one holding manifest.json) that is `folder` or holds it, links followed; else None."""
+    folder = os.path.realpath(folder)
+    while True:
+        if os.path.isfile(os.path.join(folder, MANIFEST_NAME)):
+            return folder
+        if os.path.dirname(folder) == folder:
+            return None
+        folder = os.path.dirname(folder)
+
+
+def check_run_dir_outside_datasets(run_dir: str) -> None:
+    """Refuse a run directory that is a dataset folder or inside one: the ETL owns a dataset's folder whole (its
+    `--overwrite` replaces it, and would take the run with it), and nothing else writes there."""
+    dataset = dataset_around(run_dir)
+    if dataset:
+        where = "is the dataset folder" if dataset == os.path.realpath(run_dir) else f"is inside the dataset " \
+            f"folder {dataset}"
+        raise ConfigError(f"{run_dir}: {where}; expected a run_dir outside every dataset (an ETL's --overwrite "
+                          "replaces the dataset's folder whole, with what is in it)")
 
 
 def check_output(path: str, overwrite: bool) -> None:

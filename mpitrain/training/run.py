@@ -26,7 +26,7 @@ from mpitrain.nn.losses import check_loss_fits
 from mpitrain.nn.model import Network, rank_memory_bytes
 from mpitrain.parallel.backend import Backend, create_backend
 from mpitrain.rundir.checkpointer import Checkpointer
-from mpitrain.rundir.directory import FileLock, RunDir
+from mpitrain.rundir.directory import FileLock, RunDir, check_run_dir_outside_datasets
 from mpitrain.training.pretrain import dbn_layers
 from mpitrain.training.tbptt import check_dataset
 
@@ -52,7 +52,7 @@ class Run:
     def owned(self):
         """Hold the run directory for this job while the block runs (a collective).
 
-        Rank 0 creates it and takes its lock (`mpitrain.rundir.directory`): a second job on the same
+        Rank 0 refuses it inside a dataset folder, creates it and takes its lock (`mpitrain.rundir.directory`): a second job on the same
         run directory is refused at once, naming this one, instead of interleaving its files
         with ours. A folder that cannot be written is one error on every rank.
         """
@@ -60,6 +60,7 @@ class Run:
         lock = FileLock(RunDir(run_dir).lock)
         with self.comm.agreed_errors():
             if self.comm.is_root:
+                check_run_dir_outside_datasets(run_dir)
                 try:
                     os.makedirs(run_dir, exist_ok=True)
                     owner = lock.take()

@@ -134,6 +134,15 @@ def run_dir_is_a_dangling_link(parent: bool):
     return setup
 
 
+def run_dir_in_the_dataset(inside: str):
+    """run_dir the dataset's folder (`inside` ""), or a folder in it: before, training wrote its files among the
+    shards, where the ETL's --overwrite of the dataset would delete them with it."""
+    def setup(trained, case):
+        shutil.copytree(trained / "data", case / "data")
+        return ["train", write_config(case / "exp.yaml", case / "data", run_dir=str(case / "data" / inside), **SMALL)]
+    return setup
+
+
 def with_set(*overrides):
     def setup(trained, case):
         return ["train", config_for(trained, case), *[part for o in overrides for part in ("--set", o)]]
@@ -200,6 +209,9 @@ CASES = [
     ("unreadable-shard", corrupt_shard(False), "not a readable shard"),
     ("shard-is-a-named-pipe", shard_is_a_named_pipe, r"data/train/shard-00001.h5: is a named pipe \(FIFO\), not a file; "
                                                      "expected the dataset's file written by mpitrain etl"),
+    ("run-dir-in-the-dataset", run_dir_in_the_dataset("train/run"),
+     r"data/train/run: is inside the dataset folder \S+/data; expected a run_dir outside every dataset"),
+    ("run-dir-is-the-dataset", run_dir_in_the_dataset(""), r"data/?: is the dataset folder; expected a run_dir outside"),
     ("run-dir-is-a-file", run_dir_is_a_file, "expected a folder this job can write"),
     ("run-dir-dangling-link", run_dir_is_a_dangling_link(False), r"scratch: it is a symbolic link to \S+/not-made-yet, "
                                                                  "which leads nowhere"),
