@@ -30,8 +30,8 @@ def append_record(path: str, record: dict) -> None:
         with open(path, "a") as f:
             f.write(json.dumps(record) + "\n")
     except OSError as e:
-        if os.path.exists(path):
-            os.truncate(path, size)
+        if os.path.exists(path) and os.path.getsize(path) != size:  # not where nothing was written (a read-only
+            os.truncate(path, size)                                 # file system refuses the cut too)
         raise MpitrainError(f"{path}: {describe(e)} while appending a record; the file holds the records "
                             "written before") from None
 

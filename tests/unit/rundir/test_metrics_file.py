@@ -1,6 +1,8 @@
 """A run's metrics.jsonl (mpitrain/rundir/metrics_file.py): the records a resumed run keeps (those written after
 its checkpoint go, whatever the rank count), and reading it back, checked line by line."""
+import errno
 import json
+import os
 
 import pytest
 
@@ -54,3 +56,22 @@ def test_read_metrics_checks_every_line_and_read_records_gives_them_as_written(t
     append_record(path, {"kind": "window", "epoch": 1})
     with pytest.raises(MpitrainError, match=r"metrics\.jsonl: line 3 is not a window, epoch or pretrain record"):
         read_metrics(path)
+
+
+def test_an_append_to_a_file_system_turned_read_only_is_one_error_and_leaves_the_file(tmp_path, monkeypatch):
+    """The run's folder remounted read-only mid-training: the append and any cut of the file are refused. Before, the
+    cut-back of a file that had not grown raised the second EROFS, a traceback on rank 0 and MPI_Abort (exit 1)."""
+    from mpitrain.rundir import metrics_file
+
+    path = tmp_path / "metrics.jsonl"
+    append_record(str(path), {"kind": "epoch", "epoch": 0})
+    before = path.read_bytes()
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+    monkeypatch.setattr(metrics_file, "open", read_only, raising=False)  # the module's open, not the builtin
+    monkeypatch.setattr(os, "truncate", read_only)
+    with pytest.raises(MpitrainError, match=r"metrics.jsonl: Read-only file system while appending a record; the "
+                                            "file holds the records written before$"):
+        append_record(str(path), {"kind": "epoch", "epoch": 1})
+    assert path.read_bytes() == before
