@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -214,18 +215,19 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
 @pytest.mark.alone
 @pytest.mark.parametrize("where", ["start-up", "the summary"])
 def test_the_watchdog_also_covers_start_up_and_the_summary(tmp_path, where):
-    """A rank stuck before training (reading a manifest that never comes: a FIFO nobody writes) or after it (rank 0
-    writing summary.json into a FIFO nobody reads) ends the job with the watchdog's message, naming where."""
+    """A rank stuck before training (reading a manifest that never comes: an http:// store that takes the connection
+    and never answers; a dataset file that is a FIFO is refused at once) or after it (rank 0 writing summary.json
+    into a FIFO nobody reads) ends the job with the watchdog's message, naming where."""
     make_dataset(tmp_path / "data", n_train=200)
-    if where == "start-up":
-        os.remove(tmp_path / "data" / "manifest.json")
-        os.mkfifo(tmp_path / "data" / "manifest.json")
-    else:
+    silent = socket.create_server(("127.0.0.1", 0))  # the kernel completes the connections; nothing replies
+    data = f"http://127.0.0.1:{silent.getsockname()[1]}/data" if where == "start-up" else tmp_path / "data"
+    if where == "the summary":
         (tmp_path / "run").mkdir()
         os.mkfifo(tmp_path / "run" / "summary.json.tmp")
-    config = write_config(tmp_path / "exp.yaml", tmp_path / "data", train={"epochs": 1, "watchdog_s": 3})
+    config = write_config(tmp_path / "exp.yaml", data, train={"epochs": 1, "watchdog_s": 3})
     started = time.monotonic()
-    result = mpiexec(2, MPITRAIN, "train", config, timeout=60)
+    with silent:
+        result = mpiexec(2, MPITRAIN, "train", config, timeout=60)
     assert result.returncode != 0
     assert "watchdog: no progress for" in result.stderr and f"(train.watchdog_s = 3) at {where}" in result.stderr
     assert time.monotonic() - started < 30
