@@ -92,7 +92,8 @@ def plan_threads(environ, cores: int) -> ThreadPlan:
 
     A variable counts as the user's when set to a whole number >= 1 and not marked as set by an ancestor's
     mpitrain (any other value of the user's is `ignored`). Each pool variable the user did not set gets the
-    user's OMP_NUM_THREADS when that is one, else SLURM_CPUS_PER_TASK under srun (the cores Slurm gave each task), else cores // ranks on the node.
+    user's OMP_NUM_THREADS when that is one, else SLURM_CPUS_PER_TASK under srun (the cores Slurm gave each task),
+    else cores // ranks on the node.
     """
     ranks, launcher = ranks_on_node(environ)
     sized = _sized_by_mpitrain(environ)

@@ -45,7 +45,7 @@ def read_yaml(text, where: str, in_file: bool = True):
         raise ConfigError(f"{_place(where, e.mark, in_file)}: {e.reason}") from None
     except RecursionError:  # PyYAML composes nested values recursively
         raise ConfigError(f"{where}: nested too deeply for PyYAML to read (hundreds of levels of [ "
-                          "or {{); expected a config of a few levels") from None
+                          "or {); expected a config of a few levels") from None
     except yaml.reader.ReaderError as e:  # a character YAML does not allow (a binary file)
         character = f"#x{e.character:04x}" if isinstance(e.character, int) else repr(e.character)
         raise ConfigError(f"{where}: not valid YAML: the character {character} at byte {e.position} is not "

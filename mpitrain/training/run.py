@@ -52,9 +52,9 @@ class Run:
     def owned(self):
         """Hold the run directory for this job while the block runs (a collective).
 
-        Rank 0 refuses it inside a dataset folder, creates it and takes its lock (`mpitrain.rundir.directory`): a second job on the same
-        run directory is refused at once, naming this one, instead of interleaving its files
-        with ours. A folder that cannot be written is one error on every rank.
+        Rank 0 refuses it inside a dataset folder, creates it and takes its lock
+        (`mpitrain.rundir.directory`): a second job on the same run directory is refused at once,
+        naming this one, instead of interleaving its files with ours. A folder that cannot be written is one error on every rank.
         """
         run_dir = self.config.run_dir
         lock = FileLock(RunDir(run_dir).lock)
@@ -66,8 +66,8 @@ class Run:
                     owner = lock.take()
                 except OSError as e:
                     link = dangling_link(run_dir)
-                    why = f"{'it' if link == run_dir else link} is a symbolic link to {os.readlink(link)}, which leads nowhere (a missing path " \
-                          "or a loop of links)" if link else describe(e)
+                    why = f"{'it' if link == run_dir else link} is a symbolic link to {os.readlink(link)}, which " \
+                          "leads nowhere (a missing path or a loop of links)" if link else describe(e)
                     raise ConfigError(f"{run_dir}: {why}; expected a folder this job can write (run_dir)") from None
                 if owner is not None:
                     raise ConfigError(f"{run_dir}: in use by another job ({owner}); a run directory belongs to one "
