@@ -25,10 +25,11 @@ def dataset(tmp_path_factory):
     return folder / "data"
 
 
-def stalled(tmp_path, dataset, ranks: int, stall: str, **train) -> tuple[str, str]:
-    """A job of `ranks` ranks whose rank named in `stall` (PHASE@RANK) stalls: (the watchdog's line, the folder)."""
+def stalled(tmp_path, dataset, ranks: int, stall: str, backend: str = "numpy", **train) -> tuple[str, str]:
+    """A job of `ranks` ranks on `backend` whose rank named in `stall` (PHASE@RANK) stalls: (the watchdog's line, the
+    folder)."""
     config = write_config(tmp_path / "exp.yaml", dataset, train={"epochs": 4, "batch_size": 16, "watchdog_s": 3,
-                                                                 **train})
+                                                                 **train}, backend=backend)
     started = time.monotonic()
     result = mpiexec(ranks, MPITRAIN, "train", config, timeout=90, env={**os.environ, "MPITRAIN_TEST_STALL": stall})
     assert result.returncode != 0 and time.monotonic() - started < 60, result.stderr[-3000:]

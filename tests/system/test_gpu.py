@@ -1,11 +1,13 @@
 """`backend: cupy` against the CPU backend: kernels against their references, training on 1 rank and under
 `mpiexec -n 2` (two ranks sharing one GPU) in every sync mode, and the sequence, attention and bag layers on 1
-rank, results equal within float32 tolerance.
+rank, results equal within float32 tolerance; the watchdog's roll-call names a rank stalled on cupy.
 
 Written for a GPU machine; where cupy sees no GPU every test here is skipped, saying so.
 """
 import json
 import math
+import os
+import re
 
 import h5py
 import numpy as np
@@ -228,3 +230,14 @@ def test_dropout_masks_are_the_same_on_cupy_and_numpy(cupy):
     from mpitrain.nn.layers import keyed_bits
     np.testing.assert_array_equal(keyed_bits(cupy, (5, 1, 2, 3, 4), (64, 33)).get(),
                                   keyed_bits(np, (5, 1, 2, 3, 4), (64, 33)))
+
+
+def test_the_roll_call_names_a_rank_stalled_in_its_step_on_cupy(tmp_path):
+    """The watchdog's roll-call on the GPU path (issue 51): 2 ranks on cupy, rank 1 stalled in its step; one line
+    names it and where rank 0 waits, as on the CPU (tests/mpi/test_rollcall.py)."""
+    from tests.mpi.test_rollcall import HOST, WAITING, stalled
+    make_dataset(tmp_path / "data", n_train=400, n_test=64)
+    line, folder = stalled(tmp_path, tmp_path / "data", 2, "forward, backward and the update@1", backend="cupy")
+    assert re.search(rf"rank 1 on {HOST} is in forward, backward and the update of epoch 1 step 3 \([\d.]+ s\); rank 0 "
+                     rf"waits in the {WAITING} of epoch 1 step 3", line), line
+    assert os.path.isfile(os.path.join(folder, "rank-1.json")) and os.path.isfile(os.path.join(folder, "verdict.txt"))
