@@ -49,6 +49,7 @@ from mpitrain.nn.updaters import UPDATERS
 from mpitrain.parallel.backend import BACKENDS
 from mpitrain.parallel.sync import SYNCHRONIZERS
 from mpitrain.parallel.sync.base import options_of
+from mpitrain.parallel.sync.compression import COMPRESSIONS
 
 log = logging.getLogger("mpitrain")
 
@@ -295,6 +296,12 @@ class SyncKeys(Options):
                                      "Allreduce of the table (auto), or always whole (dense). averaging sends rows "
                                      "only under an updater without state (plain SGD). See docs/tables.md.",
                              ("auto", "dense"))
+    compression: str = option("none", "allreduce and averaging: the dense values on the wire: none (float32), bf16 "
+                                      "or fp16 (16 bits each, summed in float32 by the rank that owns each chunk; "
+                                      "fp16 scaled by a power of two per message against overflow). allreduce "
+                                      "sends the gradients so (after backward: no overlap), averaging each "
+                                      "rank's change since the last averaging. Embedding tables go exact. See "
+                                      "docs/sync-modes.md#compression.", ("none", *COMPRESSIONS))
     check_replicas: bool = option(True, "Compare a hash of the parameters across ranks at every epoch end (modes "
                                         "that promise identical replicas).")
 

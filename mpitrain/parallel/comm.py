@@ -56,7 +56,8 @@ from mpitrain.parallel.rollcall import (
 )
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
-              np.dtype(np.int32): MPI.INT32_T, np.dtype(np.int64): MPI.INT64_T}
+              np.dtype(np.int32): MPI.INT32_T, np.dtype(np.int64): MPI.INT64_T,
+              np.dtype(np.uint16): MPI.UINT16_T}  # 16-bit messages (`mpitrain.parallel.sync.compression`)
 
 
 class Communicator:

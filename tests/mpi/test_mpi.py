@@ -291,3 +291,15 @@ def test_eval_and_predict_after_training_and_resume_on_other_rank_count(tmp_path
     result, run_dir = train(tmp_path, 2, timeout=60, resume="never")
     assert result.returncode == 2 and "holds checkpoints of an earlier run" in result.stderr
     assert len(list((run_dir / "checkpoints").iterdir())) == 2
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_compressed_allreduce_and_averaging_keep_identical_replicas_near_float32(n):
+    result = mpiexec(n, sys.executable, os.path.join(RANK_SCRIPTS, "compression_checks.py"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    for codec in ("bf16", "fp16"):
+        assert sum(line.startswith(f"OK {codec}: the compressed mean") and line.endswith(f" {n}")
+                   for line in result.stdout.splitlines()) == 3, result.stdout
+        for check in (f"allreduce {codec}: replicas identical", f"allreduce {codec}: 0.5",
+                      f"averaging {codec}: replicas identical after every averaging"):
+            assert f"OK {check}" in result.stdout, result.stdout

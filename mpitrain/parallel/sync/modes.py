@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from mpitrain.base.options import ALLOWED, Options, check_value, option
 from mpitrain.parallel.sync.base import Synchronizer, apply_update
 from mpitrain.parallel.sync.buckets import gradient_buckets
+from mpitrain.parallel.sync.compression import COMPRESSIONS, compressed_mean_
 from mpitrain.parallel.sync.sparse import average_table_rows, exchange_tables
 
 
@@ -72,9 +73,16 @@ class AllreduceSync(Synchronizer):
 
     A model's embedding tables (`model.sparse_tables`, the buffer before `model.dense_start`) go
     after the dense part, by the rows each rank touched (`mpitrain.parallel.sync.sparse`).
+
+    With `sync.compression` (bf16, fp16) the dense gradients go after backward, 16 bits on the wire
+    (`mpitrain.parallel.sync.compression.compressed_mean_`: one Alltoallv, a float32 sum per chunk, one
+    Allgatherv), so `overlap` posts nothing; every rank decodes the same means, so replicas stay identical.
     """
 
     Options = AllreduceOptions
+
+    def reset(self) -> None:
+        self.codec = COMPRESSIONS[self.config.compression]() if self.config.compression != "none" else None
 
     def start(self, model, updater) -> None:
         super().start(model, updater)
@@ -85,12 +93,14 @@ class AllreduceSync(Synchronizer):
         self.posted = []
 
     def grads_ready(self, model, start: int) -> None:
-        if self.options.overlap:
+        if self.options.overlap and not self.codec:
             self._post(model, start)
             self.comm.progress(self.posted)
 
     def step(self, model, updater) -> None:
-        if self.options.overlap:
+        if self.codec:
+            compressed_mean_(self.comm, model.grads[model.dense_start:], self.codec)
+        elif self.options.overlap:
             self._post(model, 0)  # what backward did not announce (a model without the hook: all of it)
             begin, end = self.buckets[-1]
             self.comm.complete(self.posted, last=model.grads[begin:end])
@@ -122,6 +132,11 @@ class AveragingSync(Synchronizer):
     averaging (`mpitrain.parallel.sync.sparse.average_table_rows`) when only the touched rows change: an updater
     without state (plain SGD; tables get no L2). Under momentum or Adam every row moves each step, so the tables
     are averaged whole, as after a resume (each rank's own parameters) and with `embeddings: dense`.
+
+    With `sync.compression` (bf16, fp16) each rank sends its dense parameters' change since the last averaging,
+    16 bits on the wire (`mpitrain.parallel.sync.compression.compressed_mean_`), and every rank adds the ranks'
+    mean change to that `reference` (the same on every rank, kept in checkpoints): parameters are never rounded
+    to 16 bits, only the changes of one averaging interval. Running statistics and the updater state go exact.
     """
 
     Options = AveragingOptions
@@ -130,9 +145,15 @@ class AveragingSync(Synchronizer):
 
     def reset(self) -> None:
         self.steps_since_average = 0
+        self.codec = COMPRESSIONS[self.config.compression]() if self.config.compression != "none" else None
+
+    def state(self) -> dict:
+        """Beside the steps since the last averaging, under compression the `reference` the changes start from."""
+        return {**super().state(), **({"reference": self.reference} if self.codec else {})}
 
     def start(self, model, updater) -> None:
         super().start(model, updater)
+        self.reference = model.params[model.dense_start:].copy() if self.codec else None  # identical: broadcast
         self.changed = [None] * len(model.sparse_tables)  # rows changed since the last averaging; None: any
         self.track_rows = updater.steps_rows_alone and self.config.embeddings != "dense"
 
@@ -150,7 +171,14 @@ class AveragingSync(Synchronizer):
             self._average(model, updater)
 
     def _average(self, model, updater) -> None:
-        self.comm.average_(model.params[model.dense_start:])
+        if self.codec:
+            dense = model.params[model.dense_start:]
+            change = dense - self.reference
+            compressed_mean_(self.comm, change, self.codec)
+            dense[...] = self.reference + change  # every rank the same: the reference and the decoded means are
+            self.reference[...] = dense
+        else:
+            self.comm.average_(model.params[model.dense_start:])
         if model.sparse_tables:
             average_table_rows(self.comm, model, self.changed)
             empty = model.xp.zeros(0, model.xp.int64)
