@@ -299,7 +299,7 @@ class SyncKeys(Options):
     compression: str = option("none", "allreduce and averaging: the dense values on the wire: none (float32), bf16 "
                                       "or fp16 (16 bits each, summed in float32 by the rank that owns each chunk; "
                                       "fp16 scaled by a power of two per message against overflow). allreduce "
-                                      "sends the gradients so (after backward: no overlap), averaging each "
+                                      "sends the gradients so (by bucket with overlap), averaging each "
                                       "rank's change since the last averaging. Embedding tables go exact. See "
                                       "docs/sync-modes.md#compression.", ("none", *COMPRESSIONS))
     check_replicas: bool = option(True, "Compare a hash of the parameters across ranks at every epoch end (modes "

@@ -48,6 +48,7 @@ from mpitrain.parallel.rollcall import (
     GATHER,
     GATHER_OBJECT,
     IALLREDUCE,
+    IALLTOALLV,
     MAX,
     SCATTER,
     SENDRECV,
@@ -259,6 +260,23 @@ class Communicator:
             self._alltoallv(parts, counts, offsets, out, received, received_offsets)
         return [out[o:o + c] for o, c in zip(received_offsets, received)]
 
+    def ialltoallv_(self, parts, counts, out) -> Posted:
+        """Post sending part j of `parts` (the 1-D parts for ranks 0..N-1 back to back, `counts` their sizes, host
+        ints) to rank j, without waiting; every rank's part for this one lands in `out`, in rank order, each of
+        `counts[self.rank]` values (a rank's part is the same size on every rank). A collective: every rank posts
+        the same sizes in the same order, then hands them all to `complete`; until then neither array may be
+        touched. Counts the parts sent to other ranks."""
+        _synchronize_device(parts)
+        counts = np.asarray(counts, dtype=np.int64)
+        received = np.full(self.size, counts[self.rank], np.int64)
+        self.bytes_sent += int(counts[np.arange(self.size) != self.rank].sum()) * parts.itemsize
+        start = time.perf_counter()
+        slot = self.calls.enter(IALLTOALLV, parts.nbytes)
+        request, finish = self._ialltoallv(parts, counts, _starts(counts), out, received, _starts(received))
+        self.calls.leave(slot)
+        self.mpi_seconds += time.perf_counter() - start
+        return Posted(request, start, finish)
+
     def sendrecv(self, message, dest: int | None, out, source: int | None):
         """Send the 1-D `message` to rank `dest` and receive one from rank `source` into the first values of `out`
         (long enough, of the sender's dtype); either side may be None: nothing sent, or nothing received. Returns
@@ -281,6 +299,11 @@ class Communicator:
 
     def _bcast(self, buf, root: int) -> None:
         self.mpi.Bcast(_spec(buf), root=root)
+
+    def _ialltoallv(self, parts, counts, offsets, out, received, received_offsets) -> tuple:
+        """Post the Alltoallv; returns the request and what completes it afterwards (nothing here)."""
+        return self.mpi.Ialltoallv([parts, counts, offsets, _mpi_type(parts)],
+                                   [out, received, received_offsets, _mpi_type(out)]), None
 
     def _sendrecv(self, message, dest, out, source) -> int:
         """Sendrecv, MPI_PROC_NULL for a side that is None; returns the values received."""
@@ -414,6 +437,17 @@ class StagedCommunicator(Communicator):
         self.in_flight += 1
         request, _ = super()._iallreduce(host)
         return request, lambda: self._to_device(host, buf)
+
+    def _ialltoallv(self, parts, counts, offsets, out, received, received_offsets) -> tuple:
+        """The parts and what arrives staged through host buffers of their own, what arrived copied back by
+        `complete`."""
+        if not self.stages(parts):
+            return super()._ialltoallv(parts, counts, offsets, out, received, received_offsets)
+        send = self._to_host(parts, role=f"posted {self.in_flight}")
+        into = self.pinned(f"posted {self.in_flight} received", out.dtype, out.size)
+        self.in_flight += 1
+        request, _ = super()._ialltoallv(send, counts, offsets, into, received, received_offsets)
+        return request, lambda: self._to_device(into, out)
 
     def _allgatherv(self, message, out, counts, offsets) -> None:
         if not self.stages(message):

@@ -30,9 +30,9 @@ PHASES = ("start-up", "the data read", "forward, backward and the update", "the 
 START_UP, DATA_READ, STEP, CHECKPOINT, EVALUATION, SUMMARY = range(len(PHASES))
 COLLECTIVES = ("Allreduce", "Iallreduce", "wait for the posted Allreduces", "Bcast", "Gather", "Scatter",
                "Allgather", "Allgatherv", "Alltoallv", "Sendrecv", "object Bcast", "object Gather",
-               "object Allgather", "Allreduce of a maximum", "Barrier")
+               "object Allgather", "Allreduce of a maximum", "Barrier", "Ialltoallv")
 (ALLREDUCE, IALLREDUCE, WAIT, BCAST, GATHER, SCATTER, ALLGATHER, ALLGATHERV, ALLTOALLV, SENDRECV, BCAST_OBJECT,
- GATHER_OBJECT, ALLGATHER_OBJECT, MAX, BARRIER) = range(len(COLLECTIVES))
+ GATHER_OBJECT, ALLGATHER_OBJECT, MAX, BARRIER, IALLTOALLV) = range(len(COLLECTIVES))
 STALL_AFTER = 2  # MPITRAIN_TEST_STALL: the rank stalls the third time it enters the phase or collective
 
 

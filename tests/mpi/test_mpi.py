@@ -294,12 +294,14 @@ def test_eval_and_predict_after_training_and_resume_on_other_rank_count(tmp_path
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_compressed_allreduce_and_averaging_keep_identical_replicas_near_float32(n):
+def test_compressed_allreduce_overlapped_or_not_and_averaging_keep_identical_replicas_near_float32(n):
     result = mpiexec(n, sys.executable, os.path.join(RANK_SCRIPTS, "compression_checks.py"))
     assert result.returncode == 0, result.stdout + result.stderr
     for codec in ("bf16", "fp16"):
         assert sum(line.startswith(f"OK {codec}: the compressed mean") and line.endswith(f" {n}")
                    for line in result.stdout.splitlines()) == 3, result.stdout
         for check in (f"allreduce {codec}: replicas identical", f"allreduce {codec}: 0.5",
+                      f"allreduce {codec} overlapped by layer: every bucket posted in backward",
+                      f"allreduce {codec} overlapped by layer, staged through host buffers: every bucket posted",
                       f"averaging {codec}: replicas identical after every averaging"):
             assert f"OK {check}" in result.stdout, result.stdout

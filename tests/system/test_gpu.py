@@ -241,3 +241,17 @@ def test_the_roll_call_names_a_rank_stalled_in_its_step_on_cupy(tmp_path):
     assert re.search(rf"rank 1 on {HOST} is in forward, backward and the update of epoch 1 step 3 \([\d.]+ s\); rank 0 "
                      rf"waits in the {WAITING} of epoch 1 step 3", line), line
     assert os.path.isfile(os.path.join(folder, "rank-1.json")) and os.path.isfile(os.path.join(folder, "verdict.txt"))
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
+def test_the_compression_codecs_on_cupy_equal_numpy(cupy, name):
+    """`sync.compression`'s encode and decode on device arrays give numpy's messages and values bit for bit."""
+    from mpitrain.parallel.sync.compression import COMPRESSIONS
+    codec = COMPRESSIONS[name]()
+    values = (np.random.default_rng(0).normal(size=5000) * 1e-3).astype(np.float32)
+    wire = codec.encode(cupy.asarray(values))
+    np.testing.assert_array_equal(cupy.asnumpy(wire), codec.encode(values))
+    out, expected = cupy.empty(values.size, np.float32), np.empty(values.size, np.float32)
+    codec.decode(wire, out)
+    codec.decode(codec.encode(values), expected)
+    np.testing.assert_array_equal(cupy.asnumpy(out), expected)

@@ -11,7 +11,8 @@ each value is off by at most 2**-8 of itself. `fp16` keeps 11 bits but float16's
 scale travels in the message's first two words (`header`), so nothing overflows and small gradients keep their
 bits; a message of zeros is scaled by 1. Powers of two scale exactly.
 
-`compressed_mean_` cuts the buffer into one contiguous chunk per rank. One Alltoallv sends each chunk, encoded, to
+`compressed_mean_` (a `PostedMean` waited for at once; `allreduce` posts one per bucket of gradients as backward
+finishes it) cuts the buffer into one contiguous chunk per rank. One Alltoallv sends each chunk, encoded, to
 the rank that owns it; the owner decodes the ranks' parts and sums them in float32 in rank order, divides by the
 ranks, encodes the mean and one Allgatherv gives every rank every owner's mean, which each rank decodes, its own
 chunk included: the replicas stay identical. A rank sends 2 (R - 1)/R x n x 2 bytes, half of what a float32 ring
@@ -73,20 +74,39 @@ def chunk_bounds(size: int, ranks: int) -> np.ndarray:
     return np.array([size * r // ranks for r in range(ranks + 1)], np.int64)
 
 
+class PostedMean:
+    """A buffer's compressed mean under way: its chunks posted to their owners (one Ialltoallv, `posted`, for the
+    communicator's `complete`); then `finish` sums this rank's chunk, and one Allgatherv gives every rank every
+    owner's mean, decoded into the buffer (see the module docstring). Both are collectives: every rank posts the
+    same sizes in the same order and finishes them in that order."""
+
+    def __init__(self, comm, buf, codec):
+        xp = array_module(buf)
+        self.comm, self.buf, self.codec = comm, buf, codec
+        self.bounds = chunk_bounds(buf.size, comm.size)
+        self.sizes = np.diff(self.bounds) + codec.header
+        self.parts = xp.concatenate([codec.encode(buf[a:b]) for a, b in zip(self.bounds, self.bounds[1:])])
+        self.received = xp.empty(comm.size * int(self.sizes[comm.rank]), WIRE)
+        self.posted = comm.ialltoallv_(self.parts, self.sizes, self.received)  # both kept until it completes
+
+    def finish(self) -> None:
+        """After `complete`: this rank's chunk summed in float32 in rank order, over the ranks, and every owner's
+        mean decoded into the buffer."""
+        xp, comm, codec = array_module(self.buf), self.comm, self.codec
+        size = int(self.sizes[comm.rank])
+        total, part = xp.zeros(size - codec.header, np.float32), xp.empty(size - codec.header, np.float32)
+        for r in range(comm.size):  # rank order: every owner sums alike
+            codec.decode(self.received[r * size:(r + 1) * size], part)
+            total += part
+        total /= comm.size
+        gathered = comm.allgatherv(codec.encode(total), counts=self.sizes)
+        for r, message in enumerate(gathered):
+            codec.decode(message, self.buf[int(self.bounds[r]):int(self.bounds[r + 1])])
+
+
 def compressed_mean_(comm, buf, codec) -> None:
     """Replace the contiguous float32 `buf` by the ranks' mean of it, 16 bits on the wire (see the module docstring);
     every rank ends with the same values. A collective: every rank passes a buffer of the same size."""
-    xp = array_module(buf)
-    bounds = chunk_bounds(buf.size, comm.size)
-    parts = xp.concatenate([codec.encode(buf[a:b]) for a, b in zip(bounds, bounds[1:])])
-    sizes = np.diff(bounds) + codec.header
-    received = comm.alltoallv(parts, sizes)
-    mine = slice(int(bounds[comm.rank]), int(bounds[comm.rank + 1]))
-    total, part = xp.zeros(mine.stop - mine.start, np.float32), xp.empty(mine.stop - mine.start, np.float32)
-    for message in received:  # rank order: every owner sums alike
-        codec.decode(message, part)
-        total += part
-    total /= comm.size
-    gathered = comm.allgatherv(codec.encode(total), counts=sizes)
-    for r, message in enumerate(gathered):
-        codec.decode(message, buf[int(bounds[r]):int(bounds[r + 1])])
+    mean = PostedMean(comm, buf, codec)
+    comm.complete([mean.posted])
+    mean.finish()

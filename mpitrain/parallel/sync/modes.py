@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from mpitrain.base.options import ALLOWED, Options, check_value, option
 from mpitrain.parallel.sync.base import Synchronizer, apply_update
 from mpitrain.parallel.sync.buckets import gradient_buckets
-from mpitrain.parallel.sync.compression import COMPRESSIONS, compressed_mean_
+from mpitrain.parallel.sync.compression import COMPRESSIONS, PostedMean, compressed_mean_
 from mpitrain.parallel.sync.sparse import average_table_rows, exchange_tables
 
 
@@ -74,9 +74,11 @@ class AllreduceSync(Synchronizer):
     A model's embedding tables (`model.sparse_tables`, the buffer before `model.dense_start`) go
     after the dense part, by the rows each rank touched (`mpitrain.parallel.sync.sparse`).
 
-    With `sync.compression` (bf16, fp16) the dense gradients go after backward, 16 bits on the wire
-    (`mpitrain.parallel.sync.compression.compressed_mean_`: one Alltoallv, a float32 sum per chunk, one
-    Allgatherv), so `overlap` posts nothing; every rank decodes the same means, so replicas stay identical.
+    With `sync.compression` (bf16, fp16) the dense gradients go 16 bits on the wire
+    (`mpitrain.parallel.sync.compression.PostedMean`: an Ialltoallv of each rank's chunks to their owners, a
+    float32 sum per chunk, an Allgatherv of the owners' means); with `overlap` each bucket's Ialltoallv is posted
+    as backward finishes it (every bucket: no uncompressed last one), and `step` waits for them all and finishes
+    them in order. Every rank decodes the same means, so replicas stay identical.
     """
 
     Options = AllreduceOptions
@@ -90,16 +92,23 @@ class AllreduceSync(Synchronizer):
         self.buckets = [(begin + dense, end + dense) for begin, end in
                         gradient_buckets(model.layout[len(model.sparse_tables):], self.options.bucket_mb * 1e6,
                                          model.grads.itemsize)]
-        self.posted = []
+        self.posted, self.means = [], []  # posted collectives; under compression their buckets' PostedMean
 
     def grads_ready(self, model, start: int) -> None:
-        if self.options.overlap and not self.codec:
+        if self.options.overlap:
             self._post(model, start)
             self.comm.progress(self.posted)
 
     def step(self, model, updater) -> None:
         if self.codec:
-            compressed_mean_(self.comm, model.grads[model.dense_start:], self.codec)
+            if self.options.overlap:
+                self._post(model, 0)
+            else:
+                self.means.append(PostedMean(self.comm, model.grads[model.dense_start:], self.codec))
+            self.comm.complete([mean.posted for mean in self.means])
+            for mean in self.means:  # in order: their Allgathervs are collectives
+                mean.finish()
+            self.posted, self.means = [], []
         elif self.options.overlap:
             self._post(model, 0)  # what backward did not announce (a model without the hook: all of it)
             begin, end = self.buckets[-1]
@@ -112,11 +121,16 @@ class AllreduceSync(Synchronizer):
         apply_update(model, updater)
 
     def _post(self, model, start: int) -> None:
-        """Post the next buckets but the last, in order, while they lie within the final `grads[start:]`. A
-        collective."""
-        while len(self.posted) < len(self.buckets) - 1 and self.buckets[len(self.posted)][0] >= start:
+        """Post the next buckets but the last (under compression every one), in order, while they lie within the
+        final `grads[start:]`. A collective."""
+        posts = len(self.buckets) - (0 if self.codec else 1)
+        while len(self.posted) < posts and self.buckets[len(self.posted)][0] >= start:
             begin, end = self.buckets[len(self.posted)]
-            self.posted.append(self.comm.iallreduce_(model.grads[begin:end]))
+            if self.codec:
+                self.means.append(PostedMean(self.comm, model.grads[begin:end], self.codec))
+                self.posted.append(self.means[-1].posted)
+            else:
+                self.posted.append(self.comm.iallreduce_(model.grads[begin:end]))
 
 
 class AveragingSync(Synchronizer):
