@@ -305,3 +305,5 @@ def test_compressed_allreduce_overlapped_or_not_and_averaging_keep_identical_rep
                       f"allreduce {codec} overlapped by layer, staged through host buffers: every bucket posted",
                       f"averaging {codec}: replicas identical after every averaging"):
             assert f"OK {check}" in result.stdout, result.stdout
+    for rank in (1, 2):
+        assert f"OK allreduce powersgd rank {rank}: replicas identical" in result.stdout, result.stdout

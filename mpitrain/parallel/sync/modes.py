@@ -8,6 +8,7 @@ from mpitrain.base.options import ALLOWED, Options, check_value, option
 from mpitrain.parallel.sync.base import Synchronizer, apply_update
 from mpitrain.parallel.sync.buckets import gradient_buckets
 from mpitrain.parallel.sync.compression import COMPRESSIONS, PostedMean, compressed_mean_
+from mpitrain.parallel.sync.powersgd import PowerSGD
 from mpitrain.parallel.sync.sparse import average_table_rows, exchange_tables
 
 
@@ -21,6 +22,9 @@ class AllreduceOptions(Options):
                                  "finishes it, driving MPI between layers; the last bucket (done when backward "
                                  "ends) by a blocking Allreduce, then wait for all before the update; false: one "
                                  "blocking Allreduce after backward. The results are the same.")
+    powersgd_rank: int = option(1, "allreduce with compression: powersgd: the rank of each weight matrix's factors "
+                                   "(PyTorch's matrix_approximation_rank; 1 sends the least, 2-4 lose less).",
+                                domain="[1, 64]")
     bucket_mb: float = option(1.0, "allreduce with overlap: the largest bucket, in MB (1e6 bytes); whole layers, "
                                    "last layer first; a layer larger than this is a bucket of its own, 0 gives one "
                                    "bucket per layer. The default was chosen on the simulated cluster "
@@ -78,16 +82,28 @@ class AllreduceSync(Synchronizer):
     (`mpitrain.parallel.sync.compression.PostedMean`: an Ialltoallv of each rank's chunks to their owners, a
     float32 sum per chunk, an Allgatherv of the owners' means); with `overlap` each bucket's Ialltoallv is posted
     as backward finishes it (every bucket: no uncompressed last one), and `step` waits for them all and finishes
-    them in order. Every rank decodes the same means, so replicas stay identical.
+    them in order. Every rank decodes the same means, so replicas stay identical. `powersgd` factors each weight
+    matrix's gradient after backward (`mpitrain.parallel.sync.powersgd`: two Allreduces, no overlap); its warm
+    start and this rank's error are the mode's checkpoint state.
     """
 
     Options = AllreduceOptions
 
+    rank_local = ("stats", "sync/powersgd_error")  # under powersgd: each rank's error feedback
+
     def reset(self) -> None:
-        self.codec = COMPRESSIONS[self.config.compression]() if self.config.compression != "none" else None
+        self.codec = COMPRESSIONS[self.config.compression]() if self.config.compression in COMPRESSIONS else None
+        self.power = None
+
+    def state(self) -> dict:
+        """Under powersgd: the Q of every matrix (the same on every rank) and this rank's error."""
+        return {"powersgd_q": self.power.q, "powersgd_error": self.power.error} if self.power else {}
 
     def start(self, model, updater) -> None:
         super().start(model, updater)
+        if self.config.compression == "powersgd":
+            self.power = PowerSGD(model.layout[len(model.sparse_tables):], self.options.powersgd_rank, model.xp,
+                                  model.grads.dtype)
         dense = model.dense_start
         self.buckets = [(begin + dense, end + dense) for begin, end in
                         gradient_buckets(model.layout[len(model.sparse_tables):], self.options.bucket_mb * 1e6,
@@ -95,12 +111,14 @@ class AllreduceSync(Synchronizer):
         self.posted, self.means = [], []  # posted collectives; under compression their buckets' PostedMean
 
     def grads_ready(self, model, start: int) -> None:
-        if self.options.overlap:
+        if self.options.overlap and not self.power:
             self._post(model, start)
             self.comm.progress(self.posted)
 
     def step(self, model, updater) -> None:
-        if self.codec:
+        if self.power:
+            self.power.mean_(self.comm, model.grads[model.dense_start:])
+        elif self.codec:
             if self.options.overlap:
                 self._post(model, 0)
             else:

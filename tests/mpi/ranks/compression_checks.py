@@ -5,7 +5,8 @@ over many scales) is the same on every rank and within the codec's rounding of t
 steps under each codec keeps identical replicas, stays within the codec's rounding of the uncompressed run, and
 sends fewer than 0.6 of its bytes; averaging (every 2 steps) keeps identical replicas after each averaging, near
 the uncompressed one; overlapped by layer (every bucket posted during backward, also staged through host buffers)
-bf16 equals its blocking run bit for bit, fp16 within 1e-3. Prints one OK line per check on rank 0.
+bf16 equals its blocking run bit for bit, fp16 within 1e-3; powersgd of rank 1 and 2 keeps identical replicas on
+fewer than half the bytes. Prints one OK line per check on rank 0.
 """
 import numpy as np
 from mpi4py import MPI
@@ -79,6 +80,13 @@ for name in COMPRESSIONS:
         same = gap == 0 if name == "bf16" else gap < 1e-3  # bf16 rounds each value alone; fp16 scales per message
         report(f"allreduce {name} overlapped by layer{where}: every bucket posted in backward, replicas identical, "
                f"{'equal to' if name == 'bf16' else 'within 1e-3 of'} blocking ({gap:.1e})", posted and same)
+for rank in (1, 2):
+    world.bytes_sent = 0
+    model, sent, *_ = trained("allreduce", "powersgd", overlap=False, powersgd_rank=rank)
+    check_replicas(world, model.params)
+    drift = np.abs(model.params - exact.params).max() / np.abs(exact.params).max()
+    report(f"allreduce powersgd rank {rank}: replicas identical, {sent / exact_bytes:.2f} of float32's bytes, "
+           f"parameters within 0.2 of float32's ({drift:.1e})", sent < 0.5 * exact_bytes and drift < 0.2)
 averaged, *_ = trained("averaging", "none", frequency=2)
 for name in COMPRESSIONS:
     model, _, identical, _ = trained("averaging", name, frequency=2)

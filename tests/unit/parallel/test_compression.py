@@ -72,6 +72,9 @@ def test_one_rank_gets_its_own_values_through_the_codec_and_chunks_cover_the_buf
 
 def test_compression_is_checked_against_its_domain():
     assert SyncConfig(compression="bf16").validate("run.yaml").compression == "bf16"
-    with pytest.raises(ConfigError, match=r"sync.compression is 'powersgd', expected one of .*'none', 'bf16', "
-                                          r"'fp16'"):
-        SyncConfig(compression="powersgd").validate("run.yaml")
+    with pytest.raises(ConfigError, match=r"sync.compression is 'zip', expected one of .*'none', 'bf16', "
+                                          r"'fp16', 'powersgd'"):
+        SyncConfig(compression="zip").validate("run.yaml")
+    with pytest.raises(ConfigError, match=r"sync.compression is 'powersgd', expected none, bf16 or fp16 under "
+                                          r"averaging"):
+        SyncConfig(mode="averaging", compression="powersgd").validate("run.yaml")
