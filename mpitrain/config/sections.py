@@ -300,10 +300,12 @@ class SyncKeys(Options):
                                       "or fp16 (16 bits each, summed in float32 by the rank that owns each chunk; "
                                       "fp16 scaled by a power of two per message against overflow). allreduce "
                                       "sends the gradients so (by bucket with overlap), averaging each "
-                                      "rank's change since the last averaging. powersgd (allreduce only): each "
-                                      "weight matrix's gradient as rank-`powersgd_rank` factors with error "
+                                      "rank's change since the last averaging. powersgd: each weight matrix's "
+                                      "gradient (averaging: change) as rank-`powersgd_rank` factors with error "
                                       "feedback, after backward. Embedding tables go exact. See "
                                       "docs/sync-modes.md#compression.", ("none", *COMPRESSIONS, "powersgd"))
+    powersgd_rank: int = option(1, "compression powersgd: the rank of each weight matrix's factors (PyTorch's "
+                                   "matrix_approximation_rank; 1 sends the least, 2-4 lose less).", domain="[1, 64]")
     check_replicas: bool = option(True, "Compare a hash of the parameters across ranks at every epoch end (modes "
                                         "that promise identical replicas).")
 
@@ -311,8 +313,6 @@ class SyncKeys(Options):
         """Every key checked, each mode's by its own `Options.validate` (whichever mode runs: a run's config.yaml
         holds them all), and normalized (`true` options as their defaults)."""
         self.check_domains(where, f"{key}.")
-        check_value(not (self.mode == "averaging" and self.compression == "powersgd"), where, f"{key}.compression",
-                    self.compression, "none, bf16 or fp16 under averaging (powersgd factors gradients: allreduce's)")
         normalized = {}
         for synchronizer in SYNCHRONIZERS.values():
             options = options_of(synchronizer.Options, self).validate(where, f"{key}.")

@@ -307,3 +307,32 @@ def test_compressed_allreduce_overlapped_or_not_and_averaging_keep_identical_rep
             assert f"OK {check}" in result.stdout, result.stdout
     for rank in (1, 2):
         assert f"OK allreduce powersgd rank {rank}: replicas identical" in result.stdout, result.stdout
+    assert "OK averaging powersgd: replicas identical after every averaging" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("mode, compression", [("allreduce", "powersgd"), ("averaging", "bf16"),
+                                               ("averaging", "powersgd")])
+def test_a_compressed_run_resumed_mid_epoch_ends_bit_for_bit_as_one_that_was_not(tmp_path, mode, compression):
+    """The compression's state (powersgd's Q and each rank's error, averaging's reference) is in the checkpoints:
+    a run resumed from one taken mid-epoch, between averagings (every 3 steps, checkpoints every 5), ends equal."""
+    import shutil
+
+    import numpy as np
+
+    from mpitrain.rundir.checkpoint import list_checkpoints
+    make_dataset(tmp_path / "data", n_train=320, n_test=64)
+
+    def run(name):
+        config = write_config(tmp_path / f"{name}.yaml", tmp_path / "data", run_dir=str(tmp_path / name),
+                              train={"epochs": 2, "batch_size": 16},
+                              sync={"mode": mode, "compression": compression, "frequency": 3},
+                              checkpoint={"unit": "step", "every": 5, "keep": 100})
+        result = mpiexec(2, MPITRAIN, "train", config, timeout=120)
+        assert result.returncode == 0, result.stderr[-3000:]
+        with h5py.File(list_checkpoints(str(tmp_path / name))[-1]) as f:
+            return f["params"][...]
+
+    full = run("full")
+    (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
+    shutil.copy(tmp_path / "full" / "checkpoints" / "ckpt-0000-000005.h5", tmp_path / "resumed" / "checkpoints")
+    np.testing.assert_array_equal(run("resumed"), full)

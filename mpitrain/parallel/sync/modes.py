@@ -22,9 +22,6 @@ class AllreduceOptions(Options):
                                  "finishes it, driving MPI between layers; the last bucket (done when backward "
                                  "ends) by a blocking Allreduce, then wait for all before the update; false: one "
                                  "blocking Allreduce after backward. The results are the same.")
-    powersgd_rank: int = option(1, "allreduce with compression: powersgd: the rank of each weight matrix's factors "
-                                   "(PyTorch's matrix_approximation_rank; 1 sends the least, 2-4 lose less).",
-                                domain="[1, 64]")
     bucket_mb: float = option(1.0, "allreduce with overlap: the largest bucket, in MB (1e6 bytes); whole layers, "
                                    "last layer first; a layer larger than this is a bucket of its own, 0 gives one "
                                    "bucket per layer. The default was chosen on the simulated cluster "
@@ -102,7 +99,7 @@ class AllreduceSync(Synchronizer):
     def start(self, model, updater) -> None:
         super().start(model, updater)
         if self.config.compression == "powersgd":
-            self.power = PowerSGD(model.layout[len(model.sparse_tables):], self.options.powersgd_rank, model.xp,
+            self.power = PowerSGD(model.layout[len(model.sparse_tables):], self.config.powersgd_rank, model.xp,
                                   model.grads.dtype)
         dense = model.dense_start
         self.buckets = [(begin + dense, end + dense) for begin, end in
@@ -165,27 +162,35 @@ class AveragingSync(Synchronizer):
     without state (plain SGD; tables get no L2). Under momentum or Adam every row moves each step, so the tables
     are averaged whole, as after a resume (each rank's own parameters) and with `embeddings: dense`.
 
-    With `sync.compression` (bf16, fp16) each rank sends its dense parameters' change since the last averaging,
-    16 bits on the wire (`mpitrain.parallel.sync.compression.compressed_mean_`), and every rank adds the ranks'
-    mean change to that `reference` (the same on every rank, kept in checkpoints): parameters are never rounded
-    to 16 bits, only the changes of one averaging interval. Running statistics and the updater state go exact.
+    With `sync.compression` each rank sends its dense parameters' change since the last averaging, compressed
+    (bf16, fp16: `mpitrain.parallel.sync.compression.compressed_mean_`; powersgd: `mpitrain.parallel.sync.powersgd`,
+    the error fed back into the next interval's change), and every rank adds the ranks' mean change to that
+    `reference` (the same on every rank, kept in checkpoints): parameters are never rounded, only the changes of
+    one averaging interval. Running statistics and the updater state go exact.
     """
 
     Options = AveragingOptions
-    rank_local = ("params", "stats", "updater_state")
+    rank_local = ("params", "stats", "updater_state", "sync/powersgd_error")
     state_names = ("steps_since_average",)
 
     def reset(self) -> None:
         self.steps_since_average = 0
-        self.codec = COMPRESSIONS[self.config.compression]() if self.config.compression != "none" else None
+        self.codec = COMPRESSIONS[self.config.compression]() if self.config.compression in COMPRESSIONS else None
+        self.power = self.reference = None
 
     def state(self) -> dict:
-        """Beside the steps since the last averaging, under compression the `reference` the changes start from."""
-        return {**super().state(), **({"reference": self.reference} if self.codec else {})}
+        """Beside the steps since the last averaging, under compression the `reference` the changes start from (and
+        powersgd's Q and this rank's error)."""
+        return {**super().state(), **({"reference": self.reference} if self.reference is not None else {}),
+                **({"powersgd_q": self.power.q, "powersgd_error": self.power.error} if self.power else {})}
 
     def start(self, model, updater) -> None:
         super().start(model, updater)
-        self.reference = model.params[model.dense_start:].copy() if self.codec else None  # identical: broadcast
+        if self.config.compression != "none":
+            self.reference = model.params[model.dense_start:].copy()  # identical: broadcast
+        if self.config.compression == "powersgd":
+            self.power = PowerSGD(model.layout[len(model.sparse_tables):], self.config.powersgd_rank, model.xp,
+                                  model.params.dtype)
         self.changed = [None] * len(model.sparse_tables)  # rows changed since the last averaging; None: any
         self.track_rows = updater.steps_rows_alone and self.config.embeddings != "dense"
 
@@ -203,10 +208,13 @@ class AveragingSync(Synchronizer):
             self._average(model, updater)
 
     def _average(self, model, updater) -> None:
-        if self.codec:
+        if self.reference is not None:
             dense = model.params[model.dense_start:]
             change = dense - self.reference
-            compressed_mean_(self.comm, change, self.codec)
+            if self.power:
+                self.power.mean_(self.comm, change)
+            else:
+                compressed_mean_(self.comm, change, self.codec)
             dense[...] = self.reference + change  # every rank the same: the reference and the decoded means are
             self.reference[...] = dense
         else:

@@ -22,7 +22,7 @@ def names(cls) -> list[str]:
 def test_the_sync_section_is_the_common_keys_then_every_modes_own():
     assert names(SyncConfig) == names(SyncKeys) + [name for mode in SYNCHRONIZERS.values()
                                                    for name in names(mode.Options)]
-    assert names(SYNCHRONIZERS["allreduce"].Options) == ["overlap", "powersgd_rank", "bucket_mb"]
+    assert names(SYNCHRONIZERS["allreduce"].Options) == ["overlap", "bucket_mb"]
     assert "threshold" in names(SYNCHRONIZERS["sharing"].Options) and not names(SYNCHRONIZERS["none"].Options)
 
 
