@@ -302,7 +302,7 @@ class SyncKeys(Options):
                                       "sends the gradients so (by bucket with overlap), averaging each "
                                       "rank's change since the last averaging. powersgd: each weight matrix's "
                                       "gradient (averaging: change) as rank-`powersgd_rank` factors with error "
-                                      "feedback, after backward. Embedding tables go exact. See "
+                                      "feedback. Embedding tables go exact. See "
                                       "docs/sync-modes.md#compression.", ("none", *COMPRESSIONS, "powersgd"))
     powersgd_rank: int = option(1, "compression powersgd: the rank of each weight matrix's factors (PyTorch's "
                                    "matrix_approximation_rank; 1 sends the least, 2-4 lose less).", domain="[1, 64]")

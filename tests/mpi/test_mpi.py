@@ -307,6 +307,7 @@ def test_compressed_allreduce_overlapped_or_not_and_averaging_keep_identical_rep
             assert f"OK {check}" in result.stdout, result.stdout
     for rank in (1, 2):
         assert f"OK allreduce powersgd rank {rank}: replicas identical" in result.stdout, result.stdout
+        assert f"OK allreduce powersgd rank {rank} overlapped by layer: every bucket" in result.stdout, result.stdout
     assert "OK averaging powersgd: replicas identical after every averaging" in result.stdout, result.stdout
 
 

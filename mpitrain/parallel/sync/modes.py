@@ -80,8 +80,9 @@ class AllreduceSync(Synchronizer):
     float32 sum per chunk, an Allgatherv of the owners' means); with `overlap` each bucket's Ialltoallv is posted
     as backward finishes it (every bucket: no uncompressed last one), and `step` waits for them all and finishes
     them in order. Every rank decodes the same means, so replicas stay identical. `powersgd` factors each weight
-    matrix's gradient after backward (`mpitrain.parallel.sync.powersgd`: two Allreduces, no overlap); its warm
-    start and this rank's error are the mode's checkpoint state.
+    matrix's gradient (`mpitrain.parallel.sync.powersgd`): each bucket's first Allreduce (its P's and vectors) is
+    posted likewise, the rest after backward; its warm start and this rank's error are the mode's checkpoint
+    state.
     """
 
     Options = AllreduceOptions
@@ -108,19 +109,19 @@ class AllreduceSync(Synchronizer):
         self.posted, self.means = [], []  # posted collectives; under compression their buckets' PostedMean
 
     def grads_ready(self, model, start: int) -> None:
-        if self.options.overlap and not self.power:
+        if self.options.overlap:
             self._post(model, start)
             self.comm.progress(self.posted)
 
     def step(self, model, updater) -> None:
-        if self.power:
-            self.power.mean_(self.comm, model.grads[model.dense_start:])
-        elif self.codec:
+        if self.power or self.codec:
             if self.options.overlap:
                 self._post(model, 0)
             else:
-                self.means.append(PostedMean(self.comm, model.grads[model.dense_start:], self.codec))
-            self.comm.complete([mean.posted for mean in self.means])
+                self.posted.append(self._post_compressed(model, model.dense_start, model.grads.size))
+            self.comm.complete(self.posted)
+            if self.power:
+                self.power.finish(self.comm, model.grads[model.dense_start:])
             for mean in self.means:  # in order: their Allgathervs are collectives
                 mean.finish()
             self.posted, self.means = [], []
@@ -138,14 +139,21 @@ class AllreduceSync(Synchronizer):
     def _post(self, model, start: int) -> None:
         """Post the next buckets but the last (under compression every one), in order, while they lie within the
         final `grads[start:]`. A collective."""
-        posts = len(self.buckets) - (0 if self.codec else 1)
+        compressed = self.codec or self.power
+        posts = len(self.buckets) - (0 if compressed else 1)
         while len(self.posted) < posts and self.buckets[len(self.posted)][0] >= start:
             begin, end = self.buckets[len(self.posted)]
-            if self.codec:
-                self.means.append(PostedMean(self.comm, model.grads[begin:end], self.codec))
-                self.posted.append(self.means[-1].posted)
-            else:
-                self.posted.append(self.comm.iallreduce_(model.grads[begin:end]))
+            self.posted.append(self._post_compressed(model, begin, end) if compressed else
+                               self.comm.iallreduce_(model.grads[begin:end]))
+
+    def _post_compressed(self, model, begin: int, end: int):
+        """Post `grads[begin:end]`'s compressed exchange (powersgd's first Allreduce, or a codec's Ialltoallv); its
+        `Posted`. A collective."""
+        if self.power:
+            dense = model.dense_start
+            return self.power.post(self.comm, model.grads[dense:], begin - dense, end - dense)
+        self.means.append(PostedMean(self.comm, model.grads[begin:end], self.codec))
+        return self.means[-1].posted
 
 
 class AveragingSync(Synchronizer):

@@ -12,7 +12,8 @@ on every rank, and M' - P Q^T is this rank's error, added to the next step's M. 
 the gradients applied plus the ranks' mean error equal the mean of the true gradients (the unit test holds it to
 that). A matrix whose factors are no smaller than itself (r (n + m) >= n m) goes whole with the vectors.
 
-Bytes per step: r (n + m) per matrix instead of n m, in float32. The first Q of every matrix is the same
+With `overlap`, `allreduce` posts each bucket's first Allreduce as backward finishes it (`post`), and `finish`
+does the rest after backward. Bytes per step: r (n + m) per matrix instead of n m, in float32. The first Q of every matrix is the same
 seeded normal matrix on every rank. Q and the error are the mode's checkpoint state (`powersgd_q`, and each
 rank's own `powersgd_error`), so a resume on as many ranks continues bit for bit.
 """
@@ -44,35 +45,60 @@ class PowerSGD:
         self.q = xp.asarray(np.concatenate([rng.normal(size=m * rank) for *_, (n, m) in self.matrices] or
                                            [np.zeros(0)]).astype(dtype))
         self.error = xp.zeros(sum(stop - start for start, stop, _ in self.matrices), dtype)
+        self.pending = []  # per posted range: its matrices, its vectors, its message (P's and vectors)
 
     def mean_(self, comm, grads) -> None:
         """Replace the dense gradient buffer `grads` by the ranks' approximate mean (see the module docstring); every
         rank ends with the same values. A collective: two Allreduces."""
+        comm.complete([self.post(comm, grads, 0, grads.size)])
+        self.finish(comm, grads)
+
+    def post(self, comm, grads, begin: int, end: int):
+        """Post the first Allreduce of `grads[begin:end]` (whole layers: a bucket of them), its matrices' P = M'Q and
+        its vectors, without waiting; returns the communicator's `Posted`. A collective: every rank posts the same
+        ranges in the same order, covering the buffer, before `finish`."""
         xp = array_module(grads)
-        matrices, errors, qs = [], self._views(self.error), self._q_views()
-        for (start, stop, (n, m)), error in zip(self.matrices, errors):
-            matrix = grads[start:stop].reshape(n, m)
-            matrix += error.reshape(n, m)  # M': the gradient and the error left over
-            matrices.append(matrix)
-        ps = [matrix @ q for matrix, q in zip(matrices, qs)]
-        first = xp.concatenate([*(p.ravel() for p in ps), *(grads[a:b] for a, b in self.vectors)] or
-                               [xp.zeros(0, grads.dtype)])
-        comm.average_(first)
-        offset = 0
-        for p in ps:
-            p[...] = first[offset:offset + p.size].reshape(p.shape)
-            offset += p.size
-        for a, b in self.vectors:
-            grads[a:b] = first[offset:offset + b - a]
-            offset += b - a
-        ps = [xp.linalg.qr(p)[0] for p in ps]  # orthonormal columns (reduced QR), the same on every rank
-        for matrix, p, q in zip(matrices, ps, qs):
-            q[...] = matrix.T @ p
+        inside = [k for k, (start, _, _) in enumerate(self.matrices) if begin <= start < end]
+        qs, errors = self._q_views(), self._views(self.error)
+        for k in inside:
+            matrix = self._matrix(grads, k)
+            matrix += errors[k].reshape(matrix.shape)  # M': the gradient and the error left over
+        vectors = [(a, b) for a, b in self.vectors if begin <= a < end]
+        message = xp.concatenate([*((self._matrix(grads, k) @ qs[k]).ravel() for k in inside),
+                                  *(grads[a:b] for a, b in vectors)] or [xp.zeros(0, grads.dtype)])
+        self.pending.append((inside, vectors, message))
+        return comm.iallreduce_(message)
+
+    def finish(self, comm, grads) -> None:
+        """After the posted Allreduces completed (`Communicator.complete`): the vectors' means into `grads`, each P
+        orthonormalized, Q = M'^T P averaged (the second Allreduce), and each matrix's P Q^T into `grads`, M' - P Q^T
+        into this rank's error. A collective."""
+        xp = array_module(grads)
+        qs, errors, ps = self._q_views(), self._views(self.error), {}
+        for inside, vectors, message in self.pending:  # summed over the ranks
+            message /= comm.size
+            offset = 0
+            for k in inside:
+                n = self.matrices[k][2][0]
+                ps[k] = xp.linalg.qr(message[offset:offset + n * self.rank].reshape(n, self.rank))[0]  # orthonormal
+                offset += n * self.rank
+            for a, b in vectors:
+                grads[a:b] = message[offset:offset + b - a]
+                offset += b - a
+        self.pending = []
+        for k, p in ps.items():
+            qs[k][...] = self._matrix(grads, k).T @ p
         comm.average_(self.q)
-        for matrix, p, q, error in zip(matrices, ps, qs, errors):
-            approximation = p @ q.T
-            error[...] = (matrix - approximation).ravel()
+        for k, p in ps.items():
+            matrix = self._matrix(grads, k)
+            approximation = p @ qs[k].T
+            errors[k][...] = (matrix - approximation).ravel()
             matrix[...] = approximation
+
+    def _matrix(self, grads, k: int):
+        """Matrix k (n x m) of the buffer `grads`."""
+        start, stop, shape = self.matrices[k]
+        return grads[start:stop].reshape(shape)
 
     def _views(self, flat) -> list:
         """Per matrix, its part of a flat buffer of the matrices' sizes back to back."""
