@@ -104,7 +104,7 @@ class TableSource(Source):
         self.table = bool(options.categorical) or options.numeric_missing == "impute" or self.encoder is not None
         if self.table and (options.feature_shape or options.feature_dtype != "float32"):
             raise ConfigError("--feature-shape and --feature-dtype: a table (--categorical, --numeric-missing "
-                              "impute) stores one float32 row of its columns, expected neither")
+                              "impute) stores float32 numbers and int32 ids of its columns, expected neither")
         self.feature_dtype = options.feature_dtype
         if options.sequences and not self.holds_sequences:
             raise ConfigError(f"--sequence: sequence columns are read from a parquet: source, not {spec}")
