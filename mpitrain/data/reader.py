@@ -88,9 +88,10 @@ class DatasetReader:
 
     @property
     def row_bytes(self) -> int:
-        """A stored row's bytes: its fixed features, and its sequences at their mean length over the train split
-        (a window of longer ones grows its sequence buffers; `mpitrain.data.sequences.RaggedBuffer`)."""
-        fixed = int(np.prod(self.manifest.feature_shape)) * np.dtype(self.manifest.feature_dtype).itemsize
+        """A stored row's bytes: its fixed features and categorical ids, and its sequences at their mean length over
+        the train split (a window of longer ones grows its sequence buffers; `mpitrain.data.sequences.RaggedBuffer`)."""
+        fixed = int(np.prod(self.manifest.feature_shape)) * np.dtype(self.manifest.feature_dtype).itemsize + \
+            self.manifest.id_columns * np.dtype(self.manifest.id_dtype or np.int32).itemsize
         rows = max(1, self.manifest.rows("train")) if "train" in self.manifest.splits else 1
         return fixed + sum(4 * column["features"] * math.ceil(column.get("steps", {}).get("train", 0) / rows) + 16
                            for column in self.manifest.sequences)

@@ -38,6 +38,7 @@ def test_ids_beyond_two_to_the_24_reach_evaluation_and_training_batches_as_store
     ids = big_ids(40)
     manifest = write_table(tmp_path, ids)
     assert read_manifest(str(tmp_path)).input_groups["categorical"].ids == (MAX_IDS, 5)
+    assert DatasetReader(str(tmp_path), ranks(1)).row_bytes == 4 + 2 * 4  # a float32 number, two int32 ids
     assert manifest.input_groups["numeric"].shape == (1,)
     (x, y), = DatasetReader(str(tmp_path), ranks(1)).eval_rows("train").batches(64)
     assert isinstance(x, Inputs) and x.columns["categorical"].dtype == np.int32
