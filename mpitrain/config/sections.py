@@ -313,6 +313,8 @@ class SyncKeys(Options):
         """Every key checked, each mode's by its own `Options.validate` (whichever mode runs: a run's config.yaml
         holds them all), and normalized (`true` options as their defaults)."""
         self.check_domains(where, f"{key}.")
+        check_value(not (key == "pretrain.sync" and self.mode == "auto"), where, f"{key}.mode", self.mode,
+                    "allreduce, averaging, sharing or none (auto chooses among a network's modes at epoch ends)")
         normalized = {}
         for synchronizer in SYNCHRONIZERS.values():
             options = options_of(synchronizer.Options, self).validate(where, f"{key}.")

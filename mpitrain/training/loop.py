@@ -471,6 +471,7 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
         "backend": backend.name, "cuda_aware_mpi": comm.cuda_aware, "host_staging": comm.staged,
         "transfers": backend.transfers.to_dict(),
         "evaluation": evaluation.to_dict(),
+        **loop.sync.summary(),  # the mode's own (auto's choices)
     }
     if loop.metrics.stragglers is not None and loop.metrics.stragglers.named:  # mpitrain/training/stragglers.py
         summary["stragglers"] = loop.metrics.stragglers.named

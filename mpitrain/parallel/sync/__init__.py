@@ -12,6 +12,9 @@
 |             | blocks or recursive halving and     | dense allreduce's bytes and log2 N messages per rank  |
 |             | doubling (SparCML)                  | on many ranks                                         |
 | `none`      | nothing                             | one rank, or independent runs for baselines           |
+| `auto`      | one of allreduce (float32, bf16,    | not knowing the network: measured at every epoch's    |
+|             | powersgd), sharing or averaging     | end, the least lossy whose communication hides in the |
+|             |                                     | step's compute (`auto.py`)                            |
 
 A mode is a `Synchronizer` in a file of its own with its options dataclass (`Options`) and checkpoint state
 (`state_names`) beside it, plus its line in `SYNCHRONIZERS`; the config's `sync` section is composed of every
@@ -19,12 +22,14 @@ mode's options (docs/sync-modes.md, "Adding a mode or a codec").
 """
 from __future__ import annotations
 
+from mpitrain.parallel.sync.auto import AutoSync
 from mpitrain.parallel.sync.base import Synchronizer, check_replicas, parameter_hash
 from mpitrain.parallel.sync.exchange import EXCHANGES
 from mpitrain.parallel.sync.modes import AllreduceSync, AveragingSync, NoSync
 from mpitrain.parallel.sync.sharing import SharingSync
 
-SYNCHRONIZERS = {"none": NoSync, "allreduce": AllreduceSync, "averaging": AveragingSync, "sharing": SharingSync}
+SYNCHRONIZERS = {"none": NoSync, "allreduce": AllreduceSync, "averaging": AveragingSync, "sharing": SharingSync,
+                 "auto": AutoSync}
 
 __all__ = ["Synchronizer", "create_synchronizer", "check_replicas", "parameter_hash", "SYNCHRONIZERS", "EXCHANGES"]
 

@@ -167,6 +167,10 @@ class Synchronizer:
         """Mode-specific numbers for metrics.jsonl (e.g. tau and sparsity). Not a collective."""
         return {}
 
+    def summary(self) -> dict:
+        """What the mode adds to summary.json (`auto`'s choices). Not a collective."""
+        return {}
+
 
 def clip_gradients(model, clip_norm: float) -> None:
     """Scale `model.grads` in place so that their L2 norm over all parameters is at most `clip_norm` (PyTorch's

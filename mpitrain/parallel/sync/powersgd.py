@@ -116,8 +116,12 @@ class PowerSGD:
             offset += m * self.rank
         return views
 
+    def allreduce_bytes(self, itemsize: int = 4) -> tuple[int, int]:
+        """The bytes of a step's two Allreduces: every P and vector, then every Q (a dense Allreduce of the buffer
+        would carry its size)."""
+        return (itemsize * (sum(n * self.rank for *_, (n, m) in self.matrices) + sum(b - a for a, b in self.vectors)),
+                itemsize * int(self.q.size))
+
     def bytes_per_step(self, itemsize: int = 4) -> int:
-        """The values both Allreduces carry per step, in bytes (what a dense Allreduce of the buffer would carry:
-        its size)."""
-        return itemsize * (self.q.size + sum(n * self.rank for *_, (n, m) in self.matrices)
-                           + sum(b - a for a, b in self.vectors))
+        """The bytes both Allreduces carry per step."""
+        return sum(self.allreduce_bytes(itemsize))

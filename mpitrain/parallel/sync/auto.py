@@ -1,0 +1,177 @@
+"""`sync.mode: auto`: the least lossy way to keep one model whose communication hides within the step's compute,
+chosen by measurement at every epoch's end.
+
+    choice = choose(predicted_ms, compute_ms)        # the first of CHOICES whose communication fits in the compute
+
+The candidates, from the least lossy (`CHOICES`): `dense` (allreduce of float32 gradients), `bf16` (allreduce,
+16 bits on the wire), `powersgd` (allreduce of rank-`powersgd_rank` factors), `sharing` (threshold-encoded updates)
+and `averaging` (parameters every `frequency` steps). At each epoch's end the ranks measure the link (blocking
+Allreduces of a small and a large buffer, the slowest rank's times: `measure_network`) and the step's compute (each
+rank's time between its steps, the slowest rank's mean), predict each candidate's communication per step with the
+cost model (`predicted_ms`), and take the first whose prediction is at most the compute: one that overlap can hide.
+If none fits, the one predicted fastest. The first epoch runs `dense`, since no step has been measured yet.
+
+A choice holds for a whole epoch (replicas are identical at every epoch's end in each mode, so the next mode starts
+from the same model everywhere: its `start` broadcasts rank 0's). Each choice is logged beside what the epoch before
+measured, and recorded in summary.json (`sync_auto`); the choice in force is checkpoint state, so a resume goes on
+with it. Every rank decides from the same agreed figures, so every rank chooses alike.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import numpy as np
+
+from mpitrain.parallel.costmodel import Network, allgather_exchange
+from mpitrain.parallel.sync.base import Synchronizer
+from mpitrain.parallel.sync.modes import AllreduceSync, AveragingSync
+from mpitrain.parallel.sync.powersgd import PowerSGD
+from mpitrain.parallel.sync.sharing import ADAPTIVE_DEFAULTS, SharingSync
+
+log = logging.getLogger("mpitrain")
+
+# name: (mode class, the SyncConfig keys it runs with), from the least lossy
+CHOICES = {"dense": (AllreduceSync, {"mode": "allreduce", "compression": "none"}),
+           "bf16": (AllreduceSync, {"mode": "allreduce", "compression": "bf16"}),
+           "powersgd": (AllreduceSync, {"mode": "allreduce", "compression": "powersgd"}),
+           "sharing": (SharingSync, {"mode": "sharing"}),
+           "averaging": (AveragingSync, {"mode": "averaging", "compression": "none"})}
+SMALL, LARGE = 4096, 1 << 18  # bytes of the link's probes (at least: LARGE grows to the gradient's size)
+PROBES = 3  # Allreduces of each size; the fastest counts
+
+
+def choose(predicted_ms: dict[str, float], compute_ms: float) -> str:
+    """The first of CHOICES whose predicted communication per step is at most `compute_ms`, else the fastest."""
+    fitting = [name for name in CHOICES if predicted_ms[name] <= compute_ms]
+    return fitting[0] if fitting else min(predicted_ms, key=predicted_ms.get)
+
+
+def measure_network(comm, nbytes: int, xp) -> Network:
+    """The link as this job's ranks see it: the fastest of PROBES blocking Allreduces of SMALL and of `nbytes` (at
+    least LARGE) bytes, the slowest rank's times (`fitted`). A collective."""
+    times = []
+    for size in (SMALL, max(nbytes, LARGE)):
+        buf = xp.zeros(size // 4, np.float32)
+        best = float("inf")
+        for _ in range(PROBES):
+            comm.barrier()
+            start = time.perf_counter()
+            comm.allreduce_(buf)
+            best = min(best, time.perf_counter() - start)
+        times.append((size, comm.max(best)))
+    return fitted(times, comm.size)
+
+
+def fitted(times: list[tuple[int, float]], ranks: int) -> Network:
+    """The network of two timed Allreduces [(small bytes, seconds), (large bytes, seconds)] on `ranks` ranks: the
+    latency per step and time per byte that the model's own Allreduce formula needs to take both times (the two
+    equations solved; neither below 0)."""
+    steps, wire = Network(1.0, 0.0), Network(0.0, 1.0)
+    system = np.array([[steps.allreduce(size, ranks), wire.allreduce(size, ranks)] for size, _ in times])
+    latency, byte_s = np.linalg.lstsq(system, np.array([seconds for _, seconds in times]), rcond=None)[0]
+    return Network(max(float(latency), 0.0), max(float(byte_s), 0.0))
+
+
+class AutoSync(Synchronizer):
+    """One of CHOICES' modes at a time, chosen at every epoch's end (see the module docstring); what the trainer
+    asks of a mode goes to it."""
+
+    def reset(self) -> None:
+        self.choice, self.records = "dense", []
+        self.inner = self._mode("dense")
+        self.steps, self.compute_s, self.left, self.comm_s = 0, 0.0, None, self.comm.comm_seconds
+
+    def _mode(self, name: str) -> Synchronizer:
+        cls, keys = CHOICES[name]
+        return cls(self.comm, dataclasses.replace(self.config, **keys))
+
+    @property
+    def replicas_identical(self) -> bool:
+        return self.inner.replicas_identical
+
+    @property
+    def rank_local(self) -> tuple:
+        return self.inner.rank_local
+
+    def start(self, model, updater) -> None:
+        self.reset()
+        self.model, self.updater = model, updater
+        self.inner.start(model, updater)
+
+    def grads_ready(self, model, start: int) -> None:
+        self.inner.grads_ready(model, start)
+
+    def step(self, model, updater) -> None:
+        entered = time.perf_counter()
+        if self.left is not None:  # the time since the last step ended: data, forward and backward
+            self.compute_s, self.steps = self.compute_s + entered - self.left, self.steps + 1
+        self.inner.step(model, updater)
+        self.left = time.perf_counter()
+
+    def end_epoch(self, model, updater) -> None:
+        """The mode's epoch end, then the next epoch's choice (a collective: every rank measures and decides
+        alike)."""
+        self.inner.end_epoch(model, updater)
+        compute_ms = 1e3 * self.comm.max(self.compute_s / max(self.steps, 1))
+        measured_ms = 1e3 * self.comm.max((self.comm.comm_seconds - self.comm_s) / max(self.steps + 1, 1))
+        network = measure_network(self.comm, 4 * (model.params.size - model.dense_start), model.xp)
+        predicted = self.predicted_ms(network, model)
+        chosen = choose(predicted, compute_ms)
+        self.records.append({"epoch": len(self.records) + 1, "ran": self.choice, "compute_ms": compute_ms,
+                             "comm_ms_measured": measured_ms, "comm_ms_predicted": predicted[self.choice],
+                             "network": {"latency_us": network.latency_us,  # no rate: one rank, or too fast to see
+                                         "gbps": network.gbps if network.byte_s > 0 else None},
+                             "predicted_ms": predicted, "next": chosen})
+        log.info("sync auto: %s ran this epoch: communication %.2f ms per step measured, %.2f predicted, the step's "
+                 "compute %.2f ms; predicted per step: %s; next epoch: %s", self.choice, measured_ms,
+                 predicted[self.choice], compute_ms, ", ".join(f"{name} {ms:.2f} ms" for name, ms in predicted.items()),
+                 chosen)
+        if chosen != self.choice:
+            self._switch(chosen)
+        self.steps, self.compute_s, self.left, self.comm_s = 0, 0.0, None, self.comm.comm_seconds
+
+    def _switch(self, name: str) -> None:
+        """Run the mode `name` from now on, started from the model as it is (identical on every rank). A
+        collective."""
+        self.choice, self.inner = name, self._mode(name)
+        self.inner.start(self.model, self.updater)
+
+    def predicted_ms(self, network: Network, model) -> dict[str, float]:
+        """Each candidate's communication per step on `network`, in ms, by the cost model (sharing's message as at
+        its adaptive band's densest; averaging's Allreduce every `frequency` steps, once per epoch taken as every
+        100)."""
+        ranks, n = self.comm.size, model.params.size - model.dense_start
+        first, second = PowerSGD(model.layout[len(model.sparse_tables):], self.config.powersgd_rank,
+                                 np).allreduce_bytes()
+        sharing = allgather_exchange(network, [16 + 4 * ADAPTIVE_DEFAULTS["max_sparsity"] * n] * ranks)[0]
+        frequency = self.config.frequency if isinstance(self.config.frequency, int) else 100
+        seconds = {"dense": network.allreduce(4 * n, ranks),
+                   "bf16": network.alltoallv(2 * n * (ranks - 1) / ranks, ranks)
+                   + network.allgatherv([2 * n / ranks] * ranks),
+                   "powersgd": network.allreduce(first, ranks) + network.allreduce(second, ranks),
+                   "sharing": sharing, "averaging": network.allreduce(4 * n, ranks) / frequency}
+        return {name: 1e3 * s for name, s in seconds.items()}
+
+    def state(self) -> dict:
+        """The choice in force (its index in CHOICES), and its mode's state."""
+        return {"auto_choice": list(CHOICES).index(self.choice), **self.inner.state()}
+
+    def load_state(self, numbers: dict, arrays: dict) -> None:
+        name = list(CHOICES)[int(numbers.get("auto_choice", 0))]
+        if name != self.choice:
+            self._switch(name)
+        self.inner.load_state({k: v for k, v in numbers.items() if k != "auto_choice"}, arrays)
+
+    def load_rank_arrays(self, model, updater, saved: dict) -> None:
+        self.inner.load_rank_arrays(model, updater, saved)
+
+    def merged(self, name: str, array):
+        return self.inner.merged(name, array)
+
+    def metrics(self) -> dict:
+        return self.inner.metrics()
+
+    def summary(self) -> dict:
+        return {"sync_auto": self.records}

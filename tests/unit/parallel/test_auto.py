@@ -1,0 +1,71 @@
+"""`sync.mode: auto` (mpitrain/parallel/sync/auto.py) without a network: the choice is the least lossy candidate whose
+predicted communication fits in the step's compute, else the fastest; the cost model's predictions on stated
+networks order the candidates as their bytes do; a two-point fit gives back the network it was timed on; auto is
+refused for pretraining."""
+import numpy as np
+import pytest
+
+from mpitrain.base.errors import ConfigError
+from mpitrain.config.sections import PretrainConfig, SyncConfig
+from mpitrain.nn.layers import Dense
+from mpitrain.nn.model import Sequential
+from mpitrain.parallel.costmodel import Network
+from mpitrain.parallel.sync.auto import CHOICES, AutoSync, choose, fitted
+
+
+class FourRanks:
+    size, rank, comm_seconds = 4, 0, 0.0
+
+
+def test_the_least_lossy_candidate_that_fits_is_chosen_else_the_fastest():
+    predicted = {"dense": 9.0, "bf16": 5.0, "powersgd": 1.0, "sharing": 0.5, "averaging": 2.0}
+    assert list(CHOICES) == ["dense", "bf16", "powersgd", "sharing", "averaging"]
+    assert choose(predicted, 10.0) == "dense" and choose(predicted, 6.0) == "bf16"
+    assert choose(predicted, 1.5) == "powersgd" and choose(predicted, 0.7) == "sharing"
+    assert choose(predicted, 0.1) == "sharing"  # none fits: the fastest
+
+
+def test_predictions_on_a_fast_and_a_slow_network_pick_dense_and_a_compression():
+    model = Sequential([Dense(256, activation="relu"), Dense(256, activation="relu"), Dense(10)], (64,),
+                       "softmax_cross_entropy", np)
+    auto = AutoSync(FourRanks(), SyncConfig(mode="auto").validate("run.yaml"))
+    fast, slow = Network.of(1.0, 100.0), Network.of(50.0, 0.1)
+    on_fast, on_slow = auto.predicted_ms(fast, model), auto.predicted_ms(slow, model)
+    assert on_slow["dense"] > on_slow["bf16"] > on_slow["powersgd"] and on_slow["dense"] > on_slow["averaging"] * 0.99
+    assert choose(on_fast, compute_ms=2.0) == "dense"
+    assert choose(on_slow, compute_ms=2.0) in ("powersgd", "sharing")
+
+
+def test_a_two_point_fit_gives_back_the_network_it_was_timed_on():
+    network = Network.of(30.0, 2.0)
+    times = [(size, network.allreduce(size, 4)) for size in (4096, 1 << 20)]
+    got = fitted(times, 4)
+    assert got.latency_us == pytest.approx(30.0, rel=0.05) and got.gbps == pytest.approx(2.0, rel=0.05)
+
+
+def test_auto_is_not_offered_for_pretraining():
+    with pytest.raises(ConfigError, match=r"pretrain.sync.mode is 'auto', expected allreduce, averaging, sharing or "
+                                          r"none"):
+        PretrainConfig(layers=[8], sync=SyncConfig(mode="auto")).validate("run.yaml")
+
+
+def test_a_checkpoints_choice_is_taken_back_with_its_modes_state():
+    from mpi4py import MPI
+
+    from mpitrain.config.sections import OptimizerConfig
+    from mpitrain.nn.updaters import create_updater
+    from mpitrain.parallel.comm import Communicator
+    model = Sequential([Dense(8, activation="relu"), Dense(3)], (5,), "softmax_cross_entropy", np)
+    model.init_params(0, "xavier")
+    updater = create_updater(OptimizerConfig(type="sgd", lr=0.1), model.params, model.decay_mask)
+    auto = AutoSync(Communicator(MPI.COMM_WORLD.Dup()), SyncConfig(mode="auto").validate("run.yaml"))
+    auto.start(model, updater)
+    saved = auto.state()
+    assert saved == {"auto_choice": 0} and auto.summary() == {"sync_auto": []}
+    auto.load_state({"auto_choice": 3, "tau": 0.25, "steps": 7}, {})  # a checkpoint taken while sharing ran
+    assert auto.choice == "sharing" and auto.inner.tau == 0.25 and auto.state()["auto_choice"] == 3
+    x, y = np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32), np.array([0, 1, 2, 0], np.int32)
+    model.train_batch(x, y)
+    auto.step(model, updater)
+    auto.end_epoch(model, updater)  # one rank: every prediction is 0, so dense fits again
+    assert auto.choice == "dense" and [r["ran"] for r in auto.summary()["sync_auto"]] == ["sharing"]
