@@ -4,16 +4,15 @@
 A thread computes one unit of one sequence: its gates, states and gradients, with the per-element functions the CPU
 path shares (`lstm_cell`, `lstm_cell_backward`, `gru_cell`, `gru_cell_backward`), and carries states over where the
 sequence is past its end. The layer's workspace arrays are handed over whole with the step's index, so their numba
-views are made once (`_device`, cached) and not at every one of a batch's hundreds of steps. Under the CUDA simulator
+views are made once (`kernels.cuda_launch`, cached) and not at every one of a batch's hundreds of steps. Under the CUDA simulator
 (NUMBA_ENABLE_CUDASIM=1) the same kernels run on numpy arrays: tests/harness/cuda_kernels_check.py holds them to the
 CPU path there and on a GPU.
 """
 from __future__ import annotations
 
-import functools
-
 from numba import cuda
 
+from .cuda_launch import launch
 from .recurrent import gru_cell, gru_cell_backward, lstm_cell, lstm_cell_backward
 
 BLOCK = (4, 64)  # (sequences, units) per block of threads
@@ -107,42 +106,5 @@ def gru_backward(gates, h, recurrent_h, dh, grad_in, grad_rec, direct, padded, t
 
 
 def _launch(kernel, rows: int, units: int, *args) -> None:
-    """`kernel` over (rows, units) threads, on the current cupy stream for cupy arrays (numpy arrays: the simulator's,
-    on its default stream)."""
-    grid = (-(-rows // BLOCK[0]), -(-units // BLOCK[1]))
-    stream = _stream(_cupy_stream()) if hasattr(args[0], "__cuda_array_interface__") else 0
-    kernel[grid, BLOCK, stream](*(_device(a) if hasattr(a, "__cuda_array_interface__") else a for a in args))
-
-
-def _cupy_stream() -> int:
-    import cupy
-    return cupy.cuda.get_current_stream().ptr
-
-
-@functools.lru_cache(maxsize=8)
-def _stream(pointer: int):
-    """numba's handle of cupy's stream `pointer` (0: the default stream)."""
-    return cuda.external_stream(pointer) if pointer else cuda.default_stream()
-
-
-def _device(array):
-    """numba's view of a cupy array, made once per buffer, shape and strides (the layers' workspace arrays persist
-    across steps and batches: a view made for each launch would cost more than the kernel). No stream sync: the
-    kernels run on the stream that wrote the arrays."""
-    interface = array.__cuda_array_interface__
-    return _view(interface["data"][0], tuple(interface["shape"]), interface["strides"] and tuple(interface["strides"]),
-                 interface["typestr"], array)
-
-
-_views: dict = {}  # (pointer, shape, strides, type) -> numba's view; the view keeps its array, so its memory alive
-VIEWS = 256  # views kept at most: the workspaces grow now and then, and a view of a replaced buffer is not needed
-
-
-def _view(pointer: int, shape: tuple, strides, typestr: str, array):
-    key = (pointer, shape, strides, typestr)
-    view = _views.get(key)
-    if view is None:
-        if len(_views) >= VIEWS:
-            _views.clear()
-        view = _views[key] = cuda.as_cuda_array(array, sync=False)
-    return view
+    """`kernel` over (rows, units) threads (`kernels.cuda_launch.launch`)."""
+    launch(kernel, (-(-rows // BLOCK[0]), -(-units // BLOCK[1])), BLOCK, *args)

@@ -17,7 +17,8 @@ computes in float32. Other arrays (cupy) run the `*_reference` versions, written
 module with `out=` and in-place ops, which the tests compare the kernels with; they allocate
 only where the step needs a second array beside `out` (G with L2; momentum's -lr G when `out`
 is `v`, and mu v with Nesterov). Both keep the unfused numpy steps' formulas and order of
-operations, so they agree with them to float rounding (bit for bit on the CPU tested).
+operations, so they agree with them to float rounding (bit for bit on the CPU tested). cupy arrays
+run kernels/updaters_cuda.py's one kernel per step instead; the references stay the tests' oracle.
 """
 from __future__ import annotations
 
@@ -31,41 +32,41 @@ from mpitrain.base.arrays import array_module
 from .dispatch import numpy_or_reference
 
 
-@numpy_or_reference("sgd_step_reference", on="out")
+@numpy_or_reference("sgd_step_reference", on="out", gpu=".updaters_cuda")
 def sgd_step(g, p, decay, lr: float, out) -> None:
     """Plain SGD: out = -lr (g + decay p)."""
     _sgd_cpu(g, p, decay, out.dtype.type(lr), out)
 
 
-@numpy_or_reference("momentum_step_reference")
+@numpy_or_reference("momentum_step_reference", gpu=".updaters_cuda")
 def momentum_step(v, g, p, decay, lr: float, mu: float, nesterov: bool, out) -> None:
     """Momentum: v = mu v - lr (g + decay p) in place; out = v, or mu v - lr (g + decay p) with Nesterov."""
     dtype = v.dtype.type
     _momentum_cpu(v, g, p, decay, dtype(lr), dtype(mu), nesterov, out)
 
 
-@numpy_or_reference("adagrad_step_reference")
+@numpy_or_reference("adagrad_step_reference", gpu=".updaters_cuda")
 def adagrad_step(h, g, p, decay, lr: float, eps: float, out) -> None:
     """AdaGrad: h += G^2 in place; out = -lr G / (sqrt(h) + eps), G = g + decay p."""
     dtype = h.dtype.type
     _adagrad_cpu(h, g, p, decay, dtype(lr), dtype(eps), out)
 
 
-@numpy_or_reference("rmsprop_step_reference")
+@numpy_or_reference("rmsprop_step_reference", gpu=".updaters_cuda")
 def rmsprop_step(h, g, p, decay, lr: float, rho: float, eps: float, out) -> None:
     """RMSProp: h = rho h + (1 - rho) G^2 in place; out = -lr G / (sqrt(h) + eps), G = g + decay p."""
     dtype = h.dtype.type
     _rmsprop_cpu(h, g, p, decay, dtype(lr), dtype(rho), dtype(1 - rho), dtype(eps), out)
 
 
-@numpy_or_reference("adam_step_reference")
+@numpy_or_reference("adam_step_reference", gpu=".updaters_cuda")
 def adam_step(m, v, g, p, decay, lr: float, beta1: float, beta2: float, eps: float, t: int, out) -> None:
     """Adam's step `t` (from 1): m, v moving averages of G and G^2 in place; out the bias-corrected step (the
     variants' kernel without AMSGrad and decoupled decay: the same operations in the same order)."""
     adam_variant_step(m, v, None, g, p, decay, None, lr, beta1, beta2, eps, t, out)
 
 
-@numpy_or_reference("adam_variant_step_reference")
+@numpy_or_reference("adam_variant_step_reference", gpu=".updaters_cuda")
 def adam_variant_step(m, v, vmax, g, p, decay, wd, lr: float, beta1: float, beta2: float, eps: float, t: int,
                       out) -> None:
     """Adam's step `t` with AMSGrad and/or AdamW's decoupled weight decay: `vmax` (None: plain Adam's denominator)
@@ -78,7 +79,7 @@ def adam_variant_step(m, v, vmax, g, p, decay, wd, lr: float, beta1: float, beta
                       dtype(beta1), dtype(1 - beta1), dtype(beta2), dtype(1 - beta2), dtype(step), dtype(eps_hat), out)
 
 
-@numpy_or_reference("nadam_step_reference")
+@numpy_or_reference("nadam_step_reference", gpu=".updaters_cuda")
 def nadam_step(m, v, g, p, decay, lr: float, beta1: float, beta2: float, eps: float, mu: float, mu_next: float,
                product: float, product_next: float, t: int, out) -> None:
     """NAdam's step `t` (Dozat 2016, as PyTorch's NAdam): m, v as Adam's; out = -(lr (1 - mu) / (1 - product) G

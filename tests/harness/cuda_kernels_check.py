@@ -17,12 +17,13 @@ from numba import cuda
 SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 assert SIMULATED or cuda.is_available(), "run with NUMBA_ENABLE_CUDASIM=1, or on a machine with a CUDA GPU"
 
-from mpitrain.kernels import recurrent_cuda  # noqa: E402
+from mpitrain.kernels import recurrent_cuda, updaters, updaters_cuda  # noqa: E402
 from mpitrain.kernels import threshold as kernels  # noqa: E402
 from mpitrain.kernels.threshold import cuda as cuda_kernels  # noqa: E402
 from mpitrain.kernels.threshold import message, reference  # noqa: E402
 from mpitrain.testing.recurrent_steps import outputs, step_arrays, step_backward, step_forward  # noqa: E402
 from mpitrain.testing.threshold_cases import bits, edge_cases, residual_with_fraction  # noqa: E402
+from mpitrain.testing.updater_cases import STEPS, step_inputs  # noqa: E402
 
 TILES = cuda_kernels.CudaKernels(block=32, per_thread=8)  # n = 1000: 4 blocks of 256 elements
 CARRY = cuda_kernels.CudaKernels(block=4, per_thread=16)  # n = 600: 10 tiles, so the scan carries
@@ -139,6 +140,49 @@ def check_recurrent_steps() -> None:
     print("ok recurrent steps", flush=True)
 
 
+def check_updater_steps() -> None:
+    """Every updater's kernel (kernels/updaters_cuda.py) takes the CPU kernel's steps, its state slots included, over
+    3 steps: with and without L2, more than one block of threads, float32 and float64; AdamW's
+    decoupled decay with AMSGrad, and NAdam, too."""
+    variants = {**STEPS, "adamw amsgrad": ("adam_variant_step", 3, None), "nadam": ("nadam_step", 2, None)}
+    block = updaters_cuda.BLOCK
+    updaters_cuda.BLOCK = 8 if SIMULATED else block  # the simulator runs a thread at a time: blocks stay small
+    try:
+        _check_updater_steps(variants)
+    finally:
+        updaters_cuda.BLOCK = block
+    print("ok updater steps", flush=True)
+
+
+def _check_updater_steps(variants: dict) -> None:
+    for name, (function, slots, arguments) in variants.items():
+        for dtype, tolerance in ((np.float32, 1e-6), (np.float64, 1e-13)):
+            for l2, strided in ((False, False), (True, False)):  # the simulator sends only contiguous arrays
+                n = updaters_cuda.BLOCK + 3
+                state, g, p, decay, out = step_inputs(np.random.default_rng(len(name)), n, dtype, slots, l2, strided)
+                expected = [a.copy() for a in (*state, out)]
+                got = [a if SIMULATED else cuda.to_device(np.ascontiguousarray(a)) for a in (*state, out)]
+                args = (g, p, decay) if SIMULATED else tuple(None if a is None else cuda.to_device(
+                    np.ascontiguousarray(a)) for a in (g, p, decay))
+                for t in (1, 2, 3):
+                    if name == "adamw amsgrad":
+                        scalars = (np.full(n, 0.01, dtype), 0.001, 0.9, 0.999, 1e-8, t)
+                        getattr(updaters, function)(expected[0], expected[1], expected[2], g, p, decay,
+                                                    scalars[0], *scalars[1:], expected[3])
+                        getattr(updaters_cuda, function)(got[0], got[1], got[2], *args, scalars[0] if SIMULATED else
+                                                         cuda.to_device(scalars[0]), *scalars[1:], got[3])
+                        continue
+                    scalars = (0.002, 0.9, 0.999, 1e-8, 0.9 * (1 - 0.5 * 0.96 ** (t * 0.004)),
+                               0.9 * (1 - 0.5 * 0.96 ** ((t + 1) * 0.004)), 0.5 ** t, 0.5 ** (t + 1), t) \
+                        if name == "nadam" else arguments(t)
+                    getattr(updaters, function)(*expected[:-1], g, p, decay, *scalars, expected[-1])
+                    getattr(updaters_cuda, function)(*got[:-1], *args, *scalars, got[-1])
+                for want, have in zip(expected, got):
+                    have = have if SIMULATED else have.copy_to_host()
+                    np.testing.assert_allclose(have, want, rtol=tolerance, atol=tolerance,
+                                               err_msg=f"{name} {dtype.__name__} l2={l2} strided={strided}")
+
+
 def main() -> None:
     start = time.perf_counter()
     for name, residual, tau in edge_cases():
@@ -153,6 +197,7 @@ def main() -> None:
         check_default_launch()
     check_dispatch()
     check_recurrent_steps()
+    check_updater_steps()
     print(f"OK ({time.perf_counter() - start:.1f} s)")
 
 
