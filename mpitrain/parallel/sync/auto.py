@@ -119,7 +119,8 @@ class AutoSync(Synchronizer):
         network = measure_network(self.comm, 4 * (model.params.size - model.dense_start), model.xp)
         predicted = self.predicted_ms(network, model)
         chosen = choose(predicted, compute_ms)
-        self.records.append({"epoch": len(self.records) + 1, "ran": self.choice, "compute_ms": compute_ms,
+        self.records.append({"job_epoch": len(self.records) + 1,  # of this job: a resumed run counts from 1 again
+                             "ran": self.choice, "compute_ms": compute_ms,
                              "comm_ms_measured": measured_ms, "comm_ms_predicted": predicted[self.choice],
                              "network": {"latency_us": network.latency_us,  # no rate: one rank, or too fast to see
                                          "gbps": network.gbps if network.byte_s > 0 else None},
