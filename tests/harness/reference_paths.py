@@ -28,10 +28,10 @@ from mpitrain.kernels import dispatch
 _references = [False]  # the switch the patched dispatch reads at each call
 
 
-def _numpy_or_reference(reference: str, on: str | None = None):
+def _numpy_or_reference(reference: str, on: str | None = None, gpu: str | None = None):
     """kernels/dispatch.py's decorator, the reference taken for numpy arrays too while `_references[0]` is set."""
     def decorate(cpu_path):
-        dispatched, module = _original(reference, on)(cpu_path), sys.modules[cpu_path.__module__]
+        dispatched, module = _original(reference, on, gpu)(cpu_path), sys.modules[cpu_path.__module__]
 
         @functools.wraps(cpu_path)
         def kernel(*args, **kwargs):
