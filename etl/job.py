@@ -39,6 +39,7 @@ from mpitrain.data.shards import (
     MANIFEST_NAME,
     Manifest,
     ShardInfo,
+    holds_ids,
     shard_path,
     write_manifest,
 )
@@ -473,8 +474,7 @@ def _manifest(plan: EtlPlan, transforms: Transforms, num_classes: int, written: 
         compression=plan.options.compression, chunk_rows=CHUNK_ROWS, checksums="fletcher32", target=target.kind,
         target_names=list(target.columns) if target.kind != "class" else [], columns=columns, sequences=sequences,
         step_target=getattr(source, "step_target", ""), **_target_statistics(stats, rows, target.kind),
-        id_dtype=ID_DTYPE if columns.get("categorical") or any(c.get("bag") or c.get("integer") for c in sequences)
-        else "")
+        id_dtype=ID_DTYPE if holds_ids(columns, sequences) else "")
 
 
 def _target_statistics(stats: list[ShardWritten], rows: int, kind: str) -> dict[str, list[float]]:

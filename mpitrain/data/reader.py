@@ -91,7 +91,7 @@ class DatasetReader:
         """A stored row's bytes: its fixed features and categorical ids, and its sequences at their mean length over
         the train split (a window of longer ones grows its sequence buffers; `mpitrain.data.sequences.RaggedBuffer`)."""
         fixed = int(np.prod(self.manifest.feature_shape)) * np.dtype(self.manifest.feature_dtype).itemsize + \
-            self.manifest.id_columns * np.dtype(self.manifest.id_dtype or np.int32).itemsize
+            self.manifest.id_columns * self.manifest.ids_dtype.itemsize
         rows = max(1, self.manifest.rows("train")) if "train" in self.manifest.splits else 1
         return fixed + sum(4 * column["features"] * math.ceil(column.get("steps", {}).get("train", 0) / rows) + 16
                            for column in self.manifest.sequences)
@@ -302,7 +302,7 @@ class Batches:
         manifest = self.rows.shards.manifest
         return (self.ws(f"x{slot}", (self.batch_size, *self.rows.row_shape), self.dtype, host=True),
                 self.ws(f"y{slot}", (self.batch_size, *manifest.target_shape), manifest.target_dtype, host=True),
-                self.ws(f"ids{slot}", (self.batch_size, manifest.id_columns), manifest.id_dtype or np.int32,
+                self.ws(f"ids{slot}", (self.batch_size, manifest.id_columns), manifest.ids_dtype,
                         host=True))
 
     def _on_device(self, host: np.ndarray, name: str):

@@ -127,10 +127,16 @@ class Manifest:
         """Every ragged column of a shard, {name, features}: the sequence columns, then the step target if any."""
         return self.sequences + ([{"name": self.step_target, "features": 1}] if self.step_target else [])
 
+    @property
+    def ids_dtype(self) -> np.dtype:
+        """The dtype of a shard's `ids` and a bag's values: `id_dtype`, ID_DTYPE for a dataset without ids (whose
+        `ids` are (rows, 0))."""
+        return np.dtype(self.id_dtype or ID_DTYPE)
+
     def values_dtype(self, column: dict) -> np.dtype:
         """The dtype a stored (ragged) column's values have: `id_dtype` for a bag's ids and a column of integers
         (`integer`: token ids), else float32."""
-        return np.dtype(self.id_dtype if column.get("bag") or column.get("integer") else np.float32)
+        return self.ids_dtype if column.get("bag") or column.get("integer") else np.dtype(np.float32)
 
     @property
     def target_shape(self) -> tuple[int, ...]:
@@ -329,8 +335,7 @@ def read_manifest_and_sha256(dataset_dir: str, storage: Storage | None = None) -
         raise DataError(f"{path}: checksums {checksums!r}, expected one of {CHECKSUMS}")
     id_dtype = data.get("id_dtype", "")
     raw_columns = data.get("columns", {})
-    if isinstance(raw_columns, dict) and raw_columns.get("categorical") or \
-            any(c.get("bag") or c.get("integer") for c in sequences):
+    if holds_ids(raw_columns if isinstance(raw_columns, dict) else {}, sequences):
         if id_dtype == "":
             raise DataError(f"{path}: {OLD_IDS}")
         if id_dtype != ID_DTYPE:
@@ -367,6 +372,12 @@ def read_manifest_and_sha256(dataset_dir: str, storage: Storage | None = None) -
         target_names=[str(name) for name in target_names], columns=columns, sequences=sequences,
         step_target=_checked_step_target(data.get("step_target", ""), path, sequences, target), id_dtype=id_dtype,
         **_checked_target_statistics(data, path, target, target_names), **numbers), hashlib.sha256(raw).hexdigest()
+
+
+def holds_ids(columns: dict, sequences: list[dict]) -> bool:
+    """Whether a dataset of these `columns` and `sequences` (the manifest's) stores ids, of `id_dtype`: categorical
+    columns, bag columns or sequence columns of integers."""
+    return bool(columns.get("categorical")) or any(c.get("bag") or c.get("integer") for c in sequences)
 
 
 def _checked_sequences(sequences, path: str) -> list[dict]:

@@ -183,7 +183,7 @@ def row_buffers(manifest, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
     categorical columns)."""
     return (np.empty((rows, *manifest.feature_shape), manifest.feature_dtype),
             np.empty((rows, *manifest.target_shape), manifest.target_dtype),
-            np.empty((rows, manifest.id_columns), manifest.id_dtype or np.int32))
+            np.empty((rows, manifest.id_columns), manifest.ids_dtype))
 
 
 def padded_rows(manifest, buffers: dict[str, RaggedBuffer], x: np.ndarray, y: np.ndarray, ids: np.ndarray,

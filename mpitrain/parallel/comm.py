@@ -143,12 +143,7 @@ class Communicator:
         the buffer must not be touched."""
         _synchronize_device(buf)  # backward's kernels have written the bucket before MPI reads it
         self.bytes_sent += buf.nbytes
-        start = time.perf_counter()
-        slot = self.calls.enter(IALLREDUCE, buf.nbytes)
-        request, finish = self._iallreduce(buf)
-        self.calls.leave(slot)
-        self.mpi_seconds += time.perf_counter() - start
-        return Posted(request, start, finish)
+        return self._posted(IALLREDUCE, buf.nbytes, lambda: self._iallreduce(buf))
 
     def progress(self, posted: list[Posted]) -> None:
         """Let MPI move the posted collectives along (`Testall`; many MPI libraries progress only inside MPI
@@ -270,9 +265,15 @@ class Communicator:
         counts = np.asarray(counts, dtype=np.int64)
         received = np.full(self.size, counts[self.rank], np.int64)
         self.bytes_sent += int(counts[np.arange(self.size) != self.rank].sum()) * parts.itemsize
+        return self._posted(IALLTOALLV, parts.nbytes,
+                            lambda: self._ialltoallv(parts, counts, _starts(counts), out, received, _starts(received)))
+
+    def _posted(self, name: int, nbytes: int, post) -> Posted:
+        """`post()` (which returns the request and what completes it) as the roll-call's collective `name` of
+        `nbytes`, its time counted inside MPI; the `Posted` for `complete`."""
         start = time.perf_counter()
-        slot = self.calls.enter(IALLTOALLV, parts.nbytes)
-        request, finish = self._ialltoallv(parts, counts, _starts(counts), out, received, _starts(received))
+        slot = self.calls.enter(name, nbytes)
+        request, finish = post()
         self.calls.leave(slot)
         self.mpi_seconds += time.perf_counter() - start
         return Posted(request, start, finish)

@@ -128,8 +128,8 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
         x = None
     else:
         x = emit_input_scaling(graph, INPUT, *input_scaling(manifest, normalize))
-    graph.integers = {values for column, (values, _) in columns.items()
-                      if column == IDS or manifest.values_dtype(_column(manifest, column)).kind in "iu"}
+    graph.integers = {IDS} if manifest.id_columns else set()  # the int64 inputs, which only id layers take
+    graph.integers |= {columns[c["name"]][0] for c in manifest.sequences if manifest.values_dtype(c).kind in "iu"}
     x = emit_nodes(graph, model, x, columns) if hasattr(model, "nodes") else emit_layers(graph, model, x)
     units = output_units(manifest, normalize, standardize_targets, model.reconstruction, model.loss)
     output = emit_output_head(graph, x, target, model.loss, units)
@@ -161,11 +161,6 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
     helper.set_model_props(proto, {key: str(value) for key, value in props.items()})
     onnx.checker.check_model(proto, full_check=True)
     return proto
-
-
-def _column(manifest, name: str) -> dict:
-    """The manifest's entry of sequence column `name`."""
-    return next(column for column in manifest.sequences if column["name"] == name)
 
 
 def _steps(manifest, column: str) -> str:

@@ -27,7 +27,7 @@ import numpy as np
 from mpitrain.parallel.costmodel import Network, allgather_exchange
 from mpitrain.parallel.sync.base import Synchronizer
 from mpitrain.parallel.sync.modes import AllreduceSync, AveragingSync
-from mpitrain.parallel.sync.powersgd import PowerSGD
+from mpitrain.parallel.sync.powersgd import allreduce_bytes
 from mpitrain.parallel.sync.sharing import ADAPTIVE_DEFAULTS, SharingSync
 
 log = logging.getLogger("mpitrain")
@@ -144,8 +144,7 @@ class AutoSync(Synchronizer):
         its adaptive band's densest; averaging's Allreduce every `frequency` steps, once per epoch taken as every
         100)."""
         ranks, n = self.comm.size, model.params.size - model.dense_start
-        first, second = PowerSGD(model.layout[len(model.sparse_tables):], self.config.powersgd_rank,
-                                 np).allreduce_bytes()
+        first, second = allreduce_bytes(model.layout[len(model.sparse_tables):], self.config.powersgd_rank)
         sharing = allgather_exchange(network, [16 + 4 * ADAPTIVE_DEFAULTS["max_sparsity"] * n] * ranks)[0]
         frequency = self.config.frequency if isinstance(self.config.frequency, int) else 100
         seconds = {"dense": network.allreduce(4 * n, ranks),

@@ -24,6 +24,30 @@ import math
 import numpy as np
 
 from mpitrain.base.arrays import array_module
+from mpitrain.nn.flat import flat_views
+
+
+def factored(layout: list, rank: int) -> tuple[list, list]:
+    """The dense part of `layout` (a model's, `[(name, shape)]`) as PowerSGD sends it: (matrices, vectors), each
+    matrix (start, stop, (n, m)) whose rank-`rank` factors are smaller than itself, each other entry (start, stop)."""
+    matrices, vectors, start = [], [], 0
+    for _, shape in layout:
+        size = math.prod(shape)
+        n, m = (math.prod(shape[:-1]), shape[-1]) if len(shape) >= 2 else (size, 1)
+        if len(shape) >= 2 and rank * (n + m) < n * m:
+            matrices.append((start, start + size, (n, m)))
+        else:
+            vectors.append((start, start + size))
+        start += size
+    return matrices, vectors
+
+
+def allreduce_bytes(layout: list, rank: int, itemsize: int = 4) -> tuple[int, int]:
+    """The bytes of a step's two Allreduces for a model's dense `layout`: every P and vector, then every Q (a dense
+    Allreduce of the buffer would carry its size)."""
+    matrices, vectors = factored(layout, rank)
+    return (itemsize * (sum(n * rank for *_, (n, m) in matrices) + sum(b - a for a, b in vectors)),
+            itemsize * sum(m * rank for *_, (n, m) in matrices))
 
 
 class PowerSGD:
@@ -31,20 +55,15 @@ class PowerSGD:
 
     def __init__(self, layout: list, rank: int, xp, dtype=np.float32, seed: int = 0):
         self.rank = rank
-        self.matrices, self.vectors = [], []  # (start, stop, (n, m)) of the dense buffer; (start, stop)
-        start = 0
-        for _, shape in layout:
-            size = math.prod(shape)
-            n, m = (math.prod(shape[:-1]), shape[-1]) if len(shape) >= 2 else (size, 1)
-            if len(shape) >= 2 and rank * (n + m) < n * m:
-                self.matrices.append((start, start + size, (n, m)))
-            else:
-                self.vectors.append((start, start + size))
-            start += size
+        self.matrices, self.vectors = factored(layout, rank)  # of the dense buffer
         rng = np.random.default_rng(seed)
         self.q = xp.asarray(np.concatenate([rng.normal(size=m * rank) for *_, (n, m) in self.matrices] or
                                            [np.zeros(0)]).astype(dtype))
         self.error = xp.zeros(sum(stop - start for start, stop, _ in self.matrices), dtype)
+        # per matrix, its Q (m x rank) and this rank's error (n x m): views of the two flat buffers, which a resume
+        # fills in place
+        self.qs = flat_views(self.q, [(k, (m, rank)) for k, (*_, (n, m)) in enumerate(self.matrices)])
+        self.errors = flat_views(self.error, [(k, shape) for k, (*_, shape) in enumerate(self.matrices)])
         self.pending = []  # per posted range: its matrices, its vectors, its message (P's and vectors)
 
     def mean_(self, comm, grads) -> None:
@@ -59,13 +78,13 @@ class PowerSGD:
         ranges in the same order, covering the buffer, before `finish`."""
         xp = array_module(grads)
         inside = [k for k, (start, _, _) in enumerate(self.matrices) if begin <= start < end]
-        qs, errors = self._q_views(), self._views(self.error)
+        ps = []
         for k in inside:
             matrix = self._matrix(grads, k)
-            matrix += errors[k].reshape(matrix.shape)  # M': the gradient and the error left over
+            matrix += self.errors[k]  # M': the gradient and the error left over
+            ps.append((matrix @ self.qs[k]).ravel())
         vectors = [(a, b) for a, b in self.vectors if begin <= a < end]
-        message = xp.concatenate([*((self._matrix(grads, k) @ qs[k]).ravel() for k in inside),
-                                  *(grads[a:b] for a, b in vectors)] or [xp.zeros(0, grads.dtype)])
+        message = xp.concatenate([*ps, *(grads[a:b] for a, b in vectors)] or [xp.zeros(0, grads.dtype)])
         self.pending.append((inside, vectors, message))
         return comm.iallreduce_(message)
 
@@ -73,8 +92,7 @@ class PowerSGD:
         """After the posted Allreduces completed (`Communicator.complete`): the vectors' means into `grads`, each P
         orthonormalized, Q = M'^T P averaged (the second Allreduce), and each matrix's P Q^T into `grads`, M' - P Q^T
         into this rank's error. A collective."""
-        xp = array_module(grads)
-        qs, errors, ps = self._q_views(), self._views(self.error), {}
+        xp, ps = array_module(grads), {}
         for inside, vectors, message in self.pending:  # summed over the ranks
             message /= comm.size
             offset = 0
@@ -87,12 +105,12 @@ class PowerSGD:
                 offset += b - a
         self.pending = []
         for k, p in ps.items():
-            qs[k][...] = self._matrix(grads, k).T @ p
+            self.qs[k][...] = self._matrix(grads, k).T @ p
         comm.average_(self.q)
         for k, p in ps.items():
             matrix = self._matrix(grads, k)
-            approximation = p @ qs[k].T
-            errors[k][...] = (matrix - approximation).ravel()
+            approximation = p @ self.qs[k].T
+            self.errors[k][...] = matrix - approximation
             matrix[...] = approximation
 
     def _matrix(self, grads, k: int):
@@ -100,28 +118,3 @@ class PowerSGD:
         start, stop, shape = self.matrices[k]
         return grads[start:stop].reshape(shape)
 
-    def _views(self, flat) -> list:
-        """Per matrix, its part of a flat buffer of the matrices' sizes back to back."""
-        views, offset = [], 0
-        for start, stop, _ in self.matrices:
-            views.append(flat[offset:offset + stop - start])
-            offset += stop - start
-        return views
-
-    def _q_views(self) -> list:
-        """Per matrix (n x m), its Q (m x rank) in the flat `q`."""
-        views, offset = [], 0
-        for *_, (n, m) in self.matrices:
-            views.append(self.q[offset:offset + m * self.rank].reshape(m, self.rank))
-            offset += m * self.rank
-        return views
-
-    def allreduce_bytes(self, itemsize: int = 4) -> tuple[int, int]:
-        """The bytes of a step's two Allreduces: every P and vector, then every Q (a dense Allreduce of the buffer
-        would carry its size)."""
-        return (itemsize * (sum(n * self.rank for *_, (n, m) in self.matrices) + sum(b - a for a, b in self.vectors)),
-                itemsize * int(self.q.size))
-
-    def bytes_per_step(self, itemsize: int = 4) -> int:
-        """The bytes both Allreduces carry per step."""
-        return sum(self.allreduce_bytes(itemsize))
