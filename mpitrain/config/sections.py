@@ -306,6 +306,16 @@ class SyncKeys(Options):
                                       "docs/sync-modes.md#compression.", ("none", *COMPRESSIONS, "powersgd"))
     powersgd_rank: int = option(1, "compression powersgd: the rank of each weight matrix's factors (PyTorch's "
                                    "matrix_approximation_rank; 1 sends the least, 2-4 lose less).", domain="[1, 64]")
+    deterministic: bool = option(False, "allreduce: sums that do not depend on the number of ranks, so the same "
+                                        "config on 1, 2, 3 or 4 ranks (train.global_batch_size fixed) ends with "
+                                        "byte-identical parameters: each step's rows as micro-batches of "
+                                        "`deterministic_rows`, their gradients summed exactly (int64 fixed point), "
+                                        "batch norm per micro-batch, dropout and augmentation keyed by the "
+                                        "micro-batch's place in the global batch. Slower; see "
+                                        "docs/sync-modes.md#deterministic.")
+    deterministic_rows: int = option(8, "sync.deterministic: the rows of each micro-batch; it must divide the rows "
+                                        "each rank trains on per step (train.global_batch_size / ranks) at every "
+                                        "rank count you compare.", domain="[1, 1e6]")
     check_replicas: bool = option(True, "Compare a hash of the parameters across ranks at every epoch end (modes "
                                         "that promise identical replicas).")
 
@@ -315,6 +325,13 @@ class SyncKeys(Options):
         self.check_domains(where, f"{key}.")
         check_value(not (key == "pretrain.sync" and self.mode == "auto"), where, f"{key}.mode", self.mode,
                     "allreduce, averaging, sharing or none (auto chooses among a network's modes at epoch ends)")
+        check_value(not self.deterministic or key == "sync", where, f"{key}.deterministic", self.deterministic,
+                    "false (pretraining's sums are not made exact)")
+        check_value(not self.deterministic or self.mode == "allreduce", where, f"{key}.mode", self.mode,
+                    "allreduce with sync.deterministic: true (the mode whose sums it makes exact)")
+        check_value(not self.deterministic or self.compression == "none", where, f"{key}.compression",
+                    self.compression, "none with sync.deterministic: true (exact sums of rounded values would "
+                                      "not be the same on every rank count)")
         normalized = {}
         for synchronizer in SYNCHRONIZERS.values():
             options = options_of(synchronizer.Options, self).validate(where, f"{key}.")
@@ -445,6 +462,12 @@ class Config(Options):
                "empty with model.graph (a deep belief net is pretrained for a list of dense layers)")
         check_value(config.train.accumulate == 1 or not config.train.tbptt_steps, where, "train.accumulate",
                     config.train.accumulate, "1 with train.tbptt_steps (truncated BPTT updates after each segment)")
+        if config.sync.deterministic:
+            for key, value, default, why in (
+                    ("train.accumulate", config.train.accumulate, 1, "its micro-batches are sync.deterministic_rows"),
+                    ("train.tbptt_steps", config.train.tbptt_steps, 0, "segments are not cut into exact sums"),
+                    ("pretrain.layers", pretrain.layers, [], "pretraining is not deterministic across rank counts")):
+                check_value(value == default, where, key, value, f"{default} with sync.deterministic: true ({why})")
         try:
             check_layers(config.train.tbptt_steps, model.layers, model.graph)
         except ConfigError as e:

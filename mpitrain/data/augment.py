@@ -2,7 +2,9 @@
 
 Applied to the stored rows (N, C, H, W) before normalization, so the border a shift uncovers
 is filled with the stored 0 (the background of Fashion-MNIST and MNIST). The key is
-(seed, epoch, rank, step), as for the shuffle and dropout: a resumed run sees the same images.
+(seed, epoch, rank, step), as for the shuffle and dropout: a resumed run sees the same images. Under
+`sync.deterministic` each micro-batch of the rank's rows draws by its own key, (seed, epoch, its place in the
+global batch, step) (`augment_blocks`), so a row's flip and shift do not depend on the number of ranks.
 """
 from __future__ import annotations
 
@@ -27,3 +29,8 @@ def augment_images(x: np.ndarray, key: tuple, flip: bool, shift: int) -> np.ndar
         down, right = rng.integers(0, 2 * shift + 1, size=(2, n))
         out = windows[np.arange(n), :, down, right]
     return out
+
+
+def augment_blocks(x: np.ndarray, keys: list, flip: bool, shift: int) -> np.ndarray:
+    """A new array: `augment_images` of each of `len(keys)` equal blocks of `x`'s rows, by its own key."""
+    return np.concatenate([augment_images(block, key, flip, shift) for block, key in zip(np.split(x, len(keys)), keys)])

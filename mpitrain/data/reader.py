@@ -23,7 +23,7 @@ import numpy as np
 
 from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.base.workspace import Workspace, WorkspacePart
-from mpitrain.data.augment import augment_images
+from mpitrain.data.augment import augment_blocks
 from mpitrain.data.chunks import ShardFiles
 from mpitrain.data.order import Blocks, EpochPlan
 from mpitrain.data.sequences import SequenceBatch, Inputs
@@ -212,7 +212,8 @@ class Batches:
     run is reproducible, a resumed run sees the same batches, and every rank runs
     `steps_per_epoch` steps. The next batch is prepared in a thread while this one trains; that
     thread also reads the rows of the next window (`mpitrain.data.stream`). `augment` ({flip,
-    shift}, or False) flips and shifts image rows (`mpitrain.data.augment`). `record(epoch,
+    shift}, or False) flips and shifts image rows (`mpitrain.data.augment`), each batch by its key, or with
+    `augment_rows` (`sync.deterministic_rows`) each block of that many rows by its place in the global batch. `record(epoch,
     step, row_ids)`, when given, sees each batch's row numbers (the debug hook `MPITRAIN_DEBUG_ROWS`).
 
     No step allocates: a batch is gathered, scaled and shifted in one pass
@@ -225,9 +226,12 @@ class Batches:
 
     def __init__(self, rows: TrainRows, manifest, backend, dtype, seed: int, rank: int, normalize: bool = True,
                  prefetch: bool = True, augment: dict | bool = False, ws: WorkspacePart | None = None, record=None,
-                 standardize_targets: bool = True):
+                 standardize_targets: bool = True, augment_rows: int = 0):
         self.rows, self.batch_size, self.backend, self.dtype = rows, rows.rank_batch, backend, np.dtype(dtype)
         self.seed, self.rank, self.prefetch, self.augment, self.record = seed, rank, prefetch, augment, record
+        blocks = self.batch_size // augment_rows if augment_rows else 0  # keyed by place in the global batch
+        self.augment_keys = (lambda epoch, step: [(seed, epoch, rank * blocks + j, step) for j in range(blocks)]) \
+            if blocks else (lambda epoch, step: [(seed, epoch, rank, step)])
         self.ws = ws or Workspace(backend.xp).part("batches")
         self.to_model_input = ModelInput(manifest, backend, dtype, normalize, self.ws, standardize_targets)
         self.scale, self.shift = self.to_model_input.scale, self.to_model_input.shift
@@ -285,7 +289,7 @@ class Batches:
                 batch = self.to_model_input.on_device(batch, f"batch{slot}")
             return batch, self._on_device(y, f"y{slot}")
         if self.augment:
-            stored = augment_images(stored_x[index], (self.seed, epoch, self.rank, step), **self.augment)
+            stored = augment_blocks(stored_x[index], self.augment_keys(epoch, step), **self.augment)
             scaled(stored, self.scale, self.shift, x)
             y[...] = stored_y[index]
         else:

@@ -39,6 +39,10 @@ class Accumulated:
         grads = model.trainable.grads  # a frozen layer's gradients are no one's
         self.total = model.workspace.part("accumulation")("gradient_sum", grads.shape, grads.dtype)
 
+    def micro_rows(self, rows: int) -> int:
+        """The rows of one forward and backward of a step of `rows` rows."""
+        return rows // self.micro_batches
+
     def step(self, model, x, y, key: tuple, grads_ready, sync, updater):
         """Train on the step's rows (`x`, `y`: K micro-batches, this rank's) and update once (a collective: the sync
         step). Returns the micro-batches' mean loss and their correct predictions, on the device."""

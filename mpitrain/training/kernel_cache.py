@@ -9,8 +9,8 @@ array or None) and keeps the machine code in its cache (`cache=True`; beside the
 NUMBA_CACHE_DIR). A first run compiles what its model, optimizer and sync mode need, 10-60 s of CPU per rank on two
 cores, while every later run loads them in a fraction of a second. The cases below meet the float32 combinations a
 training run meets on the CPU: each layer type forward and backward (both conv paths, both pooling paths, both
-recurrent cells each way), each loss, each optimizer with and without L2 or weight decay, the sharing codec, and the
-batch pipeline's gathering and scaling of uint8 and float32 rows. A model in float64 (`model.dtype`) compiles its
+recurrent cells each way), each loss, each optimizer with and without L2 or weight decay, the sharing codec, the
+deterministic sum, and the batch pipeline's gathering and scaling of uint8 and float32 rows. A model in float64 (`model.dtype`) compiles its
 own on first use. Not a collective; it touches no run directory.
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ from mpitrain.config.sections import ModelConfig, OptimizerConfig
 from mpitrain.data.encoding import ID_DTYPE
 from mpitrain.data.sequences import Inputs, SequenceBatch
 from mpitrain.data.shards import InputGroup
+from mpitrain.kernels.fixed_point import column_maxima, fixed_point_sum
 from mpitrain.kernels.rows import gather_scaled, scaled
 from mpitrain.nn.graph import build_graph
 from mpitrain.nn.model import build_model
@@ -154,7 +155,7 @@ def optimizers(rng) -> None:
 
 def batch_pipeline(rng) -> None:
     """The batch pipeline's gathering and scaling of stored rows (uint8 or float32) and targets (classes or
-    values), and the sharing codec's encoding and decoding."""
+    values), the sharing codec's encoding and decoding, and `sync.deterministic`'s exact sum."""
     index = np.arange(2, dtype=np.int64)
     for stored in (np.zeros((2, 3), np.uint8), np.zeros((2, 3), np.float32)):
         for y in (np.zeros(2, np.int32), np.zeros((2, 2), np.float32)):
@@ -163,6 +164,9 @@ def batch_pipeline(rng) -> None:
             scaled(stored, 1.0, 0.0, out_x)
     for codec in CODECS.values():
         codec().warm_up(np.zeros(64, np.float32))
+    kept = np.zeros((2, 3), np.float32)
+    column_maxima(kept, np.empty(3, np.float32))
+    fixed_point_sum(kept, np.ones(3), np.empty(3, np.int64))
 
 
 # the slowest first; `--part 1/2` takes images, dense_and_losses and table (about 55 s of CPU cold on this project's

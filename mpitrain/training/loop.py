@@ -190,14 +190,13 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
                          config.train.straggler_factor)
     schedule = Schedule(config.optimizer, batches.steps_per_epoch, config.train.epochs)
     schedule.load_state(start.loop_state.get("schedule", {}))
-    _warm_up(run, batches, (config.train.seed, comm.rank, start.epoch, start.step))
+    stepper = batch_stepper(config.train.tbptt_steps, model, comm, config.train.accumulate, sync, batches.batch_size)
+    _warm_up(run, batches, stepper, (config.train.seed, comm.rank, start.epoch, start.step))
     return _Loop(batches, test_rows, updater, sync, metrics, start.epoch, start.step,
-                 AllocationTrace(config.train.trace_allocations),
-                 batch_stepper(config.train.tbptt_steps, model, comm, config.train.accumulate),
-                 schedule, stopping)
+                 AllocationTrace(config.train.trace_allocations), stepper, schedule, stopping)
 
 
-def _warm_up(run: Run, batches: Batches, key: tuple) -> None:
+def _warm_up(run: Run, batches: Batches, stepper: Stepper, key: tuple) -> None:
     """The batch's kernels once (`Batches.warm_up`), then one forward and backward of a micro-batch of zeros before
     the first timed step, with the first step's dropout `key`: numba compiles (or loads from its cache) the step's
     kernels, and the workspace takes its arrays, here, so
@@ -207,7 +206,7 @@ def _warm_up(run: Run, batches: Batches, key: tuple) -> None:
     model = run.model
     batches.warm_up()
     x, y = batches.zeros()
-    micro = len(y) // run.config.train.accumulate
+    micro = stepper.micro_rows(len(y))
     stats = model.stats.copy()
     model.train_batch(micro_batch(x, slice(0, micro)), y[:micro], key=key)
     model.stats[...] = stats

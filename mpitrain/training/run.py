@@ -87,7 +87,8 @@ class Run:
                        normalize=data.normalize, augment=data.augment,
                        prefetch=data.prefetch and not train.trace_allocations,  # traced: steps alone (allocations.py)
                        ws=self.model.workspace.part("batches"), record=debug_rows_hook(self.comm.rank),
-                       standardize_targets=data.standardize_targets)
+                       standardize_targets=data.standardize_targets,
+                       augment_rows=self.config.sync.deterministic_rows if self.config.sync.deterministic else 0)
 
     def model_input(self) -> ModelInput:
         """Stored rows to model input, as training normalizes them (evaluation and prediction)."""

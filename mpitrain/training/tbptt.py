@@ -36,6 +36,10 @@ class TruncatedBPTT:
     def __init__(self, steps: int, model, comm):
         self.segments, self.comm = Segments(model, steps), comm
 
+    def micro_rows(self, rows: int) -> int:
+        """The rows of one forward and backward of a step of `rows` rows: all of them, segment by segment."""
+        return rows
+
     def step(self, model, x, y, key: tuple, grads_ready, sync, updater):
         """Train on batch (`x` a SequenceBatch, `y` its classes per step) segment by segment, a sync step after each.
         A collective: one Allreduce of the longest sequence, then as many sync steps on every rank. Returns the

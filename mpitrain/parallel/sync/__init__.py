@@ -12,6 +12,8 @@
 |             | blocks or recursive halving and     | dense allreduce's bytes and log2 N messages per rank  |
 |             | doubling (SparCML)                  | on many ranks                                         |
 | `none`      | nothing                             | one rank, or independent runs for baselines           |
+| `allreduce` | int64 fixed-point sums of each      | the same model bit for bit on any number of ranks     |
+| + determ.   | micro-batch's gradient, every step  | (`deterministic.py`): reproducibility, at a price     |
 | `auto`      | one of allreduce (float32, bf16,    | not knowing the network: measured at every epoch's    |
 |             | powersgd), sharing or averaging     | end, the least lossy whose communication hides in the |
 |             |                                     | step's compute (`auto.py`)                            |
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 from mpitrain.parallel.sync.auto import AutoSync
 from mpitrain.parallel.sync.base import Synchronizer, check_replicas, parameter_hash
+from mpitrain.parallel.sync.deterministic import DeterministicSync
 from mpitrain.parallel.sync.exchange import EXCHANGES
 from mpitrain.parallel.sync.modes import AllreduceSync, AveragingSync, NoSync
 from mpitrain.parallel.sync.sharing import SharingSync
@@ -36,6 +39,7 @@ __all__ = ["Synchronizer", "create_synchronizer", "check_replicas", "parameter_h
 
 def create_synchronizer(config, comm) -> Synchronizer:
     """The synchronizer for `config.mode` (a SyncConfig, validated here) on communicator `comm`, which must be
-    the one the run uses (`mpitrain.init()`'s, or the run's `comm`)."""
+    the one the run uses (`mpitrain.init()`'s, or the run's `comm`); `allreduce` with `sync.deterministic`, its
+    exact variant."""
     config = config.validate("create_synchronizer")
-    return SYNCHRONIZERS[config.mode](comm, config)
+    return (DeterministicSync if config.deterministic else SYNCHRONIZERS[config.mode])(comm, config)

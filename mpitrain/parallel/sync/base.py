@@ -70,6 +70,9 @@ class Synchronizer:
     #: those that do. Every mode: the running statistics, averaged at epoch ends only.
     rank_local: tuple[str, ...] = ("stats",)
     replicas_identical = True
+    #: the rows of each micro-batch whose gradient the stepper hands to `add_micro` one by one before `step`
+    #: (`sync.deterministic`); 0: `step` takes the step's gradient whole
+    micro_rows = 0
 
     def __init__(self, comm: Communicator, config):
         self.comm, self.config = comm, config

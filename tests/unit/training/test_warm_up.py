@@ -8,6 +8,7 @@ import numpy as np
 from mpitrain.nn.batchnorm import BatchNorm
 from mpitrain.nn.layers import Dense, Dropout
 from mpitrain.nn.model import Sequential
+from mpitrain.training.accumulation import Accumulated
 from mpitrain.training.loop import _warm_up
 
 
@@ -30,9 +31,9 @@ def test_the_warm_up_step_changes_no_state_and_takes_one_micro_batch():
     model.stats[...] = np.random.default_rng(0).random(model.stats.size)
     model.grads[...] = 1.0
     params, stats = model.params.copy(), model.stats.copy()
-    run = types.SimpleNamespace(model=model, config=types.SimpleNamespace(train=types.SimpleNamespace(accumulate=4)))
+    run = types.SimpleNamespace(model=model)
     batches = ZeroBatches(32)
-    _warm_up(run, batches, (0, 0, 0, 0))
+    _warm_up(run, batches, Accumulated(4, model), (0, 0, 0, 0))
     assert batches.warmed == 1  # the batch's own kernels too
     assert np.array_equal(model.params, params) and np.array_equal(model.stats, stats)
     assert not model.grads.any()
