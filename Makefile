@@ -96,6 +96,7 @@ bench: setup fashion-mnist
 	$(PY) benchmarks/cnn_accuracy.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/scaling.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/cluster.py --data data/fashion --out benchmarks/results
+	$(PY) benchmarks/compression.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/soak.py --out benchmarks/results
 	$(PY) benchmarks/etl.py --out benchmarks/results
 	$(PY) benchmarks/streaming.py --data data/fashion --fashion $(FASHION) --out benchmarks/results

@@ -28,6 +28,8 @@ SECTIONS = [("throughput", "Throughput per sync mode, beside PyTorch DDP (`bench
             ("throughput_gpu", "One GPU beside PyTorch CUDA (`benchmarks/throughput.py --backend cupy`)"),
             ("kernels_gpu", "Threshold kernels on the GPU (`benchmarks/kernels.py --backend cupy`)"),
             ("cluster", "Simulated multi-node cluster beside the cost model (`benchmarks/cluster.py`)"),
+            ("compression", "Codecs, `sync.mode: auto` and deterministic sums on the simulated cluster "
+                            "(`benchmarks/compression.py`)"),
             ("soak", "Soak: kill a random rank, resume, 20 times (`benchmarks/soak.py`)"),
             ("dbn", "Deep belief net, pretrained versus not, beside the seed's MNIST figures (`benchmarks/dbn.py`)"),
             ("etl", "Spark ETL beside a single-process conversion (`benchmarks/etl.py`)"),
