@@ -14,6 +14,7 @@ accuracy is within 0.5 points of dense; the price of `deterministic` (samples/s 
 measured, for docs/sync-modes.md#deterministic.
 
     sudo python benchmarks/compression.py --data data/fashion --out benchmarks/results
+    sudo python benchmarks/compression.py --variants auto --update    # auto's rows again, the others kept
 """
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--max-rows", type=int, default=0, help="rows per split instead of the models' (a quick try)")
+    parser.add_argument("--update", action="store_true",
+                        help="keep OUT/compression.json's rows but those of the variants run now (the table's "
+                             "machine line is then this run's)")
     args = parser.parse_args(argv)
     reason = missing_capability()
     if reason:
@@ -66,6 +70,11 @@ def main(argv=None) -> dict:
                 for variant in args.variants:
                     rows.append(train_row(cluster, args.data, model, variant, args.max_rows))
                     print(json.dumps(rows[-1]), flush=True)
+    if args.update:
+        with open(os.path.join(args.out, "compression.json")) as f:
+            kept = [r for r in json.load(f)["rows"] if r["variant"] not in args.variants]
+        rows = sorted(kept + rows, key=lambda r: (r["link_gbps"], list(MODELS).index(r["model"]),
+                                                  list(VARIANTS).index(r["variant"])))
     result = {"rows": rows}
     write_results(args.out, "compression", result, markdown(result))
     return result

@@ -19,9 +19,10 @@ class FourRanks:
 
 def test_the_least_lossy_candidate_that_fits_is_chosen_else_the_fastest():
     predicted = {"dense": 9.0, "bf16": 5.0, "powersgd": 1.0, "sharing": 0.5, "averaging": 2.0}
-    assert list(CHOICES) == ["dense", "bf16", "powersgd", "sharing", "averaging"]
+    assert list(CHOICES) == ["dense", "bf16", "sharing", "powersgd", "averaging"]  # sharing measured less lossy
     assert choose(predicted, 10.0) == "dense" and choose(predicted, 6.0) == "bf16"
-    assert choose(predicted, 1.5) == "powersgd" and choose(predicted, 0.7) == "sharing"
+    assert choose(predicted, 1.5) == "sharing" and choose(predicted, 0.7) == "sharing"
+    assert choose({**predicted, "sharing": 3.0}, 1.5) == "powersgd"  # sharing does not fit, powersgd does
     assert choose(predicted, 0.1) == "sharing"  # none fits: the fastest
 
 
