@@ -4,10 +4,13 @@ For each link rate (`--links`, Gb/s) a cluster of 4 network namespaces (tests/ha
 into one bridge, MPICH over TCP, one rank per node, each pinned to a share of the cores) trains each model 5 epochs
 per variant, started as the README starts mpitrain (`mpiexec ... mpitrain train CONFIG --set ...`): dense
 `allreduce` blocking (the baseline) and overlapped, bf16, fp16 and powersgd (rank 1) on overlapped buckets,
-`sharing`, `auto`, and `deterministic` (exact int64 sums of micro-batches of 8 rows). Samples/s are those of
+`sharing`, `auto`, and `deterministic` (exact int64 sums of micro-batches of 8 rows); and their peer, PyTorch DDP
+(gloo) on the same model, rows and batches (benchmarks/torch_ddp.py started by the same mpiexec, `--launcher mpi`),
+without a hook and with its `bf16_compress_hook` and `powerSGD_hook` (rank 1, from step 2). Samples/s are those of
 epochs 2-5 (the first is the warm-up: numba's kernels, TCP connections; `auto` runs dense in it and chooses at its
-end), bytes per step per rank as mpitrain counts them, test accuracy after the 5 epochs, and `auto`'s choice at
-each epoch's end (summary.json's `sync_auto`).
+end), bytes per step per rank as mpitrain counts them and as the nodes' links counted them (the whole run's, start-up
+and evaluation included, over its steps: DDP counts none itself), test accuracy after the 5 epochs, and `auto`'s
+choice at each epoch's end (summary.json's `sync_auto`).
 
 Targets (issue 52): at each link rate, `auto` within 10% of the samples/s of the best fixed setting whose test
 accuracy is within 0.5 points of dense; the price of `deterministic` (samples/s and bytes against blocking dense)
@@ -27,9 +30,9 @@ import numpy as np
 
 from mpitrain.rundir.directory import RunDir
 from mpitrain.rundir.metrics_file import read_metrics
-from mpitrain.testing.cluster import SimulatedCluster, missing_capability
+from mpitrain.testing.cluster import NODE_IF, SimulatedCluster, missing_capability
 
-from common import BIN, markdown_table, write_results
+from common import BIN, HERE, markdown_table, write_results
 
 MODELS = {"MLP": ("configs/fashion_mlp.yaml", 20000), "LeNet": ("configs/fashion_lenet.yaml", 8000)}  # max rows
 DENSE = {"sync.mode": "allreduce", "sync.compression": "none"}
@@ -42,7 +45,11 @@ VARIANTS = {  # name: overrides
     "sharing": {"sync.mode": "sharing"},
     "auto": {"sync.mode": "auto"},
     "deterministic": {**DENSE, "sync.overlap": False, "sync.deterministic": True},
+    "DDP": {"hook": "none"},  # PyTorch's rows: torch_ddp.py's --hook
+    "DDP bf16": {"hook": "bf16"},
+    "DDP powersgd": {"hook": "powersgd"},
 }
+PEERS = {"dense blocking": "DDP", "bf16": "DDP bf16", "powersgd": "DDP powersgd"}  # mpitrain's row: DDP's twin
 FIXED = ("dense blocking", "dense overlapped", "bf16", "fp16", "powersgd", "sharing")  # what auto is held against
 NODES, BATCH, EPOCHS = 4, 64, 5
 
@@ -82,13 +89,17 @@ def main(argv=None) -> dict:
 
 def train_row(cluster, data: str, model: str, variant: str, max_rows: int = 0) -> dict:
     """Train `model` with `variant` on every node for EPOCHS epochs; its row."""
+    if variant.startswith("DDP"):
+        return ddp_row(cluster, data, model, variant, max_rows)
     config_path, model_rows = MODELS[model]
     with tempfile.TemporaryDirectory() as run_dir:
         overrides = {"data.path": data, "data.max_rows": max_rows or model_rows, "run_dir": run_dir,
                      "resume": "never", "train.epochs": EPOCHS, "train.batch_size": BATCH, "train.log_every": 10,
                      "report": False, "checkpoint.every": 1000, **VARIANTS[variant]}
+        before = cluster.bytes_on_links()
         result = cluster.mpiexec(cluster.size, os.path.join(BIN, "mpitrain"), "train", config_path,
                                  *[f"--set={k}={v}" for k, v in overrides.items()], timeout=1800)
+        sent = wire_bytes(cluster, before)
         if result.returncode:
             sys.exit(f"{model} {variant} failed on {cluster.description}:\n{result.stderr[-3000:]}")
         with open(os.path.join(run_dir, "summary.json")) as f:
@@ -99,8 +110,33 @@ def train_row(cluster, data: str, model: str, variant: str, max_rows: int = 0) -
             "samples_per_s": samples / sum(w["samples"] / w["samples_per_s"] for w in windows),
             "bytes_per_step": float(np.average([w["bytes_sent_per_step"] for w in windows],
                                                weights=[w["samples"] for w in windows])),
+            "wire_bytes_per_step": sent / (summary["steps_per_epoch"] * EPOCHS),
             "test_accuracy": summary["test_accuracy"], "replicas_identical": len(set(summary["replica_hashes"])) == 1,
             "auto_choices": [record["next"] for record in summary.get("sync_auto", [])]}
+
+
+def ddp_row(cluster, data: str, model: str, variant: str, max_rows: int = 0) -> dict:
+    """PyTorch DDP with `variant`'s hook on every node for EPOCHS epochs, the first not counted; its row."""
+    config_path, model_rows = MODELS[model]
+    before = cluster.bytes_on_links()
+    result = cluster.mpiexec(cluster.size, sys.executable, os.path.join(HERE, "torch_ddp.py"), "--launcher", "mpi",
+                             "--init", f"tcp://{cluster.hosts[0]}:29517", "--data", data, "--config", config_path,
+                             "--epochs", EPOCHS, "--warmup-epochs", 1, "--batch-size", BATCH,
+                             "--max-rows", max_rows or model_rows, "--hook", VARIANTS[variant]["hook"],
+                             env={"GLOO_SOCKET_IFNAME": NODE_IF, "OMP_NUM_THREADS": "1"}, timeout=1800)
+    sent = wire_bytes(cluster, before)
+    if result.returncode:
+        sys.exit(f"{model} {variant} failed on {cluster.description}:\n{result.stderr[-3000:]}")
+    ddp = json.loads(result.stdout.strip().splitlines()[-1])
+    return {"model": model, "link_gbps": cluster.link_gbps, "variant": variant, "samples_per_s": ddp["samples_per_s"],
+            "bytes_per_step": None, "wire_bytes_per_step": sent / ddp["steps"], "test_accuracy": ddp["test_accuracy"],
+            "replicas_identical": None, "auto_choices": []}
+
+
+def wire_bytes(cluster, before: dict) -> float:
+    """What the nodes' links sent since `before` (`bytes_on_links()`), per node."""
+    after = cluster.bytes_on_links()
+    return sum(after[node]["tx"] - before[node]["tx"] for node in cluster.nodes) / cluster.size
 
 
 def markdown(result: dict) -> str:
@@ -108,14 +144,21 @@ def markdown(result: dict) -> str:
     rows, table = result["rows"], []
     for r in rows:
         base = baseline(rows, r)
+        wire = r.get("wire_bytes_per_step")
         table.append([r["model"], f"{r['link_gbps']:g}", r["variant"], f"{r['samples_per_s']:.0f}",
-                      f"{r['samples_per_s'] / base['samples_per_s']:.2f}x", f"{r['bytes_per_step'] / 1e6:.3f}",
-                      f"{r['bytes_per_step'] / base['bytes_per_step']:.2f}", f"{r['test_accuracy']:.4f}",
-                      " > ".join(r["auto_choices"])])
+                      f"{r['samples_per_s'] / base['samples_per_s']:.2f}x",
+                      "-" if r["bytes_per_step"] is None else f"{r['bytes_per_step'] / 1e6:.3f}",
+                      "-" if wire is None else f"{wire / 1e6:.3f}",
+                      "-" if wire is None or not base.get("wire_bytes_per_step")
+                      else f"{wire / base['wire_bytes_per_step']:.2f}",
+                      f"{r['test_accuracy']:.4f}", " > ".join(r["auto_choices"])])
     measured = markdown_table(["model", "link Gb/s", "sync", "samples/s", "vs blocking dense", "MB/step/rank",
-                               "bytes vs dense", "test acc", "auto's choices (epoch ends)"], table, "lrlrrrrrl")
+                               "wire MB/step/rank", "wire vs dense", "test acc", "auto's choices (epoch ends)"],
+                              table, "lrlrrrrrrl")
     return (f"{NODES} simulated nodes (network namespaces, tbf-shaped links), 1 rank per node, MPICH over TCP; batch "
-            f"{BATCH} per rank; {EPOCHS} epochs, samples/s of epochs 2-{EPOCHS}; the codecs on overlapped buckets."
+            f"{BATCH} per rank; {EPOCHS} epochs, samples/s of epochs 2-{EPOCHS}; the codecs on overlapped buckets; "
+            "DDP: PyTorch's DistributedDataParallel (gloo) on the same rows, with its hook. Wire bytes: what the links "
+            "carried over the whole run (start-up and evaluation included), per step and rank."
             f"\n\n{measured}\n\n{verdicts(rows)}\n")
 
 
@@ -142,6 +185,11 @@ def verdicts(rows: list[dict]) -> str:
                              f"dense ({best['variant']}), test accuracy {points:+.2f} points against dense (target: "
                              f"at least 0.90x, within 0.5 points: "
                              f"{'met' if ratio >= 0.9 and abs(points) <= 0.5 else 'NOT met'})")
+            peers = [f"{ours} {mine[ours]['samples_per_s'] / mine[theirs]['samples_per_s']:.2f}x {theirs} "
+                     f"({100 * (mine[ours]['test_accuracy'] - mine[theirs]['test_accuracy']):+.2f} points)"
+                     for ours, theirs in PEERS.items() if ours in mine and theirs in mine]
+            if peers:
+                lines.append(f"- {model}, {gbps:g} Gb/s, mpitrain beside PyTorch DDP's hooks: " + "; ".join(peers))
             if "deterministic" in mine:
                 exact = mine["deterministic"]
                 lines.append(f"- {model}, {gbps:g} Gb/s: deterministic {exact['samples_per_s'] / dense['samples_per_s']:.2f}x "

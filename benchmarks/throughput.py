@@ -8,7 +8,9 @@ thread pools itself (mpitrain/base/threads.py). Beside the default overlapped `a
 row runs it with every pool pinned to 1 thread by hand (the "threads pinned" row, as these
 benchmarks ran everything until 2026-11): a default row falling behind it is a regression of
 the sizing. PyTorch DDP gets OMP_NUM_THREADS=1 per process, as torchrun gives it. PyTorch DDP (gloo, CPU) on the same model runs in the
-same invocation when torch is installed, so ratios compare like with like; the engines take
+same invocation when torch is installed, so ratios compare like with like, twice: eager, and through
+`torch.compile` in its default mode (`torch_ddp.py --compile`: one more epoch, the first, compiles and is not
+counted), the honest peer of PyTorch 2. Every mpitrain row gives both ratios. The engines take
 turns (`--repeat` rounds) and each row is the median, so the machine's drift reaches every
 engine alike.
 
@@ -116,14 +118,17 @@ def model_rows(model: str, args, ranks: int, runs: list, with_ddp: bool) -> list
     The machine's speed drifts; taking turns lets every engine see the drift alike.
     """
     measures = {label(mode, extra): [] for _, mode, extra in runs}
-    ddp_runs = []
+    ddp_runs, compiled_runs = [], []
     for _ in range(args.repeat):
         if with_ddp:
             ddp_runs.append(run_ddp(args, ranks, args.epochs, ["--batch-size", str(BATCH)]))
+            compiled_runs.append(run_ddp(args, ranks, args.epochs + 1, ["--batch-size", str(BATCH), "--compile",
+                                                                        "--warmup-epochs", "1"]))
         for n, mode, extra in runs:
             measures[label(mode, extra)].append(measure(args, n, mode, {"train.batch_size": BATCH, **extra},
                                                         args.epochs))
     ddp = median_run(ddp_runs) if with_ddp else None
+    compiled = median_run(compiled_runs) if with_ddp else None
     rows = []
     for n, mode, extra in runs:
         s = median_run(measures[label(mode, extra)])
@@ -131,11 +136,14 @@ def model_rows(model: str, args, ranks: int, runs: list, with_ddp: bool) -> list
                      "mode": label(mode, extra), "samples_per_s": s["samples_per_s"],
                      "test_accuracy": s["test_accuracy"], "bytes_sent_per_step": s["bytes_sent_per_step"],
                      "allocated_bytes_per_step": allocated_per_step(args, n, mode, extra),
-                     "vs_ddp": s["samples_per_s"] / ddp["samples_per_s"] if ddp else None})
+                     "vs_ddp": s["samples_per_s"] / ddp["samples_per_s"] if ddp else None,
+                     "vs_ddp_compiled": s["samples_per_s"] / compiled["samples_per_s"] if ddp else None})
     if ddp:
-        rows.append({"model": model, "engine": "pytorch-ddp", "ranks": ranks, "mode": "DDP gloo",
-                     "samples_per_s": ddp["samples_per_s"], "test_accuracy": ddp["test_accuracy"],
-                     "bytes_sent_per_step": None, "vs_ddp": 1.0})
+        for mode, run in (("DDP gloo", ddp), ("DDP gloo, torch.compile", compiled)):
+            rows.append({"model": model, "engine": "pytorch-ddp", "ranks": ranks, "mode": mode,
+                         "samples_per_s": run["samples_per_s"], "test_accuracy": run["test_accuracy"],
+                         "bytes_sent_per_step": None, "vs_ddp": run["samples_per_s"] / ddp["samples_per_s"],
+                         "vs_ddp_compiled": run["samples_per_s"] / compiled["samples_per_s"]})
     return rows
 
 
@@ -197,7 +205,8 @@ def _torch_cuda() -> bool:
 
 def markdown(result: dict) -> str:
     rows = [[r["model"], r["engine"], str(r["ranks"]), r["mode"], f"{r['samples_per_s']:.0f}",
-             f"{r['vs_ddp']:.2f}x" if r["vs_ddp"] else "-", f"{r['test_accuracy']:.4f}",
+             f"{r['vs_ddp']:.2f}x" if r["vs_ddp"] else "-",
+             f"{r['vs_ddp_compiled']:.2f}x" if r.get("vs_ddp_compiled") else "-", f"{r['test_accuracy']:.4f}",
              f"{r['bytes_sent_per_step']:.0f}" if r["bytes_sent_per_step"] is not None else "-",
              f"{r['allocated_bytes_per_step']:.0f}" if r.get("allocated_bytes_per_step") is not None else "-"]
             for r in result["rows"]]
@@ -205,9 +214,10 @@ def markdown(result: dict) -> str:
              f"{result['repeat']} runs, interleaved with the other engines. mpitrain runs in the default environment "
              "(no thread variable: it sizes its pools itself) except the rows marked 'threads pinned' "
              "(OMP/OPENBLAS/MKL/NUMBA_NUM_THREADS=1, set by hand); PyTorch DDP with OMP_NUM_THREADS=1 per process, "
-             "as torchrun starts it.", "",
-             markdown_table(["model", "engine", "ranks", "sync", "samples/s", "vs DDP", "test acc",
-                             "bytes/step/rank", "allocated/step"], rows, "llrlrrrrr"),
+             "as torchrun starts it. The torch.compile rows train one more epoch, first, that compiles and is not "
+             "counted: their test accuracy is after one more epoch than the others'.", "",
+             markdown_table(["model", "engine", "ranks", "sync", "samples/s", "vs DDP", "vs DDP compiled", "test acc",
+                             "bytes/step/rank", "allocated/step"], rows, "llrlrrrrrr"),
              "", "allocated/step: the most bytes a step after the first two allocated on any rank (tracemalloc, in a "
                  f"separate {TRACED_ROWS}-row run): Python objects only, no array (a step writes into the model's "
                  "workspace); PyTorch's allocator is not traced (-)."]

@@ -10,9 +10,20 @@ values and lengths.
 With `--device cuda` one process trains on the GPU without DDP (the twin of a 1-rank
 `backend: cupy` run), each batch uploaded as mpitrain uploads it.
 The optimizer is the config's SGD, Adam or AdamW, with its `train.clip_norm` (PyTorch's `clip_grad_norm_`).
-Prints one JSON line: samples/s (all ranks, training steps only) and test accuracy.
+With `--compile` the DDP model goes through `torch.compile` in its default mode (TorchInductor; DDP's optimizer
+splits the graph at its buckets), as PyTorch 2 recommends; its first steps compile, so count from a second epoch
+(`--warmup-epochs 1`).
+With `--hook` DDP's gradients go through its communication hook: `bf16` and `fp16` (`bf16_compress_hook`,
+`fp16_compress_hook`: 16 bits on the wire, an Allreduce in that precision) or `powersgd` (`powerSGD_hook` of
+rank 1 with error feedback and warm start, compressing from step 2, the earliest it allows, where its default waits
+1,000 steps: mpitrain's `powersgd` compresses from the first).
+With `--launcher mpi` the ranks are started by mpiexec (one process each, e.g. on the simulated cluster's nodes:
+benchmarks/compression.py) instead of spawned here: each takes its rank and the number of ranks from MPICH's
+PMI_RANK and PMI_SIZE and meets the others at `--init` (tcp://HOST:PORT, rank 0's node); rank 0 prints the result.
+Prints one JSON line: samples/s (all ranks, training steps only), test accuracy and the steps each rank trained.
 
     python benchmarks/torch_ddp.py --data data/fashion --config configs/fashion_mlp.yaml --ranks 2 --epochs 1
+    python benchmarks/torch_ddp.py --data data/fashion --compile --epochs 2 --warmup-epochs 1
     python benchmarks/torch_ddp.py --data data/fashion --device cuda --batch-size 256
 """
 from __future__ import annotations
@@ -29,6 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch_graph import GraphModel
 from torch_sequences import SequenceModel, initialized
 
@@ -114,11 +126,22 @@ def torch_optimizer(opt, weights, biases):
     return torch.optim.SGD(groups, lr=opt.lr, momentum=opt.momentum, nesterov=opt.nesterov)
 
 
-def worker(rank: int, args, init_file: str, results) -> None:
+def with_hook(model, hook: str):
+    """Register DDP's communication hook `hook` (none, bf16, fp16, powersgd) on the DDP `model`; returns it."""
+    if hook == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif hook != "none":
+        model.register_comm_hook(None, {"bf16": default_hooks.bf16_compress_hook,
+                                        "fp16": default_hooks.fp16_compress_hook}[hook])
+    return model
+
+
+def worker(rank: int, args, init_method: str, results) -> None:
     torch.set_num_threads(1)
     distributed = args.device == "cpu"
     if distributed:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=args.ranks)
+        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=args.ranks)
     overrides = [f"data.path={args.data}"] + ([f"data.max_rows={args.max_rows}"] if args.max_rows else [])
     config = load_config(args.config, overrides)
     reader, batches = rank_batches(config, rank, args.ranks, args.batch_size)
@@ -130,12 +153,15 @@ def worker(rank: int, args, init_file: str, results) -> None:
         model = GraphModel(config.model.graph, reader.manifest.feature_shape).to(args.device)
     else:
         model = build_torch_model(config.model.layers, reader.manifest.feature_shape).to(args.device)
+    network = model  # the module itself, for evaluation
     if distributed:
-        model = torch.nn.parallel.DistributedDataParallel(model)
-    weights = [p for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d,
+        model = with_hook(torch.nn.parallel.DistributedDataParallel(model), args.hook)
+    if args.compile:
+        model = torch.compile(model)
+    weights = [p for m in network.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d,
                                                                 torch.nn.LSTM, torch.nn.MultiheadAttention))
                for name, p in m.named_parameters(recurse=False) if name.startswith(("weight", "in_proj_weight"))]
-    biases = [p for p in model.parameters() if all(p is not w for w in weights)]  # and batch-norm scales
+    biases = [p for p in network.parameters() if all(p is not w for w in weights)]  # and batch-norm scales
     optimizer = torch_optimizer(config.optimizer, weights, biases)
     clip_norm = config.train.clip_norm
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -166,28 +192,28 @@ def worker(rank: int, args, init_file: str, results) -> None:
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     if rank == 0:
         test = rank_reader(config, 0, 1).eval_rows(config.data.test_split)
-        model.eval()
+        network.eval()
         right = 0
         with torch.no_grad():
             for x, y in test.batches(EVAL_BATCH):
-                logits = (model.module if distributed else model)(
-                    *torch_inputs(batches.to_model_input(x), args.device))
+                logits = network(*torch_inputs(batches.to_model_input(x), args.device))
                 right += int((logits.argmax(1).cpu().numpy() == y).sum())
         accuracy = right / len(test)
         results.put({"samples_per_s": samples * args.ranks / float(slowest[0]), "test_accuracy": accuracy,
-                     "host_cpu_ms_per_step": 1e3 * host_seconds / max(steps, 1)})
+                     "host_cpu_ms_per_step": 1e3 * host_seconds / max(steps, 1),
+                     "steps": batches.steps_per_epoch * args.epochs})
     if distributed:
         dist.destroy_process_group()
 
 
 def spawn_ranks(worker, args, ranks: int) -> dict:
-    """Start `ranks` processes of `worker(rank, args, init_file, results)` (spawned, one per rank as torchrun starts
-    them; `init_file` is their rendezvous for `dist.init_process_group`) and return what rank 0 puts in `results`. A
-    process that fails ends them all, with an error."""
+    """Start `ranks` processes of `worker(rank, args, init_method, results)` (spawned, one per rank as torchrun starts
+    them; `init_method`, a file, is their rendezvous for `dist.init_process_group`) and return what rank 0 puts in
+    `results`. A process that fails ends them all, with an error."""
     context = mp.get_context("spawn")
     results = context.Queue()
     with tempfile.TemporaryDirectory() as tmp:
-        processes = [context.Process(target=worker, args=(r, args, os.path.join(tmp, "init"), results))
+        processes = [context.Process(target=worker, args=(r, args, f"file://{os.path.join(tmp, 'init')}", results))
                      for r in range(ranks)]
         for p in processes:
             p.start()
@@ -220,10 +246,26 @@ def main(argv=None) -> dict:
     parser.add_argument("--warmup-epochs", type=int, default=0,
                         help="first epochs trained but not counted in samples/s (of --epochs)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: one process, no DDP")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the (DDP) model, default mode")
+    parser.add_argument("--hook", choices=["none", "bf16", "fp16", "powersgd"], default="none",
+                        help="DDP's communication hook")
+    parser.add_argument("--launcher", choices=["spawn", "mpi"], default="spawn",
+                        help="mpi: this process is one rank of an mpiexec job (PMI_RANK, PMI_SIZE), meeting at --init")
+    parser.add_argument("--init", default="", help="--launcher mpi: rank 0's tcp://HOST:PORT")
     args = parser.parse_args(argv)
     if args.device == "cuda" and args.ranks != 1:
         parser.error("--device cuda runs one process: use --ranks 1")
-    result = spawn_ranks(worker, args, args.ranks)
+    if args.launcher == "mpi":
+        if not args.init:
+            parser.error("--launcher mpi needs --init tcp://HOST:PORT")
+        rank, args.ranks = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+        results = queue.Queue()
+        worker(rank, args, args.init, results)
+        if rank:
+            return {}
+        result = results.get()
+    else:
+        result = spawn_ranks(worker, args, args.ranks)
     print(json.dumps(result))
     return result
 

@@ -47,8 +47,9 @@ SECTIONS = [("throughput", "Throughput per sync mode, beside PyTorch DDP (`bench
                        "(`benchmarks/resnet.py`)"),
             ("transformers", "Transformers through the whole pipeline (`benchmarks/transformers.py`)")]
 # The README's headline: (section, what the rows show, which rows of the section's first table).
-HEADLINE = [("throughput", "CPU, 2 ranks on 2 cores, beside PyTorch DDP",
-             lambda row: row["ranks"] == "2" and row["sync"] in ("allreduce (overlapped)", "DDP gloo")),
+HEADLINE = [("throughput", "CPU, 2 ranks on 2 cores, beside PyTorch DDP, eager and torch.compile",
+             lambda row: row["ranks"] == "2" and row["sync"] in ("allreduce (overlapped)", "DDP gloo",
+                                                                 "DDP gloo, torch.compile")),
             ("communication", "Bytes each rank sends per step, 4 ranks, MLP", lambda row: row["ranks"] == "4"),
             ("cnn_accuracy", "Conv nets after 10 epochs, 4 ranks, sharing", lambda row: True),
             ("tables", "Tables through ETL, 2-rank training and eval, beside scikit-learn on the same split",

@@ -403,16 +403,23 @@ def _assert_gone(name: str, pids: list[int], nodes=(r"n\d+",), links=(r"b", r"v\
     assert not still, f"processes of the nodes still run: {still}"
 
 
+AUTO_MODEL = {"layers": [  # a small conv net: its step's compute outlasts its 4k parameters' Allreduce at 10 Gb/s
+    {"type": "conv2d", "filters": 16, "kernel": 3, "padding": "same", "activation": "relu"},
+    {"type": "conv2d", "filters": 16, "kernel": 3, "padding": "same", "activation": "relu"},
+    {"type": "maxpool2d", "pool": 2}, {"type": "dense", "units": 3}]}
+
+
 def test_auto_keeps_dense_gradients_on_a_fast_link_and_compresses_on_a_slow_one(tmp_path):
-    """`sync.mode: auto` on 2 nodes: at 10 Gb/s the Allreduce of an MLP's gradients hides in its step, so the second
-    epoch runs dense too; at 0.01 Gb/s it cannot, and the second epoch runs a lossier candidate. summary.json records
-    each epoch's choice with its prediction beside the measured communication."""
+    """`sync.mode: auto` on 2 nodes: at 10 Gb/s the Allreduce of a small conv net's gradients hides in its step (as
+    measured in the first epoch, which runs dense), so the second epoch runs dense too; at 0.01 Gb/s it cannot, and
+    the second epoch runs a lossier candidate. summary.json records each epoch's choice with its prediction beside
+    the measured communication."""
     require_cluster()
-    make_dataset(tmp_path / "data")
+    make_dataset(tmp_path / "data", shape=(1, 12, 12))
     chosen = {}
     for gbps in (10.0, 0.01):
-        config = write_config(tmp_path / f"{gbps}.yaml", tmp_path / "data", model=MODEL, sync={"mode": "auto"},
-                              run_dir=str(tmp_path / f"run-{gbps}"), train={"epochs": 2, "batch_size": 32})
+        config = write_config(tmp_path / f"{gbps}.yaml", tmp_path / "data", model=AUTO_MODEL, sync={"mode": "auto"},
+                              run_dir=str(tmp_path / f"run-{gbps}"), train={"epochs": 2, "batch_size": 64})
         with SimulatedCluster(nodes=2, link_gbps=gbps) as cluster:
             result = cluster.mpiexec(2, MPITRAIN, "train", config, timeout=180)
         assert result.returncode == 0, result.stderr[-3000:]

@@ -1,7 +1,7 @@
 """`sync.mode: auto`: the least lossy way to keep one model whose communication hides within the step's compute,
 chosen by measurement at every epoch's end.
 
-    choice = choose(predicted_ms, compute_ms)        # the first of CHOICES whose communication fits in the compute
+    choice = choose(expected_ms, compute_ms)         # the first of CHOICES whose communication fits in the compute
 
 The candidates, from the least lossy (`CHOICES`): `dense` (allreduce of float32 gradients), `bf16` (allreduce,
 16 bits on the wire), `sharing` (threshold-encoded updates), `powersgd` (allreduce of rank-`powersgd_rank` factors)
@@ -11,8 +11,12 @@ and 1.7 (benchmarks/compression.py; PyTorch's hook runs 1,000 dense steps before
 from the first). At each epoch's end the ranks measure the link (blocking
 Allreduces of a small and a large buffer, the slowest rank's times: `measure_network`) and the step's compute (each
 rank's time between its steps, the slowest rank's mean), predict each candidate's communication per step with the
-cost model (`predicted_ms`), and take the first whose prediction is at most the compute: one that overlap can hide.
-If none fits, the one predicted fastest. The first epoch runs `dense`, since no step has been measured yet.
+cost model (`predicted_ms`), and take the first whose expected communication is at most the compute: one that
+overlap can hide. If none fits, the one expected fastest. A mode that has run is expected to take what it was
+measured to take in its latest epoch, its communication per step from the start of its collectives to their end,
+the slowest rank's; one that has not, its prediction. The predictions leave out MPI's own costs and the ranks'
+waits for each other, so they run low, and a mode measured once is not chosen again on its prediction's word. The
+first epoch runs `dense`, since no step has been measured yet.
 
 A choice holds for a whole epoch (replicas are identical at every epoch's end in each mode, so the next mode starts
 from the same model everywhere: its `start` broadcasts rank 0's). Each choice is logged beside what the epoch before
@@ -43,14 +47,15 @@ CHOICES = {"dense": (AllreduceSync, {"mode": "allreduce", "compression": "none"}
            "averaging": (AveragingSync, {"mode": "averaging", "compression": "none"})}
 #: a checkpoint's `auto_choice` is an index into this tuple (the order checkpoints have written since auto began)
 CHECKPOINT_CODES = ("dense", "bf16", "powersgd", "sharing", "averaging")
+MEASURED = "auto_measured_"  # a checkpoint number's prefix: a mode's measured communication, ms per step
 SMALL, LARGE = 4096, 1 << 18  # bytes of the link's probes (at least: LARGE grows to the gradient's size)
 PROBES = 3  # Allreduces of each size; the fastest counts
 
 
-def choose(predicted_ms: dict[str, float], compute_ms: float) -> str:
-    """The first of CHOICES whose predicted communication per step is at most `compute_ms`, else the fastest."""
-    fitting = [name for name in CHOICES if predicted_ms[name] <= compute_ms]
-    return fitting[0] if fitting else min(predicted_ms, key=predicted_ms.get)
+def choose(expected_ms: dict[str, float], compute_ms: float) -> str:
+    """The first of CHOICES whose expected communication per step is at most `compute_ms`, else the fastest."""
+    fitting = [name for name in CHOICES if expected_ms[name] <= compute_ms]
+    return fitting[0] if fitting else min(expected_ms, key=expected_ms.get)
 
 
 def measure_network(comm, nbytes: int, xp) -> Network:
@@ -84,7 +89,7 @@ class AutoSync(Synchronizer):
     asks of a mode goes to it."""
 
     def reset(self) -> None:
-        self.choice, self.records = "dense", []
+        self.choice, self.records, self.measured = "dense", [], {}  # measured: ms per step of each mode that ran
         self.inner = self._mode("dense")
         self.steps, self.compute_s, self.left, self.comm_s = 0, 0.0, None, self.comm.comm_seconds
 
@@ -123,17 +128,19 @@ class AutoSync(Synchronizer):
         measured_ms = 1e3 * self.comm.max((self.comm.comm_seconds - self.comm_s) / max(self.steps + 1, 1))
         network = measure_network(self.comm, 4 * (model.params.size - model.dense_start), model.xp)
         predicted = self.predicted_ms(network, model)
-        chosen = choose(predicted, compute_ms)
+        self.measured[self.choice] = measured_ms
+        expected = {name: self.measured.get(name, ms) for name, ms in predicted.items()}
+        chosen = choose(expected, compute_ms)
         self.records.append({"job_epoch": len(self.records) + 1,  # of this job: a resumed run counts from 1 again
                              "ran": self.choice, "compute_ms": compute_ms,
                              "comm_ms_measured": measured_ms, "comm_ms_predicted": predicted[self.choice],
                              "network": {"latency_us": network.latency_us,  # no rate: one rank, or too fast to see
                                          "gbps": network.gbps if network.byte_s > 0 else None},
-                             "predicted_ms": predicted, "next": chosen})
+                             "predicted_ms": predicted, "expected_ms": expected, "next": chosen})
         log.info("sync auto: %s ran this epoch: communication %.2f ms per step measured, %.2f predicted, the step's "
-                 "compute %.2f ms; predicted per step: %s; next epoch: %s", self.choice, measured_ms,
-                 predicted[self.choice], compute_ms, ", ".join(f"{name} {ms:.2f} ms" for name, ms in predicted.items()),
-                 chosen)
+                 "compute %.2f ms; expected per step (measured where a mode ran, else predicted): %s; next epoch: %s",
+                 self.choice, measured_ms, predicted[self.choice], compute_ms,
+                 ", ".join(f"{name} {ms:.2f} ms" for name, ms in expected.items()), chosen)
         if chosen != self.choice:
             self._switch(chosen)
         self.steps, self.compute_s, self.left, self.comm_s = 0, 0.0, None, self.comm.comm_seconds
@@ -160,14 +167,18 @@ class AutoSync(Synchronizer):
         return {name: 1e3 * s for name, s in seconds.items()}
 
     def state(self) -> dict:
-        """The choice in force (its index in CHECKPOINT_CODES), and its mode's state."""
-        return {"auto_choice": CHECKPOINT_CODES.index(self.choice), **self.inner.state()}
+        """The choice in force (its index in CHECKPOINT_CODES), each mode's measured communication
+        (`auto_measured_NAME`, ms per step), and the mode's own state."""
+        return {"auto_choice": CHECKPOINT_CODES.index(self.choice),
+                **{f"{MEASURED}{name}": ms for name, ms in self.measured.items()}, **self.inner.state()}
 
     def load_state(self, numbers: dict, arrays: dict) -> None:
         name = CHECKPOINT_CODES[int(numbers.get("auto_choice", 0))]
         if name != self.choice:
             self._switch(name)
-        self.inner.load_state({k: v for k, v in numbers.items() if k != "auto_choice"}, arrays)
+        self.measured = {key[len(MEASURED):]: float(ms) for key, ms in numbers.items() if key.startswith(MEASURED)}
+        self.inner.load_state({k: v for k, v in numbers.items() if k != "auto_choice" and not k.startswith(MEASURED)},
+                              arrays)
 
     def load_rank_arrays(self, model, updater, saved: dict) -> None:
         self.inner.load_rank_arrays(model, updater, saved)

@@ -70,3 +70,29 @@ def test_a_checkpoints_choice_is_taken_back_with_its_modes_state():
     auto.step(model, updater)
     auto.end_epoch(model, updater)  # one rank: every prediction is 0, so dense fits again
     assert auto.choice == "dense" and [r["ran"] for r in auto.summary()["sync_auto"]] == ["sharing"]
+
+
+def test_a_mode_measured_slower_than_the_step_is_not_chosen_again_on_its_prediction():
+    from mpi4py import MPI
+
+    from mpitrain.config.sections import OptimizerConfig
+    from mpitrain.nn.updaters import create_updater
+    from mpitrain.parallel.comm import Communicator
+    model = Sequential([Dense(8, activation="relu"), Dense(3)], (5,), "softmax_cross_entropy", np)
+    model.init_params(0, "xavier")
+    updater = create_updater(OptimizerConfig(type="sgd", lr=0.1), model.params, model.decay_mask)
+    auto = AutoSync(Communicator(MPI.COMM_WORLD.Dup()), SyncConfig(mode="auto").validate("run.yaml"))
+    auto.start(model, updater)
+    auto.steps, auto.compute_s = 1, 0.001  # one step of 1 ms of compute, whose dense communication took 50 ms:
+    auto.comm_s = auto.comm.comm_seconds - 0.1  # 100 ms over the step and the epoch's end
+    auto.end_epoch(model, updater)  # one rank: every prediction is 0, dense's too, but dense was measured at 50
+    record = auto.summary()["sync_auto"][-1]
+    assert record["comm_ms_predicted"] < 1 < 49 < record["expected_ms"]["dense"] < 51 and record["next"] == "bf16"
+    assert auto.choice == "bf16" and 49 < auto.state()["auto_measured_dense"] < 51
+    again = AutoSync(auto.comm, SyncConfig(mode="auto").validate("run.yaml"))
+    again.start(model, updater)
+    again.load_state(auto.state(), {})  # a resume keeps what was measured: dense stays out
+    assert again.choice == "bf16" and again.measured == auto.measured
+    again.steps, again.compute_s = 1, 0.001
+    again.end_epoch(model, updater)
+    assert again.choice == "bf16" and again.summary()["sync_auto"][-1]["expected_ms"]["dense"] > 49
