@@ -91,7 +91,14 @@ class AutoSync(Synchronizer):
     def reset(self) -> None:
         self.choice, self.records, self.measured = "dense", [], {}  # measured: ms per step of each mode that ran
         self.inner = self._mode("dense")
-        self.steps, self.compute_s, self.left, self.comm_s = 0, 0.0, None, self.comm.comm_seconds
+        self._new_epoch()
+
+    def _new_epoch(self) -> None:
+        """The epoch's measures from zero, taken from one step's end to the next's (the epoch's first step is left
+        out: it pays for what MPI sets up at its first collectives): the compute between the steps, and of each step
+        its communication (start to end of its collectives) and its time inside MPI (posts during backward too: what
+        the step paid)."""
+        self.steps, self.compute_s, self.left, self.comm_s, self.mpi_s = 0, 0.0, None, 0.0, 0.0
 
     def _mode(self, name: str) -> Synchronizer:
         cls, keys = CHOICES[name]
@@ -115,35 +122,42 @@ class AutoSync(Synchronizer):
 
     def step(self, model, updater) -> None:
         entered = time.perf_counter()
-        if self.left is not None:  # the time since the last step ended: data, forward and backward
-            self.compute_s, self.steps = self.compute_s + entered - self.left, self.steps + 1
+        before = self.comm.comm_seconds  # the step's collectives, posted ones included (they complete in it)
         self.inner.step(model, updater)
-        self.left = time.perf_counter()
+        if self.left is not None:  # since the last step ended: data, forward and backward, then this step's sync
+            self.compute_s, self.steps = self.compute_s + entered - self.left, self.steps + 1
+            self.comm_s += self.comm.comm_seconds - before
+            self.mpi_s += self.comm.mpi_seconds - self.mpi_mark
+        self.mpi_mark, self.left = self.comm.mpi_seconds, time.perf_counter()
 
     def end_epoch(self, model, updater) -> None:
         """The mode's epoch end, then the next epoch's choice (a collective: every rank measures and decides
         alike)."""
         self.inner.end_epoch(model, updater)
         compute_ms = 1e3 * self.comm.max(self.compute_s / max(self.steps, 1))
-        measured_ms = 1e3 * self.comm.max((self.comm.comm_seconds - self.comm_s) / max(self.steps + 1, 1))
+        measured_ms = 1e3 * self.comm.max(self.comm_s / max(self.steps, 1))  # nothing of start-up or epoch ends
+        exposed_ms = 1e3 * self.comm.max(self.mpi_s / max(self.steps, 1))
         network = measure_network(self.comm, 4 * (model.params.size - model.dense_start), model.xp)
         predicted = self.predicted_ms(network, model)
-        self.measured[self.choice] = measured_ms
+        if self.steps:  # the same on every rank: an epoch of one step measures nothing
+            self.measured[self.choice] = exposed_ms
         expected = {name: self.measured.get(name, ms) for name, ms in predicted.items()}
         chosen = choose(expected, compute_ms)
         self.records.append({"job_epoch": len(self.records) + 1,  # of this job: a resumed run counts from 1 again
                              "ran": self.choice, "compute_ms": compute_ms,
-                             "comm_ms_measured": measured_ms, "comm_ms_predicted": predicted[self.choice],
+                             "comm_ms_measured": measured_ms, "mpi_ms_measured": exposed_ms,
+                             "comm_ms_predicted": predicted[self.choice],
                              "network": {"latency_us": network.latency_us,  # no rate: one rank, or too fast to see
                                          "gbps": network.gbps if network.byte_s > 0 else None},
                              "predicted_ms": predicted, "expected_ms": expected, "next": chosen})
-        log.info("sync auto: %s ran this epoch: communication %.2f ms per step measured, %.2f predicted, the step's "
-                 "compute %.2f ms; expected per step (measured where a mode ran, else predicted): %s; next epoch: %s",
-                 self.choice, measured_ms, predicted[self.choice], compute_ms,
+        log.info("sync auto: %s ran this epoch: communication %.2f ms per step measured (%.2f inside MPI), %.2f "
+                 "predicted, the step's compute %.2f ms; expected per step (inside MPI where a mode ran, else "
+                 "predicted): %s; next epoch: %s", self.choice, measured_ms, exposed_ms, predicted[self.choice],
+                 compute_ms,
                  ", ".join(f"{name} {ms:.2f} ms" for name, ms in expected.items()), chosen)
         if chosen != self.choice:
             self._switch(chosen)
-        self.steps, self.compute_s, self.left, self.comm_s = 0, 0.0, None, self.comm.comm_seconds
+        self._new_epoch()
 
     def _switch(self, name: str) -> None:
         """Run the mode `name` from now on, started from the model as it is (identical on every rank). A
