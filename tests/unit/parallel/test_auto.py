@@ -50,7 +50,8 @@ def test_auto_is_not_offered_for_pretraining():
         PretrainConfig(layers=[8], sync=SyncConfig(mode="auto")).validate("run.yaml")
 
 
-def test_a_checkpoints_choice_is_taken_back_with_its_modes_state():
+def started_auto():
+    """A small MLP, its SGD updater, and `sync.mode: auto` started on this process's ranks (one, under pytest)."""
     from mpi4py import MPI
 
     from mpitrain.config.sections import OptimizerConfig
@@ -61,6 +62,11 @@ def test_a_checkpoints_choice_is_taken_back_with_its_modes_state():
     updater = create_updater(OptimizerConfig(type="sgd", lr=0.1), model.params, model.decay_mask)
     auto = AutoSync(Communicator(MPI.COMM_WORLD.Dup()), SyncConfig(mode="auto").validate("run.yaml"))
     auto.start(model, updater)
+    return model, updater, auto
+
+
+def test_a_checkpoints_choice_is_taken_back_with_its_modes_state():
+    model, updater, auto = started_auto()
     saved = auto.state()
     assert saved == {"auto_choice": 0} and auto.summary() == {"sync_auto": []}
     auto.load_state({"auto_choice": 3, "tau": 0.25, "steps": 7}, {})  # a checkpoint taken while sharing ran
@@ -73,16 +79,7 @@ def test_a_checkpoints_choice_is_taken_back_with_its_modes_state():
 
 
 def test_a_mode_measured_slower_than_the_step_is_not_chosen_again_on_its_prediction():
-    from mpi4py import MPI
-
-    from mpitrain.config.sections import OptimizerConfig
-    from mpitrain.nn.updaters import create_updater
-    from mpitrain.parallel.comm import Communicator
-    model = Sequential([Dense(8, activation="relu"), Dense(3)], (5,), "softmax_cross_entropy", np)
-    model.init_params(0, "xavier")
-    updater = create_updater(OptimizerConfig(type="sgd", lr=0.1), model.params, model.decay_mask)
-    auto = AutoSync(Communicator(MPI.COMM_WORLD.Dup()), SyncConfig(mode="auto").validate("run.yaml"))
-    auto.start(model, updater)
+    model, updater, auto = started_auto()
     auto.steps, auto.compute_s = 1, 0.001  # 1 ms of compute between steps; the step's dense communication, 50 ms
     auto.mpi_s = 0.05
     auto.end_epoch(model, updater)  # one rank: every prediction is 0, dense's too, but dense was measured at 50
