@@ -129,23 +129,29 @@ def speed(data: str, repeat: int, models: dict[str, str] | None = None) -> dict:
     twins = check_twins(list(layers.values()), column["features"])  # the twins compute mpitrain's, else SystemExit
     mean_length = column["steps"]["train"] / manifest.rows("train")
     rate = sgemm_rate()
-    runs = {(model, engine): [] for model in models for engine in ("mpitrain", "pytorch-ddp")}
+    engines = ("mpitrain", "pytorch-ddp", "pytorch-ddp compiled")
+    runs = {(model, engine): [] for model in models for engine in engines}
     for _, (model, engine) in in_turns(tuple(runs), repeat):
         config = models[model]
         if engine == "mpitrain":  # in a fresh run directory each time
             summary = train(2, config, {"data.path": data, "resume": "never", "train.epochs": 1})
             runs[model, engine].append({"samples_per_s": summary["samples_per_s"]})
-        else:
+        elif engine == "pytorch-ddp":
             runs[model, engine].append(run_ddp(SimpleNamespace(data=data, config=config), 2, 1))
+        else:  # torch.compile, default mode: a first epoch compiles and is not counted
+            runs[model, engine].append(run_ddp(SimpleNamespace(data=data, config=config), 2, 2,
+                                               ["--compile", "--warmup-epochs", "1"]))
     rows = []
     for model in models:
         flops = training_flops(layers[model], column["features"], mean_length)
-        baseline = median_run(runs[model, "pytorch-ddp"])["samples_per_s"] if runs[model, "pytorch-ddp"] else None
-        for engine in ("mpitrain", "pytorch-ddp"):
+        baseline, compiled = (median_run(runs[model, engine])["samples_per_s"] if runs[model, engine] else None
+                              for engine in engines[1:])
+        for engine in engines:
             if runs[model, engine]:
                 per_s = median_run(runs[model, engine])["samples_per_s"]
                 rows.append({"model": model, "engine": engine, "samples_per_s": per_s,
-                             "vs_ddp": per_s / baseline if baseline else None, "flops_per_sample": flops,
+                             "vs_ddp": per_s / baseline if baseline else None,
+                             "vs_ddp_compiled": per_s / compiled if compiled else None, "flops_per_sample": flops,
                              "gflop_per_s": flops * per_s / 1e9, "of_sgemm": flops * per_s / rate})
     return {"mean_length": mean_length, "sgemm_gflop_per_s": rate / 1e9, "repeat": repeat, "rows": rows,
             "twins_max_difference": twins}
@@ -168,13 +174,15 @@ def markdown(result: dict) -> str:
     if result.get("speed"):
         s = result["speed"]
         parts.append(markdown_table(
-            ["model", "engine", "samples/s", "vs DDP", "FLOPs/sample", "GFLOP/s", "of sgemm"],
+            ["model", "engine", "samples/s", "vs DDP", "vs DDP compiled", "FLOPs/sample", "GFLOP/s", "of sgemm"],
             [[r["model"], r["engine"], f"{r['samples_per_s']:.0f}", f"{r['vs_ddp']:.2f}x" if r["vs_ddp"] else "-",
+              f"{r['vs_ddp_compiled']:.2f}x" if r.get("vs_ddp_compiled") else "-",
               f"{r['flops_per_sample'] / 1e6:.2f} M", f"{r['gflop_per_s']:.2f}", f"{r['of_sgemm']:.1%}"]
-             for r in s["rows"]], "llrrrrr"))
+             for r in s["rows"]], "llrrrrrr"))
         parts.append(f"Speed: 2 ranks, 1 epoch of {result['motif_train_rows']} motif rows, the median of "
                      f"{s['repeat']} round(s) taking turns; goal mpitrain >= {SPEED:g}x PyTorch DDP (gloo, 1 thread "
-                     "per rank, the same rows, batches, Adam and clipping; its LSTM over `pack_padded_sequence`). "
+                     "per rank, the same rows, batches, Adam and clipping; its LSTM over `pack_padded_sequence`), eager and "
+                     "through `torch.compile` (default mode; one more epoch, first, compiles and is not counted). "
                      "FLOPs per sample: 3 x the forward's matrix products at the train split's mean length "
                      f"({s['mean_length']:.1f} steps; `mpitrain.testing.flops`); of sgemm: FLOPs per sample x "
                      f"samples/s / one core's numpy sgemm rate, {s['sgemm_gflop_per_s']:.1f} GFLOP/s, measured in "

@@ -106,14 +106,16 @@ def markdown(result: dict) -> str:
 
 def speed_markdown(s: dict) -> str:
     lines = [[r["engine"], f"{r['samples_per_s']:.0f}", f"{r['vs_ddp']:.2f}x" if r["vs_ddp"] else "-",
+              f"{r['vs_ddp_compiled']:.2f}x" if r.get("vs_ddp_compiled") else "-",
               f"{r['flops_per_sample'] / 1e6:.1f} M", f"{r['gflop_per_s']:.2f}", f"{r['of_sgemm']:.1%}"]
              for r in s["rows"]]
-    return markdown_table(["engine", "samples/s", "vs DDP", "FLOPs/sample", "GFLOP/s", "of sgemm"], lines,
-                          "lrrrrr") + (
+    return markdown_table(["engine", "samples/s", "vs DDP", "vs DDP compiled", "FLOPs/sample", "GFLOP/s",
+                           "of sgemm"], lines, "lrrrrrr") + (
         f"\n\nSpeed: 2 ranks, 1 epoch of {SPEED_ROWS[0]} motif sequences of 32-64 steps (mean "
         f"{s['mean_length']:.1f}), batch 64 per rank, the median of {s['repeat']} round(s) taking turns; goal mpitrain "
         f">= {SPEED:g}x PyTorch DDP (gloo, 1 thread per rank, `nn.TransformerEncoderLayer` with its key padding "
-        "mask, the same rows, batches and AdamW). FLOPs per sample: 3 x the forward's matrix products at the mean "
+        "mask, the same rows, batches and AdamW), eager and through `torch.compile` (default mode; one more epoch, "
+        "first, compiles and is not counted). FLOPs per sample: 3 x the forward's matrix products at the mean "
         f"length (`mpitrain.testing.flops`); of sgemm: FLOPs per sample x samples/s / one core's numpy sgemm rate, "
         f"{s['sgemm_gflop_per_s']:.1f} GFLOP/s, measured in the same run (200%: both cores at that rate).\n")
 
