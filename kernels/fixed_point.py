@@ -6,8 +6,8 @@ micro-batches, `kept` (K, n) float32:
 
 Each is one pass, a thread per range of columns; the sum is exact (int64), so no order matters. The numpy
 expressions took 21 ms for 8 micro-batches of the Fashion MLP's 535k parameters on one thread (six passes over K x n,
-float64 and int64 temporaries); the whole mean with these kernels, 13 ms (the sum 5.6 ms, the maxima 3.2 ms). numpy arrays run the numba kernels, other arrays (cupy) the
-references.
+float64 and int64 temporaries); the whole mean with these kernels, 13 ms (the sum 5.6 ms, the maxima 3.2 ms). numpy
+arrays run the numba kernels, other arrays (cupy) the references.
 """
 from __future__ import annotations
 

@@ -213,8 +213,8 @@ class Batches:
     `steps_per_epoch` steps. The next batch is prepared in a thread while this one trains; that
     thread also reads the rows of the next window (`mpitrain.data.stream`). `augment` ({flip,
     shift}, or False) flips and shifts image rows (`mpitrain.data.augment`), each batch by its key, or with
-    `augment_rows` (`sync.deterministic_rows`) each block of that many rows by its place in the global batch. `record(epoch,
-    step, row_ids)`, when given, sees each batch's row numbers (the debug hook `MPITRAIN_DEBUG_ROWS`).
+    `augment_rows` (`sync.deterministic_rows`) each block of that many rows by its place in the global batch.
+    `record(epoch, step, row_ids)`, when given, sees each batch's row numbers (the debug hook `MPITRAIN_DEBUG_ROWS`).
 
     No step allocates: a batch is gathered, scaled and shifted in one pass
     (`mpitrain.kernels.rows`) into one of two fixed host buffers of the workspace part `ws`
@@ -229,9 +229,7 @@ class Batches:
                  standardize_targets: bool = True, augment_rows: int = 0):
         self.rows, self.batch_size, self.backend, self.dtype = rows, rows.rank_batch, backend, np.dtype(dtype)
         self.seed, self.rank, self.prefetch, self.augment, self.record = seed, rank, prefetch, augment, record
-        blocks = self.batch_size // augment_rows if augment_rows else 0  # keyed by place in the global batch
-        self.augment_keys = (lambda epoch, step: [(seed, epoch, rank * blocks + j, step) for j in range(blocks)]) \
-            if blocks else (lambda epoch, step: [(seed, epoch, rank, step)])
+        self.key_blocks = self.batch_size // augment_rows if augment_rows else 0
         self.ws = ws or Workspace(backend.xp).part("batches")
         self.to_model_input = ModelInput(manifest, backend, dtype, normalize, self.ws, standardize_targets)
         self.scale, self.shift = self.to_model_input.scale, self.to_model_input.shift
@@ -289,13 +287,21 @@ class Batches:
                 batch = self.to_model_input.on_device(batch, f"batch{slot}")
             return batch, self._on_device(y, f"y{slot}")
         if self.augment:
-            stored = augment_blocks(stored_x[index], self.augment_keys(epoch, step), **self.augment)
+            stored = augment_blocks(stored_x[index], self._augment_keys(epoch, step), **self.augment)
             scaled(stored, self.scale, self.shift, x)
             y[...] = stored_y[index]
         else:
             gather_scaled(stored_x, stored_y, index, self.scale, self.shift, x, y)
         self.to_model_input.targets.to_model(y, out=y)  # a regression target standardized in place, else as read
         return self._on_device(x, f"x{slot}"), self._on_device(y, f"y{slot}")
+
+    def _augment_keys(self, epoch: int, step: int) -> list[tuple]:
+        """The augmentation's keys of step `step`'s rows: one for the batch, by rank; with `augment_rows`, one per
+        block of that many rows, by the block's place in the global batch."""
+        if not self.key_blocks:
+            return [(self.seed, epoch, self.rank, step)]
+        first = self.rank * self.key_blocks
+        return [(self.seed, epoch, first + j, step) for j in range(self.key_blocks)]
 
     def _device(self):
         """The backend's GPU as the current device (the prefetch thread's current GPU is GPU 0); on the CPU nothing."""

@@ -10,8 +10,8 @@ NUMBA_CACHE_DIR). A first run compiles what its model, optimizer and sync mode n
 cores, while every later run loads them in a fraction of a second. The cases below meet the float32 combinations a
 training run meets on the CPU: each layer type forward and backward (both conv paths, both pooling paths, both
 recurrent cells each way), each loss, each optimizer with and without L2 or weight decay, the sharing codec, the
-deterministic sum, and the batch pipeline's gathering and scaling of uint8 and float32 rows. A model in float64 (`model.dtype`) compiles its
-own on first use. Not a collective; it touches no run directory.
+deterministic sum, and the batch pipeline's gathering and scaling of uint8 and float32 rows. A model in float64
+(`model.dtype`) compiles its own on first use. Not a collective; it touches no run directory.
 """
 from __future__ import annotations
 

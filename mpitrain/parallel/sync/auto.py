@@ -13,8 +13,8 @@ Allreduces of a small and a large buffer, the slowest rank's times: `measure_net
 rank's time between its steps, the slowest rank's mean), predict each candidate's communication per step with the
 cost model (`predicted_ms`), and take the first whose expected communication is at most the compute: one that
 overlap can hide. If none fits, the one expected fastest. A mode that has run is expected to take what it was
-measured to take in its latest epoch, its communication per step from the start of its collectives to their end,
-the slowest rank's; one that has not, its prediction. The predictions leave out MPI's own costs and the ranks'
+measured to take in its latest epoch: its time inside MPI per step (the posts during backward included, the
+epoch's first step left out), the slowest rank's; one that has not, its prediction. The predictions leave out MPI's own costs and the ranks'
 waits for each other, so they run low, and a mode measured once is not chosen again on its prediction's word. The
 first epoch runs `dense`, since no step has been measured yet.
 

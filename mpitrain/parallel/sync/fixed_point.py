@@ -6,7 +6,7 @@
 
 Floating-point addition is not associative: the same gradients summed as 1 x 96 rows, 2 x 48 or 3 x 32 (and by
 MPI's ring or tree) give sums that differ in their last bits, and a model trained on 1 and on 3 ranks drifts
-apart. Here the sum is exact instead. Each part (`segments`) gets a power-of-two scale 2^e from the largest
+apart. Here the sum is exact instead. Each part of the layout (a layer's W, its b, ...) gets a power-of-two scale 2^e from the largest
 magnitude M of that part over every micro-batch of every rank (one small Allreduce, MAX), so that
 M x 2^e x (micro-batches) < 2^62; each value becomes the int64 `rint(value x 2^e)` (exact in float64: a power of
 two, and a float32 has 24 bits), the int64s are summed on the rank and then over the ranks (MPI's integer sum:
@@ -52,10 +52,9 @@ class ExactMean:
             grown = self.xp.empty((self.count + 1, self.kept.shape[1]), np.float32)
             grown[:self.count] = self.kept
             self.kept = grown
-        row, offset = self.kept[self.count], 0
-        for flat in flats:
-            row[offset:offset + flat.size] = flat
-            offset += flat.size
+        row = self.kept[self.count]
+        for span, flat in _spans(flats):
+            row[span] = flat
         self.count += 1
 
     def mean_(self, *outs) -> None:
@@ -77,10 +76,8 @@ class ExactMean:
         mean = (total.astype(np.float64) / scales / count).astype(np.float32)
         for part in np.flatnonzero(~finite):
             mean[int(self.bounds[part]):int(self.bounds[part + 1])] = np.nan
-        offset = 0
-        for out in outs:
-            out[...] = mean[offset:offset + out.size]
-            offset += out.size
+        for span, out in _spans(outs):
+            out[...] = mean[span]
         self.count = 0
 
     def _largest(self, kept) -> np.ndarray:
@@ -91,3 +88,11 @@ class ExactMean:
         parts = xp.stack([magnitudes[a:b].max() if b > a else xp.zeros((), np.float32)
                           for a, b in zip(self.bounds[:-1], self.bounds[1:])])
         return (parts.get() if hasattr(parts, "get") else parts).astype(np.float64)  # one read from a device
+
+
+def _spans(flats):
+    """(slice, array) for each of the flat arrays `flats`, the slice where it lies in their concatenation."""
+    offset = 0
+    for flat in flats:
+        yield slice(offset, offset + flat.size), flat
+        offset += flat.size
