@@ -1,22 +1,28 @@
 """`sync.mode: auto`: the least lossy way to keep one model whose communication hides within the step's compute,
 chosen by measurement at every epoch's end.
 
-    choice = choose(expected_ms, compute_ms)         # the first of CHOICES whose communication fits in the compute
+    choice = choose(expected_step_ms)    # the first of CHOICES whose step is within SLACK of the fastest expected
 
 The candidates, from the least lossy (`CHOICES`): `dense` (allreduce of float32 gradients), `bf16` (allreduce,
 16 bits on the wire), `sharing` (threshold-encoded updates), `powersgd` (allreduce of rank-`powersgd_rank` factors)
 and `averaging` (parameters every `frequency` steps). The order of sharing and powersgd is measured: after 5 epochs on
 4 simulated nodes sharing was 0.3 (MLP) and 1.2 (LeNet) points of test accuracy below dense, powersgd of rank 1 5.6
 and 1.7 (benchmarks/compression.py; PyTorch's hook runs 1,000 dense steps before it compresses, this one compresses
-from the first). At each epoch's end the ranks measure the link (blocking
-Allreduces of a small and a large buffer, the slowest rank's times: `measure_network`) and the step's compute (each
-rank's time between its steps, the slowest rank's mean), predict each candidate's communication per step with the
-cost model (`predicted_ms`), and take the first whose expected communication is at most the compute: one that
-overlap can hide. If none fits, the one expected fastest. A mode that has run is expected to take what it was
-measured to take in its latest epoch: its time inside MPI per step (the posts during backward included, the
-epoch's first step left out), the slowest rank's; one that has not, its prediction. The predictions leave out MPI's own costs and the ranks'
-waits for each other, so they run low, and a mode measured once is not chosen again on its prediction's word. The
-first epoch runs `dense`, since no step has been measured yet.
+from the first).
+
+What a mode costs is the whole step it makes, from one step's end to the next's (its codec's encoding during
+backward and its work inside the step count; the epoch's first step is left out: it pays for what MPI sets up at
+its first collectives), the slowest rank's mean. A mode whose communication hides within compute makes a step as
+short as any mode's; so the choice is the first of CHOICES whose expected step is within SLACK of the fastest
+expected step, and a lossier mode is taken only where it is expected to be more than SLACK faster. A mode that has
+run is expected to make the step its latest epoch measured. One that has not is expected to make the step without
+communication (the longest step less its time inside MPI that any mode measured: a codec's own work is not
+predicted, so an untried one is taken to cost as much as the costliest measured) plus its communication as the
+cost model predicts it (`predicted_ms`, on the link the ranks measure at each epoch's end: blocking Allreduces of a
+small and a large buffer, `measure_network`), times the largest ratio of measured to predicted communication seen
+(`calibration`, at least 1): the predictions leave out MPI's own costs and the ranks' waits for each other, so they
+run low, and the lossier an untried mode, the less it gets the benefit of the doubt. The first epoch runs `dense`,
+since no step has been measured yet.
 
 A choice holds for a whole epoch (replicas are identical at every epoch's end in each mode, so the next mode starts
 from the same model everywhere: its `start` broadcasts rank 0's). Each choice is logged beside what the epoch before
@@ -50,12 +56,15 @@ CHECKPOINT_CODES = ("dense", "bf16", "powersgd", "sharing", "averaging")
 MEASURED = "auto_measured_"  # a checkpoint number's prefix: a mode's measured communication, ms per step
 SMALL, LARGE = 4096, 1 << 18  # bytes of the link's probes (at least: LARGE grows to the gradient's size)
 PROBES = 3  # Allreduces of each size; the fastest counts
+SLACK = 0.10  # a lossier mode must be expected this much faster per step than a less lossy one to be chosen
+#: checkpoint numbers beside the measured steps: the step without communication, and the calibration
+FREE, CALIBRATION = "auto_free_ms", "auto_calibration"
 
 
-def choose(expected_ms: dict[str, float], compute_ms: float) -> str:
-    """The first of CHOICES whose expected communication per step is at most `compute_ms`, else the fastest."""
-    fitting = [name for name in CHOICES if expected_ms[name] <= compute_ms]
-    return fitting[0] if fitting else min(expected_ms, key=expected_ms.get)
+def choose(expected_step_ms: dict[str, float]) -> str:
+    """The first of CHOICES whose expected step is within SLACK of the fastest expected step."""
+    fastest = min(expected_step_ms.values())
+    return next(name for name in CHOICES if expected_step_ms[name] <= (1 + SLACK) * fastest)
 
 
 def measure_network(comm, nbytes: int, xp) -> Network:
@@ -90,15 +99,16 @@ class AutoSync(Synchronizer):
 
     def reset(self) -> None:
         self.choice, self.records, self.measured = "dense", [], {}  # measured: ms per step of each mode that ran
+        self.free_ms, self.calibration = 0.0, 1.0  # the step without communication; measured / predicted
         self.inner = self._mode("dense")
         self._new_epoch()
 
     def _new_epoch(self) -> None:
         """The epoch's measures from zero, taken from one step's end to the next's (the epoch's first step is left
-        out: it pays for what MPI sets up at its first collectives): the compute between the steps, and of each step
-        its communication (start to end of its collectives) and its time inside MPI (posts during backward too: what
-        the step paid)."""
-        self.steps, self.compute_s, self.left, self.comm_s, self.mpi_s = 0, 0.0, None, 0.0, 0.0
+        out: it pays for what MPI sets up at its first collectives): the whole step, the compute between the steps,
+        and of each step its communication (start to end of its collectives) and its time inside MPI (posts during
+        backward too: what the step paid)."""
+        self.steps, self.step_s, self.compute_s, self.left, self.comm_s, self.mpi_s = 0, 0.0, 0.0, None, 0.0, 0.0
 
     def _mode(self, name: str) -> Synchronizer:
         cls, keys = CHOICES[name]
@@ -124,37 +134,45 @@ class AutoSync(Synchronizer):
         entered = time.perf_counter()
         before = self.comm.comm_seconds  # the step's collectives, posted ones included (they complete in it)
         self.inner.step(model, updater)
+        left = time.perf_counter()
         if self.left is not None:  # since the last step ended: data, forward and backward, then this step's sync
             self.compute_s, self.steps = self.compute_s + entered - self.left, self.steps + 1
+            self.step_s += left - self.left
             self.comm_s += self.comm.comm_seconds - before
             self.mpi_s += self.comm.mpi_seconds - self.mpi_mark
-        self.mpi_mark, self.left = self.comm.mpi_seconds, time.perf_counter()
+        self.mpi_mark, self.left = self.comm.mpi_seconds, left
 
     def end_epoch(self, model, updater) -> None:
         """The mode's epoch end, then the next epoch's choice (a collective: every rank measures and decides
         alike)."""
         self.inner.end_epoch(model, updater)
-        compute_ms = 1e3 * self.comm.max(self.compute_s / max(self.steps, 1))
-        measured_ms = 1e3 * self.comm.max(self.comm_s / max(self.steps, 1))  # nothing of start-up or epoch ends
-        exposed_ms = 1e3 * self.comm.max(self.mpi_s / max(self.steps, 1))
+        per_step = max(self.steps, 1)  # nothing of start-up or epoch ends
+        step_ms, compute_ms = (1e3 * self.comm.max(s / per_step) for s in (self.step_s, self.compute_s))
+        measured_ms, exposed_ms = (1e3 * self.comm.max(s / per_step) for s in (self.comm_s, self.mpi_s))
+        free_ms = 1e3 * self.comm.max((self.step_s - self.mpi_s) / per_step)
         network = measure_network(self.comm, 4 * (model.params.size - model.dense_start), model.xp)
         predicted = self.predicted_ms(network, model)
         if self.steps:  # the same on every rank: an epoch of one step measures nothing
-            self.measured[self.choice] = exposed_ms
-        expected = {name: self.measured.get(name, ms) for name, ms in predicted.items()}
-        chosen = choose(expected, compute_ms)
+            self.measured[self.choice] = step_ms
+            self.free_ms = max(self.free_ms, free_ms)
+            if predicted[self.choice] > 0:  # one rank predicts no communication
+                self.calibration = max(self.calibration, exposed_ms / predicted[self.choice])
+        expected = {name: self.measured.get(name, self.free_ms + self.calibration * ms)
+                    for name, ms in predicted.items()}
+        chosen = choose(expected)
         self.records.append({"job_epoch": len(self.records) + 1,  # of this job: a resumed run counts from 1 again
-                             "ran": self.choice, "compute_ms": compute_ms,
+                             "ran": self.choice, "step_ms_measured": step_ms, "compute_ms": compute_ms,
                              "comm_ms_measured": measured_ms, "mpi_ms_measured": exposed_ms,
                              "comm_ms_predicted": predicted[self.choice],
                              "network": {"latency_us": network.latency_us,  # no rate: one rank, or too fast to see
                                          "gbps": network.gbps if network.byte_s > 0 else None},
-                             "predicted_ms": predicted, "expected_ms": expected, "next": chosen})
-        log.info("sync auto: %s ran this epoch: communication %.2f ms per step measured (%.2f inside MPI), %.2f "
-                 "predicted, the step's compute %.2f ms; expected per step (inside MPI where a mode ran, else "
-                 "predicted): %s; next epoch: %s", self.choice, measured_ms, exposed_ms, predicted[self.choice],
-                 compute_ms,
-                 ", ".join(f"{name} {ms:.2f} ms" for name, ms in expected.items()), chosen)
+                             "predicted_ms": predicted, "calibration": self.calibration,
+                             "expected_step_ms": expected, "next": chosen})
+        log.info("sync auto: %s ran this epoch: a step of %.2f ms, communication %.2f ms of it measured (%.2f inside "
+                 "MPI), %.2f predicted, the step's compute %.2f ms; expected step (measured where a mode ran, else "
+                 "%.2f ms without communication and %.2fx the predicted communication): %s; next epoch: %s",
+                 self.choice, step_ms, measured_ms, exposed_ms, predicted[self.choice], compute_ms, self.free_ms,
+                 self.calibration, ", ".join(f"{name} {ms:.2f} ms" for name, ms in expected.items()), chosen)
         if chosen != self.choice:
             self._switch(chosen)
         self._new_epoch()
@@ -181,9 +199,9 @@ class AutoSync(Synchronizer):
         return {name: 1e3 * s for name, s in seconds.items()}
 
     def state(self) -> dict:
-        """The choice in force (its index in CHECKPOINT_CODES), each mode's measured communication
-        (`auto_measured_NAME`, ms per step), and the mode's own state."""
-        return {"auto_choice": CHECKPOINT_CODES.index(self.choice),
+        """The choice in force (its index in CHECKPOINT_CODES), each mode's measured step (`auto_measured_NAME`, ms),
+        the step without communication, the calibration, and the mode's own state."""
+        return {"auto_choice": CHECKPOINT_CODES.index(self.choice), FREE: self.free_ms, CALIBRATION: self.calibration,
                 **{f"{MEASURED}{name}": ms for name, ms in self.measured.items()}, **self.inner.state()}
 
     def load_state(self, numbers: dict, arrays: dict) -> None:
@@ -191,7 +209,10 @@ class AutoSync(Synchronizer):
         if name != self.choice:
             self._switch(name)
         self.measured = {key[len(MEASURED):]: float(ms) for key, ms in numbers.items() if key.startswith(MEASURED)}
-        self.inner.load_state({k: v for k, v in numbers.items() if k != "auto_choice" and not k.startswith(MEASURED)},
+        self.free_ms = float(numbers.get(FREE, 0.0))
+        self.calibration = float(numbers.get(CALIBRATION, 1.0))
+        ours = ("auto_choice", FREE, CALIBRATION)
+        self.inner.load_state({k: v for k, v in numbers.items() if k not in ours and not k.startswith(MEASURED)},
                               arrays)
 
     def load_rank_arrays(self, model, updater, saved: dict) -> None:
