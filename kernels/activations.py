@@ -6,8 +6,9 @@
     dropout(x, seed, threshold, scale, out, mask)  # mask = keep * scale from keyed bits; out = x * mask
 
 Each is one pass over memory, writing into arrays it is given (the model's workspace), so a
-step allocates nothing. numpy arrays run the numba kernels (parallel over rows); other
-arrays (cupy) run the `*_reference` versions, written for any array module with `out=`,
+step allocates nothing. numpy arrays run the numba kernels (parallel over rows); device
+arrays (cupy) the numba-CUDA kernels of kernels/activations_cuda.py, one launch each; any
+other array module the `*_reference` versions, written for any array module with `out=`,
 which the tests compare the kernels with. The derivative is taken from the output (relu:
 y > 0, sigmoid: y (1 - y), tanh: 1 - y^2), so backward needs only what forward wrote.
 `activate` and `derivative` are `register_jitable`: the conv layer's fused kernels
@@ -134,20 +135,20 @@ def _code(kind: str) -> tuple[int, bool]:
     return (INPUT_KINDS[kind], True) if kind in INPUT_KINDS else (KINDS[kind], False)
 
 
-@numpy_or_reference("bias_activation_reference")
+@numpy_or_reference("bias_activation_reference", gpu=".activations_cuda")
 def bias_activation(z, b, kind: str, out) -> None:
     """out = activation(z + b) for 2-D z (rows, features); `b` (features,) or empty for no bias. `out` may be `z`."""
     _bias_activation_cpu(z, b, *_code(kind), out)
 
 
-@numpy_or_reference("activation_backward_reference")
+@numpy_or_reference("activation_backward_reference", gpu=".activations_cuda")
 def activation_backward(dy, v, kind: str, out) -> None:
     """out = dy * activation'(.) for 2-D dy, the derivative from the activation's output `v` (KINDS) or at its
     input `v` (INPUT_KINDS). `out` may be `dy`."""
     _activation_backward_cpu(dy, v, *_code(kind), out)
 
 
-@numpy_or_reference("dropout_reference")
+@numpy_or_reference("dropout_reference", gpu=".activations_cuda")
 def dropout(x, seed: np.uint64, threshold: int, scale: float, out, mask) -> None:
     """mask = scale where the element's keyed bits are >= threshold, else 0; out = x * mask (2-D x)."""
     _dropout_cpu(x, np.uint64(seed), np.uint64(threshold), x.dtype.type(scale), out, mask)

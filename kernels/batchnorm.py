@@ -15,7 +15,8 @@ y in the same pass; backward first writes each channel's dy times its derivative
 one pass each way, not two. Two passes of one running sum each (a chain of dependent adds) took 1.58 ms for the
 residual net's first batch norm (batch 32, 32 channels of 28x28, one thread), this 0.79 ms;
 backward 0.88 -> 0.75 ms; dense features (256 x 200) 0.17 -> 0.13 ms forward, 0.13-0.14 ms
-backward either way. numpy arrays run the numba kernels, other arrays (cupy) the references.
+backward either way. numpy arrays run the numba kernels; device arrays (cupy) kernels/batchnorm_cuda.py's, a
+block of threads per channel, one launch each way; any other array module the references.
 """
 from __future__ import annotations
 
@@ -126,7 +127,7 @@ def _backward_cpu(dy, y, kind, dz, x_hat, inv_std, gamma, dgamma, dbeta, input_g
                     dx[i, ch, k] = (dz[i, ch, k] * g - mean_dx_hat - x_hat[i, ch, k] * mean_dx_hat_x_hat) * inv
 
 
-@numpy_or_reference("forward_reference")
+@numpy_or_reference("forward_reference", gpu=".batchnorm_cuda")
 def forward(x, gamma, beta, eps: float, mean, var, momentum: float, training: bool, x_hat, inv_std, y,
             kind: str = "none") -> None:
     """Normalize `x` (N, C, S) per channel into `x_hat` and `y` = activation `kind` of gamma x_hat + beta; `inv_std`
@@ -134,7 +135,7 @@ def forward(x, gamma, beta, eps: float, mean, var, momentum: float, training: bo
     _forward_cpu(x, gamma, beta, eps, mean, var, momentum, training, x_hat, inv_std, y, KINDS[kind])
 
 
-@numpy_or_reference("backward_reference")
+@numpy_or_reference("backward_reference", gpu=".batchnorm_cuda")
 def backward(dy, y, kind: str, dz, x_hat, inv_std, gamma, dgamma, dbeta, dx) -> None:
     """Gradients of gamma and beta (C,) and, unless `dx` is None, of the input (N, C, S), from the gradient `dy` of
     forward's output `y` (activation `kind`; `dz`, (N, C, S), gets dy times its derivative, unless kind is "none")."""

@@ -5,8 +5,9 @@
 
 `ids` are int64 row numbers of `table`/`grad` (the caller made them from the stored float ids);
 `out` and `values` may be strided views (one categorical column of a (batch, columns, dim)
-array). The numba path works on host arrays; a cupy array takes the reference (`take` and
-`cupyx.scatter_add`). Neither allocates.
+array). The numba path works on host arrays; a device array (cupy) the numba-CUDA kernels of
+kernels/embedding_cuda.py; any other array module the reference (`take` and `cupyx.scatter_add`).
+Neither allocates.
 """
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ from numba import njit
 from mpitrain.kernels.dispatch import numpy_or_reference
 
 
-@numpy_or_reference("gather_rows_reference")
+@numpy_or_reference("gather_rows_reference", gpu=".embedding_cuda")
 def gather_rows(table, ids, out) -> None:
     """out[i, :] = table[ids[i], :] for every i."""
     _gather(table, ids, out)
 
 
-@numpy_or_reference("scatter_add_rows_reference")
+@numpy_or_reference("scatter_add_rows_reference", gpu=".embedding_cuda")
 def scatter_add_rows(grad, ids, values) -> None:
     """grad[ids[i], :] += values[i, :] for every i, in order (so the sums are the same on every run)."""
     _scatter_add(grad, ids, values)

@@ -15,8 +15,9 @@ pixel. col2im is parallel over images: each thread zeroes its image, then reads 
 order and adds each window row into its image's pixels (a scatter, but no two threads write
 one image, so no race). Reading `cols` once in memory order beat a gather over each pixel's
 windows, whose short loops of varying length ran 1.5-3x slower
-(docs/benchmarks.md#measurements-behind-the-code). Other arrays (cupy) run the reference, written for any
-array module: im2col copies one strided view of all windows, col2im adds one strided slice
+(docs/benchmarks.md#measurements-behind-the-code). Device arrays (cupy) run kernels/im2col_cuda.py's gathers,
+one launch each (col2im there is a gather over each pixel's windows: a GPU has a thread for every pixel). Any
+other array module runs the reference, written for any array module: im2col copies one strided view of all windows, col2im adds one strided slice
 per kernel offset into a padded buffer it allocates; the tests compare both with the kernels.
 
 The channels-last pair orders a row by kernel offset, then channel: the images are first transposed
@@ -79,19 +80,19 @@ def geometry(input_shape, kernel, stride: int = 1, padding: str = "valid") -> Ge
     return Geometry(channels, height, width, (kh, kw), stride, *pads, oh, ow)
 
 
-@numpy_or_reference("im2col_reference")
+@numpy_or_reference("im2col_reference", gpu=".im2col_cuda")
 def im2col(x, g: Geometry, fill: float, out) -> None:
     """Write the windows of `x` (N, C, H, W) into `out` (N, OH, OW, C, KH, KW); pixels outside read `fill`."""
     _im2col_cpu(x, g.stride, g.pad_top, g.pad_left, x.dtype.type(fill), out)
 
 
-@numpy_or_reference("col2im_reference")
+@numpy_or_reference("col2im_reference", gpu=".im2col_cuda")
 def col2im(cols, g: Geometry, out) -> None:
     """The adjoint of `im2col` (fill 0): `out` (N, C, H, W) = the sum of each window's values in `cols`."""
     _col2im_cpu(cols, g.stride, g.pad_top, g.pad_left, out)
 
 
-@numpy_or_reference("im2col_channels_last_reference")
+@numpy_or_reference("im2col_channels_last_reference", gpu=".im2col_cuda")
 def im2col_channels_last(x, g: Geometry, image, out) -> None:
     """Write the windows of `x` (N, C, H, W) into `out` (N, OH, OW, KH, KW, C), pixels outside reading 0, through
     `image` (N, H, W, C), which it overwrites."""
@@ -99,7 +100,7 @@ def im2col_channels_last(x, g: Geometry, image, out) -> None:
     _im2col_channels_last_cpu(image, g.stride, g.pad_top, g.pad_left, out)
 
 
-@numpy_or_reference("col2im_channels_last_reference")
+@numpy_or_reference("col2im_channels_last_reference", gpu=".im2col_cuda")
 def col2im_channels_last(cols, g: Geometry, image, out) -> None:
     """The adjoint of `im2col_channels_last`: `out` (N, C, H, W) = the sum of each window's values in `cols`
     (N, OH, OW, KH, KW, C), added up in `image` (N, H, W, C), which it overwrites."""

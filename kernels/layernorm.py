@@ -8,14 +8,16 @@ by `beta` (F,), and activation `kind` (`kernels.activations.KINDS`: the layer's 
 same pass. Forward runs one thread per row, summing in float64 (the sums of x and x^2 shifted by the row's first
 value, so that they do not cancel), and writes `x_hat`, `inv_std` (R,) and `y`. Backward is two kernels: per row,
 dz (dy times the activation's derivative at y) and dx; per feature, dgamma and dbeta summed over the rows in float64
-(one thread per row would race on them). Nothing is allocated. numpy arrays run the numba kernels, other arrays (cupy)
-the references.
+(one thread per row would race on them). Nothing is allocated. numpy arrays run the numba kernels; device arrays
+(cupy) the same row and feature functions as numba-CUDA kernels (kernels/layernorm_cuda.py), a thread per row or
+feature; other array modules the references.
 """
 from __future__ import annotations
 
 import math
 
 from numba import njit, prange
+from numba.extending import register_jitable
 
 from mpitrain.base.arrays import array_module
 
@@ -23,63 +25,80 @@ from .activations import KINDS, activate, activation_backward_reference, bias_ac
 from .dispatch import numpy_or_reference
 
 
+@register_jitable
+def normalize_row(x, gamma, beta, eps, x_hat, inv_std, y, kind, r):
+    """Forward of row r: x_hat, inv_std[r] and y."""
+    features = x.shape[1]
+    shift = float(x[r, 0])
+    total = squares = 0.0
+    for f in range(features):
+        d = x[r, f] - shift
+        total += d
+        squares += d * d
+    mu = shift + total / features
+    inv = 1 / math.sqrt(max(squares / features - (total / features) ** 2, 0.0) + eps)
+    inv_std[r] = inv
+    for f in range(features):
+        h = (x[r, f] - mu) * inv
+        x_hat[r, f] = h
+        y[r, f] = activate(h * gamma[f] + beta[f], kind)
+
+
+@register_jitable
+def input_grad_row(dy, y, kind, dz, x_hat, inv_std, gamma, input_grad, dx, r):
+    """Backward of row r: dz (dy times the activation's derivative, unless kind is 0: dz is dy) and dx."""
+    features = dy.shape[1]
+    if kind != 0:
+        for f in range(features):
+            dz[r, f] = dy[r, f] * derivative(y[r, f], kind)
+    if input_grad:
+        sum_g = sum_g_x_hat = 0.0
+        for f in range(features):
+            g = dz[r, f] * gamma[f]
+            sum_g += g
+            sum_g_x_hat += g * x_hat[r, f]
+        mean_g, mean_g_x_hat, inv = sum_g / features, sum_g_x_hat / features, inv_std[r]
+        for f in range(features):
+            dx[r, f] = (dz[r, f] * gamma[f] - mean_g - x_hat[r, f] * mean_g_x_hat) * inv
+
+
+@register_jitable
+def scale_grads_feature(dz, x_hat, dgamma, dbeta, f):
+    """dgamma[f] and dbeta[f], summed over the rows in order."""
+    sum_dz = sum_dz_x_hat = 0.0
+    for r in range(dz.shape[0]):
+        sum_dz += dz[r, f]
+        sum_dz_x_hat += dz[r, f] * x_hat[r, f]
+    dgamma[f] = sum_dz_x_hat
+    dbeta[f] = sum_dz
+
+
 @njit(parallel=True, cache=True)
 def _forward_cpu(x, gamma, beta, eps, x_hat, inv_std, y, kind):
-    rows, features = x.shape
-    for r in prange(rows):
-        shift = float(x[r, 0])
-        total = squares = 0.0
-        for f in range(features):
-            d = x[r, f] - shift
-            total += d
-            squares += d * d
-        mu = shift + total / features
-        inv = 1 / math.sqrt(max(squares / features - (total / features) ** 2, 0.0) + eps)
-        inv_std[r] = inv
-        for f in range(features):
-            h = (x[r, f] - mu) * inv
-            x_hat[r, f] = h
-            y[r, f] = activate(h * gamma[f] + beta[f], kind)
+    for r in prange(x.shape[0]):
+        normalize_row(x, gamma, beta, eps, x_hat, inv_std, y, kind, r)
 
 
 @njit(parallel=True, cache=True)
 def _input_grad_cpu(dy, y, kind, dz, x_hat, inv_std, gamma, input_grad, dx):
-    rows, features = dy.shape
-    for r in prange(rows):
-        if kind != 0:  # dz is dy itself without an activation
-            for f in range(features):
-                dz[r, f] = dy[r, f] * derivative(y[r, f], kind)
-        if input_grad:
-            sum_g = sum_g_x_hat = 0.0
-            for f in range(features):
-                g = dz[r, f] * gamma[f]
-                sum_g += g
-                sum_g_x_hat += g * x_hat[r, f]
-            mean_g, mean_g_x_hat, inv = sum_g / features, sum_g_x_hat / features, inv_std[r]
-            for f in range(features):
-                dx[r, f] = (dz[r, f] * gamma[f] - mean_g - x_hat[r, f] * mean_g_x_hat) * inv
+    for r in prange(dy.shape[0]):
+        input_grad_row(dy, y, kind, dz, x_hat, inv_std, gamma, input_grad, dx, r)
 
 
 @njit(parallel=True, cache=True)
 def _scale_grads_cpu(dz, x_hat, dgamma, dbeta):
-    rows, features = dz.shape
-    for f in prange(features):
-        sum_dz = sum_dz_x_hat = 0.0
-        for r in range(rows):
-            sum_dz += dz[r, f]
-            sum_dz_x_hat += dz[r, f] * x_hat[r, f]
-        dgamma[f] = sum_dz_x_hat
-        dbeta[f] = sum_dz
+    for f in prange(dz.shape[1]):
+        scale_grads_feature(dz, x_hat, dgamma, dbeta, f)
 
 
-@numpy_or_reference("forward_reference")
+@numpy_or_reference("forward_reference", gpu=".layernorm_cuda")
 def forward(x, gamma, beta, eps: float, x_hat, inv_std, y, kind: str = "none") -> None:
     """Normalize each row of `x` (R, F) into `x_hat` and `y` = activation `kind` of gamma x_hat + beta; `inv_std`
     (R,) gets each row's 1/sqrt(var + eps)."""
     _forward_cpu(x, gamma, beta, eps, x_hat, inv_std, y, KINDS[kind])
 
 
-@numpy_or_reference("backward_reference")
+@numpy_or_reference("backward_reference", gpu=".layernorm_cuda")
 def backward(dy, y, kind: str, dz, x_hat, inv_std, gamma, dgamma, dbeta, dx) -> None:
     """Gradients of gamma and beta (F,) and, unless `dx` is None, of the input (R, F), from the gradient `dy` of
     forward's output `y` (activation `kind`; `dz`, (R, F), gets dy times its derivative, unless kind is "none")."""

@@ -9,8 +9,9 @@ A row's maximum, sum of exponentials, loss, prediction (the first largest logit,
 `argmax`) and gradient softmax - onehot, divided by the batch, come from one read of its
 logits, in float64 whatever the logits' dtype. Nothing is allocated: the outputs are the
 caller's (the model's workspace, the evaluation's sums). numpy arrays run the numba kernels
-(one thread: a batch's rows are few and short); other arrays (cupy) run the references,
-which the tests compare the kernels with.
+(one thread: a batch's rows are few and short); device arrays (cupy) the plain and weighted
+forms in one launch of kernels/loss_cuda.py; the others, and any other array module, the
+references, which the tests compare the kernels with.
 """
 from __future__ import annotations
 
@@ -114,14 +115,14 @@ def _score_cpu(logits, labels, confusion, loss_sum):
         confusion[label * c + at] += 1
 
 
-@numpy_or_reference("softmax_cross_entropy_reference")
+@numpy_or_reference("softmax_cross_entropy_reference", gpu=".loss_cuda")
 def softmax_cross_entropy(logits, labels, grad, totals) -> None:
     """Mean cross-entropy of softmax(logits) against integer labels into totals[0], correct predictions into
     totals[1] (`totals`: 2 float64), and its gradient (softmax - onehot) / batch into `grad`."""
     _softmax_cross_entropy_cpu(logits, labels, grad, totals)
 
 
-@numpy_or_reference("weighted_softmax_cross_entropy_reference")
+@numpy_or_reference("weighted_softmax_cross_entropy_reference", gpu=".loss_cuda")
 def weighted_softmax_cross_entropy(logits, labels, weights, grad, totals) -> None:
     """As `softmax_cross_entropy`, each row weighted by weights[label] (float64, one per class): totals[0] = sum of
     w * loss / sum of w, grad = w * (softmax - onehot) / sum of w (PyTorch's CrossEntropyLoss with `weight`)."""

@@ -18,7 +18,8 @@ stride 2, no padding), has kernels of its own: two row pairs read in step, each 
 values compared with selects written out, and backward writing every pixel once (no window
 overlaps another), with no view or loop per window, which the general kernels pay for: 6-10x
 faster on LeNet's and the residual net's pools (docs/benchmarks.md).
-Inputs may be any strided views. Other arrays (cupy) run the reference: im2col windows, max and argmax; one-hot gradients, col2im.
+Inputs may be any strided views. Device arrays (cupy) run kernels/pool_cuda.py's numba-CUDA kernels, one launch
+each; any other array module the reference: im2col windows, max and argmax; one-hot gradients, col2im.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from .dispatch import numpy_or_reference
 from .im2col import Geometry, col2im_reference, im2col_reference
 
 
-@numpy_or_reference("max_pool_reference")
+@numpy_or_reference("max_pool_reference", gpu=".pool_cuda")
 def max_pool(x, g: Geometry, out, where) -> None:
     """`out` (N, C, OH, OW) = the max of each window; `where` (int32, same shape) = the window index of its first
     maximum. Pixels outside the image never win."""
@@ -43,7 +44,7 @@ def max_pool(x, g: Geometry, out, where) -> None:
         _max_pool_cpu(x, g.kernel[0], g.kernel[1], g.stride, g.pad_top, g.pad_left, out, where)
 
 
-@numpy_or_reference("max_pool_backward_reference")
+@numpy_or_reference("max_pool_backward_reference", gpu=".pool_cuda")
 def max_pool_backward(dy, where, g: Geometry, out) -> None:
     """`out` (N, C, H, W) = the input gradient: each dy added to the element its window's maximum came from."""
     if side_by_side_pairs(g):

@@ -85,18 +85,19 @@ __all__ = ["init", "setup_logging", "Communicator", "Config", "DataConfig", "Mod
            "evaluate", "predict", "evaluate_run", "predict_run", "export_onnx"]
 
 
-def init(backend: str = "auto", cuda_aware="auto", mpi_comm=None) -> Communicator:
+def init(backend: str = "auto", cuda_aware="auto", mpi_comm=None, device_collectives="auto") -> Communicator:
     """Start mpitrain on this rank and return the communicator for `backend` (numpy | cupy | auto).
 
     A collective (call it once, on every rank, before anything else of mpitrain's): an
     uncaught exception on any rank then ends the whole job (MPI_Abort) instead of leaving
     the others waiting; mpitrain logs at INFO on rank 0. `mpi_comm` defaults to COMM_WORLD.
+    `cuda_aware` and `device_collectives` are the config's `comm.cuda_aware` and `comm.device_collectives`.
     """
     from mpitrain.parallel.backend import create_backend
     install_abort_hook()
     comm = Communicator(mpi_comm)
     setup_logging(comm.rank)
-    return comm.for_backend(create_backend(backend, comm.local_rank, comm.local_size), cuda_aware)
+    return comm.for_backend(create_backend(backend, comm.local_rank, comm.local_size), cuda_aware, device_collectives)
 
 
 def setup_logging(rank: int) -> None:

@@ -418,6 +418,10 @@ class CommConfig(Options):
     cuda_aware: typing.Union[bool, str] = option(
         "auto", "Whether MPI reads device (GPU) buffers itself: auto asks the MPI library; false stages collectives "
                 "through pinned host memory.", ("auto", True, False))
+    device_collectives: str = option(
+        "auto", "How device (GPU) buffers are summed and broadcast: nccl through NCCL (each rank needs a GPU of its "
+                "own), mpi through MPI, auto NCCL where every rank of every node has its own GPU and cupy has NCCL. "
+                "The other collectives always go through MPI.", ("auto", "nccl", "mpi"))
 
     def validate(self, where):
         self.check_domains(where, "comm.")

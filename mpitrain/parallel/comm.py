@@ -1,7 +1,7 @@
 """The collectives mpitrain uses, on one MPI communicator; with `mpitrain.parallel.launch`, the only module that imports mpi4py.
 
     comm = Communicator()                           # COMM_WORLD: rank, size, node-local rank
-    comm = comm.for_backend(backend, cuda_aware)    # the variant for the backend's arrays, picked once
+    comm = comm.for_backend(backend, cuda_aware, device_collectives)   # the variant for the backend's arrays
 
 Array calls (`allreduce_`, `average_`, `bcast_`, `allgather_counts`, `allgatherv`,
 `alltoallv`, the point-to-point `sendrecv`, the host-only `gather_host` and `scatter_host`, and the non-blocking
@@ -22,7 +22,9 @@ Device (cupy) buffers go to MPI directly when the MPI library is CUDA-aware. Oth
 `for_backend` gives a `StagedCommunicator`, which copies them device -> pinned host ->
 MPI -> device and counts the copies (ChainerMN's non-CUDA-aware communicator is the
 model): the variant is chosen once, and no collective asks whether it stages. Either way
-the current CUDA stream is synchronized before MPI reads a buffer.
+the current CUDA stream is synchronized before MPI reads a buffer. Where NCCL serves the job
+(`comm.device_collectives`, `mpitrain.parallel.nccl`), device Allreduces and Bcasts go
+through it instead.
 """
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ from mpitrain.parallel.rollcall import (
     RollCall,
 )
 
+NO_REQUEST = MPI.REQUEST_NULL  # a posted collective with nothing for MPI to wait for
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
               np.dtype(np.int32): MPI.INT32_T, np.dtype(np.int64): MPI.INT64_T,
               np.dtype(np.uint16): MPI.UINT16_T}  # 16-bit messages (`mpitrain.parallel.sync.compression`)
@@ -95,14 +98,25 @@ class Communicator:
         """Whether device buffers are staged through host memory."""
         return False
 
-    def for_backend(self, backend, cuda_aware="auto") -> Communicator:
+    @property
+    def device_collectives(self) -> str:
+        """What sums and broadcasts device buffers: "mpi", or "nccl" (`mpitrain.parallel.nccl`)."""
+        return "mpi"
+
+    def for_backend(self, backend, cuda_aware="auto", device_collectives="auto") -> Communicator:
         """The communicator for `backend`'s arrays, on the same MPI communicator (a collective).
 
         Device buffers behind an MPI that cannot read them (`cuda_aware`: auto asks the MPI
-        library, true/false overrides) get a `StagedCommunicator`; otherwise a plain one.
+        library, true/false overrides) get a `StagedCommunicator`; otherwise a plain one. On a
+        GPU, `device_collectives` (auto, nccl, mpi) says whether NCCL sums and broadcasts them
+        (`mpitrain.parallel.nccl`: its variants of both).
         """
         aware = cuda_aware_mpi() if cuda_aware == "auto" else bool(cuda_aware)
         variant = StagedCommunicator if backend.on_gpu and not aware else Communicator
+        if backend.on_gpu and device_collectives != "mpi":
+            from mpitrain.parallel import nccl
+            if nccl.wants_nccl(device_collectives, self, nccl.device_count(), nccl.nccl_available()):
+                variant = nccl.NcclStagedCommunicator if variant is StagedCommunicator else nccl.NcclCommunicator
         chosen = variant(self.mpi, backend, aware)
         chosen.calls = self.calls  # one roll-call per rank, whichever communicator runs the collective
         return chosen
@@ -507,8 +521,9 @@ class StagedCommunicator(Communicator):
 
 @dataclass(frozen=True)
 class Posted:
-    """A posted non-blocking collective: its MPI request, when it was posted, and what completes it afterwards
-    (a staged buffer's copy back to the device), if anything."""
+    """A posted non-blocking collective: its MPI request (`NO_REQUEST` for one enqueued on a CUDA stream, which
+    completes in the stream's order), when it was posted, and what completes it afterwards (a staged buffer's copy
+    back to the device), if anything."""
 
     request: MPI.Request
     posted_at: float

@@ -181,11 +181,12 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
         plan = batches.rows.plan
         log.info("%d ranks, global batch %d (%d per rank), %d steps per epoch (%d rows not used per epoch), shuffle "
                  "window %d rows (each chunk read at most %.2f times per epoch), %d parameters%s, sync %s, backend "
-                 "%s%s", comm.size, plan.global_batch, batches.batch_size, plan.steps, plan.dropped_rows,
+                 "%s%s%s", comm.size, plan.global_batch, batches.batch_size, plan.steps, plan.dropped_rows,
                  plan.window_rows, plan.chunk_reads(comm.size), model.n_params,
                  f" ({model.trainable_start} frozen)" if model.trainable_start else "", config.sync.mode,
                  run.backend.name,
-                 ", collectives staged through host memory" if comm.staged else "")
+                 ", collectives staged through host memory" if comm.staged else "",
+                 ", device sums through NCCL" if comm.device_collectives == "nccl" else "")
     metrics = MetricsLog(config.run_dir, comm, batches.steps_per_epoch, config.train.epochs,
                          config.train.straggler_factor)
     schedule = Schedule(config.optimizer, batches.steps_per_epoch, config.train.epochs)
@@ -468,6 +469,7 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
         "n_params": model.n_params, "n_trainable": model.trainable.n_params,
         "replica_hashes": comm.allgather_obj(parameter_hash(*map(backend.to_host, (model.params, model.stats)))),
         "backend": backend.name, "cuda_aware_mpi": comm.cuda_aware, "host_staging": comm.staged,
+        "device_collectives": comm.device_collectives,
         "transfers": backend.transfers.to_dict(),
         "evaluation": evaluation.to_dict(),
         **loop.sync.summary(),  # the mode's own (auto's choices)

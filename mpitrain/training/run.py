@@ -117,7 +117,7 @@ def on_backend(comm, config: Config):
     `config.backend` (a collective)."""
     if comm.backend is None:
         backend = create_backend(config.backend, comm.local_rank, comm.local_size)  # before any allocation
-        comm = comm.for_backend(backend, config.comm.cuda_aware)
+        comm = comm.for_backend(backend, config.comm.cuda_aware, config.comm.device_collectives)
     return comm
 
 

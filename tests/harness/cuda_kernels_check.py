@@ -17,7 +17,25 @@ from numba import cuda
 SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 assert SIMULATED or cuda.is_available(), "run with NUMBA_ENABLE_CUDASIM=1, or on a machine with a CUDA GPU"
 
-from mpitrain.kernels import recurrent_cuda, updaters, updaters_cuda  # noqa: E402
+from mpitrain.kernels import (  # noqa: E402
+    activations,
+    activations_cuda,
+    batchnorm,
+    batchnorm_cuda,
+    embedding,
+    embedding_cuda,
+    im2col,
+    im2col_cuda,
+    layernorm,
+    layernorm_cuda,
+    loss,
+    loss_cuda,
+    pool,
+    pool_cuda,
+    recurrent_cuda,
+    updaters,
+    updaters_cuda,
+)
 from mpitrain.kernels import threshold as kernels  # noqa: E402
 from mpitrain.kernels.threshold import cuda as cuda_kernels  # noqa: E402
 from mpitrain.kernels.threshold import message, reference  # noqa: E402
@@ -183,6 +201,229 @@ def _check_updater_steps(variants: dict) -> None:
                                                err_msg=f"{name} {dtype.__name__} l2={l2} strided={strided}")
 
 
+def device(array):
+    """What the GPU kernels take in this run: the numpy array under the simulator, a device copy on a GPU."""
+    return array if SIMULATED else cuda.to_device(np.ascontiguousarray(array))
+
+
+def host(array):
+    return array if SIMULATED else array.copy_to_host()
+
+
+def check_activations() -> None:
+    """Bias + activation, its derivative and dropout (kernels/activations_cuda.py) write what the CPU kernels write:
+    every activation, with a bias and without, in float32 and float64, past one block of threads; the dropout mask
+    bit for bit."""
+    block = activations_cuda.BLOCK
+    activations_cuda.BLOCK = 8 if SIMULATED else block
+    rng = np.random.default_rng(12)
+    try:
+        for dtype, tolerance in ((np.float32, 1e-6), (np.float64, 1e-13)):
+            z = rng.normal(0, 2, (3, 7)).astype(dtype)  # 21 elements: 3 blocks of 8 under the simulator
+            dy, bias = rng.normal(size=z.shape).astype(dtype), rng.normal(size=7).astype(dtype)
+            for kind in (*activations.KINDS, *activations.INPUT_KINDS):
+                for b in (bias, bias[:0]):
+                    want, got = np.empty_like(z), device(np.zeros_like(z))
+                    activations.bias_activation(z, b, kind, want)
+                    activations_cuda.bias_activation(device(z), device(b) if b.size else b, kind, got)
+                    np.testing.assert_allclose(host(got), want, rtol=tolerance, atol=tolerance,
+                                               err_msg=f"bias_activation {kind} {dtype.__name__} bias={b.size}")
+                saved = z if kind in activations.INPUT_KINDS else want
+                expected, got = np.empty_like(z), device(np.zeros_like(z))
+                activations.activation_backward(dy, saved, kind, expected)
+                activations_cuda.activation_backward(device(dy), device(saved), kind, got)
+                np.testing.assert_allclose(host(got), expected, rtol=tolerance, atol=tolerance,
+                                           err_msg=f"activation_backward {kind} {dtype.__name__}")
+            seed, threshold = np.uint64(0xC0FFEE), int(0.3 * 2 ** activations.KEYED_BITS)
+            want, mask = np.empty_like(z), np.empty_like(z)
+            activations.dropout(z, seed, threshold, 1 / 0.7, want, mask)
+            got, got_mask = device(np.zeros_like(z)), device(np.zeros_like(z))
+            activations_cuda.dropout(device(z), seed, threshold, 1 / 0.7, got, got_mask)
+            assert np.array_equal(host(got_mask), mask) and np.array_equal(host(got), want), f"dropout {dtype.__name__}"
+            assert 0 < (mask == 0).sum() < mask.size, "dropout: a mask that keeps all or nothing tests nothing"
+    finally:
+        activations_cuda.BLOCK = block
+    print("ok activations", flush=True)
+
+
+def check_cross_entropy() -> None:
+    """Softmax cross-entropy (kernels/loss_cuda.py) against the CPU kernel, plain and weighted: the gradient to the
+    device's rounding of exp, the mean loss to rounding (another order of the sum), the correct count exactly; more
+    rows than threads, so a thread takes several, and a batch of one row."""
+    threads = loss_cuda.THREADS
+    loss_cuda.THREADS = 8 if SIMULATED else threads
+    rng = np.random.default_rng(13)
+    try:
+        for dtype in (np.float32, np.float64):
+            for rows in (1, 2 * loss_cuda.THREADS + 3):
+                logits = rng.normal(0, 3, (rows, 5)).astype(dtype)
+                labels = rng.integers(0, 5, rows).astype(np.int32)
+                weights = rng.uniform(0.5, 2.0, 5)
+                for weighted in (False, True):
+                    grad, totals = np.empty_like(logits), np.zeros(2)
+                    got_grad, got_totals = device(np.zeros_like(logits)), device(np.zeros(2))
+                    if weighted:
+                        loss.weighted_softmax_cross_entropy(logits, labels, weights, grad, totals)
+                        loss_cuda.weighted_softmax_cross_entropy(device(logits), device(labels), device(weights),
+                                                                 got_grad, got_totals)
+                    else:
+                        loss.softmax_cross_entropy(logits, labels, grad, totals)
+                        loss_cuda.softmax_cross_entropy(device(logits), device(labels), got_grad, got_totals)
+                    name = f"cross-entropy {dtype.__name__} rows={rows} weighted={weighted}"
+                    rtol = 1e-6 if dtype is np.float32 else 1e-12  # float32's exp: the simulator's is Python's
+                    np.testing.assert_allclose(host(got_grad), grad, rtol=rtol, atol=1e-7, err_msg=name)
+                    np.testing.assert_allclose(host(got_totals)[0], totals[0], rtol=rtol, err_msg=name)
+                    assert host(got_totals)[1] == totals[1] and 0 <= totals[1] <= rows, name
+    finally:
+        loss_cuda.THREADS = threads
+    print("ok cross-entropy", flush=True)
+
+
+def check_layernorm() -> None:
+    """Layer normalization's forward and backward (kernels/layernorm_cuda.py) against the CPU kernels: with and
+    without a fused activation, with and without the input's gradient, float32 and float64, more rows and features
+    than a block has threads."""
+    block = layernorm_cuda.BLOCK
+    layernorm_cuda.BLOCK = 4 if SIMULATED else block
+    rng = np.random.default_rng(14)
+    try:
+        for dtype, tolerance in ((np.float32, 2e-5), (np.float64, 1e-12)):
+            rows, features = 6, 5
+            x = (rng.normal(0, 3, (rows, features)) + 10).astype(dtype)  # far from 0: the shifted sums matter
+            gamma, beta = rng.normal(size=features).astype(dtype), rng.normal(size=features).astype(dtype)
+            dy = rng.normal(size=x.shape).astype(dtype)
+            for kind, input_grad in (("none", True), ("tanh", True), ("relu", False)):
+                want = {name: np.zeros(shape, dtype) for name, shape in (("x_hat", x.shape), ("inv_std", (rows,)),
+                        ("y", x.shape), ("dz", x.shape), ("dgamma", (features,)), ("dbeta", (features,)),
+                        ("dx", x.shape))}
+                got = {name: device(array.copy()) for name, array in want.items()}
+                layernorm.forward(x, gamma, beta, 1e-5, want["x_hat"], want["inv_std"], want["y"], kind)
+                layernorm.backward(dy.copy(), want["y"], kind, want["dz"], want["x_hat"], want["inv_std"], gamma,
+                                   want["dgamma"], want["dbeta"], want["dx"] if input_grad else None)
+                layernorm_cuda.forward(device(x), device(gamma), device(beta), 1e-5, got["x_hat"], got["inv_std"],
+                                       got["y"], kind)
+                layernorm_cuda.backward(device(dy.copy()), got["y"], kind, got["dz"], got["x_hat"], got["inv_std"],
+                                        device(gamma), got["dgamma"], got["dbeta"], got["dx"] if input_grad else None)
+                for name in want:
+                    np.testing.assert_allclose(host(got[name]), want[name], rtol=tolerance, atol=tolerance,
+                                               err_msg=f"layernorm {kind} {dtype.__name__}: {name}")
+    finally:
+        layernorm_cuda.BLOCK = block
+    print("ok layernorm", flush=True)
+
+
+def check_embedding() -> None:
+    """An embedding table's gather and scatter-add (kernels/embedding_cuda.py) against the CPU kernels: repeated ids,
+    the sums bit for bit; on a GPU through a strided `out` and `values` (one column of a batch's (rows, columns, dim)
+    array) as the layer passes them (the simulator takes only contiguous arrays)."""
+    block = embedding_cuda.BLOCK
+    embedding_cuda.BLOCK = 8 if SIMULATED else block
+    rng = np.random.default_rng(15)
+    try:
+        for dtype in (np.float32, np.float64):
+            table = rng.normal(size=(7, 3)).astype(dtype)
+            ids = np.array([4, 0, 4, 6, 4, 1], np.int64)
+            batch = np.zeros((len(ids), 2, 3), dtype)
+            embedding.gather_rows(table, ids, batch[:, 1])
+            got = device(np.zeros_like(batch[:, 1]) if SIMULATED else np.zeros_like(batch))
+            embedding_cuda.gather_rows(device(table), device(ids), got if SIMULATED else got[:, 1])
+            assert np.array_equal(host(got), batch[:, 1] if SIMULATED else batch), f"gather {dtype.__name__}"
+            values = rng.normal(size=(len(ids), 2, 3)).astype(dtype)
+            grad, got = np.zeros_like(table), device(np.zeros_like(table))
+            embedding.scatter_add_rows(grad, ids, values[:, 0])
+            embedding_cuda.scatter_add_rows(got, device(ids), np.ascontiguousarray(values[:, 0]) if SIMULATED
+                                            else device(values)[:, 0])
+            assert np.array_equal(host(got), grad), f"scatter-add {dtype.__name__}"
+    finally:
+        embedding_cuda.BLOCK = block
+    print("ok embedding", flush=True)
+
+
+def check_windows() -> None:
+    """im2col, col2im, their channels-last forms (kernels/im2col_cuda.py) and max pooling (kernels/pool_cuda.py)
+    against the CPU kernels, bit for bit: padded and strided windows, overlapping ones, the side-by-side 2 x 2 pool
+    with an odd last row and column, ties (pooled zeros) going to the first largest."""
+    blocks = im2col_cuda.BLOCK, pool_cuda.BLOCK
+    im2col_cuda.BLOCK = pool_cuda.BLOCK = 32 if SIMULATED else blocks[0]
+    rng = np.random.default_rng(16)
+    try:
+        for dtype in (np.float32, np.float64):
+            x = rng.normal(size=(2, 3, 5, 7)).astype(dtype)
+            for kernel, stride, padding in ((3, 1, "same"), (2, 2, "valid"), (3, 2, "same")):
+                g = im2col.geometry(x.shape[1:], kernel, stride, padding)
+                name = f"{kernel}x{kernel} stride {stride} {padding} {dtype.__name__}"
+                for last in (False, True):
+                    shape = (len(x), g.out_height, g.out_width, *((*g.kernel, g.channels) if last else
+                                                                  (g.channels, *g.kernel)))
+                    image = np.zeros((len(x), *x.shape[2:], x.shape[1]), dtype)
+                    cols, got = np.zeros(shape, dtype), device(np.zeros(shape, dtype))
+                    if last:
+                        im2col.im2col_channels_last(x, g, image, cols)
+                        im2col_cuda.im2col_channels_last(device(x), g, None, got)
+                    else:
+                        im2col.im2col(x, g, 0.0, cols)
+                        im2col_cuda.im2col(device(x), g, 0.0, got)
+                    assert np.array_equal(host(got), cols), f"im2col {name} channels_last={last}"
+                    dcols = rng.normal(size=shape).astype(dtype)
+                    dx, got = np.zeros_like(x), device(np.zeros_like(x))
+                    if last:
+                        im2col.col2im_channels_last(dcols, g, image, dx)
+                        im2col_cuda.col2im_channels_last(device(dcols), g, None, got)
+                    else:
+                        im2col.col2im(dcols, g, dx)
+                        im2col_cuda.col2im(device(dcols), g, got)
+                    assert np.array_equal(host(got), dx), f"col2im {name} channels_last={last}"
+                pooled = np.maximum(x, 0)  # ReLU's zeros: ties
+                y = np.zeros((len(x), g.channels, g.out_height, g.out_width), dtype)
+                where = np.zeros(y.shape, np.int32)
+                got_y, got_where = device(np.zeros_like(y)), device(np.zeros_like(where))
+                pool.max_pool(pooled, g, y, where)
+                pool_cuda.max_pool(device(pooled), g, got_y, got_where)
+                assert np.array_equal(host(got_y), y) and np.array_equal(host(got_where), where), f"max pool {name}"
+                dy = rng.normal(size=y.shape).astype(dtype)
+                dx, got = np.zeros_like(x), device(np.zeros_like(x))
+                pool.max_pool_backward(dy, where, g, dx)
+                pool_cuda.max_pool_backward(device(dy), device(where), g, got)
+                assert np.array_equal(host(got), dx), f"max pool backward {name}"
+    finally:
+        im2col_cuda.BLOCK, pool_cuda.BLOCK = blocks
+    print("ok windows", flush=True)
+
+
+def check_batchnorm() -> None:
+    """Batch normalization's forward (training and evaluation) and backward (kernels/batchnorm_cuda.py) against the
+    CPU kernels: images (S > 1) and dense features (S = 1), a fused activation, with and without the input's
+    gradient, more values per channel than a block has threads, the running statistics too."""
+    threads = batchnorm_cuda.THREADS
+    batchnorm_cuda.THREADS = 8 if SIMULATED else threads
+    rng = np.random.default_rng(17)
+    try:
+        for dtype, tolerance in ((np.float32, 2e-5), (np.float64, 1e-11)):
+            for shape, kind, training, input_grad in (((5, 3, 6), "relu", True, True), ((9, 4, 1), "none", True, False),
+                                                      ((5, 3, 6), "tanh", False, True)):
+                x = (rng.normal(0, 2, shape) + 5).astype(dtype)
+                dy = rng.normal(size=shape).astype(dtype)
+                gamma, beta = rng.normal(size=shape[1]).astype(dtype), rng.normal(size=shape[1]).astype(dtype)
+                arrays = {"mean": rng.normal(size=shape[1]), "var": rng.uniform(0.5, 2, shape[1]),
+                          "x_hat": np.zeros(shape), "inv_std": np.zeros(shape[1]), "y": np.zeros(shape),
+                          "dz": np.zeros(shape), "dgamma": np.zeros(shape[1]), "dbeta": np.zeros(shape[1]),
+                          "dx": np.zeros(shape)}
+                want = {name: array.astype(dtype) for name, array in arrays.items()}
+                got = {name: device(array.copy()) for name, array in want.items()}
+                for run, out, on in ((batchnorm, want, np.asarray), (batchnorm_cuda, got, device)):
+                    run.forward(on(x), on(gamma), on(beta), 1e-5, out["mean"], out["var"], 0.9, training,
+                                out["x_hat"], out["inv_std"], out["y"], kind)
+                    run.backward(on(dy.copy()), out["y"], kind, out["dz"], out["x_hat"], out["inv_std"], on(gamma),
+                                 out["dgamma"], out["dbeta"], out["dx"] if input_grad else None)
+                for name in want:
+                    np.testing.assert_allclose(host(got[name]), want[name], rtol=tolerance, atol=tolerance,
+                                               err_msg=f"batchnorm {shape} {kind} training={training} "
+                                                       f"{dtype.__name__}: {name}")
+    finally:
+        batchnorm_cuda.THREADS = threads
+    print("ok batchnorm", flush=True)
+
+
 def main() -> None:
     start = time.perf_counter()
     for name, residual, tau in edge_cases():
@@ -198,6 +439,12 @@ def main() -> None:
     check_dispatch()
     check_recurrent_steps()
     check_updater_steps()
+    check_activations()
+    check_cross_entropy()
+    check_layernorm()
+    check_embedding()
+    check_windows()
+    check_batchnorm()
     print(f"OK ({time.perf_counter() - start:.1f} s)")
 
 

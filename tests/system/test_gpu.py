@@ -173,6 +173,37 @@ def test_numba_cuda_kernels_on_the_gpu_equal_the_reference():
     assert "ok default launch" in run_cuda_kernels_check(simulator=False, timeout=600)
 
 
+def test_nccl_on_one_rank_sums_and_broadcasts_device_buffers(cupy, tmp_path):
+    """comm.device_collectives: nccl on this GPU: an Allreduce (blocking and posted) and a Bcast of device buffers
+    through NCCL on one rank leave them as they were (the sum of one), and a training run on one rank says NCCL
+    summed its gradients and ends where MPI's does."""
+    from mpi4py import MPI
+
+    from mpitrain.parallel.backend import create_backend
+    from mpitrain.parallel.comm import Communicator
+    comm = Communicator(MPI.COMM_SELF.Dup()).for_backend(create_backend("cupy"), "auto", "nccl")
+    assert comm.device_collectives == "nccl", "cupy has no NCCL here"
+    values = cupy.arange(1000, dtype=cupy.float32) / 7
+    buf, posted_buf = values.copy(), values.copy()
+    comm.allreduce_(buf)
+    comm.complete([comm.iallreduce_(posted_buf)])
+    comm.bcast_(buf)
+    np.testing.assert_array_equal(buf.get(), values.get())
+    np.testing.assert_array_equal(posted_buf.get(), values.get())
+    make_dataset(tmp_path / "data", n_train=320, shape=(1, 8, 8))
+    runs = {}
+    for name in ("nccl", "mpi"):
+        folder = tmp_path / name
+        folder.mkdir()
+        config = write_config(folder / "exp.yaml", tmp_path / "data", backend="cupy", train={"epochs": 1},
+                              comm={"device_collectives": name})
+        result = mpiexec(1, MPITRAIN, "train", config, timeout=300)
+        assert result.returncode == 0, result.stderr
+        runs[name] = json.loads((folder / "run" / "summary.json").read_text())
+    assert runs["nccl"]["device_collectives"] == "nccl" and runs["mpi"]["device_collectives"] == "mpi"
+    assert runs["nccl"]["replica_hashes"] == runs["mpi"]["replica_hashes"]
+
+
 def trained(tmp_path, name, n, backend, sync, model):
     folder = tmp_path / name
     folder.mkdir()
