@@ -115,7 +115,8 @@ class Communicator:
         variant = StagedCommunicator if backend.on_gpu and not aware else Communicator
         if backend.on_gpu and device_collectives != "mpi":
             from mpitrain.parallel import nccl
-            if nccl.wants_nccl(device_collectives, self, nccl.device_count(), nccl.nccl_available()):
+            available = nccl.nccl_available()  # first: without cupy's NCCL, no device query
+            if nccl.wants_nccl(device_collectives, self, nccl.device_count() if available else 0, available):
                 variant = nccl.NcclStagedCommunicator if variant is StagedCommunicator else nccl.NcclCommunicator
         chosen = variant(self.mpi, backend, aware)
         chosen.calls = self.calls  # one roll-call per rank, whichever communicator runs the collective

@@ -146,10 +146,10 @@ class Staged(Communicator):
         super().__init__(mpi_comm)
         self.forced = forced
 
-    def for_backend(self, array_backend, cuda_aware="auto"):
+    def for_backend(self, array_backend, cuda_aware="auto", device_collectives="auto"):
         if self.forced:
             return StagedCommunicator(self.mpi, array_backend, cuda_aware=False)
-        return super().for_backend(array_backend, cuda_aware)
+        return super().for_backend(array_backend, cuda_aware, device_collectives)
 
 
 summaries = {}
