@@ -16,7 +16,7 @@ watchdog`) writes each rank's state when it fires and composes the `verdict` of 
 
 A test stalls a rank on purpose with MPITRAIN_TEST_STALL=PHASE@RANK (a phase's name, or a collective's: the rank
 sleeps when it enters it the third time), or slows it with MPITRAIN_TEST_SLOW=PHASE@RANK:SECONDS (it sleeps that
-long each time it enters the phase), which only the forensics tests set.
+long each time it enters the phase), which only tests set (the forensics tests; test_tune's killed worker).
 """
 from __future__ import annotations
 

@@ -122,10 +122,13 @@ def test_a_pruned_trial_stops_on_every_rank_after_the_epoch_of_the_decision(digi
 
 @pytest.mark.alone
 def test_a_sigkilled_worker_s_trial_is_failed_and_its_parameters_run_again(digits, tmp_path):
-    study = write_study(tmp_path, digits, {"optimizer.lr": {"float": [0.01, 0.1]}}, epochs=40, trials=2,
+    study = write_study(tmp_path, digits, {"optimizer.lr": {"float": [0.01, 0.1]}}, epochs=4, trials=2,
                         sampler="random", pruner="none", heartbeat_s=3)
+    # the worker to kill evaluates slowly (rank 0 sleeps 2 s at each epoch's evaluation, before the epoch's record
+    # and checkpoint), so it is still in its second epoch when killed; the workers after it train at full speed
     worker = subprocess.Popen([MPIEXEC, "-n", "2", MPITRAIN, "tune-worker", study], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
+                              stderr=subprocess.DEVNULL, start_new_session=True,
+                              env={**os.environ, "MPITRAIN_TEST_SLOW": "the evaluation@0:2"})
     trial = tmp_path / "study" / "trials" / "trial-0000"
     deadline = time.monotonic() + 120
     # the epoch's record comes before its checkpoint (mpitrain/training/loop.py's _end_epoch): wait for both
@@ -133,6 +136,7 @@ def test_a_sigkilled_worker_s_trial_is_failed_and_its_parameters_run_again(digit
             and time.monotonic() < deadline:
         time.sleep(0.1)
     assert worker.poll() is None, "the worker ended before it was killed"
+    assert len(list_checkpoints(str(trial))) == 1, "the worker went past its first epoch"
     os.killpg(worker.pid, signal.SIGKILL)  # mpiexec, its proxy and both ranks, as the OOM killer or a lost node
     worker.wait()
     time.sleep(3.5)  # the heartbeat goes stale
