@@ -63,6 +63,21 @@ def wants_nccl(setting: str, comm, devices: int, available: bool) -> bool:
     return not reasons
 
 
+def unique_id_message(uid) -> np.ndarray:
+    """NCCL's unique id as int32s for an MPI Bcast: [1 if bytes (CuPy 14) else 0 (a tuple of signed chars, CuPy 13),
+    then its 128 bytes]; zeros where `uid` is None (the ranks that receive it)."""
+    message = np.zeros(129, np.int32)
+    if uid is not None:
+        message[0] = isinstance(uid, (bytes, bytearray))
+        message[1:] = list(uid)
+    return message
+
+
+def unique_id_of(message: np.ndarray):
+    """The unique id a `unique_id_message` carries, in the form this CuPy made it."""
+    return bytes(message[1:].astype(np.uint8)) if message[0] else tuple(int(b) for b in message[1:])
+
+
 _NCCL_TYPES = {np.dtype(np.float32): "NCCL_FLOAT32", np.dtype(np.float64): "NCCL_FLOAT64",
                np.dtype(np.int32): "NCCL_INT32", np.dtype(np.int64): "NCCL_INT64"}
 
@@ -75,11 +90,10 @@ class NcclCollectives:
         super().__init__(mpi_comm, backend, cuda_aware)
         from cupy.cuda import nccl
         self._nccl_module = nccl
-        uid = np.zeros(128, np.int32)  # an ncclUniqueId's 128 bytes, one per int32 (the types MPI is given here)
-        if self.rank == 0:
-            uid[:] = nccl.get_unique_id()
-        self.bcast_(uid)  # a host buffer: MPI's, staged or not
-        self.nccl = nccl.NcclCommunicator(self.size, tuple(int(b) for b in uid), self.rank)
+        message = unique_id_message(nccl.get_unique_id() if self.rank == 0 else None)
+        self.bcast_(message)  # a host buffer: MPI's, staged or not
+        uid = unique_id_of(message)
+        self.nccl = nccl.NcclCommunicator(self.size, uid, self.rank)
         self.bytes_sent = 0  # the id is set-up, not the job's traffic
 
     @property

@@ -3,6 +3,7 @@ rank, with the device query (GPU count, NCCL in cupy) faked at its boundary; `nc
 rank cannot have it; `mpi` never asks. The NCCL collectives themselves run in tests/system/test_gpu.py."""
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from mpi4py import MPI
 
@@ -10,7 +11,7 @@ from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import CommConfig
 from mpitrain.parallel import nccl
 from mpitrain.parallel.comm import Communicator, StagedCommunicator
-from mpitrain.parallel.nccl import wants_nccl, why_not_nccl
+from mpitrain.parallel.nccl import unique_id_message, unique_id_of, wants_nccl, why_not_nccl
 
 
 class Job:
@@ -59,6 +60,16 @@ def test_for_backend_keeps_mpi_without_nccl_and_refuses_nccl_there(monkeypatch):
         Communicator(MPI.COMM_SELF).for_backend(gpu, False, "nccl")
     cpu = Communicator(MPI.COMM_SELF).for_backend(SimpleNamespace(on_gpu=False), False, "nccl")  # numpy: MPI's
     assert type(cpu) is Communicator and cpu.device_collectives == "mpi"
+
+
+def test_the_unique_id_crosses_mpi_as_int32s_and_comes_back_in_the_form_cupy_made_it():
+    as_bytes = bytes(range(128))  # CuPy 14
+    as_chars = tuple(range(-64, 64))  # CuPy 13: signed chars
+    for uid in (as_bytes, as_chars):
+        message = unique_id_message(uid)
+        assert message.dtype == np.int32 and message.shape == (129,)
+        assert unique_id_of(message) == uid and type(unique_id_of(message)) is type(uid)
+    assert not unique_id_message(None).any()  # what a receiving rank hands to the Bcast
 
 
 def test_the_setting_is_checked_against_its_domain_at_load():
