@@ -1,5 +1,5 @@
 """Compile the layers' numba-CUDA kernels (kernels/recurrent_cuda.py, activations_cuda.py, loss_cuda.py,
-layernorm_cuda.py, embedding_cuda.py, im2col_cuda.py, pool_cuda.py, batchnorm_cuda.py) to PTX for a Hopper GPU without one, so that a typing error shows here and not in a GPU lease. The CUDA simulator runs kernels
+layernorm_cuda.py, embedding_cuda.py, im2col_cuda.py, pool_cuda.py, batchnorm_cuda.py, updaters_cuda.py) to PTX for a Hopper GPU without one, so that a typing error shows here and not in a GPU lease. The CUDA simulator runs kernels
 as Python and types nothing; this types and compiles them, with the float32 and float64 signatures the layers
 launch them with.
 
@@ -53,7 +53,20 @@ def signatures(dtype) -> dict:
             ("batchnorm_cuda", "_forward"): (array3, array1, array1, types.float64, array1, array1, types.float64,
                                              flag, array3, array1, array3, step),
             ("batchnorm_cuda", "_backward"): (array3, array3, step, array3, array3, array1, array1, array1, array1,
-                                              flag, array3)}
+                                              flag, array3),
+            **updater_signatures(array1, flag, scalar)}
+
+
+def updater_signatures(array1, flag, scalar) -> dict:
+    """The updaters' kernels (kernels/updaters_cuda.py) on flat arrays; an optional operand is an array and a flag."""
+    optional = (array1, flag)
+    return {("updaters_cuda", "_sgd"): (array1, array1, *optional, scalar, array1),
+            ("updaters_cuda", "_momentum"): (array1, array1, array1, *optional, scalar, scalar, flag, array1),
+            ("updaters_cuda", "_adagrad"): (array1, array1, array1, *optional, scalar, scalar, array1),
+            ("updaters_cuda", "_rmsprop"): (array1, array1, array1, *optional, *(scalar,) * 4, array1),
+            ("updaters_cuda", "_adam_variant"): (array1, array1, *optional, array1, array1, *optional, *optional,
+                                                 *(scalar,) * 7, array1),
+            ("updaters_cuda", "_nadam"): (array1, array1, array1, array1, *optional, *(scalar,) * 8, array1)}
 
 
 def main() -> int:
