@@ -21,57 +21,59 @@ BLOCK = 256
 
 
 @cuda.jit(device=True)
-def _window_pixel(x, b, ch, p, q, i, j, stride, pad_top, pad_left, fill):
-    """Pixel (i, j) of window (p, q) of image b, channel ch, or `fill` outside the image."""
-    r, col = p * stride - pad_top + i, q * stride - pad_left + j
-    return x[b, ch, r, col] if 0 <= r < x.shape[2] and 0 <= col < x.shape[3] else fill
+def nchw_index(k, shape):
+    """Element k of a C-ordered (N, C, H, W) array, as (n, c, h, w)."""
+    k, w = k // shape[3], k % shape[3]
+    k, h = k // shape[2], k % shape[2]
+    return k // shape[1], k % shape[1], h, w
+
+
+@cuda.jit(device=True)
+def window_at(r, col, i, j, stride, pad_top, pad_left, oh, ow):
+    """The window (p, q) whose pixel (i, j) is image pixel (r, col), or (-1, -1) if no window's is."""
+    top, left = r + pad_top - i, col + pad_left - j
+    if top >= 0 and left >= 0 and top % stride == 0 and left % stride == 0 and top // stride < oh \
+            and left // stride < ow:
+        return top // stride, left // stride
+    return -1, -1
 
 
 @cuda.jit
-def _im2col(x, stride, pad_top, pad_left, fill, out):
+def _im2col(x, stride, pad_top, pad_left, fill, channels_last, out):
     k = cuda.grid(1)
     if k < out.size:
-        oh, ow, c, kh, kw = out.shape[1], out.shape[2], out.shape[3], out.shape[4], out.shape[5]
-        k, j = k // kw, k % kw
-        k, i = k // kh, k % kh
-        k, ch = k // c, k % c
-        k, q = k // ow, k % ow
-        b, p = k // oh, k % oh
-        out[b, p, q, ch, i, j] = _window_pixel(x, b, ch, p, q, i, j, stride, pad_top, pad_left, fill)
-
-
-@cuda.jit
-def _im2col_channels_last(x, stride, pad_top, pad_left, fill, out):
-    k = cuda.grid(1)
-    if k < out.size:
-        oh, ow, kh, kw, c = out.shape[1], out.shape[2], out.shape[3], out.shape[4], out.shape[5]
-        k, ch = k // c, k % c
-        k, j = k // kw, k % kw
-        k, i = k // kh, k % kh
-        k, q = k // ow, k % ow
-        b, p = k // oh, k % oh
-        out[b, p, q, i, j, ch] = _window_pixel(x, b, ch, p, q, i, j, stride, pad_top, pad_left, fill)
+        if channels_last:  # out (N, OH, OW, KH, KW, C)
+            kh, kw, c = out.shape[3], out.shape[4], out.shape[5]
+            k, ch = k // c, k % c
+            k, j = k // kw, k % kw
+            k, i = k // kh, k % kh
+        else:  # out (N, OH, OW, C, KH, KW)
+            c, kh, kw = out.shape[3], out.shape[4], out.shape[5]
+            k, j = k // kw, k % kw
+            k, i = k // kh, k % kh
+            k, ch = k // c, k % c
+        k, q = k // out.shape[2], k % out.shape[2]
+        b, p = k // out.shape[1], k % out.shape[1]
+        r, col = p * stride - pad_top + i, q * stride - pad_left + j
+        value = x[b, ch, r, col] if 0 <= r < x.shape[2] and 0 <= col < x.shape[3] else fill
+        if channels_last:
+            out[b, p, q, i, j, ch] = value
+        else:
+            out[b, p, q, ch, i, j] = value
 
 
 @cuda.jit
 def _col2im(cols, stride, pad_top, pad_left, channels_last, out):
     k = cuda.grid(1)
     if k < out.size:
-        c, h, w = out.shape[1], out.shape[2], out.shape[3]
-        oh, ow = cols.shape[1], cols.shape[2]
+        b, ch, r, col = nchw_index(k, out.shape)
         kh, kw = (cols.shape[3], cols.shape[4]) if channels_last else (cols.shape[4], cols.shape[5])
-        k, col = k // w, k % w
-        k, r = k // h, k % h
-        b, ch = k // c, k % c
         out[b, ch, r, col] = 0
-        for i in range(kh - 1, -1, -1):  # the windows' rows from the first: p grows as i falls
-            top = r + pad_top - i
-            if top >= 0 and top % stride == 0 and top // stride < oh:
-                for j in range(kw - 1, -1, -1):
-                    left = col + pad_left - j
-                    if left >= 0 and left % stride == 0 and left // stride < ow:
-                        p, q = top // stride, left // stride
-                        out[b, ch, r, col] += cols[b, p, q, i, j, ch] if channels_last else cols[b, p, q, ch, i, j]
+        for i in range(kh - 1, -1, -1):  # the windows in the CPU's order: p grows as i falls, q as j does
+            for j in range(kw - 1, -1, -1):
+                p, q = window_at(r, col, i, j, stride, pad_top, pad_left, cols.shape[1], cols.shape[2])
+                if p >= 0:
+                    out[b, ch, r, col] += cols[b, p, q, i, j, ch] if channels_last else cols[b, p, q, ch, i, j]
 
 
 def _blocks(count: int) -> int:
@@ -81,7 +83,7 @@ def _blocks(count: int) -> int:
 def im2col(x, g: Geometry, fill: float, out) -> None:
     """kernels.im2col.im2col on device arrays."""
     if out.size:
-        launch(_im2col, _blocks(out.size), BLOCK, x, g.stride, g.pad_top, g.pad_left, x.dtype.type(fill), out)
+        launch(_im2col, _blocks(out.size), BLOCK, x, g.stride, g.pad_top, g.pad_left, x.dtype.type(fill), False, out)
 
 
 def col2im(cols, g: Geometry, out) -> None:
@@ -93,8 +95,7 @@ def col2im(cols, g: Geometry, out) -> None:
 def im2col_channels_last(x, g: Geometry, image, out) -> None:
     """kernels.im2col.im2col_channels_last on device arrays (`image` is not used)."""
     if out.size:
-        launch(_im2col_channels_last, _blocks(out.size), BLOCK, x, g.stride, g.pad_top, g.pad_left,
-               x.dtype.type(0), out)
+        launch(_im2col, _blocks(out.size), BLOCK, x, g.stride, g.pad_top, g.pad_left, x.dtype.type(0), True, out)
 
 
 def col2im_channels_last(cols, g: Geometry, image, out) -> None:

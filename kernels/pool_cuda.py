@@ -16,6 +16,7 @@ from numba import cuda
 
 from .cuda_launch import launch
 from .im2col import Geometry
+from .im2col_cuda import nchw_index, window_at
 
 BLOCK = 256
 
@@ -24,10 +25,8 @@ BLOCK = 256
 def _max_pool(x, kh, kw, stride, pad_top, pad_left, out, where):
     k = cuda.grid(1)
     if k < out.size:
-        c, oh, ow, h, w = out.shape[1], out.shape[2], out.shape[3], x.shape[2], x.shape[3]
-        k, q = k // ow, k % ow
-        k, p = k // oh, k % oh
-        b, ch = k // c, k % c
+        b, ch, p, q = nchw_index(k, out.shape)
+        h, w = x.shape[2], x.shape[3]
         top, left = p * stride - pad_top, q * stride - pad_left
         i_start, j_start = max(0, -top), max(0, -left)  # the window's first row and column inside the image
         best, best_at = x[b, ch, top + i_start, left + j_start], i_start * kw + j_start
@@ -45,20 +44,13 @@ def _max_pool(x, kh, kw, stride, pad_top, pad_left, out, where):
 def _max_pool_backward(dy, where, kh, kw, stride, pad_top, pad_left, out):
     k = cuda.grid(1)
     if k < out.size:
-        c, h, w, oh, ow = out.shape[1], out.shape[2], out.shape[3], dy.shape[2], dy.shape[3]
-        k, col = k // w, k % w
-        k, r = k // h, k % h
-        b, ch = k // c, k % c
+        b, ch, r, col = nchw_index(k, out.shape)
         out[b, ch, r, col] = 0
-        for i in range(kh - 1, -1, -1):  # the windows' rows from the first: p grows as i falls
-            top = r + pad_top - i
-            if top >= 0 and top % stride == 0 and top // stride < oh:
-                for j in range(kw - 1, -1, -1):
-                    left = col + pad_left - j
-                    if left >= 0 and left % stride == 0 and left // stride < ow:
-                        p, q = top // stride, left // stride
-                        if where[b, ch, p, q] == i * kw + j:
-                            out[b, ch, r, col] += dy[b, ch, p, q]
+        for i in range(kh - 1, -1, -1):  # the windows in the CPU's order: p grows as i falls, q as j does
+            for j in range(kw - 1, -1, -1):
+                p, q = window_at(r, col, i, j, stride, pad_top, pad_left, dy.shape[2], dy.shape[3])
+                if p >= 0 and where[b, ch, p, q] == i * kw + j:
+                    out[b, ch, r, col] += dy[b, ch, p, q]
 
 
 def _blocks(count: int) -> int:
