@@ -14,7 +14,7 @@ import numpy as np
 from numba import cuda
 
 from .activations import _code, activate, activate_input, derivative, derivative_at_input, keyed_bits_at
-from .cuda_launch import launch
+from .cuda_launch import launch_over
 
 BLOCK = 256
 
@@ -49,24 +49,18 @@ def _dropout(x, seed, threshold, scale, zero, out, mask):
         out[r, j] = x[r, j] * m
 
 
-def _blocks(rows) -> int:
-    return (rows.shape[0] * rows.shape[1] + BLOCK - 1) // BLOCK
-
-
 def bias_activation(z, b, kind: str, out) -> None:
     """kernels.activations.bias_activation on device arrays."""
-    if z.size:
-        launch(_bias_activation, _blocks(z), BLOCK, z, b if b.size else z[0], b.size > 0, *_code(kind), out)
+    if z.size:  # z[0] stands in for a missing bias
+        launch_over(_bias_activation, z.size, BLOCK, z, b if b.size else z[0], b.size > 0, *_code(kind), out)
 
 
 def activation_backward(dy, v, kind: str, out) -> None:
     """kernels.activations.activation_backward on device arrays."""
-    if dy.size:
-        launch(_activation_backward, _blocks(dy), BLOCK, dy, v, *_code(kind), out)
+    launch_over(_activation_backward, dy.size, BLOCK, dy, v, *_code(kind), out)
 
 
 def dropout(x, seed: np.uint64, threshold: int, scale: float, out, mask) -> None:
     """kernels.activations.dropout on device arrays: the CPU kernel's mask, element for element."""
-    if x.size:
-        launch(_dropout, _blocks(x), BLOCK, x, np.uint64(seed), np.uint64(threshold), x.dtype.type(scale),
-               x.dtype.type(0), out, mask)
+    launch_over(_dropout, x.size, BLOCK, x, np.uint64(seed), np.uint64(threshold), x.dtype.type(scale),
+                x.dtype.type(0), out, mask)

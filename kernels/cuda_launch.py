@@ -1,10 +1,11 @@
 """Launching numba-CUDA kernels on cupy arrays: on cupy's current stream, through numba views made once per buffer.
 
     launch(kernel, grid, block, *args)      # cupy arrays as numba views; numpy arrays (the simulator's) as they are
+    launch_over(kernel, threads, block, *args)   # enough blocks of `block` threads for `threads`; none for 0
 
 A numba view of a cupy array costs more than a small kernel, and the layers' workspace arrays persist across steps
 and batches, so each buffer's view is made once and kept (`numba_view`). No stream sync: the kernels run on the
-stream that wrote the arrays. kernels/recurrent_cuda.py and kernels/updaters_cuda.py launch this way.
+stream that wrote the arrays. The layers' kernels/*_cuda.py modules launch this way.
 """
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ def launch(kernel, grid, block, *args) -> None:
     default stream)."""
     stream = _stream(_cupy_stream()) if hasattr(args[0], "__cuda_array_interface__") else 0
     kernel[grid, block, stream](*(numba_view(a) if hasattr(a, "__cuda_array_interface__") else a for a in args))
+
+
+def launch_over(kernel, threads: int, block: int, *args) -> None:
+    """`launch` of `kernel` on enough blocks of `block` threads to cover `threads` (none for an empty range)."""
+    if threads:
+        launch(kernel, -(-threads // block), block, *args)
 
 
 def _cupy_stream() -> int:

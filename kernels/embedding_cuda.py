@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from numba import cuda
 
-from .cuda_launch import launch
+from .cuda_launch import launch_over
 
 BLOCK = 256
 
@@ -36,17 +36,12 @@ def _scatter_add(grad, ids, values):
             grad[ids[i], j] += values[i, j]
 
 
-def _blocks(count: int) -> int:
-    return (count + BLOCK - 1) // BLOCK
-
-
 def gather_rows(table, ids, out) -> None:
     """kernels.embedding.gather_rows on device arrays."""
-    if ids.size:
-        launch(_gather, _blocks(ids.size * out.shape[1]), BLOCK, table, ids, out)
+    launch_over(_gather, ids.size * out.shape[1], BLOCK, table, ids, out)
 
 
 def scatter_add_rows(grad, ids, values) -> None:
     """kernels.embedding.scatter_add_rows on device arrays."""
     if ids.size:
-        launch(_scatter_add, _blocks(grad.shape[1]), BLOCK, grad, ids, values)
+        launch_over(_scatter_add, grad.shape[1], BLOCK, grad, ids, values)

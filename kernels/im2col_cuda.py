@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from numba import cuda
 
-from .cuda_launch import launch
+from .cuda_launch import launch_over
 from .im2col import Geometry
 
 BLOCK = 256
@@ -76,29 +76,21 @@ def _col2im(cols, stride, pad_top, pad_left, channels_last, out):
                     out[b, ch, r, col] += cols[b, p, q, i, j, ch] if channels_last else cols[b, p, q, ch, i, j]
 
 
-def _blocks(count: int) -> int:
-    return (count + BLOCK - 1) // BLOCK
-
-
 def im2col(x, g: Geometry, fill: float, out) -> None:
     """kernels.im2col.im2col on device arrays."""
-    if out.size:
-        launch(_im2col, _blocks(out.size), BLOCK, x, g.stride, g.pad_top, g.pad_left, x.dtype.type(fill), False, out)
+    launch_over(_im2col, out.size, BLOCK, x, g.stride, g.pad_top, g.pad_left, x.dtype.type(fill), False, out)
 
 
 def col2im(cols, g: Geometry, out) -> None:
     """kernels.im2col.col2im on device arrays."""
-    if out.size:
-        launch(_col2im, _blocks(out.size), BLOCK, cols, g.stride, g.pad_top, g.pad_left, False, out)
+    launch_over(_col2im, out.size, BLOCK, cols, g.stride, g.pad_top, g.pad_left, False, out)
 
 
 def im2col_channels_last(x, g: Geometry, image, out) -> None:
     """kernels.im2col.im2col_channels_last on device arrays (`image` is not used)."""
-    if out.size:
-        launch(_im2col, _blocks(out.size), BLOCK, x, g.stride, g.pad_top, g.pad_left, x.dtype.type(0), True, out)
+    launch_over(_im2col, out.size, BLOCK, x, g.stride, g.pad_top, g.pad_left, x.dtype.type(0), True, out)
 
 
 def col2im_channels_last(cols, g: Geometry, image, out) -> None:
     """kernels.im2col.col2im_channels_last on device arrays (`image` is not used)."""
-    if out.size:
-        launch(_col2im, _blocks(out.size), BLOCK, cols, g.stride, g.pad_top, g.pad_left, True, out)
+    launch_over(_col2im, out.size, BLOCK, cols, g.stride, g.pad_top, g.pad_left, True, out)

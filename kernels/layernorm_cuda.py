@@ -12,7 +12,7 @@ from __future__ import annotations
 from numba import cuda
 
 from .activations import KINDS
-from .cuda_launch import launch
+from .cuda_launch import launch_over
 from .layernorm import input_grad_row, normalize_row, scale_grads_feature
 
 BLOCK = 128
@@ -39,20 +39,14 @@ def _scale_grads(dz, x_hat, dgamma, dbeta):
         scale_grads_feature(dz, x_hat, dgamma, dbeta, f)
 
 
-def _blocks(count: int) -> int:
-    return (count + BLOCK - 1) // BLOCK
-
-
 def forward(x, gamma, beta, eps: float, x_hat, inv_std, y, kind: str = "none") -> None:
     """kernels.layernorm.forward on device arrays."""
-    if len(x):
-        launch(_forward, _blocks(x.shape[0]), BLOCK, x, gamma, beta, float(eps), x_hat, inv_std, y, KINDS[kind])
+    launch_over(_forward, x.shape[0], BLOCK, x, gamma, beta, float(eps), x_hat, inv_std, y, KINDS[kind])
 
 
 def backward(dy, y, kind: str, dz, x_hat, inv_std, gamma, dgamma, dbeta, dx) -> None:
     """kernels.layernorm.backward on device arrays."""
     dz = dy if kind == "none" else dz
-    if len(dy):
-        launch(_input_grad, _blocks(dy.shape[0]), BLOCK, dy, y, KINDS[kind], dz, x_hat, inv_std, gamma,
-               dx is not None, dy if dx is None else dx)
-    launch(_scale_grads, _blocks(dy.shape[1]), BLOCK, dz, x_hat, dgamma, dbeta)
+    launch_over(_input_grad, dy.shape[0], BLOCK, dy, y, KINDS[kind], dz, x_hat, inv_std, gamma, dx is not None,
+                dy if dx is None else dx)
+    launch_over(_scale_grads, dy.shape[1], BLOCK, dz, x_hat, dgamma, dbeta)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from numba import cuda
 
-from .cuda_launch import launch
+from .cuda_launch import launch_over
 from .im2col import Geometry
 from .im2col_cuda import nchw_index, window_at
 
@@ -53,18 +53,11 @@ def _max_pool_backward(dy, where, kh, kw, stride, pad_top, pad_left, out):
                     out[b, ch, r, col] += dy[b, ch, p, q]
 
 
-def _blocks(count: int) -> int:
-    return (count + BLOCK - 1) // BLOCK
-
-
 def max_pool(x, g: Geometry, out, where) -> None:
     """kernels.pool.max_pool on device arrays."""
-    if out.size:
-        launch(_max_pool, _blocks(out.size), BLOCK, x, *g.kernel, g.stride, g.pad_top, g.pad_left, out, where)
+    launch_over(_max_pool, out.size, BLOCK, x, *g.kernel, g.stride, g.pad_top, g.pad_left, out, where)
 
 
 def max_pool_backward(dy, where, g: Geometry, out) -> None:
     """kernels.pool.max_pool_backward on device arrays."""
-    if out.size:
-        launch(_max_pool_backward, _blocks(out.size), BLOCK, dy, where, *g.kernel, g.stride, g.pad_top, g.pad_left,
-               out)
+    launch_over(_max_pool_backward, out.size, BLOCK, dy, where, *g.kernel, g.stride, g.pad_top, g.pad_left, out)

@@ -13,7 +13,7 @@ import math
 
 from numba import cuda
 
-from .cuda_launch import launch
+from .cuda_launch import launch_over
 from .updaters import _decayed_square, _normalized_step, adam_correction
 
 BLOCK = 256
@@ -98,22 +98,23 @@ def _nadam(m, v, g, p, decay, l2, beta1, gain1, beta2, gain2, correction2, eps, 
 
 def sgd_step(g, p, decay, lr: float, out) -> None:
     dtype = out.dtype.type
-    _launch(_sgd, out.size, g, p, *_optional(decay, p), dtype(lr), out)
+    launch_over(_sgd, out.size, BLOCK, g, p, *_optional(decay, p), dtype(lr), out)
 
 
 def momentum_step(v, g, p, decay, lr: float, mu: float, nesterov: bool, out) -> None:
     dtype = v.dtype.type
-    _launch(_momentum, v.size, v, g, p, *_optional(decay, p), dtype(lr), dtype(mu), nesterov, out)
+    launch_over(_momentum, v.size, BLOCK, v, g, p, *_optional(decay, p), dtype(lr), dtype(mu), nesterov, out)
 
 
 def adagrad_step(h, g, p, decay, lr: float, eps: float, out) -> None:
     dtype = h.dtype.type
-    _launch(_adagrad, h.size, h, g, p, *_optional(decay, p), dtype(lr), dtype(eps), out)
+    launch_over(_adagrad, h.size, BLOCK, h, g, p, *_optional(decay, p), dtype(lr), dtype(eps), out)
 
 
 def rmsprop_step(h, g, p, decay, lr: float, rho: float, eps: float, out) -> None:
     dtype = h.dtype.type
-    _launch(_rmsprop, h.size, h, g, p, *_optional(decay, p), dtype(lr), dtype(rho), dtype(1 - rho), dtype(eps), out)
+    launch_over(_rmsprop, h.size, BLOCK, h, g, p, *_optional(decay, p), dtype(lr), dtype(rho), dtype(1 - rho),
+                dtype(eps), out)
 
 
 def adam_step(m, v, g, p, decay, lr: float, beta1: float, beta2: float, eps: float, t: int, out) -> None:
@@ -124,25 +125,20 @@ def adam_variant_step(m, v, vmax, g, p, decay, wd, lr: float, beta1: float, beta
                       out) -> None:
     dtype = m.dtype.type
     step, eps_hat = adam_correction(lr, beta1, beta2, eps, t)
-    _launch(_adam_variant, m.size, m, v, *_optional(vmax, m), g, p, *_optional(decay, p), *_optional(wd, p),
-            dtype(lr), dtype(beta1), dtype(1 - beta1), dtype(beta2), dtype(1 - beta2), dtype(step), dtype(eps_hat),
-            out)
+    launch_over(_adam_variant, m.size, BLOCK, m, v, *_optional(vmax, m), g, p, *_optional(decay, p),
+                *_optional(wd, p), dtype(lr), dtype(beta1), dtype(1 - beta1), dtype(beta2), dtype(1 - beta2),
+                dtype(step), dtype(eps_hat), out)
 
 
 def nadam_step(m, v, g, p, decay, lr: float, beta1: float, beta2: float, eps: float, mu: float, mu_next: float,
                product: float, product_next: float, t: int, out) -> None:
     dtype = m.dtype.type
-    _launch(_nadam, m.size, m, v, g, p, *_optional(decay, p), dtype(beta1), dtype(1 - beta1), dtype(beta2),
-            dtype(1 - beta2), dtype(1 - beta2 ** t), dtype(eps), dtype(lr * (1 - mu) / (1 - product)),
-            dtype(lr * mu_next / (1 - product_next)), out)
+    launch_over(_nadam, m.size, BLOCK, m, v, g, p, *_optional(decay, p), dtype(beta1), dtype(1 - beta1),
+                dtype(beta2), dtype(1 - beta2), dtype(1 - beta2 ** t), dtype(eps),
+                dtype(lr * (1 - mu) / (1 - product)), dtype(lr * mu_next / (1 - product_next)), out)
 
 
 def _optional(array, like) -> tuple:
     """(the array, True), or for None an empty array of `like`'s and False: a kernel's optional operand."""
     return (like[:0], False) if array is None else (array, True)
 
-
-def _launch(kernel, n: int, *args) -> None:
-    """`kernel` over `n` elements (`kernels.cuda_launch.launch`)."""
-    if n:
-        launch(kernel, -(-n // BLOCK), BLOCK, *args)

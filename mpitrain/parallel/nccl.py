@@ -6,8 +6,8 @@
 - `mpi` never uses NCCL; `nccl` insists, and the job stops with one error naming the key and why not (cupy has no
   NCCL, or a node runs more ranks than it has GPUs: ranks take GPU `local_rank % count`, so two would share one,
   which NCCL refuses); `auto` takes NCCL only where nothing stands in its way on any rank.
-- NCCL's unique id is made on rank 0 and broadcast over MPI as bytes (nothing pickled), then every rank joins
-  the NCCL communicator of the job's ranks.
+- NCCL's unique id is made on rank 0 and broadcast over MPI as int32s (`unique_id_message`: nothing pickled), then
+  every rank joins the NCCL communicator of the job's ranks.
 - Allreduce, its posted form (the overlapped buckets) and Bcast of device (cupy) buffers are enqueued on cupy's
   current stream: the kernels after them on that stream read the sums, and a posted one needs no request to
   wait for. NCCL's ring gives every rank the same bits, so replicas stay identical. Host buffers, other dtypes

@@ -8,6 +8,7 @@ The simulator runs each thread as a Python thread: n stays small, blocks are sma
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -45,6 +46,21 @@ from mpitrain.testing.updater_cases import STEPS, step_inputs  # noqa: E402
 
 TILES = cuda_kernels.CudaKernels(block=32, per_thread=8)  # n = 1000: 4 blocks of 256 elements
 CARRY = cuda_kernels.CudaKernels(block=4, per_thread=16)  # n = 600: 10 tiles, so the scan carries
+
+
+@contextlib.contextmanager
+def simulated_blocks(size: int, *settings):
+    """Under the simulator, which runs a thread at a time, each (module, name) of `settings` (a kernel module's
+    threads per block) set to `size` for the block of code; on a GPU left as it is. Restored on leaving."""
+    saved = [(module, name, getattr(module, name)) for module, name in settings]
+    if SIMULATED:
+        for module, name, _ in saved:
+            setattr(module, name, size)
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
 
 
 def check(impl, name, residual, tau, encoding, sign=0.75) -> None:
@@ -163,12 +179,8 @@ def check_updater_steps() -> None:
     3 steps: with and without L2, more than one block of threads, float32 and float64; AdamW's
     decoupled decay with AMSGrad, and NAdam, too."""
     variants = {**STEPS, "adamw amsgrad": ("adam_variant_step", 3, None), "nadam": ("nadam_step", 2, None)}
-    block = updaters_cuda.BLOCK
-    updaters_cuda.BLOCK = 8 if SIMULATED else block  # the simulator runs a thread at a time: blocks stay small
-    try:
+    with simulated_blocks(8, (updaters_cuda, "BLOCK")):
         _check_updater_steps(variants)
-    finally:
-        updaters_cuda.BLOCK = block
     print("ok updater steps", flush=True)
 
 
@@ -214,10 +226,8 @@ def check_activations() -> None:
     """Bias + activation, its derivative and dropout (kernels/activations_cuda.py) write what the CPU kernels write:
     every activation, with a bias and without, in float32 and float64, past one block of threads; the dropout mask
     bit for bit."""
-    block = activations_cuda.BLOCK
-    activations_cuda.BLOCK = 8 if SIMULATED else block
     rng = np.random.default_rng(12)
-    try:
+    with simulated_blocks(8, (activations_cuda, "BLOCK")):
         for dtype, tolerance in ((np.float32, 1e-6), (np.float64, 1e-13)):
             z = rng.normal(0, 2, (3, 7)).astype(dtype)  # 21 elements: 3 blocks of 8 under the simulator
             dy, bias = rng.normal(size=z.shape).astype(dtype), rng.normal(size=7).astype(dtype)
@@ -241,8 +251,6 @@ def check_activations() -> None:
             activations_cuda.dropout(device(z), seed, threshold, 1 / 0.7, got, got_mask)
             assert np.array_equal(host(got_mask), mask) and np.array_equal(host(got), want), f"dropout {dtype.__name__}"
             assert 0 < (mask == 0).sum() < mask.size, "dropout: a mask that keeps all or nothing tests nothing"
-    finally:
-        activations_cuda.BLOCK = block
     print("ok activations", flush=True)
 
 
@@ -250,10 +258,8 @@ def check_cross_entropy() -> None:
     """Softmax cross-entropy (kernels/loss_cuda.py) against the CPU kernel, plain and weighted: the gradient to the
     device's rounding of exp, the mean loss to rounding (another order of the sum), the correct count exactly; more
     rows than threads, so a thread takes several, and a batch of one row."""
-    threads = loss_cuda.THREADS
-    loss_cuda.THREADS = 8 if SIMULATED else threads
     rng = np.random.default_rng(13)
-    try:
+    with simulated_blocks(8, (loss_cuda, "THREADS")):
         for dtype in (np.float32, np.float64):
             for rows in (1, 2 * loss_cuda.THREADS + 3):
                 logits = rng.normal(0, 3, (rows, 5)).astype(dtype)
@@ -274,8 +280,6 @@ def check_cross_entropy() -> None:
                     np.testing.assert_allclose(host(got_grad), grad, rtol=rtol, atol=1e-7, err_msg=name)
                     np.testing.assert_allclose(host(got_totals)[0], totals[0], rtol=rtol, err_msg=name)
                     assert host(got_totals)[1] == totals[1] and 0 <= totals[1] <= rows, name
-    finally:
-        loss_cuda.THREADS = threads
     print("ok cross-entropy", flush=True)
 
 
@@ -283,10 +287,8 @@ def check_layernorm() -> None:
     """Layer normalization's forward and backward (kernels/layernorm_cuda.py) against the CPU kernels: with and
     without a fused activation, with and without the input's gradient, float32 and float64, more rows and features
     than a block has threads."""
-    block = layernorm_cuda.BLOCK
-    layernorm_cuda.BLOCK = 4 if SIMULATED else block
     rng = np.random.default_rng(14)
-    try:
+    with simulated_blocks(4, (layernorm_cuda, "BLOCK")):
         for dtype, tolerance in ((np.float32, 2e-5), (np.float64, 1e-12)):
             rows, features = 6, 5
             x = (rng.normal(0, 3, (rows, features)) + 10).astype(dtype)  # far from 0: the shifted sums matter
@@ -307,8 +309,6 @@ def check_layernorm() -> None:
                 for name in want:
                     np.testing.assert_allclose(host(got[name]), want[name], rtol=tolerance, atol=tolerance,
                                                err_msg=f"layernorm {kind} {dtype.__name__}: {name}")
-    finally:
-        layernorm_cuda.BLOCK = block
     print("ok layernorm", flush=True)
 
 
@@ -316,10 +316,8 @@ def check_embedding() -> None:
     """An embedding table's gather and scatter-add (kernels/embedding_cuda.py) against the CPU kernels: repeated ids,
     the sums bit for bit; on a GPU through a strided `out` and `values` (one column of a batch's (rows, columns, dim)
     array) as the layer passes them (the simulator takes only contiguous arrays)."""
-    block = embedding_cuda.BLOCK
-    embedding_cuda.BLOCK = 8 if SIMULATED else block
     rng = np.random.default_rng(15)
-    try:
+    with simulated_blocks(8, (embedding_cuda, "BLOCK")):
         for dtype in (np.float32, np.float64):
             table = rng.normal(size=(7, 3)).astype(dtype)
             ids = np.array([4, 0, 4, 6, 4, 1], np.int64)
@@ -334,8 +332,6 @@ def check_embedding() -> None:
             embedding_cuda.scatter_add_rows(got, device(ids), np.ascontiguousarray(values[:, 0]) if SIMULATED
                                             else device(values)[:, 0])
             assert np.array_equal(host(got), grad), f"scatter-add {dtype.__name__}"
-    finally:
-        embedding_cuda.BLOCK = block
     print("ok embedding", flush=True)
 
 
@@ -343,10 +339,8 @@ def check_windows() -> None:
     """im2col, col2im, their channels-last forms (kernels/im2col_cuda.py) and max pooling (kernels/pool_cuda.py)
     against the CPU kernels, bit for bit: padded and strided windows, overlapping ones, the side-by-side 2 x 2 pool
     with an odd last row and column, ties (pooled zeros) going to the first largest."""
-    blocks = im2col_cuda.BLOCK, pool_cuda.BLOCK
-    im2col_cuda.BLOCK = pool_cuda.BLOCK = 32 if SIMULATED else blocks[0]
     rng = np.random.default_rng(16)
-    try:
+    with simulated_blocks(32, (im2col_cuda, "BLOCK"), (pool_cuda, "BLOCK")):
         for dtype in (np.float32, np.float64):
             x = rng.normal(size=(2, 3, 5, 7)).astype(dtype)
             for kernel, stride, padding in ((3, 1, "same"), (2, 2, "valid"), (3, 2, "same")):
@@ -385,8 +379,6 @@ def check_windows() -> None:
                 pool.max_pool_backward(dy, where, g, dx)
                 pool_cuda.max_pool_backward(device(dy), device(where), g, got)
                 assert np.array_equal(host(got), dx), f"max pool backward {name}"
-    finally:
-        im2col_cuda.BLOCK, pool_cuda.BLOCK = blocks
     print("ok windows", flush=True)
 
 
@@ -394,10 +386,8 @@ def check_batchnorm() -> None:
     """Batch normalization's forward (training and evaluation) and backward (kernels/batchnorm_cuda.py) against the
     CPU kernels: images (S > 1) and dense features (S = 1), a fused activation, with and without the input's
     gradient, more values per channel than a block has threads, the running statistics too."""
-    threads = batchnorm_cuda.THREADS
-    batchnorm_cuda.THREADS = 8 if SIMULATED else threads
     rng = np.random.default_rng(17)
-    try:
+    with simulated_blocks(8, (batchnorm_cuda, "THREADS")):
         for dtype, tolerance in ((np.float32, 2e-5), (np.float64, 1e-11)):
             for shape, kind, training, input_grad in (((5, 3, 6), "relu", True, True), ((9, 4, 1), "none", True, False),
                                                       ((5, 3, 6), "tanh", False, True)):
@@ -419,8 +409,6 @@ def check_batchnorm() -> None:
                     np.testing.assert_allclose(host(got[name]), want[name], rtol=tolerance, atol=tolerance,
                                                err_msg=f"batchnorm {shape} {kind} training={training} "
                                                        f"{dtype.__name__}: {name}")
-    finally:
-        batchnorm_cuda.THREADS = threads
     print("ok batchnorm", flush=True)
 
 

@@ -53,7 +53,7 @@ CHOICES = {"dense": (AllreduceSync, {"mode": "allreduce", "compression": "none"}
            "averaging": (AveragingSync, {"mode": "averaging", "compression": "none"})}
 #: a checkpoint's `auto_choice` is an index into this tuple (the order checkpoints have written since auto began)
 CHECKPOINT_CODES = ("dense", "bf16", "powersgd", "sharing", "averaging")
-MEASURED = "auto_measured_"  # a checkpoint number's prefix: a mode's measured communication, ms per step
+MEASURED = "auto_measured_"  # a checkpoint number's prefix: the step a mode made when it last ran, ms
 SMALL, LARGE = 4096, 1 << 18  # bytes of the link's probes (at least: LARGE grows to the gradient's size)
 PROBES = 3  # Allreduces of each size; the fastest counts
 SLACK = 0.10  # a lossier mode must be expected this much faster per step than a less lossy one to be chosen
