@@ -472,6 +472,9 @@ class Config(Options):
                     ("train.tbptt_steps", config.train.tbptt_steps, 0, "segments are not cut into exact sums"),
                     ("pretrain.layers", pretrain.layers, [], "pretraining is not deterministic across rank counts")):
                 check_value(value == default, where, key, value, f"{default} with sync.deterministic: true ({why})")
+        for i, node in enumerate(model.graph):
+            if isinstance(node, dict) and node.get("shard") == "rows":
+                _check_sharded(config, where, f"model.graph[{i}]", node)
         try:
             check_layers(config.train.tbptt_steps, model.layers, model.graph)
         except ConfigError as e:
@@ -487,6 +490,20 @@ class Config(Options):
 
 
 SECTIONS = ("data", "model", "optimizer", "train", "sync", "checkpoint", "comm", "pretrain")
+
+
+def _check_sharded(config: Config, where, key: str, node: dict) -> None:
+    """Refuse what a node with `shard: rows` (`key`) does not train with in this version (docs/tables.md), naming the
+    key that must change and why."""
+    for name, value, expected, why in (
+            ("sync.mode", config.sync.mode, "allreduce", "the owners update their rows after every step's exchange"),
+            ("sync.deterministic", config.sync.deterministic, False, "its micro-batches would exchange rows each"),
+            ("train.accumulate", config.train.accumulate, 1, "its micro-batches would exchange rows each"),
+            ("train.tbptt_steps", config.train.tbptt_steps, 0, "a table reads no sequence"),
+            ("train.clip_norm", config.train.clip_norm, 0.0, "the norm would need every rank's rows"),
+            ("backend", config.backend, "numpy", "sharded rows live in host memory in this version"),
+            (f"{key}.freeze", node.get("freeze", False), False, "a frozen table is read whole, so keep it unsharded")):
+        check_value(value == expected, where, name, value, f"{shown(expected)} with {key}.shard: rows ({why})")
 
 
 def load_config(path: str, overrides: typing.Sequence[str] = ()) -> Config:

@@ -3,6 +3,7 @@
     Embedding(dim=8)            # every column's rows have 8 values: output (columns, 8)
     Embedding(dim=[4, 16])      # one dimension per column, in the dataset's column order: output (20,)
     Embedding(dim="auto")       # per column min(50, round(1.6 * ids ** 0.56)) (fast.ai's rule of thumb)
+    Embedding(dim=32, shard="rows")  # each rank holds every R-th row of each table (docs/tables.md)
 
 Its input is a dataset's `categorical` input (`mpitrain.data.shards.Manifest.input_groups`):
 integer ids 0..ids-1 per column (a shard's `ids`). Table j has `ids[j]` rows; the graph model
@@ -16,6 +17,14 @@ rows. `TableGrad.touched` (this rank's rows, sorted, unique) is what a synchroni
 instead of the whole table when that is smaller (`mpitrain.parallel.sync.sparse`). Tables get
 no L2 weight decay (their parameters are not named W), so an update leaves untouched rows alone
 under plain SGD.
+
+With `shard: rows` the tables are not in the model's flat buffers at all: each rank holds its share of each
+table's rows (`mpitrain.parallel.sharded_tables.ShardedTable`, given to the layer as `row_tables` by the run that
+trains or scores it), and forward and backward get and send rows through it. Those two calls are collectives, so
+every rank runs the layer's forward (an empty batch too) and backward the same number of times (`collective`).
+
+A fresh table is drawn from one key per table, block by block of rows (`initial_rows`), so a rank holding every
+R-th row draws exactly the values the whole table would hold there, without holding the whole table.
 """
 from __future__ import annotations
 
@@ -28,6 +37,27 @@ from mpitrain.base.arrays import array_module
 from mpitrain.base.errors import DataError
 from mpitrain.kernels.embedding import gather_rows, scatter_add_rows
 from mpitrain.nn.layers import Layer, layer_type
+
+SHARDS = ("none", "rows")  # `shard`: every rank holds the whole table, or each rank its share of the rows
+INIT_BLOCK_ROWS = 1 << 16  # the rows a fresh table draws from one generator (`initial_rows`)
+
+
+def initial_rows(key: int, rows: int, dim: int, ids: slice = slice(None)) -> np.ndarray:
+    """Rows `ids` (a slice of range(rows): all of them, or a rank's every R-th) of a fresh table of `rows` x `dim`
+    drawn from `key`: Normal(0, 1/sqrt(dim)), so the layer after sees inputs of about unit size whatever the
+    dimension. Block b of INIT_BLOCK_ROWS rows is drawn from the generator of (key, b), so any share of the rows is
+    the same values the whole table holds there, computed one block at a time. Float64 on the host."""
+    start, stop, step = ids.indices(rows)
+    out = np.empty((len(range(start, stop, step)), dim))
+    for first in range(0, rows, INIT_BLOCK_ROWS):
+        last = min(first + INIT_BLOCK_ROWS, rows)
+        wanted = range(start + max(0, -(-(first - start) // step)) * step, min(last, stop), step)  # ids in the block
+        if len(wanted):
+            block = np.random.default_rng([key, first // INIT_BLOCK_ROWS]).normal(0.0, 1.0 / math.sqrt(dim),
+                                                                                  size=(last - first, dim))
+            at = (wanted.start - start) // step
+            out[at:at + len(wanted)] = block[wanted.start - first:wanted.stop - first:step]
+    return out
 
 
 def auto_dim(ids: int) -> int:
@@ -57,13 +87,22 @@ class Embedding(Layer):
 
     reads_ids = True
 
-    def __init__(self, dim=8, init: str | None = None):
+    def __init__(self, dim=8, init: str | None = None, shard: str = "none"):
         if not (isinstance(dim, int) and not isinstance(dim, bool) and dim >= 1 or dim == "auto"
                 or isinstance(dim, list) and dim and all(isinstance(d, int) and d >= 1 for d in dim)):
             raise ValueError(f"dim {dim!r}, expected an integer >= 1, a list of them (one per column) or 'auto'")
-        self.dim, self.init = dim, init
+        if shard not in SHARDS:
+            raise ValueError(f"shard {shard!r}, expected one of {SHARDS}")
+        self.dim, self.init, self.shard = dim, init, shard
         self.ids: tuple[int, ...] = ()
-        self.tables: list[TableGrad] = []
+        self.tables: list[TableGrad] = []  # the tables in the flat buffers (none when sharded)
+        self.shapes: list[TableGrad] = []  # every table's name, rows and dim
+        self.row_tables: list = []  # sharded: each table's rows on this rank (`ShardedTable`), given by the run
+
+    @property
+    def collective(self) -> bool:
+        """Whether forward and backward are collectives (sharded tables)."""
+        return self.shard == "rows"
 
     def take_ids(self, ids: tuple[int, ...]) -> None:
         """The ids of each input column (the dataset's), so the tables can be shaped."""
@@ -72,7 +111,8 @@ class Embedding(Layer):
         if len(dims) != len(ids):
             raise ValueError(f"dim lists {len(dims)} dimensions, expected one per categorical column ({len(ids)})")
         self.ids, self.dims = tuple(ids), dims
-        self.tables = [TableGrad(f"table{j}", n, d) for j, (n, d) in enumerate(zip(ids, dims))]
+        self.shapes = [TableGrad(f"table{j}", n, d) for j, (n, d) in enumerate(zip(ids, dims))]
+        self.tables = [] if self.collective else self.shapes
 
     def param_shapes(self, input_shape):
         if not self.ids or input_shape != (len(self.ids),):
@@ -86,9 +126,12 @@ class Embedding(Layer):
         return (sum(self.dims),)
 
     def init_params(self, rng, scheme):
-        """Normal(0, 1/sqrt(dim)) rows: the layer after sees inputs of about unit size whatever the dimension."""
-        return {table.name: rng.normal(0.0, 1.0 / math.sqrt(table.dim), size=(table.rows, table.dim))
-                for table in self.tables}
+        """Each table's `initial_rows`, from one key per table drawn from `rng`; a sharded table's share goes into
+        its `row_tables` entry (the rows `held` of its `params`), which the run gave the layer."""
+        keys = [int(rng.integers(2**63)) for _ in self.shapes]
+        for key, shape, table in zip(keys, self.shapes, self.row_tables):
+            table.params[...] = initial_rows(key, shape.rows, shape.dim, table.held)
+        return {table.name: initial_rows(key, table.rows, table.dim) for key, table in zip(keys, self.tables)}
 
     def _column_views(self, out):
         """Column j's part of an output-shaped array (batch, dim_j)."""
@@ -101,6 +144,14 @@ class Embedding(Layer):
         self.rows = self.ws("ids", x.shape, np.int64)
         self.rows[...] = x  # float ids, exact: to row numbers
         self._check_ids()
+        if self.collective:
+            if len(self.row_tables) != len(self.shapes):
+                raise ValueError("an embedding with shard: rows runs where its rows live: in mpitrain train, eval and "
+                                 "predict (its tables are given to it as row_tables); expected a run's model")
+            y = self.ws("y", (len(x), *self.output_shape(x.shape[1:])), self.row_tables[0].params.dtype)
+            for j, (table, out) in enumerate(zip(self.row_tables, self._column_views(y))):
+                out[...] = table.forward(self.rows[:, j])
+            return y
         y = self.ws("y", (len(x), *self.output_shape(x.shape[1:])), self.params[self.tables[0].name].dtype)
         for j, (table, out) in enumerate(zip(self.tables, self._column_views(y))):
             gather_rows(self.params[table.name], self.rows[:, j], out)
@@ -117,6 +168,10 @@ class Embedding(Layer):
                                 "its manifest")
 
     def backward(self, dy, input_grad=True):
+        if self.collective:
+            for table, values in zip(self.row_tables, self._column_views(dy)):
+                table.backward(values)
+            return None
         xp = array_module(dy)
         for j, (table, values) in enumerate(zip(self.tables, self._column_views(dy))):
             grad = self.grads[table.name]

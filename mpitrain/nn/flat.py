@@ -22,6 +22,8 @@ third flat buffer of their own.
 | `sparse_tables`| embedding tables in `grads[:dense_start]` whose rows a step writes only in part  |
 |                | (`mpitrain.nn.embedding.TableGrad`); empty for most models                       |
 | `dense_start`  | where the gradients every step writes in full begin (0 without tables)           |
+| `sharded_tables`| embedding tables with `shard: rows`, outside the flat buffers: this rank's rows |
+|                | of each (`mpitrain.parallel.sharded_tables.ShardedTable`); empty for most models |
 | `trainable`    | what training updates (`TrainablePart`): the model itself, or with frozen layers |
 |                | (`freeze: true`, which lie first in the buffers) the flat contract over the rest |
 
@@ -47,6 +49,7 @@ class FlatModel:
     """Allocates the flat buffers of `layout` and `stats_layout` (zeroed) and the L2 mask; see the module docstring."""
 
     sparse_tables: list = []
+    sharded_tables: list = []
     dense_start = 0
     trainable_start = 0  # where the parameters training updates begin (the frozen ones lie before)
 
@@ -82,6 +85,7 @@ class TrainablePart:
 
     def __init__(self, model: FlatModel, start: int):
         self.xp, self.workspace = model.xp, model.workspace
+        self.model = model
         self.params, self.grads, self.decay_mask = model.params[start:], model.grads[start:], model.decay_mask[start:]
         self.stats, self.stats_layout = model.stats, model.stats_layout
         offsets = np.cumsum([0, *(math.prod(shape) for _, shape in model.layout)])
@@ -91,6 +95,11 @@ class TrainablePart:
     @property
     def trainable(self):
         return self
+
+    @property
+    def sharded_tables(self) -> list:
+        """The model's (a sharded table is never frozen)."""
+        return self.model.sharded_tables
 
 
 def flat_views(flat, layout: list) -> list:

@@ -122,7 +122,7 @@ class Graph(Network):
         self.whole_row = len(groups) == 1 and next(iter(groups.values())).shape == self.input_shape
         self.needs_grad = {name: False for name in shapes}  # whether backward runs through the value's node
         for node, first in zip(nodes, self.first_layer):
-            self.needs_grad[node.name] = any(layer.params and first + k not in self.frozen
+            self.needs_grad[node.name] = any((layer.params or layer.collective) and first + k not in self.frozen
                                              for k, layer in enumerate(node.layers)) or \
                 any(self.needs_grad[name] for name in node.inputs)
         self.accumulated = self.workspace.part("graph")

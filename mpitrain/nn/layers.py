@@ -69,6 +69,7 @@ class Layer:
     joined_by: type | None = None  # the Merge class a graph node of this type builds when it reads several `inputs`
     tables: tuple | list = ()  # its embedding tables whose gradients may travel sparse (`mpitrain.nn.embedding.TableGrad`)
     reads_ids = False  # it takes integer ids as they are (an embedding's); any other layer gets integers as numbers
+    collective = False  # its forward and backward are collectives (a sharded embedding's rows live on every rank)
 
     @property
     def ws(self) -> WorkspacePart:

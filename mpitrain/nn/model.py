@@ -19,6 +19,7 @@ from mpitrain.data.sequences import SequenceBatch
 from mpitrain.data.shards import MAX_IDS
 from mpitrain.kernels.activations import KINDS
 from mpitrain.kernels.im2col import PADDINGS
+from mpitrain.nn.embedding import SHARDS
 from mpitrain.nn.flat import FlatModel, TrainablePart, flat_views
 from mpitrain.nn.layer_types import LAYER_TYPES
 from mpitrain.nn.layers import ACTIVATIONS, INIT_SCHEMES, FusesActivation, Layer, as_numbers, is_sequence
@@ -91,6 +92,20 @@ class Network(FlatModel):
                 layer.params[name][...] = self.xp.asarray(value, dtype=self.params.dtype)
             for name, value in layer.init_stats().items():
                 layer.stats[name][...] = self.xp.asarray(value, dtype=self.stats.dtype)
+
+    def padding_batches(self, batches: int) -> int:
+        """How many empty batches (`run_empty_batch`) this rank adds after its `batches` forwards, so that every rank
+        runs a model with sharded tables (whose forward is a collective) as often: 0 without them, else the most
+        any rank runs less its own (a collective)."""
+        if not self.sharded_tables:
+            return 0
+        return int(self.sharded_tables[0].comm.max(batches)) - batches
+
+    def run_empty_batch(self) -> None:
+        """What a forward of no rows does with the other ranks: each sharded table's exchange, in forward's order
+        (a collective)."""
+        for table in self.sharded_tables:
+            table.forward(np.zeros(0, np.int64))
 
     def reconstruct_inputs(self) -> None:
         """Make this model an autoencoder (`model.target: reconstruction`): the target of its loss is its own input,
@@ -402,6 +417,7 @@ LAYER_ARGUMENTS = {
     "ff_units": (_count, f"an integer in [1, {MAX_UNITS}]"),
     "max_steps": (lambda v: v == "auto" or _count(v, MAX_UNITS), f"an integer in [1, {MAX_UNITS}] or 'auto'"),
     "bidirectional": (lambda v: isinstance(v, bool), "true or false"),
+    "shard": (lambda v: v in SHARDS, f"one of {SHARDS} (docs/tables.md)"),
 }
 
 

@@ -72,6 +72,12 @@ class Updater:
         return self._step([slot[part] for slot in self.slots] if begin else self.slots, grads, params, decay, wd,
                           self.out[part] if begin else self.out, self.iteration)
 
+    def rows_step(self, slots, grads, params, t: int):
+        """The delta of parameters held apart from the flat buffer (a sharded table's touched rows, flattened), at
+        step `t`: `slots` are this updater's state at those parameters, updated in place; no L2, no weight decay.
+        Returns a new array (or one of `slots`)."""
+        return self._step(slots, grads, params, None, None, array_module(grads).empty_like(grads), t)
+
     def _step(self, slots, grads, params, decay, wd, out, t):
         """Step `t` on these state slots, writing the delta into `out` (or a slot); returns the delta. `decay` is
         the L2 per parameter, `wd` the decoupled weight decay (None: none)."""

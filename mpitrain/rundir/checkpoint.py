@@ -12,7 +12,9 @@ rank 0's), which is what `mpitrain eval`, `predict` and `export` read and what a
 number of ranks starts every rank from; beside them `ranks/R/NAME` holds each rank R's own (NAME:
 `params`, `stats`, `updater_state` or `sync/NAME`), and the attribute `ranks` the number of ranks
 that wrote it, so a resume on as many ranks continues bit for bit. Rank 0 alone writes it. All
-other randomness derives from (seed, epoch, step, rank), so no RNG state is stored.
+other randomness derives from (seed, epoch, step, rank), so no RNG state is stored. A model's sharded embedding
+tables (`shard: rows`) are in none of these arrays: each rank keeps its rows in a file of its own beside the
+checkpoint (`mpitrain.rundir.table_rows`), and the attribute `sharded_tables` describes them.
 `mpitrain.rundir.checkpointer` decides when to write them and which one a run resumes from.
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ from mpitrain.base.errors import DataError
 from mpitrain.base.files import write_hdf5
 from mpitrain.nn.flat import flat_views
 from mpitrain.rundir.directory import CHECKPOINT_NAME, RunDir
+from mpitrain.rundir.table_rows import check_rows, remove_rows
 
 
 @dataclass
@@ -51,6 +54,7 @@ class Checkpoint:
     ranks: int = 0  # the number of ranks that wrote it (0: written before it was recorded, or not by a training run)
     rank_arrays: dict = field(default_factory=dict)  # {name: (ranks, size)}: each rank's own of the arrays that differed
     loop_state: dict = field(default_factory=dict)  # the loop's counters: {schedule: ..., early_stopping: ...}
+    sharded_tables: list = field(default_factory=list)  # `table_rows.describe`'s; their rows: `ranks` rows files
 
     def merged_array(self, name: str) -> np.ndarray:
         """The one array of `name` (params, stats, updater_state or sync/NAME): what `rank_arrays[name]` merges."""
@@ -64,10 +68,12 @@ class Checkpoint:
 
 
 def save_checkpoint(run_dir: str, ckpt: Checkpoint, keep: int) -> str:
-    """Write RUN_DIR/checkpoints/ckpt-EEEE-SSSSSS.h5 atomically; only then delete all but the newest `keep`."""
+    """Write RUN_DIR/checkpoints/ckpt-EEEE-SSSSSS.h5 atomically; only then delete all but the newest `keep` (with
+    their sharded tables' rows files)."""
     path = write_checkpoint(RunDir(run_dir).checkpoint(ckpt.epoch, ckpt.step), ckpt)
     for old in list_checkpoints(run_dir)[:-keep]:
         os.remove(old)
+        remove_rows(old)
     return path
 
 
@@ -104,7 +110,7 @@ def _write(f: h5py.File, ckpt: Checkpoint) -> None:
                    layout=json.dumps([[name, list(shape)] for name, shape in ckpt.layout]),
                    stats_layout=json.dumps([[name, list(shape)] for name, shape in ckpt.stats_layout]),
                    sync_state=json.dumps(ckpt.sync_numbers), meaning=json.dumps(ckpt.meaning),
-                   loop_state=json.dumps(ckpt.loop_state),
+                   loop_state=json.dumps(ckpt.loop_state), sharded_tables=json.dumps(ckpt.sharded_tables),
                    manifest_sha256=ckpt.manifest_sha256, config=ckpt.config_yaml, global_batch=ckpt.order[0],
                    window_rows=ckpt.order[1])
 
@@ -136,7 +142,9 @@ def load_checkpoint(path: str, rank_arrays: bool = True) -> Checkpoint:
                               int(a.get("ranks", 0)))
             ckpt.rank_arrays = _rank_arrays(f, ckpt) if rank_arrays else {}
             ckpt.loop_state = json.loads(a.get("loop_state", "{}"))
-            return ckpt
+            ckpt.sharded_tables = json.loads(a.get("sharded_tables", "[]"))
+        check_rows(path, ckpt.sharded_tables, ckpt.ranks if ckpt.sharded_tables else 0)
+        return ckpt
     except (OSError, KeyError, ValueError) as e:
         raise DataError(f"{path}: not a readable mpitrain checkpoint ({e})") from None
 

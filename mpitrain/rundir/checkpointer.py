@@ -50,6 +50,7 @@ from mpitrain.rundir.checkpoint import (
 )
 from mpitrain.rundir.directory import RunDir
 from mpitrain.rundir.metrics_file import drop_records_after, keep_records
+from mpitrain.rundir.table_rows import describe, read_share, write_rows
 
 log = logging.getLogger("mpitrain")
 
@@ -227,7 +228,11 @@ class Checkpointer:
             elif self.comm.is_root:
                 self._start_afresh(pretraining)
         numbers = self.comm.bcast_obj((position.epoch, position.step, position.iteration, position.sync_numbers,
-                                       position.order, position.ranks, position.loop_state))
+                                       position.order, position.ranks, position.loop_state,
+                                       checkpoints and (ckpt.path, ckpt.sharded_tables, ckpt.ranks)))
+        if numbers[7]:
+            with self.comm.agreed_errors():
+                load_table_rows(model, *numbers[7])
         return Position(*numbers[:4], sync_arrays=position.sync_arrays, order=tuple(numbers[4]), ranks=numbers[5],
                         rank_arrays=position.rank_arrays, loop_state=numbers[6])
 
@@ -275,6 +280,10 @@ class Checkpointer:
         merged = {**local, **{name: sync.merged(name, local[name]) for name in differ}}  # the same order everywhere
         own = {name: self.comm.gather_host(to_host(local[name])) for name in differ}  # on rank 0
         numbers = {name: value for name, value in sync.state().items() if not is_array(value)}  # its arrays: local
+        path = self.files.best_checkpoint if best else self.files.checkpoint(epoch, step)
+        if model.sharded_tables:  # each rank its rows, before the checkpoint that names them
+            with self.comm.agreed_errors():
+                write_rows(path, self.comm.rank, model.sharded_tables)
         with self.comm.agreed_errors():  # a full disk on rank 0 ends every rank, not just rank 0
             if self.comm.is_root:
                 ckpt = Checkpoint(
@@ -285,12 +294,12 @@ class Checkpointer:
                     sync_arrays={name.removeprefix("sync/"): to_host(array) for name, array in merged.items()
                                  if name.startswith("sync/")},
                     meaning=meaning(model, updater), order=tuple(order), ranks=self.comm.size, rank_arrays=own,
-                    loop_state=loop_state or {})
+                    loop_state=loop_state or {}, sharded_tables=describe(model.sharded_tables))
                 if best:
                     write_best(self.run_dir, ckpt)
                 else:
                     save_checkpoint(self.run_dir, ckpt, self.keep)
-        return self.files.best_checkpoint if best else self.files.checkpoint(epoch, step)
+        return path
 
     def _start_afresh(self, pretraining: bool) -> None:
         """(Rank 0) A run directory without a checkpoint to resume: refused while it holds checkpoints set aside as
@@ -348,6 +357,7 @@ class Checkpointer:
                             "or another dataset: its rows may include ones the model trained on); `mpitrain eval` "
                             "and `predict` take --allow-other-dataset to use it anyway")
         self._restore(ckpt, model)
+        load_table_rows(model, ckpt.path, ckpt.sharded_tables, ckpt.ranks)
         return ckpt
 
     def init_from(self, model, source: str) -> dict:
@@ -403,6 +413,23 @@ class Checkpointer:
     def _restore(self, ckpt: Checkpoint, model) -> None:
         model.params[...] = self.backend.to_device(ckpt.params)
         model.stats[...] = self.backend.to_device(ckpt.stats)
+
+
+def load_table_rows(model, path: str, described: list[dict], written_by: int) -> None:
+    """Load this rank's rows of `model.sharded_tables` (and their updater state, where it has an updater) from the
+    checkpoint at `path`, whose tables are `described` and were written by `written_by` ranks; tables that differ
+    from the model's are a DataError. Not a collective."""
+    saved = {table["name"]: table for table in described}
+    here = describe(model.sharded_tables)
+    if sorted((t["name"], t["rows"], t["dim"]) for t in here) != sorted((t["name"], t["rows"], t["dim"]) for t in
+                                                                         described):
+        raise DataError(f"{path}: holds sharded tables {[[t['name'], t['rows'], t['dim']] for t in described]}, this "
+                        f"config's model has {[[t['name'], t['rows'], t['dim']] for t in here]} (name, rows, dim)")
+    for table in model.sharded_tables:
+        for name, array in table.arrays().items():
+            if name not in saved[table.name]["arrays"]:
+                raise DataError(f"{path}: holds no {name} of {table.name} (was optimizer.type changed?)")
+            read_share(path, written_by, saved[table.name], name, table.sharding, table.comm.rank, array)
 
 
 def _text_of(path: str) -> str | None:

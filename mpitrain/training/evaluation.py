@@ -95,8 +95,10 @@ def batched_logits(model, rows, to_input, batch_size: int, until=None):
     before the next; labels are a host array, likewise reused. An autoencoder's (`model.reconstruction`) labels are
     its inputs, flattened, as training gives them to its loss. `until` (a node: `Network.forward`'s) yields that
     node's activations instead of the logits, beside the dataset's labels. A model with a class per step yields
-    its valid steps as rows: (steps, C) logits and (steps,) classes, in row order then step order."""
+    its valid steps as rows: (steps, C) logits and (steps,) classes, in row order then step order. A model with
+    sharded tables makes every rank run as many forwards (`Network.padding_batches`: a collective)."""
     ws = model.workspace.part("evaluation")
+    padding = model.padding_batches(-(-len(rows) // batch_size))
     for stored, labels in rows.batches(batch_size):
         x = to_input(stored, ws("input", (len(stored), *model.input_shape), model.params.dtype)
                      if isinstance(stored, np.ndarray) else None)  # a padded batch of sequences: `ModelInput`'s
@@ -107,6 +109,8 @@ def batched_logits(model, rows, to_input, batch_size: int, until=None):
             valid = labels >= 0
             logits, labels = logits[model.xp.asarray(valid)], labels[valid]
         yield logits, labels
+    for _ in range(padding):
+        model.run_empty_batch()
 
 
 def scored_batches(model, rows, to_input, batch_size: int, units: Units):

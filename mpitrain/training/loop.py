@@ -140,6 +140,8 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
     config, comm, model = run.config, run.comm, run.model
     trainable = model.trainable  # the updater and the synchronizer see no frozen parameter
     updater = create_updater(config.optimizer, trainable.params, trainable.decay_mask, config.train.clip_norm)
+    for table in model.sharded_tables:  # their rows' own state, stepped by the run's updater (`apply_update`)
+        table.take_updater(config.optimizer)
     sync = sync or create_synchronizer(config.sync, comm)
 
     model.init_params(config.train.seed, config.model.init)

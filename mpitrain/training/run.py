@@ -25,6 +25,7 @@ from mpitrain.nn.graph import build_network, model_outputs
 from mpitrain.nn.losses import check_loss_fits
 from mpitrain.nn.model import Network, rank_memory_bytes
 from mpitrain.parallel.backend import Backend, create_backend
+from mpitrain.parallel.sharded_tables import attach_sharded_tables
 from mpitrain.rundir.checkpointer import Checkpointer
 from mpitrain.rundir.directory import FileLock, RunDir, check_run_dir_outside_datasets
 from mpitrain.training.pretrain import dbn_layers
@@ -167,6 +168,7 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
             model = build_network(config.model, manifest, comm.backend.xp, budget)
         else:
             _check_fits(model, config.model, manifest, comm.backend)
+    attach_sharded_tables(model, comm)
     checkpointer = Checkpointer(config.run_dir, comm, comm.backend, reader.manifest_sha256, reader.path,
                                 keep=config.checkpoint.keep, resume=config.resume)
     return Run(config, comm, comm.backend, reader, model, checkpointer)

@@ -207,11 +207,19 @@ def apply_update(model, updater) -> None:
     updater moves only parameters with a gradient (plain SGD; tables get no L2), the tables' steps are taken on
     the rows that hold gradients (`TableGrad.written`) and the rest of the tables is skipped: a step of a 10^6-row
     table costs its batch's rows, not the table (a step's rows are small new arrays; a whole table, after a dense
-    exchange, goes through the updater's own delta buffer). The same values either way. Not a collective."""
+    exchange, goes through the updater's own delta buffer). The same values either way. Then sharded tables
+    (`model.sharded_tables`) step the rows their backward wrote, lazily (`ShardedTable.step`). Not a collective."""
     clip_gradients(model, updater.clip_norm)
     if not model.sparse_tables or not updater.steps_rows_alone:
         model.params += updater.delta(model.grads, model.params)
-        return
+    else:
+        _step_table_rows(model, updater)
+    for table in model.sharded_tables:
+        table.step(updater)
+
+
+def _step_table_rows(model, updater) -> None:
+    """`apply_update`'s step of a model whose replicated tables step only their written rows."""
     dense = model.dense_start
     model.params[dense:] += updater.delta(model.grads[dense:], model.params[dense:], dense)
     for table in model.sparse_tables:

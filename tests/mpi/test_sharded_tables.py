@@ -1,0 +1,120 @@
+"""Embedding tables sharded by rows (issue 49) trained under mpiexec: with plain SGD the model of the replicated table
+bit for bit on 2, 3 and 4 ranks (the dense part, the whole table gathered from the ranks' rows files, the scores);
+a resume on another rank count re-shards and goes on as the replicated run does; eval on 1 and 3 ranks scores the
+replicated model (an uneven split: ranks run as many forwards); Adam's lazy state resumes bit for bit."""
+import json
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+
+from mpitrain.parallel.sharded_rows import RowSharding
+from mpitrain.rundir.checkpoint import list_checkpoints, load_checkpoint
+from mpitrain.rundir.table_rows import read_share
+from mpitrain.testing.datasets import make_click_dataset, write_config
+from mpitrain.testing.launch import MPITRAIN, mpiexec
+
+IDS = (50, 5000)
+SGD = {"type": "sgd", "lr": 0.1, "momentum": 0.0}
+
+
+def graph(shard: str) -> list:
+    return [{"name": "emb", "type": "embedding", "input": "categorical", "dim": 8, "shard": shard},
+            {"name": "flat", "type": "flatten", "input": "emb"},
+            {"name": "joined", "type": "concat", "inputs": ["flat", "numeric"]},
+            {"name": "hidden", "type": "dense", "input": "joined", "units": 16, "activation": "relu"},
+            {"name": "out", "type": "dense", "input": "hidden", "units": 1}]
+
+
+@pytest.fixture(scope="module")
+def clicks(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sharded")
+    # 513 test rows: 257 and 256 on 2 ranks, two evaluation batches on one rank and one on the other
+    make_click_dataset(folder / "data", n_train=3000, n_test=513, ids=IDS)
+    return folder
+
+
+def train(folder, name, ranks, shard, optimizer=SGD, epochs=2, run_dir=None):
+    config = write_config(folder / f"{name}.yaml", folder / "data", run_dir=str(run_dir or folder / name),
+                          model={"layers": [], "graph": graph(shard), "loss": "binary_cross_entropy"},
+                          train={"epochs": epochs, "batch_size": 64}, optimizer=optimizer, sync={"mode": "allreduce"})
+    result = mpiexec(ranks, MPITRAIN, "train", config, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(((run_dir or folder / name) / "summary.json").read_text())
+
+
+def arrays(run_dir) -> dict:
+    """The newest checkpoint's arrays by name, a sharded table's gathered whole from its ranks' rows files."""
+    path = list_checkpoints(str(run_dir))[-1]
+    with h5py.File(path) as f:
+        found = {}
+        f["layers"].visititems(lambda name, item: found.update({name: item[...]}) if isinstance(item, h5py.Dataset)
+                               else None)
+    ckpt = load_checkpoint(path)
+    for table in ckpt.sharded_tables:
+        whole = np.empty((table["rows"], table["dim"]), np.float32)
+        read_share(path, ckpt.ranks, table, "params", RowSharding(table["rows"], 1), 0, whole)
+        found[table["name"]] = whole
+    return found
+
+
+def assert_same_model(sharded, replicated):
+    a, b = arrays(sharded), arrays(replicated)
+    assert sorted(a) == sorted(b) and {"emb/table0", "emb/table1"} <= set(a)
+    for name in a:
+        assert np.array_equal(a[name], b[name]), name
+
+
+@pytest.fixture(scope="module")
+def two_ranks(clicks):
+    return {shard: train(clicks, f"two-{shard}", 2, shard) for shard in ("rows", "none")}
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_plain_sgd_on_a_sharded_table_trains_the_replicated_model_bit_for_bit(clicks, two_ranks, ranks):
+    summaries = two_ranks if ranks == 2 else \
+        {shard: train(clicks, f"{ranks}-{shard}", ranks, shard) for shard in ("rows", "none")}
+    prefix = "two" if ranks == 2 else ranks
+    assert_same_model(clicks / f"{prefix}-rows", clicks / f"{prefix}-none")
+    assert summaries["rows"]["evaluation"] == summaries["none"]["evaluation"]
+    assert summaries["rows"]["evaluation"]["rows"] == 513
+    rows_files = sorted(p.name for p in (clicks / f"{prefix}-rows" / "checkpoints").glob("ckpt-0002-*.rows-*.h5"))
+    assert rows_files == [f"ckpt-0002-000000.rows-{rank}.h5" for rank in range(ranks)]
+
+
+def test_a_resume_on_three_ranks_reshards_the_rows_and_goes_on_as_the_replicated_run(clicks, two_ranks):
+    for shard in ("rows", "none"):
+        resumed = clicks / f"resumed-{shard}"
+        shutil.copytree(clicks / f"two-{shard}", resumed)
+        for path in (resumed / "checkpoints").glob("ckpt-0002-*"):
+            path.unlink()  # back to the end of epoch 1, written by 2 ranks
+        train(clicks, f"resumed-{shard}", 3, shard, epochs=3, run_dir=resumed)
+    assert_same_model(clicks / "resumed-rows", clicks / "resumed-none")
+    with h5py.File(list_checkpoints(str(clicks / "resumed-rows"))[-1]) as f:
+        assert f.attrs["ranks"] == 3 and f.attrs["epoch"] == 3
+
+
+def test_eval_of_a_sharded_run_on_1_and_3_ranks_scores_the_replicated_model(clicks, two_ranks):
+    for ranks in (1, 3):
+        result = mpiexec(ranks, MPITRAIN, "eval", clicks / "two-rows", timeout=60)
+        assert result.returncode == 0, result.stderr
+        scores = json.loads((clicks / "two-rows" / "eval-test.json").read_text())
+        assert scores["auc"] == two_ranks["none"]["evaluation"]["auc"] and scores["rows"] == 513
+
+
+def test_adams_lazy_row_state_is_checkpointed_and_resumes_bit_for_bit(clicks):
+    adam = {"type": "adam", "lr": 0.003}
+    straight = train(clicks, "adam", 2, "rows", adam)
+    assert straight["evaluation"]["auc"] > 0.6
+    resumed = clicks / "adam-resumed"
+    shutil.copytree(clicks / "adam", resumed)
+    for path in (resumed / "checkpoints").glob("ckpt-0002-*"):
+        path.unlink()
+    train(clicks, "adam", 2, "rows", adam, run_dir=resumed)
+    with h5py.File(clicks / "adam" / "checkpoints" / "ckpt-0002-000000.rows-1.h5") as a, \
+            h5py.File(resumed / "checkpoints" / "ckpt-0002-000000.rows-1.h5") as b:
+        assert sorted(a["emb/table1"]) == ["first_moment", "params", "second_moment"]
+        for name in ("params", "first_moment", "second_moment"):
+            assert np.array_equal(a[f"emb/table1/{name}"][...], b[f"emb/table1/{name}"][...])
+    assert_same_model(resumed, clicks / "adam")
