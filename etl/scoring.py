@@ -88,7 +88,9 @@ def load_model(path: str) -> ScoringModel:
     """An ONNX file, or a run directory's newest checkpoint exported in memory; one input of rows
     [N, *feature_shape], one output of probabilities or values [N, columns]."""
     from mpitrain.rundir.export import (
+        EXTERNAL_DATA_BYTES,
         export_run,
+        initializer_bytes,
         input_rows_shape,
         metadata,
         output_width,
@@ -101,12 +103,18 @@ def load_model(path: str) -> ScoringModel:
         proto = export_run(path)
     elif os.path.isfile(path):
         try:
-            proto = onnx.load(path)
-            onnx.checker.check_model(proto)
+            proto = onnx.load(path, load_external_data=False)
+            if initializer_bytes(proto) <= EXTERNAL_DATA_BYTES:
+                onnx.checker.check_model(proto)
         except Exception as e:  # protobuf's DecodeError, onnx's ValidationError: the file is not a model
             raise DataError(f"--model {path}: not a valid ONNX model ({type(e).__name__}: {str(e)[:200]})") from None
     else:
         raise DataError(f"--model {path}: no such file or run directory")
+    if initializer_bytes(proto) > EXTERNAL_DATA_BYTES:
+        raise ConfigError(f"--model {path}: its weights hold {initializer_bytes(proto):,} bytes (its embedding tables), "
+                          f"more than one ONNX model carries in memory ({EXTERNAL_DATA_BYTES:,}) and than Spark "
+                          "broadcasts to every executor; score it under MPI, each rank holding its share of the "
+                          "rows: mpiexec -n N mpitrain predict RUN_DIR (docs/tables.md)")
     props = metadata(proto)
     if "manifest" not in props:  # what `mpitrain export` records of the dataset; without it rows mean nothing here
         raise DataError(f"--model {path}: not an mpitrain export (its metadata has no dataset manifest); expected an "

@@ -133,6 +133,16 @@ class Embedding(Layer):
             table.params[...] = initial_rows(key, shape.rows, shape.dim, table.held)
         return {table.name: initial_rows(key, table.rows, table.dim) for key, table in zip(keys, self.tables)}
 
+    def whole_tables(self) -> list[tuple[str, object]]:
+        """(name, values) of each table, whole: the flat buffers' views, or a sharded layer's rows given on one
+        process (`mpitrain export`)."""
+        if not self.collective:
+            return [(table.name, self.params[table.name]) for table in self.tables]
+        if len(self.row_tables) != len(self.shapes) or any(t.sharding.ranks != 1 for t in self.row_tables):
+            raise ValueError("an embedding with shard: rows holds its tables whole only on one process (each rank "
+                             "of a run holds its share of the rows)")
+        return [(shape.name, table.params) for shape, table in zip(self.shapes, self.row_tables)]
+
     def _column_views(self, out):
         """Column j's part of an output-shaped array (batch, dim_j)."""
         if out.ndim == 3:

@@ -33,13 +33,15 @@ from mpitrain.parallel.sharded_rows import RowSharding, add_row_grads, gather_ro
 class ShardedTable:
     """This rank's rows of one table of `rows` x `dim` over the ranks of `comm` (`RowSharding`'s cyclic rule):
     `params` and `grads` (its rows, `held` of the whole table), the rows the last backward wrote (`written`, local
-    row numbers) and, once training gives it one, its updater (`take_updater`)."""
+    row numbers) and, once training gives it one, its updater (`take_updater`). Without a `comm`, one process holds
+    every row and makes no exchange (`mpitrain export` reads a table whole)."""
 
     def __init__(self, comm, name: str, rows: int, dim: int, dtype):
         self.comm, self.name = comm, name
-        self.sharding = RowSharding(rows, comm.size)
-        self.held = self.sharding.ids_of(comm.rank)
-        shard_rows = self.sharding.shard_rows(comm.rank)
+        self.rank = comm.rank if comm is not None else 0
+        self.sharding = RowSharding(rows, comm.size if comm is not None else 1)
+        self.held = self.sharding.ids_of(self.rank)
+        shard_rows = self.sharding.shard_rows(self.rank)
         self.params = np.zeros((shard_rows, dim), dtype)
         self.grads = np.zeros((shard_rows, dim), dtype)
         self.written = np.zeros(0, np.int64)
@@ -103,9 +105,10 @@ class ShardedTable:
 
 
 def attach_sharded_tables(model, comm) -> list[ShardedTable]:
-    """Give each sharded embedding of `model` (`Layer.collective`) its tables' rows on this rank, zeroed (a fresh
-    model's `init_params` draws them, a checkpoint loads them), and set `model.sharded_tables` to them, in layer
-    order. Not a collective; every rank must do it before the model's first forward."""
+    """Give each sharded embedding of `model` (`Layer.collective`) its tables' rows on this rank of `comm` (None:
+    every row, on one process), zeroed (a fresh model's `init_params` draws them, a checkpoint loads them), and set
+    `model.sharded_tables` to them, in layer order. Not a collective; every rank must do it before the model's
+    first forward."""
     tables = []
     for layer, name in zip(model.layers, model.names):
         if layer.collective:

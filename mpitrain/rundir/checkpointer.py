@@ -429,7 +429,7 @@ def load_table_rows(model, path: str, described: list[dict], written_by: int) ->
         for name, array in table.arrays().items():
             if name not in saved[table.name]["arrays"]:
                 raise DataError(f"{path}: holds no {name} of {table.name} (was optimizer.type changed?)")
-            read_share(path, written_by, saved[table.name], name, table.sharding, table.comm.rank, array)
+            read_share(path, written_by, saved[table.name], name, table.sharding, table.rank, array)
 
 
 def _text_of(path: str) -> str | None:

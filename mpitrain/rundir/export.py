@@ -9,7 +9,9 @@ of shape [N, *feature_shape] with a symbolic batch N, and first applies the mani
 as `mpitrain.data.reader.Batches` does (Cast, Mul, Add), so onnxruntime gives `mpitrain predict`'s
 outputs. It ends by the target kind (`OUTPUT_HEADS`): class targets in a Softmax (output `probabilities`), binary
 and multilabel targets in a Sigmoid (`probabilities`), regression targets in the values themselves (`values`).
-`metadata_props` record where the model came from (run dir, checkpoint, the manifest's sha256) and the manifest's
+A model whose initializers pass `EXTERNAL_DATA_BYTES` (a sharded table of 10^8 rows: protobuf holds at most
+2 GiB in one message) is written with ONNX's external data: the large initializers go to `PATH.data` beside it, which
+onnxruntime reads from the model's folder (`write_model`). `metadata_props` record where the model came from (run dir, checkpoint, the manifest's sha256) and the manifest's
 feature and target description, which `mpitrain score` reads.
 
 The graph is built by emitters that each append a part to an `OnnxGraph` and return the name of that part's
@@ -47,6 +49,10 @@ IDS = "categorical"
 OUTPUT_HEADS = {"class": ("Softmax", "probabilities"), "binary": ("Sigmoid", "probabilities"),
                 "multilabel": ("Sigmoid", "probabilities"), "regression": (None, "values"),
                 "reconstruction": (None, "reconstruction")}  # an autoencoder's: Sigmoid under binary_cross_entropy
+# Protobuf serializes at most 2 GiB; a model whose initializers hold more than this many bytes keeps them in
+# PATH.data (ONNX's external data), each initializer of at least EXTERNAL_TENSOR_BYTES.
+EXTERNAL_DATA_BYTES = 2**31 - 2**27
+EXTERNAL_TENSOR_BYTES = 1024
 # The manifest's description of rows and targets, in metadata "manifest".
 MANIFEST_KEYS = ("feature_shape", "feature_dtype", "scale", "offset", "mean", "std", "num_classes", "class_names",
                  "target", "target_names", "source", "seed", "transforms", "columns", "sequences", "step_target")
@@ -159,8 +165,15 @@ def onnx_model(model, manifest, normalize: bool = True, metadata: dict | None = 
     props = {"normalize": json.dumps(bool(normalize)), "standardize_targets": json.dumps(bool(standardize_targets)),
              "manifest": json.dumps(description), **(metadata or {})}
     helper.set_model_props(proto, {key: str(value) for key, value in props.items()})
-    onnx.checker.check_model(proto, full_check=True)
+    if initializer_bytes(proto) <= EXTERNAL_DATA_BYTES:  # a larger one is checked once written (`write_model`)
+        onnx.checker.check_model(proto, full_check=True)
     return proto
+
+
+def initializer_bytes(proto) -> int:
+    """The bytes of a model's initializers, in the message or in external data."""
+    return sum(len(tensor.raw_data) + sum(int(entry.value) for entry in tensor.external_data if entry.key == "length")
+               for tensor in proto.graph.initializer)
 
 
 def _steps(manifest, column: str) -> str:
@@ -188,6 +201,7 @@ def export_run(run_dir: str, checkpoint: str | None = None):
     from mpitrain.data.shards import MANIFEST_NAME, read_manifest, sha256_file
     from mpitrain.nn.graph import build_network
     from mpitrain.parallel.backend import Backend
+    from mpitrain.parallel.sharded_tables import attach_sharded_tables
     from mpitrain.rundir.checkpointer import Checkpointer, checkpoint_config, chosen_checkpoint
 
     run_dir = os.path.abspath(run_dir)
@@ -196,6 +210,7 @@ def export_run(run_dir: str, checkpoint: str | None = None):
     manifest = read_manifest(config.data.path)
     sha256 = sha256_file(os.path.join(config.data.path, MANIFEST_NAME))
     model = build_network(config.model, manifest, np)  # the recorded config: resolved
+    attach_sharded_tables(model, None)  # a sharded table, whole on this one process
     checkpoint = Checkpointer(run_dir, None, Backend("numpy", np), sha256, config.data.path) \
         .restore(model, chosen).path
     return onnx_model(model, manifest, config.data.normalize,
@@ -208,8 +223,30 @@ def write_model(proto, path: str, overwrite: bool = False) -> None:
     unless `overwrite`, and a path inside a run's checkpoints/ or a dataset folder always
     (`mpitrain.rundir.directory.check_output`)."""
     check_output(path, overwrite)
+    large = initializer_bytes(proto) > EXTERNAL_DATA_BYTES
+    if large:  # the initializers first, to PATH.data, then the model that names it
+        chunks = _to_external_data(proto, os.path.basename(path) + ".data")
+        write_file(path + ".data", lambda f: [f.write(chunk) for chunk in chunks], binary=True,
+                   size=sum(map(len, chunks)))
     data = proto.SerializeToString()
     write_file(path, lambda f: f.write(data), binary=True, size=len(data))
+    if large:
+        require_onnx().checker.check_model(path, full_check=True)
+
+
+def _to_external_data(proto, location: str) -> list[bytes]:
+    """Move the initializers of at least EXTERNAL_TENSOR_BYTES out of `proto` into external data at `location` (a
+    file name beside the model); returns their bytes, in the file's order."""
+    onnx = require_onnx()
+    chunks, offset = [], 0
+    for tensor in proto.graph.initializer:
+        if len(tensor.raw_data) >= EXTERNAL_TENSOR_BYTES:
+            chunks.append(tensor.raw_data)
+            onnx.external_data_helper.set_external_data(tensor, location, offset, len(tensor.raw_data))
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            tensor.ClearField("raw_data")
+            offset += len(chunks[-1])
+    return chunks
 
 
 def describe_tensor(value_info) -> str:

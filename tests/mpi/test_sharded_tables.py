@@ -1,7 +1,8 @@
 """Embedding tables sharded by rows (issue 49) trained under mpiexec: with plain SGD the model of the replicated table
 bit for bit on 2, 3 and 4 ranks (the dense part, the whole table gathered from the ranks' rows files, the scores);
 a resume on another rank count re-shards and goes on as the replicated run does; eval on 1 and 3 ranks scores the
-replicated model (an uneven split: ranks run as many forwards); Adam's lazy state resumes bit for bit."""
+replicated model (an uneven split: ranks run as many forwards); Adam's lazy state resumes bit for bit; predict and
+the ONNX export (its tables in external data past protobuf's limit) agree, and Spark scoring refuses such a model."""
 import json
 import shutil
 
@@ -9,11 +10,13 @@ import h5py
 import numpy as np
 import pytest
 
+from mpitrain.data.shards import read_manifest
 from mpitrain.parallel.sharded_rows import RowSharding
 from mpitrain.rundir.checkpoint import list_checkpoints, load_checkpoint
 from mpitrain.rundir.table_rows import read_share
 from mpitrain.testing.datasets import make_click_dataset, write_config
 from mpitrain.testing.launch import MPITRAIN, mpiexec
+from mpitrain.testing.references import read_split
 
 IDS = (50, 5000)
 SGD = {"type": "sgd", "lr": 0.1, "momentum": 0.0}
@@ -118,3 +121,37 @@ def test_adams_lazy_row_state_is_checkpointed_and_resumes_bit_for_bit(clicks):
         for name in ("params", "first_moment", "second_moment"):
             assert np.array_equal(a[f"emb/table1/{name}"][...], b[f"emb/table1/{name}"][...])
     assert_same_model(resumed, clicks / "adam")
+
+
+def test_predict_and_the_onnx_export_of_a_sharded_run_agree_and_a_large_one_keeps_its_tables_apart(
+        clicks, two_ranks, tmp_path, monkeypatch):
+    import onnxruntime
+
+    from mpitrain.base.errors import ConfigError
+    from mpitrain.etl.scoring import load_model
+    from mpitrain.rundir import export
+
+    run_dir = clicks / "two-rows"
+    for ranks, command in ((2, ["predict", run_dir, "--split", "test"]),  # 257 and 256 rows: uneven batches
+                           (1, ["export", run_dir, "--out", tmp_path / "sharded.onnx"])):  # the rows files, whole
+        result = mpiexec(ranks, MPITRAIN, *command, timeout=120)
+        assert result.returncode == 0, result.stderr[-3000:]
+    with h5py.File(run_dir / "predictions-test.h5") as f:
+        predicted = f["probabilities"][...]
+    x, _ = read_split(str(clicks / "data"), "test")
+    numbers = len(read_manifest(str(clicks / "data")).columns["numeric"])  # x: the numbers, then the ids
+    feeds = {"x": x[:, :numbers].astype(np.float32), "categorical": x[:, numbers:].astype(np.int64)}
+
+    def outputs(path):
+        return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+    whole = outputs(tmp_path / "sharded.onnx")
+    assert len(predicted) == 513
+    np.testing.assert_allclose(whole, predicted, rtol=0, atol=1e-5)
+    # a model past protobuf's 2 GiB (here: past a lowered limit) keeps its tables in PATH.data, read by onnxruntime
+    monkeypatch.setattr(export, "EXTERNAL_DATA_BYTES", 100_000)
+    export.write_model(export.export_run(str(run_dir)), str(tmp_path / "large.onnx"))
+    assert (tmp_path / "large.onnx.data").stat().st_size >= sum(IDS) * 8 * 4 > (tmp_path / "large.onnx").stat().st_size
+    assert np.array_equal(outputs(tmp_path / "large.onnx"), whole)
+    with pytest.raises(ConfigError, match=r"large.onnx: its weights hold .* bytes .*mpiexec -n N mpitrain predict"):
+        load_model(str(tmp_path / "large.onnx"))

@@ -15,10 +15,9 @@ def embedding(graph, layer, x, name, input_shape):
     (N, 1, dim); the columns joined (N, columns, dim) with one dim, else side by side and flattened (N, sum of
     dims), as the layer gives."""
     rows = []
-    for j, table in enumerate(layer.tables):
+    for j, (table, values) in enumerate(layer.whole_tables()):
         ids = graph.columns(x, j, j + 1, f"{name}/{j}")
-        rows.append(graph.node("Gather", [graph.constant(f"{name}/{table.name}", layer.params[table.name]), ids],
-                               f"{name}/{j}", axis=0))
+        rows.append(graph.node("Gather", [graph.constant(f"{name}/{table}", values), ids], f"{name}/{j}", axis=0))
     if len(layer.output_shape(input_shape)) == 2:
         return graph.node("Concat", rows, name, axis=1)
     return graph.node("Flatten", [graph.node("Concat", rows, name, axis=2)], name, axis=1)
