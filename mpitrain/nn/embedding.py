@@ -38,7 +38,9 @@ from mpitrain.base.errors import DataError
 from mpitrain.kernels.embedding import gather_rows, scatter_add_rows
 from mpitrain.nn.layers import Layer, layer_type
 
-SHARDS = ("none", "rows")  # `shard`: every rank holds the whole table, or each rank its share of the rows
+# `shard`: every rank holds the whole table, each rank its share of the rows, or rows when the table would take
+# much of a rank's memory (`mpitrain.nn.model.auto_shard`, decided when the model is built and recorded so)
+SHARDS = ("none", "rows", "auto")
 INIT_BLOCK_ROWS = 1 << 16  # the rows a fresh table draws from one generator (`initial_rows`)
 
 
@@ -95,9 +97,13 @@ class Embedding(Layer):
             raise ValueError(f"shard {shard!r}, expected one of {SHARDS}")
         self.dim, self.init, self.shard = dim, init, shard
         self.ids: tuple[int, ...] = ()
-        self.tables: list[TableGrad] = []  # the tables in the flat buffers (none when sharded)
         self.shapes: list[TableGrad] = []  # every table's name, rows and dim
         self.row_tables: list = []  # sharded: each table's rows on this rank (`ShardedTable`), given by the run
+
+    @property
+    def tables(self) -> list[TableGrad]:
+        """The tables in the model's flat buffers: all of them, or none when sharded."""
+        return [] if self.collective else self.shapes
 
     @property
     def collective(self) -> bool:
@@ -112,7 +118,6 @@ class Embedding(Layer):
             raise ValueError(f"dim lists {len(dims)} dimensions, expected one per categorical column ({len(ids)})")
         self.ids, self.dims = tuple(ids), dims
         self.shapes = [TableGrad(f"table{j}", n, d) for j, (n, d) in enumerate(zip(ids, dims))]
-        self.tables = [] if self.collective else self.shapes
 
     def param_shapes(self, input_shape):
         if not self.ids or input_shape != (len(self.ids),):

@@ -50,13 +50,16 @@ from mpitrain.nn.layers import as_numbers, is_sequence, varying
 from mpitrain.nn.merge import Merge
 from mpitrain.nn.model import (
     LAYER_ARGUMENTS,
+    Budget,
     Network,
     _fuse_activations,
     _with_activation_layers,
+    auto_shard,
     build_model,
     check_freeze,
     check_memory,
     estimated_size,
+    sharded_share,
 )
 from mpitrain.nn.positional import Positional
 
@@ -257,7 +260,7 @@ def node_class(spec: dict) -> type:
 
 
 def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_name: str = "classes",
-                budget: tuple[int, int] | None = None, sequences: dict[str, tuple] | None = None, steps: int = 1,
+                budget: Budget | None = None, sequences: dict[str, tuple] | None = None, steps: int = 1,
                 per_step: bool = False, sequence_ids: dict[str, int] | None = None) -> Graph:
     """The Graph of `config.model.graph` (a ModelConfig's) for a dataset of input `groups` and sequence columns
     `sequences` ({name: (None, F)}, the longest `steps` steps), giving `outputs` values (with `per_step`, a class per
@@ -279,6 +282,7 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
     for i, spec in enumerate(config.graph):
         key = f"model.graph[{i}]"
         check_node_spec(spec, key)
+        spec = dict(spec)  # the node's own (`shard: auto` is resolved in it)
         name = spec["name"]
         if name in shapes:
             raise ConfigError(f"{key}.name {name!r} is taken (by {'an input' if name in groups else 'a node above'}); "
@@ -305,6 +309,10 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
                     raise ValueError("an embedding reads the dataset's `categorical` ids (input: categorical)"
                                      + ("" if "categorical" in groups else "; this dataset has no categorical columns"))
                 layer.take_ids(groups["categorical"].ids)
+                if layer.shard == "auto":  # decided here, recorded in the node (the run's config.yaml says it)
+                    layer.shard = spec["shard"] = auto_shard(layer.shapes, np.dtype(config.dtype).itemsize, budget)
+                if layer.collective:
+                    params += sharded_share(layer.shapes, budget.ranks if budget else 1)
             layers = [layer] if isinstance(layer, Merge) else _with_activation_layers([layer])
             shape = layer.merged_shape([shapes[s] for s in inputs]) if isinstance(layer, Merge) else shapes[inputs[0]]
             shares = isinstance(layer, Merge) and layer.shares_lengths
@@ -329,7 +337,7 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
             raise ConfigError(f"{key} ({name}, {spec['type']}) on inputs of shape "
                               f"{[list(shapes[s]) for s in inputs]}: {e}") from None
         shapes[name] = shape
-        nodes.append(Node(name, inputs, layers, dict(spec)))
+        nodes.append(Node(name, inputs, layers, spec))
     if not nodes:
         raise ConfigError("model.graph is empty; expected a list of nodes")
     unused = [node.name for node in nodes[:-1] if node.name not in read]
@@ -372,7 +380,7 @@ def model_outputs(config, manifest) -> tuple[int, str]:
     return manifest.outputs, "classes" if manifest.target == "class" else f"{manifest.target} target columns"
 
 
-def build_network(config, manifest, xp, budget: tuple[int, int] | None = None) -> Network:
+def build_network(config, manifest, xp, budget: Budget | None = None) -> Network:
     """The model `config.model` (a ModelConfig) describes for the dataset of `manifest`: a Graph of `graph`, or a
     Sequential of `layers` (which reads a row as numbers, so not a table with categorical ids); `budget` as
     `check_memory`'s. An autoencoder's (`target: reconstruction`) gives its input back (`Network.reconstruct_inputs`)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import typing
 
 import numpy as np
 
@@ -268,7 +269,7 @@ def _plain(value):
 
 
 def build_model(config, input_shape, num_classes: int, xp, outputs: str = "classes",
-                budget: tuple[int, int] | None = None, sequence: dict | None = None,
+                budget: Budget | None = None, sequence: dict | None = None,
                 per_step: bool = False) -> Sequential:
     """Build the model of `config.model` (a ModelConfig) for inputs of `input_shape`.
 
@@ -333,13 +334,39 @@ def rank_memory_bytes(ranks_on_node: int) -> int:
     return total // max(1, ranks_on_node)
 
 
-def check_memory(key: str, params: int, activations: int, itemsize: int, budget: tuple[int, int] | None) -> None:
+class Budget(typing.NamedTuple):
+    """What a rank has for a model: `rows` per step, `bytes` of memory, and the `ranks` a sharded table's rows are
+    spread over."""
+
+    rows: int
+    bytes: int
+    ranks: int = 1
+
+
+AUTO_SHARD_SHARE = 0.25  # `shard: auto` shards tables whose four copies would take more of a rank's bytes than this
+
+
+def auto_shard(tables: list, itemsize: int, budget: Budget | None) -> str:
+    """`shard: auto`'s choice for an embedding's `tables` (each with `rows` and `dim`): `rows` on several ranks when
+    the tables' values, gradients and two updater moments would take more than AUTO_SHARD_SHARE of a rank's bytes,
+    else `none` (also without a budget: a model built outside a run)."""
+    if budget is None or budget.ranks < 2:
+        return "none"
+    return "rows" if 4 * itemsize * sum(t.rows * t.dim for t in tables) > AUTO_SHARD_SHARE * budget.bytes else "none"
+
+
+def sharded_share(tables: list, ranks: int) -> int:
+    """The values the rank with the most rows holds of sharded `tables` over `ranks` ranks."""
+    return sum(-(-t.rows // ranks) * t.dim for t in tables)
+
+
+def check_memory(key: str, params: int, activations: int, itemsize: int, budget: Budget | None) -> None:
     """Refuse a model whose estimated bytes exceed a rank's: `params` numbers four times (values, gradients and up
-    to two updater moments) plus, per row of a step, its `activations` (input and every layer's output) twice
-    (forward, backward). `budget` is (rows per step on a rank, bytes a rank has); None checks nothing."""
+    to two updater moments; a sharded table's share of its rows on the rank: `sharded_share`) plus, per row of a
+    step, its `activations` (input and every layer's output) twice (forward, backward); None checks nothing."""
     if budget is None:
         return
-    rows, limit = budget
+    rows, limit = budget.rows, budget.bytes
     estimate = itemsize * (4 * params + 2 * rows * activations)
     if estimate > limit:
         raise ConfigError(f"{key}: the model needs about {estimate:,} bytes per rank ({params:,} parameters x 4 "

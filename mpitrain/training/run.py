@@ -23,7 +23,7 @@ from mpitrain.data.reader import Batches, DatasetReader, ModelInput
 from mpitrain.data.storage import is_url
 from mpitrain.nn.graph import build_network, model_outputs
 from mpitrain.nn.losses import check_loss_fits
-from mpitrain.nn.model import Network, rank_memory_bytes
+from mpitrain.nn.model import Budget, Network, rank_memory_bytes
 from mpitrain.parallel.backend import Backend, create_backend
 from mpitrain.parallel.sharded_tables import attach_sharded_tables
 from mpitrain.rundir.checkpointer import Checkpointer
@@ -164,8 +164,12 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
         check_dataset(config.train.tbptt_steps, manifest, reader.path)  # before a per-step model meets the target
         if model is None:
             micro_batch = config.train.global_batch(comm.size) // (comm.size * config.train.accumulate)
-            budget = (micro_batch, rank_memory_bytes(comm.local_size))
-            model = build_network(config.model, manifest, comm.backend.xp, budget)
+            memory = rank_memory_bytes(comm.local_size)
+            if any(node.get("shard") == "auto" for node in config.model.graph):  # one choice on every rank
+                memory = -int(comm.max(-memory))
+            model = build_network(config.model, manifest, comm.backend.xp, Budget(micro_batch, memory, comm.size))
+            if model.config_entries()["model.graph"] != config.model.graph:  # `shard: auto` decided: recorded
+                config = resolve(config, {"model.graph": model.config_entries()["model.graph"]}, "the config")
         else:
             _check_fits(model, config.model, manifest, comm.backend)
     attach_sharded_tables(model, comm)

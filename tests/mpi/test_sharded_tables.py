@@ -2,20 +2,28 @@
 bit for bit on 2, 3 and 4 ranks (the dense part, the whole table gathered from the ranks' rows files, the scores);
 a resume on another rank count re-shards and goes on as the replicated run does; eval on 1 and 3 ranks scores the
 replicated model (an uneven split: ranks run as many forwards); Adam's lazy state resumes bit for bit; predict and
-the ONNX export (its tables in external data past protobuf's limit) agree, and Spark scoring refuses such a model."""
+the ONNX export (its tables in external data past protobuf's limit) agree, and Spark scoring refuses such a model;
+a rank stalled before its rows' exchange is named by the watchdog while the other waits in the Alltoallv;
+`shard: auto` shards on ranks of little memory, every rank choosing as rank 0, and the run records `rows`."""
 import json
+import os
+import re
 import shutil
+import socket
+import sys
+import time
 
 import h5py
 import numpy as np
 import pytest
+import yaml
 
 from mpitrain.data.shards import read_manifest
 from mpitrain.parallel.sharded_rows import RowSharding
 from mpitrain.rundir.checkpoint import list_checkpoints, load_checkpoint
 from mpitrain.rundir.table_rows import read_share
 from mpitrain.testing.datasets import make_click_dataset, write_config
-from mpitrain.testing.launch import MPITRAIN, mpiexec
+from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, mpiexec
 from mpitrain.testing.references import read_split
 
 IDS = (50, 5000)
@@ -155,3 +163,32 @@ def test_predict_and_the_onnx_export_of_a_sharded_run_agree_and_a_large_one_keep
     assert np.array_equal(outputs(tmp_path / "large.onnx"), whole)
     with pytest.raises(ConfigError, match=r"large.onnx: its weights hold .* bytes .*mpiexec -n N mpitrain predict"):
         load_model(str(tmp_path / "large.onnx"))
+
+
+@pytest.mark.alone
+def test_a_rank_stalled_before_its_row_exchange_is_named_while_the_other_waits_in_the_alltoallv(clicks, tmp_path):
+    config = write_config(tmp_path / "stall.yaml", clicks / "data", run_dir=str(tmp_path / "run"),
+                          model={"layers": [], "graph": graph("rows"), "loss": "binary_cross_entropy"},
+                          train={"epochs": 2, "batch_size": 64, "watchdog_s": 3}, optimizer=SGD)
+    started = time.monotonic()
+    result = mpiexec(2, MPITRAIN, "train", config, timeout=90,
+                     env={**os.environ, "MPITRAIN_TEST_STALL": "forward, backward and the update@1"})
+    assert result.returncode != 0 and time.monotonic() - started < 60, result.stderr[-3000:]
+    assert re.search(rf"rank 1 on {socket.gethostname()} is in forward, backward and the update of epoch 1 step 3 "
+                     r"\([\d.]+ s\); rank 0 waits in the Alltoallv of epoch 1 step 3", result.stderr), \
+        result.stderr[-3000:]
+
+
+def test_shard_auto_shards_on_ranks_of_little_memory_and_the_run_records_rows(clicks, tmp_path):
+    table_bytes = sum(IDS) * 8 * 4 * 4  # values, gradients, two moments
+    config = write_config(tmp_path / "auto.yaml", clicks / "data", run_dir=str(tmp_path / "auto"),
+                          model={"layers": [], "graph": graph("auto"), "loss": "binary_cross_entropy"},
+                          train={"epochs": 1, "batch_size": 64}, optimizer=SGD)
+    # rank 0 could hold the tables in a quarter of its memory alone, rank 1 in a 40th: rank 0 decides for both
+    result = mpiexec(2, sys.executable, os.path.join(RANK_SCRIPTS, "auto_shard.py"), config, 3 * table_bytes,
+                     timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    recorded = yaml.safe_load((tmp_path / "auto" / "config.yaml").read_text())
+    assert recorded["model"]["graph"][0]["shard"] == "rows"
+    assert sorted(p.name for p in (tmp_path / "auto" / "checkpoints").glob("*.rows-*.h5")) == \
+        ["ckpt-0001-000000.rows-0.h5", "ckpt-0001-000000.rows-1.h5"]

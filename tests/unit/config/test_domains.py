@@ -12,7 +12,7 @@ from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import Config, ModelConfig, load_config
 from mpitrain.nn import flat
 from mpitrain.nn.graph import build_graph
-from mpitrain.nn.model import MAX_UNITS, build_model, check_memory, rank_memory_bytes
+from mpitrain.nn.model import MAX_UNITS, Budget, build_model, check_memory, rank_memory_bytes
 
 BASE = "data: {path: d}\nmodel: {layers: [{type: dense, units: 2}]}\n"
 
@@ -87,7 +87,7 @@ def test_a_huge_model_is_refused_before_allocating(monkeypatch):
     with pytest.raises(ConfigError, match=r"model.layers: the model needs about 132,320,406,688 bytes per rank "
                                           r"\(7,950,000,010 parameters x 4 copies, 64 rows x 10,000,794 activations "
                                           r"x 2\), expected at most the 1,073,741,824 bytes a rank has"):
-        build_model(config, (784,), 10, np, budget=(64, 2**30))
+        build_model(config, (784,), 10, np, budget=Budget(64, 2**30))
 
 
 def test_a_huge_graph_is_refused_before_allocating(monkeypatch):
@@ -97,12 +97,12 @@ def test_a_huge_graph_is_refused_before_allocating(monkeypatch):
     config = ModelConfig(graph=[{"name": "h", "type": "dense", "input": "numeric", "units": 10**7},
                                 {"name": "out", "type": "dense", "input": "h", "units": 10}])
     with pytest.raises(ConfigError, match=r"model.graph: the model needs about [0-9,]+ bytes per rank"):
-        build_graph(config, {"numeric": Group()}, (784,), 10, np, budget=(64, 2**30))
+        build_graph(config, {"numeric": Group()}, (784,), 10, np, budget=Budget(64, 2**30))
 
 
 def test_a_model_within_the_budget_is_built():
     config = ModelConfig(layers=[{"type": "dense", "units": 8}, {"type": "dense", "units": 3}])
-    model = build_model(config, (4,), 3, np, budget=(16, rank_memory_bytes(1)))
+    model = build_model(config, (4,), 3, np, budget=Budget(16, rank_memory_bytes(1)))
     assert model.params.size == 4 * 8 + 8 + 8 * 3 + 3
     check_memory("model.layers", 10**9, 0, 4, None)  # no budget: nothing checked
 

@@ -1,7 +1,7 @@
 """Sharded embedding tables without MPI (mpitrain/parallel/sharded_tables.py, mpitrain/rundir/table_rows.py): a fresh
 table's share on any rank is the whole table's rows, a checkpoint's rows written by R ranks read back by R' ranks
-are each rank's share, lazy updates against a dense reference on the touched rows, and the config refusing what a
-sharded table does not train with. tests/mpi/test_sharded_tables.py trains them on 2-4 ranks."""
+are each rank's share, lazy updates against a dense reference on the touched rows, the config refusing what a
+sharded table does not train with, `shard: auto`'s choice, and the memory estimate of a rank's share. tests/mpi/test_sharded_tables.py trains them on 2-4 ranks."""
 import types
 
 import numpy as np
@@ -9,9 +9,11 @@ import pytest
 from mpi4py import MPI
 
 from mpitrain.base.errors import ConfigError, DataError
-from mpitrain.config.sections import OptimizerConfig, load_config
+from mpitrain.config.sections import ModelConfig, OptimizerConfig, load_config
 from mpitrain.nn import embedding
 from mpitrain.nn.embedding import initial_rows
+from mpitrain.nn.graph import build_graph
+from mpitrain.nn.model import Budget
 from mpitrain.nn.updaters import create_updater
 from mpitrain.parallel.comm import Communicator
 from mpitrain.parallel.sharded_rows import RowSharding
@@ -126,8 +128,46 @@ def test_the_config_refuses_what_a_sharded_table_does_not_train_with(tmp_path, o
         load_config(str(path), [override])
 
 
-def test_shard_takes_none_or_rows(tmp_path):
+def test_shard_takes_none_rows_or_auto(tmp_path):
     path = tmp_path / "exp.yaml"
     path.write_text("data: {path: d}\n" + GRAPH.replace("shard: rows", "shard: columns"))
-    with pytest.raises(ConfigError, match=r"model.graph\[0\].shard is 'columns', expected one of \('none', 'rows'\)"):
+    with pytest.raises(ConfigError, match=r"model.graph\[0\].shard is 'columns', expected one of \('none', 'rows', 'auto'\)"):
         load_config(str(path))
+
+
+class Numbers:
+    shape = (3,)
+
+
+class Ids:
+    shape = (2,)
+    ids = (200_000, 50)
+
+
+def table_graph(shard: str) -> ModelConfig:
+    return ModelConfig(graph=[{"name": "emb", "type": "embedding", "input": "categorical", "dim": 16, "shard": shard},
+                              {"name": "flat", "type": "flatten", "input": "emb"},
+                              {"name": "out", "type": "dense", "input": "flat", "units": 1}],
+                       loss="binary_cross_entropy")
+
+
+def test_shard_auto_shards_a_table_that_would_take_much_of_a_ranks_memory_and_records_its_choice():
+    config, groups = table_graph("auto"), {"numeric": Numbers(), "categorical": Ids()}
+    whole = 4 * 4 * sum(Ids.ids) * 16  # values, gradients and two moments, float32
+    for ranks, memory, chosen in ((4, 2 * whole, "rows"), (4, 8 * whole, "none"), (1, 2 * whole, "none")):
+        model = build_graph(config, groups, (5,), 1, np, budget=Budget(64, memory, ranks))
+        assert model.layers[0].shard == chosen == model.config_entries()["model.graph"][0]["shard"], (ranks, memory)
+        assert model.n_params == 16 * 2 + 1 + (0 if chosen == "rows" else sum(Ids.ids) * 16)
+    assert config.graph[0]["shard"] == "auto"  # the config as written
+    assert build_graph(config, groups, (5,), 1, np).layers[0].shard == "none"  # outside a run: no budget
+
+
+def test_a_rank_needs_memory_for_its_share_of_a_sharded_tables_rows(monkeypatch):
+    groups, whole = {"numeric": Numbers(), "categorical": Ids()}, 4 * 4 * sum(Ids.ids) * 16
+    with pytest.raises(ConfigError, match=r"model.graph: the model needs about [\d,]+ bytes per rank \(3,200,833 "
+                                          r"parameters x 4 copies"):
+        build_graph(table_graph("none"), groups, (5,), 1, np, budget=Budget(64, whole // 2, 4))
+    share = -(-Ids.ids[0] // 4) * 16 + -(-Ids.ids[1] // 4) * 16 + 33
+    with pytest.raises(ConfigError, match=rf"\({share:,} parameters x 4 copies"):
+        build_graph(table_graph("rows"), groups, (5,), 1, np, budget=Budget(64, 4 * 4 * share, 4))
+    assert build_graph(table_graph("rows"), groups, (5,), 1, np, budget=Budget(64, whole // 2, 4)).n_params == 33
