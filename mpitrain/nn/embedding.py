@@ -83,22 +83,23 @@ class TableGrad:
         return self.start + self.rows * self.dim
 
 
-@layer_type("embedding", graph_only=True)
-class Embedding(Layer):
-    """Per categorical column j, output row i is table_j[ids[i, j]]; see the module docstring."""
+class TableLayer(Layer):
+    """A layer of embedding tables (`embedding`, `embedding_bag`): each table (`shapes`: name, rows, dim) in the
+    model's flat buffers, or with `shard: rows` this rank's rows of it, given by the run (`row_tables`, in the order
+    of `shapes`); see the module docstring."""
 
     reads_ids = True
 
-    def __init__(self, dim=8, init: str | None = None, shard: str = "none"):
-        if not (isinstance(dim, int) and not isinstance(dim, bool) and dim >= 1 or dim == "auto"
-                or isinstance(dim, list) and dim and all(isinstance(d, int) and d >= 1 for d in dim)):
-            raise ValueError(f"dim {dim!r}, expected an integer >= 1, a list of them (one per column) or 'auto'")
+    def _take_shard(self, shard: str) -> None:
         if shard not in SHARDS:
             raise ValueError(f"shard {shard!r}, expected one of {SHARDS}")
-        self.dim, self.init, self.shard = dim, init, shard
-        self.ids: tuple[int, ...] = ()
+        self.shard = shard
         self.shapes: list[TableGrad] = []  # every table's name, rows and dim
         self.row_tables: list = []  # sharded: each table's rows on this rank (`ShardedTable`), given by the run
+
+    def table_sizes(self) -> list[tuple[int, int]]:
+        """(rows, dim) of each table, once the layer knows its ids."""
+        raise NotImplementedError
 
     @property
     def tables(self) -> list[TableGrad]:
@@ -109,6 +110,47 @@ class Embedding(Layer):
     def collective(self) -> bool:
         """Whether forward and backward are collectives (sharded tables)."""
         return self.shard == "rows"
+
+    def init_params(self, rng, scheme):
+        """Each table's `initial_rows`, from one key per table drawn from `rng`; a sharded table's share goes into
+        its `row_tables` entry (the rows `held` of its `params`), which the run gave the layer."""
+        keys = [int(rng.integers(2**63)) for _ in self.shapes]
+        for key, shape, table in zip(keys, self.shapes, self.row_tables):
+            table.params[...] = initial_rows(key, shape.rows, shape.dim, table.held)
+        return {table.name: initial_rows(key, table.rows, table.dim) for key, table in zip(keys, self.tables)}
+
+    def whole_tables(self) -> list[tuple[str, object]]:
+        """(name, values) of each table, whole: the flat buffers' views, or a sharded layer's rows given on one
+        process (`mpitrain export`)."""
+        if not self.collective:
+            return [(table.name, self.params[table.name]) for table in self.tables]
+        if len(self.row_tables) != len(self.shapes) or any(t.sharding.ranks != 1 for t in self.row_tables):
+            raise ValueError("a table with shard: rows is whole only on one process (each rank of a run holds its "
+                             "share of the rows)")
+        return [(shape.name, table.params) for shape, table in zip(self.shapes, self.row_tables)]
+
+    def sharded(self) -> list:
+        """The `row_tables` forward reads; a ValueError where the run has not given them."""
+        if len(self.row_tables) != len(self.shapes):
+            raise ValueError("a table with shard: rows runs where its rows live: in mpitrain train, eval and predict "
+                             "(its tables are given to it as row_tables); expected a run's model")
+        return self.row_tables
+
+
+@layer_type("embedding", graph_only=True)
+class Embedding(TableLayer):
+    """Per categorical column j, output row i is table_j[ids[i, j]]; see the module docstring."""
+
+    def __init__(self, dim=8, init: str | None = None, shard: str = "none"):
+        if not (isinstance(dim, int) and not isinstance(dim, bool) and dim >= 1 or dim == "auto"
+                or isinstance(dim, list) and dim and all(isinstance(d, int) and d >= 1 for d in dim)):
+            raise ValueError(f"dim {dim!r}, expected an integer >= 1, a list of them (one per column) or 'auto'")
+        self._take_shard(shard)
+        self.dim, self.init = dim, init
+        self.ids: tuple[int, ...] = ()
+
+    def table_sizes(self) -> list[tuple[int, int]]:
+        return [(shape.rows, shape.dim) for shape in self.shapes]
 
     def take_ids(self, ids: tuple[int, ...]) -> None:
         """The ids of each input column (the dataset's), so the tables can be shaped."""
@@ -130,24 +172,6 @@ class Embedding(Layer):
             return (len(self.dims), self.dims[0])
         return (sum(self.dims),)
 
-    def init_params(self, rng, scheme):
-        """Each table's `initial_rows`, from one key per table drawn from `rng`; a sharded table's share goes into
-        its `row_tables` entry (the rows `held` of its `params`), which the run gave the layer."""
-        keys = [int(rng.integers(2**63)) for _ in self.shapes]
-        for key, shape, table in zip(keys, self.shapes, self.row_tables):
-            table.params[...] = initial_rows(key, shape.rows, shape.dim, table.held)
-        return {table.name: initial_rows(key, table.rows, table.dim) for key, table in zip(keys, self.tables)}
-
-    def whole_tables(self) -> list[tuple[str, object]]:
-        """(name, values) of each table, whole: the flat buffers' views, or a sharded layer's rows given on one
-        process (`mpitrain export`)."""
-        if not self.collective:
-            return [(table.name, self.params[table.name]) for table in self.tables]
-        if len(self.row_tables) != len(self.shapes) or any(t.sharding.ranks != 1 for t in self.row_tables):
-            raise ValueError("an embedding with shard: rows holds its tables whole only on one process (each rank "
-                             "of a run holds its share of the rows)")
-        return [(shape.name, table.params) for shape, table in zip(self.shapes, self.row_tables)]
-
     def _column_views(self, out):
         """Column j's part of an output-shaped array (batch, dim_j)."""
         if out.ndim == 3:
@@ -160,10 +184,7 @@ class Embedding(Layer):
         self.rows[...] = x  # float ids, exact: to row numbers
         self._check_ids()
         if self.collective:
-            if len(self.row_tables) != len(self.shapes):
-                raise ValueError("an embedding with shard: rows runs where its rows live: in mpitrain train, eval and "
-                                 "predict (its tables are given to it as row_tables); expected a run's model")
-            y = self.ws("y", (len(x), *self.output_shape(x.shape[1:])), self.row_tables[0].params.dtype)
+            y = self.ws("y", (len(x), *self.output_shape(x.shape[1:])), self.sharded()[0].params.dtype)
             for j, (table, out) in enumerate(zip(self.row_tables, self._column_views(y))):
                 out[...] = table.forward(self.rows[:, j])
             return y

@@ -11,11 +11,10 @@ does in every mode. `ids: auto` takes the column's count from the dataset (the m
 
 Its table is sparse as an `embedding`'s (`mpitrain.nn.embedding.TableGrad`): backward writes only the rows of the
 batch's ids and reports them (`touched`), so in a graph the sync modes send only those rows. The ids get no
-gradient; padded steps read row 0 and add nothing to it.
+gradient; padded steps read row 0 and add nothing to it. With `shard: rows` (as an `embedding`'s,
+`mpitrain.nn.embedding.TableLayer`) the valid steps' ids go to the ranks that hold their rows.
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -23,8 +22,8 @@ from mpitrain.base.arrays import array_module
 from mpitrain.base.errors import DataError
 from mpitrain.kernels.broadcast import scale_rows
 from mpitrain.kernels.embedding import gather_rows, scatter_add_rows
-from mpitrain.nn.embedding import TableGrad
-from mpitrain.nn.layers import Layer, layer_type, varying
+from mpitrain.nn.embedding import TableGrad, TableLayer
+from mpitrain.nn.layers import layer_type, varying
 from mpitrain.nn.sequence import mean_scales, padded_steps, step_index
 from mpitrain.nn.tokens import table_of_ids
 
@@ -32,32 +31,29 @@ BAG_MODES = ("sum", "mean", "max")
 
 
 @layer_type("embedding_bag", graph_only=True)
-class EmbeddingBag(Layer):
+class EmbeddingBag(TableLayer):
     """The `mode` of a table's rows over each bag of ids (None, 1) -> (dim,); see the module docstring."""
 
     not_cut = "it reduces a whole bag, which no segment holds"
 
-    reads_ids = True
-
-    def __init__(self, dim: int = 16, mode: str = "mean", ids="auto", init: str | None = None):
+    def __init__(self, dim: int = 16, mode: str = "mean", ids="auto", init: str | None = None, shard: str = "none"):
         if not (isinstance(dim, int) and not isinstance(dim, bool) and dim >= 1):
             raise ValueError(f"dim {dim!r}, expected an integer >= 1 (one table)")
         if mode not in BAG_MODES:
             raise ValueError(f"mode {mode!r}, expected one of {BAG_MODES}")
+        self._take_shard(shard)
         self.dim, self.mode, self.ids, self.init = dim, mode, ids, init
-        self.tables: list[TableGrad] = []
+
+    def table_sizes(self) -> list[tuple[int, int]]:
+        return [(self.ids, self.dim)]
 
     def param_shapes(self, input_shape):
-        shapes = table_of_ids("an embedding_bag", input_shape, self.ids, self.dim)
-        self.tables = [TableGrad("table", self.ids, self.dim)]
-        return shapes
+        table_of_ids("an embedding_bag", input_shape, self.ids, self.dim)
+        self.shapes = [TableGrad("table", self.ids, self.dim)]
+        return {table.name: (table.rows, table.dim) for table in self.tables}
 
     def output_shape(self, input_shape):
         return (self.dim,)
-
-    def init_params(self, rng, scheme):
-        """Normal(0, 1/sqrt(dim)) rows, as an embedding's."""
-        return {"table": rng.normal(0.0, 1.0 / math.sqrt(self.dim), size=(self.ids, self.dim))}
 
     def forward(self, x, training):
         xp = array_module(x)
@@ -73,10 +69,14 @@ class EmbeddingBag(Layer):
             if low < 0 or high >= self.ids:
                 raise DataError(f"a bag holds id {low if low < 0 else high}, outside the embedding_bag's table of "
                                 f"{self.ids} ids (0..{self.ids - 1}); expected ids below the layer's `ids`")
-        table = self.params["table"]
-        values = varying(self.ws, "values", self.shape, table.dtype)
-        gather_rows(table, self.rows, values.reshape(batch * steps, self.dim))
-        y = self.ws("y", (batch, self.dim), table.dtype)
+        dtype = self.sharded()[0].params.dtype if self.collective else self.params["table"].dtype
+        values = varying(self.ws, "values", self.shape, dtype)
+        if self.collective:  # the valid steps' rows from their owners (a collective)
+            valid = self._valid()
+            values.reshape(batch * steps, self.dim)[valid] = self.row_tables[0].forward(self.rows[valid])
+        else:
+            gather_rows(self.params["table"], self.rows, values.reshape(batch * steps, self.dim))
+        y = self.ws("y", (batch, self.dim), dtype)
         if self.mode == "max":
             if self.padded is not None:
                 xp.copyto(values, -np.inf, where=self.padded[:, :, None])
@@ -90,9 +90,13 @@ class EmbeddingBag(Layer):
             xp.copyto(values, 0, where=self.padded[:, :, None])
         values.sum(axis=1, out=y)
         if self.mode == "mean":
-            self.scale = mean_scales(self.ws, self.lengths, batch, steps, table.dtype)
+            self.scale = mean_scales(self.ws, self.lengths, batch, steps, dtype)
             scale_rows(y, self.scale, y)
         return y
+
+    def _valid(self):
+        """Which of the batch's steps, flattened, hold a bag's value (not padding)."""
+        return slice(None) if self.padded is None else ~self.padded.reshape(-1)
 
     def _empty_bags_to_zero(self, array) -> None:
         """Rows of bags of no value: zero (the largest of nothing would be -inf)."""
@@ -116,6 +120,9 @@ class EmbeddingBag(Layer):
             xp.copyto(step_grads, dy[:, None, :])
             if self.mode == "mean":
                 scale_rows(step_grads.reshape(batch, -1), self.scale, step_grads.reshape(batch, -1))
+        if self.collective:  # the valid steps' gradients to their rows' owners (a collective)
+            self.row_tables[0].backward(step_grads.reshape(batch * steps, dim)[self._valid()])
+            return None
         if self.padded is not None:  # padded steps (an empty bag's included) send nothing to row 0
             xp.copyto(step_grads, 0, where=self.padded[:, :, None])
         table, grad = self.tables[0], self.grads["table"]

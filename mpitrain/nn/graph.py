@@ -43,7 +43,7 @@ import numpy as np
 from mpitrain.base.arrays import array_module
 from mpitrain.base.errors import ConfigError
 from mpitrain.data.sequences import Inputs, SequenceBatch
-from mpitrain.nn.embedding import Embedding
+from mpitrain.nn.embedding import Embedding, TableLayer
 from mpitrain.nn.feature_tokens import FeatureTokens
 from mpitrain.nn.layer_types import GRAPH_TYPES
 from mpitrain.nn.layers import as_numbers, is_sequence, varying
@@ -309,10 +309,12 @@ def build_graph(config, groups: dict, input_shape, outputs: int, xp, outputs_nam
                     raise ValueError("an embedding reads the dataset's `categorical` ids (input: categorical)"
                                      + ("" if "categorical" in groups else "; this dataset has no categorical columns"))
                 layer.take_ids(groups["categorical"].ids)
+            if isinstance(layer, TableLayer) and layer.ids != "auto":  # a bag's 'auto' is refused below
                 if layer.shard == "auto":  # decided here, recorded in the node (the run's config.yaml says it)
-                    layer.shard = spec["shard"] = auto_shard(layer.shapes, np.dtype(config.dtype).itemsize, budget)
+                    layer.shard = spec["shard"] = auto_shard(layer.table_sizes(), np.dtype(config.dtype).itemsize,
+                                                             budget)
                 if layer.collective:
-                    params += sharded_share(layer.shapes, budget.ranks if budget else 1)
+                    params += sharded_share(layer.table_sizes(), budget.ranks if budget else 1)
             layers = [layer] if isinstance(layer, Merge) else _with_activation_layers([layer])
             shape = layer.merged_shape([shapes[s] for s in inputs]) if isinstance(layer, Merge) else shapes[inputs[0]]
             shares = isinstance(layer, Merge) and layer.shares_lengths

@@ -347,17 +347,18 @@ AUTO_SHARD_SHARE = 0.25  # `shard: auto` shards tables whose four copies would t
 
 
 def auto_shard(tables: list, itemsize: int, budget: Budget | None) -> str:
-    """`shard: auto`'s choice for an embedding's `tables` (each with `rows` and `dim`): `rows` on several ranks when
+    """`shard: auto`'s choice for a layer's `tables` ((rows, dim) each): `rows` on several ranks when
     the tables' values, gradients and two updater moments would take more than AUTO_SHARD_SHARE of a rank's bytes,
     else `none` (also without a budget: a model built outside a run)."""
     if budget is None or budget.ranks < 2:
         return "none"
-    return "rows" if 4 * itemsize * sum(t.rows * t.dim for t in tables) > AUTO_SHARD_SHARE * budget.bytes else "none"
+    return "rows" if 4 * itemsize * sum(rows * dim for rows, dim in tables) > AUTO_SHARD_SHARE * budget.bytes \
+        else "none"
 
 
 def sharded_share(tables: list, ranks: int) -> int:
-    """The values the rank with the most rows holds of sharded `tables` over `ranks` ranks."""
-    return sum(-(-t.rows // ranks) * t.dim for t in tables)
+    """The values the rank with the most rows holds of sharded `tables` ((rows, dim) each) over `ranks` ranks."""
+    return sum(-(-rows // ranks) * dim for rows, dim in tables)
 
 
 def check_memory(key: str, params: int, activations: int, itemsize: int, budget: Budget | None) -> None:

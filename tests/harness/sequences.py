@@ -121,14 +121,15 @@ class BagClicks:
 
 
 def make_bag_dataset(path, n_train: int = 4000, n_test: int = 1000, shards: int = 2, seed: int = 0,
-                     ids: int = 500, lengths=(0, 12)) -> Manifest:
+                     ids: int = 500, lengths=(0, 12), categorical: dict[str, int] | None = None) -> Manifest:
     """A click table of `BagClicks` rows (2 classes: no click, click), written as the ETL writes one: the bag column
-    `recent` of ids (`lengths` of them, empty bags by default) beside two fixed numbers."""
+    `recent` of ids (`lengths` of them, empty bags by default) beside two fixed numbers and the `categorical`
+    columns ({name: ids}, uniform ids of no effect on the clicks)."""
     def rows(n: int, seed: int):
         numbers, bags, clicks, _ = BagClicks(ids, lengths).draw(n, seed)
         return numbers, {"recent": [bag.astype(np.float32)[:, None] for bag in bags]}, clicks
     return write_sequence_dataset(path, rows, n_train, n_test, shards, seed, 2, {"recent": lengths[1]},
-                                  bags=("recent",))
+                                  bags=("recent",), categorical=categorical)
 
 
 def write_image_rows_parquet(path, idx_folder: str, split: str, limit: int | None = None,
@@ -202,19 +203,24 @@ def make_mixed_dataset(path, n_train: int = 600, n_test: int = 200, shards: int 
 
 def write_sequence_dataset(path, rows, n_train: int, n_test: int, shards: int, seed: int, classes: int,
                            max_lengths: dict[str, int], step_target: str = "", bags: tuple[str, ...] = (),
-                           integers: tuple[str, ...] = ()) -> Manifest:
+                           integers: tuple[str, ...] = (), categorical: dict[str, int] | None = None) -> Manifest:
     """Write the splits `rows(n, seed)` gives ((x (n, k), {column: sequences (steps, F)}, classes (n,)), the
     sequence columns `max_lengths` names and the `step_target`'s classes) into `shards` shards each, and the
     manifest, with the real shard writer; the columns `bags` names are bag columns of ids (empty bags allowed), those
-    `integers` names columns of integers (token ids); both stored as int32."""
+    `integers` names columns of integers (token ids); both stored as int32. `categorical` ({name: ids}) adds
+    categorical columns of uniform ids beside x's numbers (then named n0, n1, ...)."""
     splits, counts, steps, found = {}, {}, {name: {} for name in max_lengths}, {name: [] for name in max_lengths}
+    categorical = categorical or {}
     for split, n, salt in (("train", n_train, 0), ("test", n_test, 1)):
         x, columns, labels = rows(n, seed * 2 + salt)
+        codes = np.stack([np.random.default_rng((seed, salt, j)).integers(0, k, n) for j, k in
+                          enumerate(categorical.values())], axis=1) if categorical else None
         bounds = [i * n // shards for i in range(shards + 1)]
         splits[split] = [write_shard(str(path), shard_path(split, i), x[a:b], labels[a:b],
                                      sequences={name: ragged(sequences[a:b],
                                                              ID_DTYPE if name in bags + integers else np.float32)
-                                                for name, sequences in columns.items()})
+                                                for name, sequences in columns.items()},
+                                     ids=None if codes is None else codes[a:b])
                          for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
         counts[split] = np.bincount(labels, minlength=classes).tolist()
         for name in max_lengths:
@@ -225,7 +231,10 @@ def write_sequence_dataset(path, rows, n_train: int, n_test: int, shards: int, s
                         seed=seed, checksums="fletcher32",
                         sequences=[{**column_entry(name, found[name], max_lengths[name], steps[name], name in bags),
                                     **({"integer": True} if name in integers else {})} for name in max_lengths],
-                        step_target=step_target, id_dtype=ID_DTYPE if bags + integers else "")
+                        step_target=step_target, id_dtype=ID_DTYPE if bags + integers or categorical else "",
+                        columns={"numeric": [{"name": f"n{j}"} for j in range(x.shape[1])],
+                                 "categorical": [{"name": name, "ids": k} for name, k in categorical.items()]}
+                        if categorical else {})
     write_manifest(str(path), manifest)
     return manifest
 

@@ -4,7 +4,8 @@ a resume on another rank count re-shards and goes on as the replicated run does;
 replicated model (an uneven split: ranks run as many forwards); Adam's lazy state resumes bit for bit; predict and
 the ONNX export (its tables in external data past protobuf's limit) agree, and Spark scoring refuses such a model;
 a rank stalled before its rows' exchange is named by the watchdog while the other waits in the Alltoallv;
-`shard: auto` shards on ranks of little memory, every rank choosing as rank 0, and the run records `rows`."""
+`shard: auto` shards on ranks of little memory, every rank choosing as rank 0, and the run records `rows`; a bag
+column and a plain column sharded in one model train the replicated model bit for bit."""
 import json
 import os
 import re
@@ -25,6 +26,7 @@ from mpitrain.rundir.table_rows import read_share
 from mpitrain.testing.datasets import make_click_dataset, write_config
 from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, mpiexec
 from mpitrain.testing.references import read_split
+from mpitrain.testing.sequences import make_bag_dataset
 
 IDS = (50, 5000)
 SGD = {"type": "sgd", "lr": 0.1, "momentum": 0.0}
@@ -70,9 +72,9 @@ def arrays(run_dir) -> dict:
     return found
 
 
-def assert_same_model(sharded, replicated):
+def assert_same_model(sharded, replicated, tables=("emb/table0", "emb/table1")):
     a, b = arrays(sharded), arrays(replicated)
-    assert sorted(a) == sorted(b) and {"emb/table0", "emb/table1"} <= set(a)
+    assert sorted(a) == sorted(b) and set(tables) <= set(a)
     for name in a:
         assert np.array_equal(a[name], b[name]), name
 
@@ -192,3 +194,25 @@ def test_shard_auto_shards_on_ranks_of_little_memory_and_the_run_records_rows(cl
     assert recorded["model"]["graph"][0]["shard"] == "rows"
     assert sorted(p.name for p in (tmp_path / "auto" / "checkpoints").glob("*.rows-*.h5")) == \
         ["ckpt-0001-000000.rows-0.h5", "ckpt-0001-000000.rows-1.h5"]
+
+
+BAG_AND_PLAIN = [{"name": "users", "type": "embedding", "input": "categorical", "dim": 4},
+                 {"name": "flat", "type": "flatten", "input": "users"},
+                 {"name": "bag", "type": "embedding_bag", "input": "recent", "dim": 8},
+                 {"name": "joined", "type": "concat", "inputs": ["bag", "flat", "numeric"]},
+                 {"name": "hidden", "type": "dense", "input": "joined", "units": 16, "activation": "relu"},
+                 {"name": "out", "type": "dense", "input": "hidden", "units": 2}]
+
+
+def test_a_sharded_bag_column_beside_a_sharded_plain_column_trains_the_replicated_model_bit_for_bit(tmp_path):
+    make_bag_dataset(tmp_path / "data", n_train=1500, n_test=301, ids=500, categorical={"user": 3000})
+    for shard in ("rows", "none"):
+        graph_of = [{**node, "shard": shard} if "embedding" in node["type"] else node for node in BAG_AND_PLAIN]
+        config = write_config(tmp_path / f"{shard}.yaml", tmp_path / "data", run_dir=str(tmp_path / shard),
+                              model={"layers": [], "graph": graph_of}, train={"epochs": 2, "batch_size": 32},
+                              optimizer=SGD)
+        result = mpiexec(3, MPITRAIN, "train", config, timeout=120)
+        assert result.returncode == 0, result.stderr[-3000:]
+    sharded, replicated = (json.loads((tmp_path / shard / "summary.json").read_text()) for shard in ("rows", "none"))
+    assert sharded["evaluation"] == replicated["evaluation"]
+    assert_same_model(tmp_path / "rows", tmp_path / "none", {"users/table0", "bag/table"})
