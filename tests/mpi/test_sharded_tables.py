@@ -48,10 +48,11 @@ def clicks(tmp_path_factory):
     return folder
 
 
-def train(folder, name, ranks, shard, optimizer=SGD, epochs=2, run_dir=None):
+def train(folder, name, ranks, shard, optimizer=SGD, epochs=2, run_dir=None, **sections):
     config = write_config(folder / f"{name}.yaml", folder / "data", run_dir=str(run_dir or folder / name),
                           model={"layers": [], "graph": graph(shard), "loss": "binary_cross_entropy"},
-                          train={"epochs": epochs, "batch_size": 64}, optimizer=optimizer, sync={"mode": "allreduce"})
+                          train={"epochs": epochs, "batch_size": 64}, optimizer=optimizer, sync={"mode": "allreduce"},
+                          **sections)
     result = mpiexec(ranks, MPITRAIN, "train", config, timeout=120)
     assert result.returncode == 0, result.stderr
     return json.loads(((run_dir or folder / name) / "summary.json").read_text())
@@ -116,15 +117,17 @@ def test_eval_of_a_sharded_run_on_1_and_3_ranks_scores_the_replicated_model(clic
         assert scores["auc"] == two_ranks["none"]["evaluation"]["auc"] and scores["rows"] == 513
 
 
-def test_adams_lazy_row_state_is_checkpointed_and_resumes_bit_for_bit(clicks):
-    adam = {"type": "adam", "lr": 0.003}
-    straight = train(clicks, "adam", 2, "rows", adam)
+def test_adams_lazy_row_state_is_checkpointed_and_resumes_mid_epoch_bit_for_bit(clicks):
+    adam, every = {"type": "adam", "lr": 0.003}, {"checkpoint": {"unit": "step", "every": 10, "keep": 100}}
+    straight = train(clicks, "adam", 2, "rows", adam, **every)
     assert straight["evaluation"]["auc"] > 0.6
     resumed = clicks / "adam-resumed"
-    shutil.copytree(clicks / "adam", resumed)
-    for path in (resumed / "checkpoints").glob("ckpt-0002-*"):
-        path.unlink()
-    train(clicks, "adam", 2, "rows", adam, run_dir=resumed)
+    (resumed / "checkpoints").mkdir(parents=True)
+    for path in (clicks / "adam" / "checkpoints").glob("ckpt-0001-000010*"):  # step 10 of the second epoch
+        shutil.copy(path, resumed / "checkpoints")
+    assert sorted(p.name for p in (resumed / "checkpoints").iterdir()) == \
+        ["ckpt-0001-000010.h5", "ckpt-0001-000010.rows-0.h5", "ckpt-0001-000010.rows-1.h5"]
+    train(clicks, "adam", 2, "rows", adam, run_dir=resumed, **every)
     with h5py.File(clicks / "adam" / "checkpoints" / "ckpt-0002-000000.rows-1.h5") as a, \
             h5py.File(resumed / "checkpoints" / "ckpt-0002-000000.rows-1.h5") as b:
         assert sorted(a["emb/table1"]) == ["first_moment", "params", "second_moment"]
