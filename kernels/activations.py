@@ -94,9 +94,16 @@ def splitmix64(z):
 
 
 @register_jitable
+def keyed_word(seed, index):
+    """splitmix64 of (seed, index), all 64 bits: dropout's keyed bits are its top ones (`keyed_bits_at`), a fresh
+    embedding table's values come from it (`kernels.embedding.keyed_normals`)."""
+    return splitmix64(np.uint64(index) * _GOLDEN + seed)
+
+
+@register_jitable
 def keyed_bits_at(seed, index):
     """splitmix64 of (seed, 1-based element index), its top KEYED_BITS bits: `mpitrain.nn.layers.keyed_bits`."""
-    return splitmix64(np.uint64(index) * _GOLDEN + seed) >> _TOP
+    return keyed_word(seed, index) >> _TOP
 
 
 @njit(parallel=True, cache=True)

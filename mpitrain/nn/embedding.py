@@ -23,8 +23,8 @@ table's rows (`mpitrain.parallel.sharded_tables.ShardedTable`, given to the laye
 trains or scores it), and forward and backward get and send rows through it. Those two calls are collectives, so
 every rank runs the layer's forward (an empty batch too) and backward the same number of times (`collective`).
 
-A fresh table is drawn from one key per table, block by block of rows (`initial_rows`), so a rank holding every
-R-th row draws exactly the values the whole table would hold there, without holding the whole table.
+A fresh table's values are a function of (one key per table, row, column) (`initial_rows`), so a rank holding every
+R-th row computes exactly the values the whole table would hold there, in time and memory for its rows alone.
 """
 from __future__ import annotations
 
@@ -35,30 +35,22 @@ import numpy as np
 
 from mpitrain.base.arrays import array_module
 from mpitrain.base.errors import DataError
-from mpitrain.kernels.embedding import gather_rows, scatter_add_rows
+from mpitrain.kernels.embedding import gather_rows, keyed_normals, scatter_add_rows
 from mpitrain.nn.layers import Layer, layer_type
 
 # `shard`: every rank holds the whole table, each rank its share of the rows, or rows when the table would take
 # much of a rank's memory (`mpitrain.nn.model.auto_shard`, decided when the model is built and recorded so)
 SHARDS = ("none", "rows", "auto")
-INIT_BLOCK_ROWS = 1 << 16  # the rows a fresh table draws from one generator (`initial_rows`)
-
-
 def initial_rows(key: int, rows: int, dim: int, ids: slice = slice(None)) -> np.ndarray:
     """Rows `ids` (a slice of range(rows): all of them, or a rank's every R-th) of a fresh table of `rows` x `dim`
-    drawn from `key`: Normal(0, 1/sqrt(dim)), so the layer after sees inputs of about unit size whatever the
-    dimension. Block b of INIT_BLOCK_ROWS rows is drawn from the generator of (key, b), so any share of the rows is
-    the same values the whole table holds there, computed one block at a time. Float64 on the host."""
-    start, stop, step = ids.indices(rows)
-    out = np.empty((len(range(start, stop, step)), dim))
-    for first in range(0, rows, INIT_BLOCK_ROWS):
-        last = min(first + INIT_BLOCK_ROWS, rows)
-        wanted = range(start + max(0, -(-(first - start) // step)) * step, min(last, stop), step)  # ids in the block
-        if len(wanted):
-            block = np.random.default_rng([key, first // INIT_BLOCK_ROWS]).normal(0.0, 1.0 / math.sqrt(dim),
-                                                                                  size=(last - first, dim))
-            at = (wanted.start - start) // step
-            out[at:at + len(wanted)] = block[wanted.start - first:wanted.stop - first:step]
+    from `key`: Normal(0, 1/sqrt(dim)), so the layer after sees inputs of about unit size whatever the dimension.
+    Element e = row x dim + column is a normal of (key, e) (`kernels.embedding.keyed_normals`: dropout's keyed
+    hash, no generator state), so any share of the rows is the values the whole table holds there, computed for
+    those rows alone. Float64 on the host."""
+    wanted = range(*ids.indices(rows))
+    out = np.empty((len(wanted), dim))
+    keyed_normals(np.uint64(key), wanted.start, wanted.step, out)
+    out /= math.sqrt(dim)
     return out
 
 

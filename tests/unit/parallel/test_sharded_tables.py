@@ -10,7 +10,6 @@ from mpi4py import MPI
 
 from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.config.sections import ModelConfig, OptimizerConfig, load_config
-from mpitrain.nn import embedding
 from mpitrain.nn.embedding import initial_rows
 from mpitrain.nn.graph import build_graph
 from mpitrain.nn.model import Budget
@@ -21,10 +20,11 @@ from mpitrain.parallel.sharded_tables import ShardedTable
 from mpitrain.rundir.table_rows import check_rows, describe, read_share, rows_path, write_rows
 
 
-def test_a_fresh_tables_share_on_any_rank_is_the_whole_tables_rows(monkeypatch):
-    monkeypatch.setattr(embedding, "INIT_BLOCK_ROWS", 7)  # many blocks, shares crossing their edges
+def test_a_fresh_tables_share_on_any_rank_is_the_whole_tables_rows():
     whole = initial_rows(12345, 50, 3)
     assert whole.shape == (50, 3) and abs(whole.std() - 1 / np.sqrt(3)) < 0.1
+    large = initial_rows(7, 20000, 8) * np.sqrt(8)  # Normal(0, 1/sqrt(dim)), scaled back to unit variance
+    assert abs(large.mean()) < 0.01 and abs(large.std() - 1) < 0.01 and abs((large > 1.96).mean() - 0.025) < 0.003
     for ranks in range(1, 8):
         sharding = RowSharding(50, ranks)
         for rank in range(ranks):
