@@ -320,18 +320,41 @@ def build_model(config, input_shape, num_classes: int, xp, outputs: str = "class
 
 
 def rank_memory_bytes(ranks_on_node: int) -> int:
-    """The bytes one rank may use: the node's physical memory, or the cgroup's limit when one is set (a Slurm job's
-    or a container's, cgroup v2 or v1), shared equally by the `ranks_on_node` ranks on the node."""
+    """The bytes one rank may use: the node's physical memory, or less where a cgroup limits it
+    (`cgroup_memory_limit`), shared equally by the `ranks_on_node` ranks on the node."""
     total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as f:
-                limit = f.read().strip()
-        except OSError:
+    return min(total, cgroup_memory_limit() or total) // max(1, ranks_on_node)
+
+
+def cgroup_memory_limit(own: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """The least memory limit on this process's cgroup or any cgroup above it (`own` names them, mounted under
+    `root`): v2's memory.max, v1's memory.limit_in_bytes; None where none is set. A container sees its own cgroup
+    as the root; a Slurm step on a node without cgroup namespaces is in /slurm/uid_U/job_J/step_S, under its job's
+    limit."""
+    try:
+        with open(own) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        hierarchy, controllers, path = line.split(":", 2)
+        if hierarchy == "0":
+            folder, name = root, "memory.max"
+        elif "memory" in controllers.split(","):
+            folder, name = os.path.join(root, "memory"), "memory.limit_in_bytes"
+        else:
             continue
-        if limit.isdigit():  # "max": no limit
-            total = min(total, int(limit))
-    return total // max(1, ranks_on_node)
+        parts = [part for part in path.split("/") if part]
+        for depth in range(len(parts), -1, -1):
+            try:
+                with open(os.path.join(folder, *parts[:depth], name)) as f:
+                    limit = f.read().strip()
+            except OSError:
+                continue
+            if limit.isdigit():  # v2's "max": no limit
+                limits.append(int(limit))
+    return min(limits, default=None)
 
 
 class Budget(typing.NamedTuple):

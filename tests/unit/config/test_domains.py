@@ -12,7 +12,7 @@ from mpitrain.base.errors import ConfigError
 from mpitrain.config.sections import Config, ModelConfig, load_config
 from mpitrain.nn import flat
 from mpitrain.nn.graph import build_graph
-from mpitrain.nn.model import MAX_UNITS, Budget, build_model, check_memory, rank_memory_bytes
+from mpitrain.nn.model import MAX_UNITS, Budget, build_model, cgroup_memory_limit, check_memory, rank_memory_bytes
 
 BASE = "data: {path: d}\nmodel: {layers: [{type: dense, units: 2}]}\n"
 
@@ -110,3 +110,24 @@ def test_a_model_within_the_budget_is_built():
 def test_a_rank_has_its_share_of_the_node():
     node = rank_memory_bytes(1)
     assert 0 < rank_memory_bytes(4) <= node // 4 + 1 and node <= 2**60
+
+
+def test_the_memory_limit_is_the_least_on_this_processs_cgroup_and_those_above_it(tmp_path):
+    def limit(folder, name, value):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / name).write_text(f"{value}\n")
+    own = tmp_path / "cgroup"
+    # cgroup v1: a Slurm step's cgroup, without a limit of its own, under its job's (a host without cgroup namespaces)
+    own.write_text("5:cpu,cpuacct:/\n4:memory:/slurm/uid_0/job_7/step_0\n0::/\n")
+    limit("memory", "memory.limit_in_bytes", 9223372036854771712)  # the root: none
+    limit("memory/slurm/uid_0/job_7", "memory.limit_in_bytes", 6 * 2**30)
+    limit("memory/slurm/uid_0/job_7/step_0", "memory.limit_in_bytes", 9223372036854771712)
+    assert cgroup_memory_limit(str(own), str(tmp_path)) == 6 * 2**30
+    # cgroup v2: memory.max "max" in the process's own, a number above it
+    own.write_text("0::/user.slice/job.scope\n")
+    limit("user.slice/job.scope", "memory.max", "max")
+    limit("user.slice", "memory.max", 3 * 2**30)
+    assert cgroup_memory_limit(str(own), str(tmp_path)) == 3 * 2**30
+    own.write_text("0::/elsewhere\n")
+    assert cgroup_memory_limit(str(own), str(tmp_path / "none")) is None
+    assert cgroup_memory_limit(str(tmp_path / "no such file")) is None
