@@ -7,6 +7,8 @@ mpitrain uses, fitted to measurements and used to choose `sharing`'s exchange an
     allgather_exchange(network, sizes)                      # sharing's exchanges: (seconds, wire bytes per rank)
     split_exchange(network, sizes, n_params, 4)             #   for messages of `sizes` bytes, one per rank
     recursive_exchange(network, sizes, n_params)
+    sharded_table_step(network, distinct, dim, ranks)     # a row-sharded table's step (issue 49): Alltoallvs
+    replicated_table_step(network, distinct, dim, ranks)  # a replicated table's sparse exchange: an Allgatherv
 
 A message of m bytes between two ranks takes `latency_s + m * byte_s`. Each collective is
 costed as the algorithm MPICH picks for it (Thakur, Rabenseifner and Gropp 2005): a step
@@ -27,6 +29,12 @@ The model has no contention term: the simulated cluster's links are point-to-poi
 bridge, and a cluster's fat tree gives each node its full link rate. Computation inside a
 collective (the reduction's adds) is not modelled either; at the sizes that matter it is a
 few percent of the wire time on a 1-10 Gb/s link (docs/cluster.md compares model and measurement).
+
+A table's step is costed for `distinct` distinct ids in each rank's batch, spread evenly over the rows' owners: a
+row-sharded table sends (P-1)/P of them to their owners and gets their rows back, then sends their gradients (three
+Alltoallv after three Alltoalls of part sizes), so its bytes per rank do not grow with P and its latency terms do
+(pairwise steps); a replicated table's sparse exchange Allgathervs every rank's ids and rows, so each rank takes in
+the other P-1 ranks' rows.
 
 `sharing`'s three exchanges are costed from the ranks' message sizes alone, as `sync.exchange:
 auto` must choose before it exchanges (docs/architecture.md, "sharing"): `allgather` is exact,
@@ -228,6 +236,27 @@ def recursive_exchange(network: Network, sizes, n: int) -> tuple[float, float]:
     counts = [SIZE_BYTES] * ranks
     seconds = network.allgatherv(counts) + network.cost(len(rounds), sum(rounds))
     return seconds, allgatherv_bytes(counts) + sum(halving + doubling + unfold)
+
+
+def sharded_table_step(network: Network, distinct: float, dim: int, ranks: int, itemsize: int = 4) -> tuple[float, float]:
+    """One step of a row-sharded table (`mpitrain.parallel.sharded_rows`) with `distinct` distinct ids in every
+    rank's batch, spread evenly over the owners: forward's Alltoallv of the ids (int64) to their owners and of their
+    rows (`dim` values of `itemsize` bytes) back, backward's of their gradients, each after an Alltoall of the part
+    sizes. Returns (seconds, wire bytes of a rank)."""
+    away = distinct * (ranks - 1) / ranks  # the ids other ranks hold
+    ids, rows = 8 * away, itemsize * dim * away
+    seconds = 3 * network.alltoall(SIZE_BYTES, ranks) + network.alltoallv(ids, ranks) + 2 * network.alltoallv(rows, ranks)
+    return seconds, 3 * alltoall_bytes(SIZE_BYTES, ranks) + ids + 2 * rows
+
+
+def replicated_table_step(network: Network, distinct: float, dim: int, ranks: int,
+                          itemsize: int = 4) -> tuple[float, float]:
+    """One step of a replicated table's sparse exchange (`mpitrain.parallel.sync.sparse`, `allreduce`) with `distinct`
+    touched rows on every rank: an Allgather of the counts, an Allgatherv of each rank's ids and rows. Returns
+    (seconds, wire bytes of a rank)."""
+    counts, messages = [SIZE_BYTES] * ranks, [distinct * (1 + dim) * itemsize] * ranks
+    return (network.allgatherv(counts) + network.allgatherv(messages),
+            allgatherv_bytes(counts) + allgatherv_bytes(messages))
 
 
 def count_block_bytes(elements: float, length: float, width: int) -> float:

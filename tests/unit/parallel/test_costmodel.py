@@ -203,3 +203,17 @@ def test_auto_is_at_or_under_a_dense_allreduce_in_time_and_bytes_up_to_1024_rank
         assert seconds <= network.allreduce(4 * n, ranks) and wire <= allreduce_bytes(4 * n, ranks), (ranks, picked)
         if ranks >= 256:
             assert picked == "recursive" and exchange_cost("split", network, sizes, n)[0] > seconds
+
+
+def test_a_sharded_tables_bytes_per_rank_stay_flat_as_ranks_grow_and_a_replicated_ones_grow():
+    from mpitrain.parallel.costmodel import alltoall_bytes, replicated_table_step, sharded_table_step
+    network = Network.of(latency_us=1.0, gbps=100)
+    sharded = [sharded_table_step(network, 512, 32, ranks)[1] for ranks in (2, 64, 1024)]
+    replicated = [replicated_table_step(network, 512, 32, ranks)[1] for ranks in (2, 64, 1024)]
+    payload = [b - 3 * alltoall_bytes(8, ranks) for b, ranks in zip(sharded, (2, 64, 1024))]  # less the part sizes
+    assert payload[0] == 256 * (8 + 2 * 4 * 32) and payload[2] == pytest.approx(512 * 1023 / 1024 * (8 + 2 * 4 * 32))
+    assert replicated[2] == pytest.approx(1023 * 512 * 33 * 4 + 1023 * 8) and replicated[2] > 100 * sharded[2]
+    assert sharded_table_step(network, 512, 32, 1) == (0.0, 0.0)
+    # its latency grows with the ranks (pairwise steps); at 1024 ranks three Alltoallv's steps dominate
+    assert sharded_table_step(network, 512, 32, 1024)[0] > 3 * 1023 * 1e-6
+    assert replicated[0] < sharded[0] * 2  # on 2 ranks the two are alike
