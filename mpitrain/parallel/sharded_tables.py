@@ -9,8 +9,9 @@ the collectives a step makes with them (`mpitrain.parallel.sharded_rows` routes 
 
 - **Memory per rank**: a table of V rows x D values over R ranks holds ceil(V / R) x D values three times
   (values, gradients, the updater's delta buffer) plus the updater's slots (Adam: two more), in the model's dtype,
-  and never the whole table: a fresh one is drawn block by block (`mpitrain.nn.embedding.initial_rows`), a
-  checkpoint's rows are read as each rank's strided share (`mpitrain.rundir.table_rows`).
+  and never the whole table: a fresh one's values are computed for this rank's rows alone
+  (`mpitrain.nn.embedding.initial_rows`), a checkpoint's rows are read as each rank's strided share
+  (`mpitrain.rundir.table_rows`).
 - **Gradients**: each rank adds its batch's gradients per distinct id in batch order, sends them to the owners,
   which add what each rank sent in rank order and divide by the ranks: exactly the mean gradient the replicated
   table's sparse exchange computes (`mpitrain.parallel.sync.sparse`), so under plain SGD a sharded run trains the

@@ -1,33 +1,42 @@
-"""A checkpoint's sharded embedding tables (`shard: rows`): each rank writes its rows to a file of its own beside the
-checkpoint, and any number of ranks reads them back, each only the rows it now holds.
+"""A checkpoint's sharded embedding tables (`shard: rows`): each rank writes its rows beside the checkpoint, and any
+number of ranks reads them back, each only the rows it now holds.
 
-    checkpoints/ckpt-EEEE-SSSSSS.h5          the checkpoint; its `sharded_tables` say each table's name, rows, dim
-                                             and arrays, and its `ranks` how many rows files there are
-    checkpoints/ckpt-EEEE-SSSSSS.rows-R.h5   rank R's rows of each table: NAME/params and NAME/SLOT (each updater
-                                             state slot), (rows of rank R, dim), ids R, R + ranks, ... in order
+    checkpoints/ckpt-EEEE-SSSSSS.h5                                  the checkpoint; its `sharded_tables` say each
+                                                                     table's name, rows, dim and arrays, its `ranks`
+                                                                     how many ranks wrote rows
+    checkpoints/ckpt-EEEE-SSSSSS.rows/R/LAYER/TABLE/ARRAY.npy        rank R's rows of a table: `params` and each
+                                                                     updater state slot, (rows of rank R, dim), ids
+                                                                     R, R + ranks, ... in order
 
-The rows files are written first, each atomically by its rank, and the checkpoint last (rank 0), so a checkpoint
-that exists has its rows; one whose rows file is missing or damaged is damaged as a whole (`check_rows`). A rank of
-a run of R' ranks holds ids r, r + R', ...; those that rank q of the R writers held form one strided slice of q's
-file (step lcm(R, R') / R), so each rank reads its share with at most R strided reads and never the whole table.
+Each array is a plain .npy file, streamed from the rank's memory (`mpitrain.base.files.write_file`: a temporary
+file, fsync, a rename), so a rank never holds a second copy of its rows to write them, and a full disk fails as one
+line. The rows are written first and the checkpoint last (rank 0), so a checkpoint that exists has its rows; one
+whose rows are missing or unreadable is damaged as a whole (`check_rows`). A rank of a run of R' ranks holds ids
+r, r + R', ...; those that rank q of the R writers held form one strided slice of q's file (step lcm(R, R') / R),
+read through a memory map: each rank reads its share, never the whole table. The rows carry no checksum (the
+checkpoint's own arrays do): a flipped bit inside them is not found.
 """
 from __future__ import annotations
 
-import glob
 import math
 import os
+import shutil
 
-import h5py
 import numpy as np
 
 from mpitrain.base.errors import DataError
-from mpitrain.base.files import write_hdf5
+from mpitrain.base.files import write_file
 from mpitrain.parallel.sharded_rows import RowSharding
 
 
-def rows_path(checkpoint: str, rank: int) -> str:
-    """The rows file of rank `rank` beside the checkpoint at `checkpoint`."""
-    return f"{checkpoint.removesuffix('.h5')}.rows-{rank}.h5"
+def rows_folder(checkpoint: str) -> str:
+    """The folder of the rows of the checkpoint at `checkpoint`."""
+    return checkpoint.removesuffix(".h5") + ".rows"
+
+
+def rows_file(checkpoint: str, rank: int, table: str, array: str) -> str:
+    """Rank `rank`'s `array` of `table` (LAYER/TABLE) beside `checkpoint`."""
+    return os.path.join(rows_folder(checkpoint), str(rank), *table.split("/"), f"{array}.npy")
 
 
 def describe(tables) -> list[dict]:
@@ -37,50 +46,51 @@ def describe(tables) -> list[dict]:
 
 
 def write_rows(checkpoint: str, rank: int, tables) -> None:
-    """Write this rank's rows of `tables` beside `checkpoint` (atomically: complete or absent). Not a collective."""
-    def fill(f):
-        for table in tables:
-            for name, array in table.arrays().items():
-                f.create_dataset(f"{table.name}/{name}", data=array, fletcher32=array.size > 0)
-    write_hdf5(rows_path(checkpoint, rank), fill)
+    """Write this rank's rows of `tables` beside `checkpoint`, each array complete or absent. Not a collective."""
+    for table in tables:
+        for name, array in table.arrays().items():
+            array = np.ascontiguousarray(array)
+            write_file(rows_file(checkpoint, rank, table.name, name),
+                       lambda f, array=array: np.lib.format.write_array(f, array, allow_pickle=False),
+                       binary=True, size=array.nbytes)
 
 
 def remove_rows(checkpoint: str) -> None:
-    """Delete the rows files of `checkpoint` (with it, when `checkpoint.keep` drops it)."""
-    for path in glob.glob(glob.escape(checkpoint.removesuffix(".h5")) + ".rows-*.h5"):
-        os.remove(path)
+    """Delete the rows of `checkpoint` (with it, when `checkpoint.keep` drops it, or before a new best one)."""
+    shutil.rmtree(rows_folder(checkpoint), ignore_errors=True)
 
 
 def check_rows(checkpoint: str, described: list[dict], ranks: int) -> None:
-    """A DataError naming the first of the `ranks` rows files of `checkpoint` that is missing or lacks an array of
-    the `described` tables (rank 0, when it chooses the checkpoint to resume)."""
-    for rank in range(ranks):
-        path = rows_path(checkpoint, rank)
-        try:
-            with h5py.File(path, "r") as f:
-                for table in described:
-                    for name in table["arrays"]:
-                        if f"{table['name']}/{name}" not in f:
-                            raise KeyError(f"no {table['name']}/{name}")
-        except (OSError, KeyError) as e:
-            raise DataError(f"{checkpoint}: its sharded table rows of rank {rank} ({path}) cannot be read ({e})") \
-                from None
+    """A DataError naming the first rows file of the `ranks` ranks that wrote `checkpoint` that is missing or not
+    the rows of `described` it should hold (rank 0, when it chooses the checkpoint to resume)."""
+    for table in described:
+        sharding = RowSharding(table["rows"], ranks)
+        for rank in range(ranks):
+            for name in table["arrays"]:
+                path = rows_file(checkpoint, rank, table["name"], name)
+                shape = _stored(checkpoint, path).shape
+                if shape != (sharding.shard_rows(rank), table["dim"]):
+                    raise DataError(f"{checkpoint}: {path} holds an array of shape {list(shape)}, expected "
+                                    f"{[sharding.shard_rows(rank), table['dim']]} (rank {rank}'s rows of "
+                                    f"{table['name']})")
 
 
 def read_share(checkpoint: str, written_by: int, table: dict, array: str, sharding: RowSharding, rank: int,
                out: np.ndarray) -> None:
     """Fill `out` ((rows rank `rank` holds under `sharding`, dim)) with `array` of `table` (a `describe` entry) at
-    those rows, from the rows files of the `written_by` ranks that wrote `checkpoint`. Not a collective."""
+    those rows, from the rows of the `written_by` ranks that wrote `checkpoint`. Not a collective."""
     ranks = sharding.ranks
     period = math.lcm(ranks, written_by)  # ids rank `rank` holds that rank q held recur every `period` ids
     for q in range(written_by):
         first = next((i for i in range(rank, min(rank + period, table["rows"]), ranks) if i % written_by == q), None)
-        if first is None:
-            continue
-        try:
-            with h5py.File(rows_path(checkpoint, q), "r") as f:
-                stored = f[f"{table['name']}/{array}"]
-                part = stored[first // written_by::period // written_by]
-        except (OSError, KeyError) as e:
-            raise DataError(f"{rows_path(checkpoint, q)}: cannot read {table['name']}/{array} ({e})") from None
-        out[(first - rank) // ranks::period // ranks][:len(part)] = part
+        if first is not None:
+            stored = _stored(checkpoint, rows_file(checkpoint, q, table["name"], array))
+            out[(first - rank) // ranks::period // ranks] = stored[first // written_by::period // written_by]
+
+
+def _stored(checkpoint: str, path: str) -> np.ndarray:
+    """The array of the .npy file `path`, memory-mapped (read where it is sliced); a DataError naming `checkpoint`."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{checkpoint}: its sharded table rows {path} cannot be read ({e})") from None

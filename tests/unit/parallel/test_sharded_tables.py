@@ -2,6 +2,7 @@
 table's share on any rank is the whole table's rows, a checkpoint's rows written by R ranks read back by R' ranks
 are each rank's share, lazy updates against a dense reference on the touched rows, the config refusing what a
 sharded table does not train with, `shard: auto`'s choice, and the memory estimate of a rank's share. tests/mpi/test_sharded_tables.py trains them on 2-4 ranks."""
+import os
 import types
 
 import numpy as np
@@ -17,7 +18,7 @@ from mpitrain.nn.updaters import create_updater
 from mpitrain.parallel.comm import Communicator
 from mpitrain.parallel.sharded_rows import RowSharding
 from mpitrain.parallel.sharded_tables import ShardedTable
-from mpitrain.rundir.table_rows import check_rows, describe, read_share, rows_path, write_rows
+from mpitrain.rundir.table_rows import check_rows, describe, read_share, rows_file, write_rows
 
 
 def test_a_fresh_tables_share_on_any_rank_is_the_whole_tables_rows():
@@ -56,10 +57,16 @@ def test_rows_written_by_some_ranks_are_read_back_as_any_rank_counts_shares(tmp_
                 out = np.full((sharding.shard_rows(rank), 2), -1, np.float32)
                 read_share(checkpoint, written_by, described[0], "first_moment", sharding, rank, out)
                 assert np.array_equal(out, 2 * table[sharding.ids_of(rank)]), (written_by, ranks, rank)
-    (tmp_path / "ckpt-4.rows-3.h5").unlink()
-    with pytest.raises(DataError, match=r"ckpt-4.h5: its sharded table rows of rank 3 \(.*ckpt-4.rows-3.h5\)"):
-        check_rows(str(tmp_path / "ckpt-4.h5"), described, 4)
-    assert rows_path("a/ckpt-0001-000002.h5", 3) == "a/ckpt-0001-000002.rows-3.h5"
+    checkpoint = str(tmp_path / "ckpt-4.h5")
+    assert rows_file("a/ckpt-0001-000002.h5", 3, "emb/table0", "params") == \
+        "a/ckpt-0001-000002.rows/3/emb/table0/params.npy"
+    np.save(rows_file(checkpoint, 3, "emb/table0", "params"), np.zeros((rows // 4 + 1, 2), np.float32))
+    with pytest.raises(DataError, match=r"ckpt-4.h5: .*ckpt-4.rows/3/emb/table0/params.npy holds an array of shape"):
+        check_rows(checkpoint, described, 4)
+    os.remove(rows_file(checkpoint, 3, "emb/table0", "params"))
+    with pytest.raises(DataError, match=r"ckpt-4.h5: its sharded table rows .*ckpt-4.rows/3/emb/table0/params.npy "
+                                        r"cannot be read"):
+        check_rows(checkpoint, described, 4)
 
 
 def one_rank_table(rows: int, dim: int, values: np.ndarray, config) -> ShardedTable:
