@@ -251,20 +251,25 @@ class Communicator:
             self._allgatherv(message, out, counts, offsets)
         return [out[o:o + c] for o, c in zip(offsets, counts)]
 
-    def alltoallv(self, parts, counts) -> list:
+    def alltoallv(self, parts, counts, received=None) -> list:
         """Send part j of `parts` to rank j: an Alltoall of the part sizes, then an Alltoallv. A collective.
 
         `parts` is one 1-D array holding the parts for ranks 0..N-1 back to back, `counts` their
         sizes (host ints). Returns the parts every rank sent to this one, in rank order, as views
         into one array on the device `parts` is on. Counts the sizes and the parts sent to other ranks.
+        Where this rank knows the sizes it receives (`received`, host ints per rank: the answer to what it sent
+        before), the Alltoall of the sizes is left out; every rank must then know them, or none.
         """
         _synchronize_device(parts)
         counts = np.asarray(counts, dtype=np.int64)
-        received = np.zeros(self.size, dtype=np.int64)
         with self._blocking(ALLTOALLV, parts.nbytes):
-            self.mpi.Alltoall(counts, received)
             others = np.arange(self.size) != self.rank
-            self.bytes_sent += counts.itemsize * (self.size - 1) + int(counts[others].sum()) * parts.itemsize
+            if received is None:
+                received = np.zeros(self.size, dtype=np.int64)
+                self.mpi.Alltoall(counts, received)
+                self.bytes_sent += counts.itemsize * (self.size - 1)
+            received = np.asarray(received, dtype=np.int64)
+            self.bytes_sent += int(counts[others].sum()) * parts.itemsize
             offsets, received_offsets = _starts(counts), _starts(received)
             out = _empty_like(parts, int(received.sum()))
             self._alltoallv(parts, counts, offsets, out, received, received_offsets)

@@ -32,7 +32,7 @@ few percent of the wire time on a 1-10 Gb/s link (docs/cluster.md compares model
 
 A table's step is costed for `distinct` distinct ids in each rank's batch, spread evenly over the rows' owners: a
 row-sharded table sends (P-1)/P of them to their owners and gets their rows back, then sends their gradients (three
-Alltoallv after three Alltoalls of part sizes), so its bytes per rank do not grow with P and its latency terms do
+Alltoallv, the first after an Alltoall of part sizes), so its bytes per rank do not grow with P and its latency terms do
 (pairwise steps); a replicated table's sparse exchange Allgathervs every rank's ids and rows, so each rank takes in
 the other P-1 ranks' rows.
 
@@ -241,12 +241,12 @@ def recursive_exchange(network: Network, sizes, n: int) -> tuple[float, float]:
 def sharded_table_step(network: Network, distinct: float, dim: int, ranks: int, itemsize: int = 4) -> tuple[float, float]:
     """One step of a row-sharded table (`mpitrain.parallel.sharded_rows`) with `distinct` distinct ids in every
     rank's batch, spread evenly over the owners: forward's Alltoallv of the ids (int64) to their owners and of their
-    rows (`dim` values of `itemsize` bytes) back, backward's of their gradients, each after an Alltoall of the part
-    sizes. Returns (seconds, wire bytes of a rank)."""
+    rows (`dim` values of `itemsize` bytes) back, backward's of their gradients; the first after an Alltoall of the
+    part sizes (the other two know theirs). Returns (seconds, wire bytes of a rank)."""
     away = distinct * (ranks - 1) / ranks  # the ids other ranks hold
     ids, rows = 8 * away, itemsize * dim * away
-    seconds = 3 * network.alltoall(SIZE_BYTES, ranks) + network.alltoallv(ids, ranks) + 2 * network.alltoallv(rows, ranks)
-    return seconds, 3 * alltoall_bytes(SIZE_BYTES, ranks) + ids + 2 * rows
+    seconds = network.alltoall(SIZE_BYTES, ranks) + network.alltoallv(ids, ranks) + 2 * network.alltoallv(rows, ranks)
+    return seconds, alltoall_bytes(SIZE_BYTES, ranks) + ids + 2 * rows
 
 
 def replicated_table_step(network: Network, distinct: float, dim: int, ranks: int,

@@ -12,8 +12,9 @@ two exchanges of rows with their owners.
   slice (r, r + R, ...) of a whole table, so a resume on another rank count reads only its own rows.
 - **De-duplicated**: a batch's ids travel once each (`route.unique`, sorted), and its rows are
   `rows[route.inverse]`.
-- **Forward, two Alltoallv**: the distinct ids to their owners, their rows back. **Backward, one**: the distinct
-  ids' gradients to their owners, which add what each rank sent in rank order, each rank's ids in its order, so
+- **Forward, two Alltoallv**: the distinct ids to their owners (after an Alltoall of their counts), their rows back
+  (of sizes both sides know by then). **Backward, one** (sizes known too): the distinct ids' gradients to their
+  owners, which add what each rank sent in rank order, each rank's ids in its order, so
   the sums are the same on every run (`kernels.embedding.scatter_add_rows`); the ids arrived in the forward
   exchange and are kept in the route.
 - Every call is a collective: every rank routes its batch and takes part in each exchange, an empty batch too.
@@ -84,7 +85,8 @@ def gather_rows(comm, route: Route, shard) -> np.ndarray:
     asked = np.concatenate(route.asked)
     rows = np.empty((asked.size, dim), shard.dtype)
     take_rows(shard, route.sharding.local(asked), rows)
-    by_owner = np.concatenate(comm.alltoallv(rows.reshape(-1), [part.size * dim for part in route.asked]))
+    by_owner = np.concatenate(comm.alltoallv(rows.reshape(-1), [part.size * dim for part in route.asked],
+                                             route.counts * dim))  # the rows of what this rank asked for
     by_owner = by_owner.reshape(-1, dim)
     out = np.empty_like(by_owner)
     out[route.order] = by_owner
@@ -97,6 +99,6 @@ def add_row_grads(comm, route: Route, grads, shard_grad) -> None:
     Alltoallv. A collective, after `gather_rows` on the same route."""
     dim = shard_grad.shape[1]
     sent = np.ascontiguousarray(grads[route.order]).reshape(-1)
-    received = comm.alltoallv(sent, route.counts * dim)
+    received = comm.alltoallv(sent, route.counts * dim, [part.size * dim for part in route.asked])
     for ids, part in zip(route.asked, received):
         scatter_add_rows(shard_grad, route.sharding.local(ids), part.reshape(-1, dim))
