@@ -101,6 +101,7 @@ bench: setup fashion-mnist
 	$(PY) benchmarks/etl.py --out benchmarks/results
 	$(PY) benchmarks/streaming.py --data data/fashion --fashion $(FASHION) --out benchmarks/results
 	$(PY) benchmarks/embeddings.py --out benchmarks/results
+	$(PY) benchmarks/sharded_tables.py --out benchmarks/results
 	$(PY) benchmarks/tables.py --out benchmarks/results
 	$(PY) benchmarks/dbn.py --data data/fashion --out benchmarks/results
 	$(PY) benchmarks/autoencoder.py --out benchmarks/results

@@ -64,8 +64,8 @@ def write_config(path: str, data: str, optimizer: dict, batch: int = 256) -> str
     return path
 
 
-def run(ranks: int, config: str, shard: str, dim: int, overrides: dict, prefix: list[str] = ()) -> dict:
-    return train(ranks, config, {"model.graph": graph(shard, dim), **overrides}, prefix=prefix)
+def run(ranks: int, config: str, shard: str, dim: int, overrides: dict) -> dict:
+    return train(ranks, config, {"model.graph": graph(shard, dim), **overrides})
 
 
 def memory(work: str, sizes: dict) -> dict:
@@ -77,11 +77,27 @@ def memory(work: str, sizes: dict) -> dict:
     rows = []
     for shard, ranks in [("rows", r) for r in sizes["memory_ranks"]] + [("none", 1)]:
         print(f"memory: {shard} on {ranks} ranks", file=sys.stderr)
-        summary = run(ranks, config, shard, DIM_MEMORY,
-                      {"data.max_rows": sizes["memory_steps"] * 256 * ranks, "train.log_every": 1000})
-        rows.append({"shard": shard, "ranks": ranks, "peak_rss_mb": summary["peak_rss_mb"],
-                     "oversubscribed": ranks > CORES, "test_auc": summary["evaluation"].get("auc")})
+        summary, failure = attempt(ranks, config, shard, {"data.max_rows": sizes["memory_steps"] * 256 * ranks})
+        rows.append({"shard": shard, "ranks": ranks, "oversubscribed": ranks > CORES, "failure": failure,
+                     "peak_rss_mb": summary["peak_rss_mb"] if summary else None})
     return {"rows": rows, "cgroup": in_cgroup(work, config, sizes)}
+
+
+def attempt(ranks: int, config: str, shard: str, overrides: dict, prefix: list[str] = ()) -> tuple[dict | None, str]:
+    """A memory run: (its summary, "") or, where it failed, (None, why: its one line, or the kernel's kill)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        command = [*prefix, os.path.join(BIN, "mpiexec"), "-n", str(ranks), os.path.join(BIN, "mpitrain"), "train",
+                   config, f"--set=run_dir={scratch}", "--set=train.log_every=1000",
+                   f"--set=model.graph={json.dumps(graph(shard, DIM_MEMORY))}",
+                   *[f"--set={key}={value}" for key, value in overrides.items()]]
+        done = subprocess.run(command, env=USER_ENV, capture_output=True, text=True)
+        if not done.returncode:
+            with open(os.path.join(scratch, "summary.json")) as f:
+                return json.load(f), ""
+    if "KILLED BY SIGNAL: 9" in done.stdout + done.stderr:
+        return None, "killed by the kernel (out of memory)"
+    errors = [line.split("] ", 1)[-1] for line in done.stderr.splitlines() if "error" in line.lower()]
+    return None, (errors or done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
 
 
 def in_cgroup(work: str, config: str, sizes: dict) -> dict:
@@ -90,18 +106,14 @@ def in_cgroup(work: str, config: str, sizes: dict) -> dict:
     if folder is None:
         return {"measured": False, "why": "no writable memory cgroup here (cgroup v1 or v2, as root)"}
     enter = ["sh", "-c", f'echo $$ > {folder}/cgroup.procs && exec "$@"', "in-cgroup"]
+    steps = {"data.max_rows": sizes["memory_steps"] * 256 * 4}
     try:
-        sharded = run(4, config, "rows", DIM_MEMORY, {"data.max_rows": sizes["memory_steps"] * 256 * 4}, enter)
-        with tempfile.TemporaryDirectory() as scratch:
-            refused = subprocess.run([*enter, os.path.join(BIN, "mpiexec"), "-n", "4", os.path.join(BIN, "mpitrain"),
-                                      "train", config, f"--set=run_dir={scratch}",
-                                      f"--set=model.graph={json.dumps(graph('none', DIM_MEMORY))}"],
-                                     env=USER_ENV, capture_output=True, text=True)
+        sharded, sharded_failure = attempt(4, config, "rows", steps, enter)
+        _, replicated_failure = attempt(4, config, "none", steps, enter)
     finally:
         os.rmdir(folder)
-    lines = sorted({line.split("] ", 1)[-1] for line in refused.stderr.splitlines() if "bytes per rank" in line})
-    return {"measured": True, "limit_bytes": 4 * CGROUP_RANK_BYTES, "sharded_peak_rss_mb": sharded["peak_rss_mb"],
-            "replicated_exit": refused.returncode, "replicated_refusal": lines}
+    return {"measured": True, "limit_bytes": 4 * CGROUP_RANK_BYTES, "sharded_failure": sharded_failure,
+            "sharded_peak_rss_mb": sharded["peak_rss_mb"] if sharded else None, "replicated_failure": replicated_failure}
 
 
 def make_cgroup(limit: int) -> str | None:
@@ -181,14 +193,17 @@ def markdown(result: dict) -> str:
              f"{s['memory_steps']} steps of 256 rows per rank; the peak RSS of the largest rank.", "",
              markdown_table(["table", "ranks", "peak RSS per rank (MB)", "vs 1 rank"],
                             [[r["shard"] if r["shard"] == "rows" else "replicated", str(r["ranks"])
-                              + (" (oversubscribed)" if r["oversubscribed"] else ""), f"{r['peak_rss_mb']:,.0f}",
-                              f"{r['peak_rss_mb'] / m['rows'][0]['peak_rss_mb']:.2f}x"] for r in m["rows"]], "llrr")]
+                              + (" (oversubscribed)" if r["oversubscribed"] else ""),
+                              f"{r['peak_rss_mb']:,.0f}" if r["peak_rss_mb"] else r["failure"],
+                              f"{r['peak_rss_mb'] / m['rows'][0]['peak_rss_mb']:.2f}x" if r["peak_rss_mb"] else "-"]
+                             for r in m["rows"]], "llrr")]
     cgroup = m["cgroup"]
     if cgroup["measured"]:
+        trained = f"trained, peak RSS {cgroup['sharded_peak_rss_mb']:,.0f} MB per rank" \
+            if cgroup["sharded_peak_rss_mb"] else f"failed: {cgroup['sharded_failure']}"
         lines += ["", f"4 ranks in one memory cgroup of {cgroup['limit_bytes'] / 2**30:.0f} GiB "
-                  f"({CGROUP_RANK_BYTES / 2**30:.0f} GiB per rank): sharded, trained, peak RSS "
-                  f"{cgroup['sharded_peak_rss_mb']:,.0f} MB per rank; replicated, exit {cgroup['replicated_exit']}:", "",
-                  *(f"    {line}" for line in cgroup["replicated_refusal"][:1])]
+                  f"({CGROUP_RANK_BYTES / 2**30:.0f} GiB per rank): sharded, {trained}; replicated, "
+                  + (f"refused: `{cgroup['replicated_failure']}`" if cgroup["replicated_failure"] else "trained") + "."]
     else:
         lines += ["", f"The cgroup runs were not measured: {cgroup['why']}."]
     lines += ["", f"**Speed**: tables of {' and '.join(f'{n:,}' for n in s['speed_ids'])} rows x {DIM}, plain SGD, "

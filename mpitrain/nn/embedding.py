@@ -41,6 +41,8 @@ from mpitrain.nn.layers import Layer, layer_type
 # `shard`: every rank holds the whole table, each rank its share of the rows, or rows when the table would take
 # much of a rank's memory (`mpitrain.nn.model.auto_shard`, decided when the model is built and recorded so)
 SHARDS = ("none", "rows", "auto")
+
+
 def initial_rows(key: int, rows: int, dim: int, ids: slice = slice(None)) -> np.ndarray:
     """Rows `ids` (a slice of range(rows): all of them, or a rank's every R-th) of a fresh table of `rows` x `dim`
     from `key`: Normal(0, 1/sqrt(dim)), so the layer after sees inputs of about unit size whatever the dimension.

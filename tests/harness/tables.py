@@ -36,6 +36,8 @@ SECTIONS = [("throughput", "Throughput per sync mode, beside PyTorch DDP (`bench
             ("streaming", "Streaming data path: speed, codecs, shuffle, bytes read, memory (`benchmarks/streaming.py`)"),
             ("embeddings", "Embedding tables: touched rows beside the dense exchange and PyTorch DDP "
                            "(`benchmarks/embeddings.py`)"),
+            ("sharded_tables", "Embedding tables sharded by rows: memory, speed, the cost model at scale, accuracy "
+                               "(`benchmarks/sharded_tables.py`)"),
             ("tables", "Tables through the whole pipeline: beside scikit-learn and the true probabilities "
                        "(`benchmarks/tables.py`)"),
             ("autoencoder", "A dense autoencoder on digits beside PCA (`benchmarks/autoencoder.py`)"),

@@ -7,7 +7,8 @@ rank and host and leaves no process of the job on any node. On the two nodes a k
 without mpiexec) leaves none either, and the stage Spark reruns resumes from the newest checkpoint to mpiexec's
 parameters; each rank sees its own task's GPU (workers offering a pretend GPU by a discovery script). A user
 error on the ranks is their one line and exit status 2, not a failed stage; what a barrier stage cannot run is
-refused up front. Spark starts are few: each costs 10-20 s here."""
+refused up front. A sharded embedding table (issue 49) trains in the stage as under mpiexec, its rows written by
+each rank. Spark starts are few: each costs 10-20 s here."""
 from __future__ import annotations
 
 import io
@@ -21,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mpitrain.base.errors import MpitrainError
@@ -29,7 +31,7 @@ from mpitrain.spark.processes import descendants, die_with_parent
 from mpitrain.spark.stage import run_mpi_job
 from mpitrain.spark.task import JobFailed, MpiJob
 from mpitrain.testing.cluster import SimulatedCluster, missing_capability
-from mpitrain.testing.datasets import make_dataset, write_config
+from mpitrain.testing.datasets import make_click_dataset, make_dataset, write_config
 from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, REPO, VENV_BIN, command, mpiexec, wait_until_gone
 
 SPARK_SUBMIT, SPARK_CLASS = os.path.join(VENV_BIN, "spark-submit"), os.path.join(VENV_BIN, "spark-class")
@@ -106,6 +108,32 @@ def test_spark_submit_on_a_local_cluster_ends_bit_for_bit_where_mpiexec_does(ref
     # spark-submit passes its Python driver's stderr on to its own stdout
     assert "Spark master local-cluster[2,2,1024]" in done.stdout, done.stdout[-3000:]
     assert "numba 2, BLAS 2 thread(s) per rank; set by you: OMP_NUM_THREADS" in done.stdout, done.stdout[-3000:]
+    assert not left_running(config)
+
+
+def test_a_sharded_table_trains_in_a_barrier_stage_as_under_mpiexec(tmp_path):
+    """Each rank of the stage holds its rows of a `shard: rows` table and writes them beside the checkpoint: the
+    rows and the model are mpiexec's bit for bit."""
+    make_click_dataset(tmp_path / "data", n_train=2000, n_test=200, ids=(50, 3000))
+    graph = [{"name": "emb", "type": "embedding", "input": "categorical", "dim": 4, "shard": "rows"},
+             {"name": "flat", "type": "flatten", "input": "emb"},
+             {"name": "out", "type": "dense", "input": "flat", "units": 1}]
+    config = write_config(tmp_path / "sharded.yaml", tmp_path / "data", model={"layers": [], "graph": graph,
+                                                                              "loss": "binary_cross_entropy"},
+                          train={"epochs": 1, "batch_size": 32}, optimizer={"type": "adam", "lr": 0.01})
+    done = mpiexec(2, MPITRAIN, "train", config, f"--set=run_dir={tmp_path / 'mpiexec-run'}", timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    done = subprocess.run([MPITRAIN, "spark-train", config, "--ranks", "2", "--set", f"run_dir={tmp_path / 'spark-run'}",
+                           "--conf", "spark.ui.enabled=false"], capture_output=True, text=True, timeout=300,
+                          env=spark_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert final_parameters(tmp_path / "spark-run") == final_parameters(tmp_path / "mpiexec-run")
+    rows = sorted((tmp_path / "spark-run" / "checkpoints" / "ckpt-0001-000000.rows").rglob("*.npy"))
+    assert [str(p.relative_to(tmp_path / "spark-run")) for p in rows] == \
+        [f"checkpoints/ckpt-0001-000000.rows/{rank}/emb/{table}/{array}.npy" for rank in (0, 1)
+         for table in ("table0", "table1") for array in ("first_moment", "params", "second_moment")]
+    for path in rows:
+        assert np.array_equal(np.load(path), np.load(tmp_path / "mpiexec-run" / path.relative_to(tmp_path / "spark-run")))
     assert not left_running(config)
 
 
