@@ -94,8 +94,10 @@ def attempt(ranks: int, config: str, shard: str, overrides: dict, prefix: list[s
         if not done.returncode:
             with open(os.path.join(scratch, "summary.json")) as f:
                 return json.load(f), ""
-    if "KILLED BY SIGNAL: 9" in done.stdout + done.stderr:
-        return None, "killed by the kernel (out of memory)"
+    if "signal 9" in done.stdout + done.stderr:  # MPICH: "Killed (signal 9)"
+        trained = "epoch 1/1 done" in done.stderr  # after its evaluation: in the checkpoint write
+        return None, "killed by the kernel (out of memory)" + (" after training, writing its checkpoint" if trained
+                                                                else "")
     errors = [line.split("] ", 1)[-1] for line in done.stderr.splitlines() if "error" in line.lower()]
     return None, (errors or done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
 

@@ -5,7 +5,8 @@ replicated model (an uneven split: ranks run as many forwards); Adam's lazy stat
 the ONNX export (its tables in external data past protobuf's limit) agree, and Spark scoring refuses such a model;
 a rank stalled before its rows' exchange is named by the watchdog while the other waits in the Alltoallv;
 `shard: auto` shards on ranks of little memory, every rank choosing as rank 0, and the run records `rows`; a bag
-column and a plain column sharded in one model train the replicated model bit for bit."""
+column and a plain column sharded in one model train the replicated model bit for bit; a column of 10^7 ids trains
+on 4 ranks, each holding a quarter of its rows."""
 import json
 import os
 import re
@@ -218,3 +219,19 @@ def test_a_sharded_bag_column_beside_a_sharded_plain_column_trains_the_replicate
     sharded, replicated = (json.loads((tmp_path / shard / "summary.json").read_text()) for shard in ("rows", "none"))
     assert sharded["evaluation"] == replicated["evaluation"]
     assert_same_model(tmp_path / "rows", tmp_path / "none", {"users/table0", "bag/table"})
+
+
+def test_a_column_of_ten_million_ids_trains_sharded_on_4_ranks_each_holding_a_quarter(tmp_path):
+    ids = 10**7  # a hashed user column's --hash-buckets 10^7 (ids 0..10^7): a table no test could hold 4 times
+    make_click_dataset(tmp_path / "data", n_train=4000, n_test=400, ids=(ids,))
+    config = write_config(tmp_path / "users.yaml", tmp_path / "data", run_dir=str(tmp_path / "run"),
+                          model={"layers": [], "graph": graph("rows"), "loss": "binary_cross_entropy"},
+                          train={"epochs": 1, "batch_size": 64}, optimizer=SGD)
+    result = mpiexec(4, MPITRAIN, "train", config, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    whole_mb = ids * 8 * 4 / 2**20  # 305 MB of values alone, replicated on every rank
+    assert summary["peak_rss_mb"] < 300 + whole_mb / 4 * 2, summary["peak_rss_mb"]  # a quarter, and its gradients
+    rows = tmp_path / "run" / "checkpoints" / "ckpt-0001-000000.rows"
+    assert [np.load(rows / str(rank) / "emb" / "table0" / "params.npy", mmap_mode="r").shape
+            for rank in range(4)] == [(ids // 4, 8)] * 4
