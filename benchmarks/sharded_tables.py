@@ -10,8 +10,9 @@ scale, and accuracy. Every run is `mpiexec -n N mpitrain train CONFIG --set ...`
   cgroup's limit, `mpitrain.nn.model.rank_memory_bytes`).
 - **Speed**: a 10^6-row table beside a 1,000-row one, dim 16 (benchmarks/embeddings.py's model), plain SGD, on 2
   and 4 ranks (4 oversubscribed): sharded beside replicated with the sparse exchange (`sync.embeddings: auto`).
-  Samples/s and bytes sent per step and rank after the first metrics window, measured by the communicator. Each
-  row the median of `--repeat` runs, in turns.
+  Samples/s and bytes sent per step and rank after the first metrics window, measured by the communicator (which
+  counts an Alltoallv's parts sent to other ranks, and a rank's own Allgatherv message once). Each row the median
+  of `--repeat` runs, in turns.
 - **Cost model** (`mpitrain.parallel.costmodel`): one step of a 10^8 x 32 table at 64, 256 and 1024 ranks on
   1 us / 100 Gb/s links, 512 distinct ids per rank's batch: sharded (three Alltoallv), replicated with the sparse
   exchange (an Allgatherv), replicated dense (an Allreduce of the table), and each one's memory per rank.
@@ -210,7 +211,9 @@ def markdown(result: dict) -> str:
         lines += ["", f"The cgroup runs were not measured: {cgroup['why']}."]
     lines += ["", f"**Speed**: tables of {' and '.join(f'{n:,}' for n in s['speed_ids'])} rows x {DIM}, plain SGD, "
               f"{s['speed_steps']} steps of 256 rows per rank, the first metrics window not counted; each row the "
-              f"median of {s['repeat']} run(s), taken in turns.", "",
+              f"median of {s['repeat']} run(s), taken in turns. bytes/step/rank as the communicator counts them: the "
+              "parts an Alltoallv sends to other ranks (sharded), a rank's own Allgatherv message once (replicated; "
+              "on the wire it goes to each of the other ranks, the cost model's bytes below).", "",
               markdown_table(["ranks", "table", "samples/s", "vs replicated", "bytes/step/rank", "test AUC"],
                              [[str(r["ranks"]) + (" (oversubscribed)" if r["oversubscribed"] else ""),
                                "sharded" if r["shard"] == "rows" else "replicated, sparse exchange",

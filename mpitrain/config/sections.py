@@ -502,6 +502,7 @@ def _check_sharded(config: Config, where, key: str, node: dict) -> None:
             ("train.tbptt_steps", config.train.tbptt_steps, 0, "a table reads no sequence"),
             ("train.clip_norm", config.train.clip_norm, 0.0, "the norm would need every rank's rows"),
             ("backend", config.backend, "numpy", "sharded rows live in host memory in this version"),
+            ("model.init_from", config.model.init_from, "", "its rows would start fresh: not copied yet"),
             (f"{key}.freeze", node.get("freeze", False), False, "a frozen table is read whole, so keep it unsharded")):
         check_value(value == expected, where, name, value, f"{shown(expected)} with {key}.shard: rows ({why})")
 

@@ -126,6 +126,8 @@ GRAPH = ("model: {layers: [], graph: [{name: emb, type: embedding, input: catego
     ("train.accumulate=2", r"train.accumulate is 2, expected 1 with model.graph\[0\].shard: rows"),
     ("train.clip_norm=1", r"train.clip_norm is 1.0, expected 0.0 with .*every rank's rows"),
     ("backend=cupy", r"backend is 'cupy', expected 'numpy' with model.graph\[0\].shard: rows"),
+    ("model.init_from=runs/a", r"model.init_from is 'runs/a', expected '' with model.graph\[0\].shard: rows \(its rows "
+                               r"would start fresh"),
 ])
 def test_the_config_refuses_what_a_sharded_table_does_not_train_with(tmp_path, override, message):
     path = tmp_path / "exp.yaml"
