@@ -230,8 +230,10 @@ def test_a_column_of_ten_million_ids_trains_sharded_on_4_ranks_each_holding_a_qu
     result = mpiexec(4, MPITRAIN, "train", config, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    whole_mb = ids * 8 * 4 / 2**20  # 305 MB of values alone, replicated on every rank
-    assert summary["peak_rss_mb"] < 300 + whole_mb / 4 * 2, summary["peak_rss_mb"]  # a quarter, and its gradients
+    # the table's values alone are 305 MB; replicated, every rank would write them and the gradients' 305 MB, on top
+    # of the 300-400 MB a rank takes without a table (numba compiling, on a cold cache); sharded, a quarter of each
+    whole_mb = ids * 8 * 4 / 2**20
+    assert summary["peak_rss_mb"] < 300 + whole_mb, summary["peak_rss_mb"]
     rows = tmp_path / "run" / "checkpoints" / "ckpt-0001-000000.rows"
     assert [np.load(rows / str(rank) / "emb" / "table0" / "params.npy", mmap_mode="r").shape
             for rank in range(4)] == [(ids // 4, 8)] * 4
