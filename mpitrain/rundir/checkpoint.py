@@ -2,7 +2,7 @@
 
 `checkpoints/ckpt-EEEE-SSSSSS.h5` holds, each dataset with HDF5's Fletcher-32 checksum, the run's one
 model: the flat parameters and running statistics (and each layer's arrays under `layers/`, for
-`h5ls` and other tools), the flat updater state, the synchronizer's numbers (e.g. sharing's tau)
+`h5ls` and other tools: virtual datasets of the flat ones, so the file holds each value once), the flat updater state, the synchronizer's numbers (e.g. sharing's tau)
 and arrays under `sync/` (sharing's pending residual); where to resume (epoch EEEE, step SSSSSS
 within it, and the global batch and window of that epoch's order: `mpitrain.data.order`), the
 resolved config and the sha256 of the dataset's manifest. Where the ranks' arrays differed when it
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -29,7 +30,6 @@ import numpy as np
 
 from mpitrain.base.errors import DataError
 from mpitrain.base.files import write_hdf5
-from mpitrain.nn.flat import flat_views
 from mpitrain.rundir.directory import CHECKPOINT_NAME, RunDir
 from mpitrain.rundir.table_rows import check_rows, remove_rows
 
@@ -100,9 +100,8 @@ def _write(f: h5py.File, ckpt: Checkpoint) -> None:
     for name, array in ckpt.sync_arrays.items():
         _dataset(f, f"sync/{name}", array)
     layers = f.create_group("layers")
-    for flat, layout in ((ckpt.params, ckpt.layout), (ckpt.stats, ckpt.stats_layout)):
-        for (name, _), view in zip(layout, flat_views(flat, layout)):
-            _dataset(layers, name, view)
+    for source, flat, layout in (("params", ckpt.params, ckpt.layout), ("stats", ckpt.stats, ckpt.stats_layout)):
+        _layer_views(layers, source, flat, layout)
     for rank in range(ckpt.ranks if ckpt.rank_arrays else 0):
         for name, stacked in ckpt.rank_arrays.items():
             _dataset(f, f"ranks/{rank}/{name}", stacked[rank])
@@ -113,6 +112,22 @@ def _write(f: h5py.File, ckpt: Checkpoint) -> None:
                    loop_state=json.dumps(ckpt.loop_state), sharded_tables=json.dumps(ckpt.sharded_tables),
                    manifest_sha256=ckpt.manifest_sha256, config=ckpt.config_yaml, global_batch=ckpt.order[0],
                    window_rows=ckpt.order[1])
+
+
+def _layer_views(group, source: str, flat: np.ndarray, layout: list) -> None:
+    """Each array of `layout` under `group` by its name, as an HDF5 virtual dataset mapping its values in the flat
+    dataset `source` (which holds `flat`): `h5ls` and h5py show a layer's W, and the file (built in memory) holds
+    it once. An empty array is an empty dataset."""
+    offset = 0
+    for name, shape in layout:
+        size = math.prod(shape)
+        if size:
+            view = h5py.VirtualLayout(shape=tuple(shape), dtype=flat.dtype)
+            view[...] = h5py.VirtualSource(".", source, shape=flat.shape)[offset:offset + size]
+            group.create_virtual_dataset(name, view)
+        else:
+            group.create_dataset(name, shape=tuple(shape), dtype=flat.dtype)
+        offset += size
 
 
 def _dataset(group, name: str, array: np.ndarray) -> None:
