@@ -9,9 +9,9 @@ A row's maximum, sum of exponentials, loss, prediction (the first largest logit,
 `argmax`) and gradient softmax - onehot, divided by the batch, come from one read of its
 logits, in float64 whatever the logits' dtype. Nothing is allocated: the outputs are the
 caller's (the model's workspace, the evaluation's sums). numpy arrays run the numba kernels
-(one thread: a batch's rows are few and short); device arrays (cupy) the plain and weighted
-forms in one launch of kernels/loss_cuda.py; the others, and any other array module, the
-references, which the tests compare the kernels with.
+(one thread: a batch's rows are few and short); device arrays (cupy) each form in one launch of
+kernels/loss_cuda.py; any other array module the references, which the tests compare the
+kernels with.
 """
 from __future__ import annotations
 
@@ -78,41 +78,63 @@ def _weighted_softmax_cross_entropy_cpu(logits, labels, weights, grad, totals):
     totals[1] = correct
 
 
-@njit(cache=True)
-def _smoothed_softmax_cross_entropy_cpu(logits, labels, weights, eps, grad, totals):
-    n, c = logits.shape
-    spread = eps / c
-    total_weight, weight_sum = 0.0, 0.0  # the rows' label weights; every class's weight
+@register_jitable
+def _class_weight_sum(weights, weighted, c):
+    """The sum of the classes' weights (c when unweighted), in class order."""
+    total = 0.0
     for j in range(c):
-        weight_sum += 1.0 if weights is None else weights[j]
+        total += weights[j] if weighted else 1.0
+    return total
+
+
+@register_jitable
+def _smoothed_row(logits, r, label, weights, weighted, eps, weight_sum, total_weight, grad):
+    """(row r's label-smoothed loss, weighted, before the division by `total_weight`; 1 if its prediction is
+    `label`), its gradient into grad[r]. The CPU and GPU kernels' one row function: the same bits on both."""
+    c = logits.shape[1]
+    spread = eps / c
+    largest, at, total = _row(logits, r)
+    log_total = math.log(total)
+    weight = weights[label] if weighted else 1.0
+    smooth = 0.0  # sum over classes of w_k (-log p_k)
+    for j in range(c):
+        w = weights[j] if weighted else 1.0
+        smooth += w * (log_total - (logits[r, j] - largest))
+        p = math.exp(logits[r, j] - largest) / total
+        grad[r, j] = ((1.0 - eps) * weight * (p - (j == label)) + spread * (weight_sum * p - w)) / total_weight
+    return (1.0 - eps) * weight * (log_total - (logits[r, label] - largest)) + spread * smooth, at == label
+
+
+@register_jitable
+def _score_row(logits, r, label):
+    """(row r's cross-entropy, its prediction): evaluation's, without a gradient."""
+    largest, at, total = _row(logits, r)
+    return math.log(total) - (logits[r, label] - largest), at
+
+
+@njit(cache=True)
+def _smoothed_softmax_cross_entropy_cpu(logits, labels, weights, weighted, eps, grad, totals):
+    n, c = logits.shape
+    weight_sum = _class_weight_sum(weights, weighted, c)
+    total_weight = 0.0  # the rows' label weights
     for r in range(n):
-        total_weight += 1.0 if weights is None else weights[labels[r]]
+        total_weight += weights[labels[r]] if weighted else 1.0
     loss, correct = 0.0, 0
     for r in range(n):
-        label = labels[r]
-        largest, at, total = _row(logits, r)
-        log_total = math.log(total)
-        weight = 1.0 if weights is None else weights[label]
-        smooth = 0.0  # sum over classes of w_k (-log p_k)
-        for j in range(c):
-            w = 1.0 if weights is None else weights[j]
-            smooth += w * (log_total - (logits[r, j] - largest))
-            p = math.exp(logits[r, j] - largest) / total
-            grad[r, j] = ((1.0 - eps) * weight * (p - (j == label)) + spread * (weight_sum * p - w)) / total_weight
-        loss += (1.0 - eps) * weight * (log_total - (logits[r, label] - largest)) + spread * smooth
-        correct += at == label
+        row_loss, right = _smoothed_row(logits, r, labels[r], weights, weighted, eps, weight_sum, total_weight, grad)
+        loss += row_loss
+        correct += right
     totals[0] = loss / total_weight
     totals[1] = correct
 
 
 @njit(cache=True)
 def _score_cpu(logits, labels, confusion, loss_sum):
-    n, c = logits.shape
-    for r in range(n):
-        largest, at, total = _row(logits, r)
-        label = labels[r]
-        loss_sum[0] += math.log(total) - (logits[r, label] - largest)
-        confusion[label * c + at] += 1
+    c = logits.shape[1]
+    for r in range(logits.shape[0]):
+        row_loss, at = _score_row(logits, r, labels[r])
+        loss_sum[0] += row_loss
+        confusion[labels[r] * c + at] += 1
 
 
 @numpy_or_reference("softmax_cross_entropy_reference", gpu=".loss_cuda")
@@ -129,16 +151,17 @@ def weighted_softmax_cross_entropy(logits, labels, weights, grad, totals) -> Non
     _weighted_softmax_cross_entropy_cpu(logits, labels, weights, grad, totals)
 
 
-@numpy_or_reference("smoothed_softmax_cross_entropy_reference")
+@numpy_or_reference("smoothed_softmax_cross_entropy_reference", gpu=".loss_cuda")
 def smoothed_softmax_cross_entropy(logits, labels, weights, eps: float, grad, totals) -> None:
     """Cross-entropy against labels smoothed by `eps` (each row's target (1 - eps) onehot + eps / classes), each row
     weighted as `weighted_softmax_cross_entropy` (`weights` None: all 1): PyTorch's CrossEntropyLoss(weight,
     label_smoothing), whose smoothing term weighs each class's log-probability by its own weight, the mean divided
     by the rows' label weights."""
-    _smoothed_softmax_cross_entropy_cpu(logits, labels, weights, eps, grad, totals)
+    weighted = weights is not None  # unweighted: `totals` stands in for the weights, never read
+    _smoothed_softmax_cross_entropy_cpu(logits, labels, weights if weighted else totals, weighted, eps, grad, totals)
 
 
-@numpy_or_reference("score_reference")
+@numpy_or_reference("score_reference", gpu=".loss_cuda")
 def score(logits, labels, confusion, loss_sum) -> None:
     """Add each row's cross-entropy to loss_sum[0] (float64) and count (label, prediction) in the flat
     `confusion` (classes x classes, int64 or float64)."""

@@ -283,6 +283,38 @@ def check_cross_entropy() -> None:
     print("ok cross-entropy", flush=True)
 
 
+def check_smoothed_cross_entropy_and_score() -> None:
+    """Label-smoothed cross-entropy (kernels/loss_cuda.py), weighted and not, against the CPU kernel (the same
+    gradient to the device's exp, the loss to rounding, the correct count exactly); evaluation's score: the
+    confusion counts exactly and the loss sum to rounding, added to what the sums held."""
+    rng = np.random.default_rng(21)
+    with simulated_blocks(8, (loss_cuda, "THREADS")):
+        for dtype in (np.float32, np.float64):
+            rtol = 1e-6 if dtype is np.float32 else 1e-12
+            for rows in (1, 2 * loss_cuda.THREADS + 3):
+                logits = rng.normal(0, 3, (rows, 5)).astype(dtype)
+                labels = rng.integers(0, 5, rows).astype(np.int32)
+                for weights in (None, rng.uniform(0.5, 2.0, 5)):
+                    grad, totals = np.empty_like(logits), np.zeros(2)
+                    got_grad, got_totals = device(np.zeros_like(logits)), device(np.zeros(2))
+                    loss.smoothed_softmax_cross_entropy(logits, labels, weights, 0.1, grad, totals)
+                    loss_cuda.smoothed_softmax_cross_entropy(device(logits), device(labels),
+                                                             None if weights is None else device(weights), 0.1,
+                                                             got_grad, got_totals)
+                    name = f"smoothed cross-entropy {dtype.__name__} rows={rows} weighted={weights is not None}"
+                    np.testing.assert_allclose(host(got_grad), grad, rtol=rtol, atol=1e-7, err_msg=name)
+                    np.testing.assert_allclose(host(got_totals)[0], totals[0], rtol=rtol, err_msg=name)
+                    assert host(got_totals)[1] == totals[1], name
+                confusion, loss_sum = np.full(25, 2.0), np.array([1.5])  # sums already holding a batch's
+                got_confusion, got_loss = device(confusion.copy()), device(loss_sum.copy())
+                loss.score(logits, labels, confusion, loss_sum)
+                loss_cuda.score(device(logits), device(labels), got_confusion, got_loss)
+                name = f"score {dtype.__name__} rows={rows}"
+                assert np.array_equal(host(got_confusion), confusion) and confusion.sum() == 50 + rows, name
+                np.testing.assert_allclose(host(got_loss), loss_sum, rtol=rtol, err_msg=name)
+    print("ok smoothed cross-entropy and score", flush=True)
+
+
 def check_layernorm() -> None:
     """Layer normalization's forward and backward (kernels/layernorm_cuda.py) against the CPU kernels: with and
     without a fused activation, with and without the input's gradient, float32 and float64, more rows and features
@@ -429,6 +461,7 @@ def main() -> None:
     check_updater_steps()
     check_activations()
     check_cross_entropy()
+    check_smoothed_cross_entropy_and_score()
     check_layernorm()
     check_embedding()
     check_windows()
