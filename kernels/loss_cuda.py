@@ -22,18 +22,25 @@ from .loss import _class_weight_sum, _cross_entropy_row, _score_row, _smoothed_r
 THREADS = 256  # the block; a power of two (the tree sum halves it)
 
 
-@cuda.jit
-def _cross_entropy(logits, labels, weights, weighted, grad, totals):
-    t, n = cuda.threadIdx.x, logits.shape[0]
-    part = cuda.shared.array(THREADS, float64)
+@cuda.jit(device=True)
+def _label_weights(part, t, labels, weights, weighted):
+    """The batch's rows' label weights summed (its rows when unweighted), the block's tree sum, on every thread."""
     total = 0.0
-    for r in range(t, n, THREADS):
+    for r in range(t, labels.shape[0], THREADS):
         total += weights[labels[r]] if weighted else 1.0
     part[t] = total
     cuda.syncthreads()
     block_sum(part, t)
-    total_weight = part[0]
+    total = part[0]
     cuda.syncthreads()
+    return total
+
+
+@cuda.jit
+def _cross_entropy(logits, labels, weights, weighted, grad, totals):
+    t, n = cuda.threadIdx.x, logits.shape[0]
+    part = cuda.shared.array(THREADS, float64)
+    total_weight = _label_weights(part, t, labels, weights, weighted)
     loss, right = 0.0, 0.0
     for r in range(t, n, THREADS):
         weight = weights[labels[r]] if weighted else 1.0
@@ -48,14 +55,7 @@ def _smoothed(logits, labels, weights, weighted, eps, grad, totals):
     t, (n, c) = cuda.threadIdx.x, logits.shape
     part = cuda.shared.array(THREADS, float64)
     weight_sum = _class_weight_sum(weights, weighted, c)  # every thread the same, in class order as the CPU
-    total = 0.0
-    for r in range(t, n, THREADS):
-        total += weights[labels[r]] if weighted else 1.0
-    part[t] = total
-    cuda.syncthreads()
-    block_sum(part, t)
-    total_weight = part[0]
-    cuda.syncthreads()
+    total_weight = _label_weights(part, t, labels, weights, weighted)
     loss, right = 0.0, 0.0
     for r in range(t, n, THREADS):
         row_loss, hit = _smoothed_row(logits, r, labels[r], weights, weighted, eps, weight_sum, total_weight, grad)
