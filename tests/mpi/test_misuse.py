@@ -333,7 +333,7 @@ def test_resuming_on_another_rank_count_keeps_the_earlier_records(trained, tmp_p
 def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_good_checkpoints(trained, tmp_path,
                                                                                     small_disks):
     disk = small_disks.mount(tmp_path / "disk")
-    wide = {"layers": [{"type": "dense", "units": 1500, "activation": "relu"}, {"type": "dense", "units": 3}]}
+    wide = {"layers": [{"type": "dense", "units": 2250, "activation": "relu"}, {"type": "dense", "units": 3}]}
     config = write_config(tmp_path / "exp.yaml", trained / "data", model=wide, run_dir=str(disk / "run"),
                           train={**SMALL["train"], "epochs": 3}, checkpoint={"keep": 3})  # 0.34 MB a checkpoint
     result, elapsed = run_case(["train", config])
