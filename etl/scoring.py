@@ -104,14 +104,15 @@ def load_model(path: str) -> ScoringModel:
     elif os.path.isfile(path):
         try:
             proto = onnx.load(path, load_external_data=False)
-            if initializer_bytes(proto) <= EXTERNAL_DATA_BYTES:
+            if initializer_bytes(proto) <= EXTERNAL_DATA_BYTES:  # a larger one is refused below, unchecked
                 onnx.checker.check_model(proto)
         except Exception as e:  # protobuf's DecodeError, onnx's ValidationError: the file is not a model
             raise DataError(f"--model {path}: not a valid ONNX model ({type(e).__name__}: {str(e)[:200]})") from None
     else:
         raise DataError(f"--model {path}: no such file or run directory")
-    if initializer_bytes(proto) > EXTERNAL_DATA_BYTES:
-        raise ConfigError(f"--model {path}: its weights hold {initializer_bytes(proto):,} bytes (its embedding tables), "
+    weights = initializer_bytes(proto)
+    if weights > EXTERNAL_DATA_BYTES:
+        raise ConfigError(f"--model {path}: its weights hold {weights:,} bytes (its embedding tables), "
                           f"more than one ONNX model carries in memory ({EXTERNAL_DATA_BYTES:,}) and than Spark "
                           "broadcasts to every executor; score it under MPI, each rank holding its share of the "
                           "rows: mpiexec -n N mpitrain predict RUN_DIR (docs/tables.md)")

@@ -1,21 +1,20 @@
 """The checkpoint file format: HDF5, written atomically, resumable on any number of ranks.
 
-`checkpoints/ckpt-EEEE-SSSSSS.h5` holds, each dataset with HDF5's Fletcher-32 checksum, the run's one
-model: the flat parameters and running statistics (and each layer's arrays under `layers/`, for
-`h5ls` and other tools: virtual datasets of the flat ones, so the file holds each value once), the flat updater state, the synchronizer's numbers (e.g. sharing's tau)
-and arrays under `sync/` (sharing's pending residual); where to resume (epoch EEEE, step SSSSSS
-within it, and the global batch and window of that epoch's order: `mpitrain.data.order`), the
-resolved config and the sha256 of the dataset's manifest. Where the ranks' arrays differed when it
-was written (`averaging` between averagings, `sharing`'s residuals and updater states, running
-statistics mid-epoch, `none`), those datasets hold their merged value (the ranks' mean; `none`:
-rank 0's), which is what `mpitrain eval`, `predict` and `export` read and what a resume on another
-number of ranks starts every rank from; beside them `ranks/R/NAME` holds each rank R's own (NAME:
-`params`, `stats`, `updater_state` or `sync/NAME`), and the attribute `ranks` the number of ranks
-that wrote it, so a resume on as many ranks continues bit for bit. Rank 0 alone writes it. All
-other randomness derives from (seed, epoch, step, rank), so no RNG state is stored. A model's sharded embedding
-tables (`shard: rows`) are in none of these arrays: each rank keeps its rows in a file of its own beside the
-checkpoint (`mpitrain.rundir.table_rows`), and the attribute `sharded_tables` describes them.
-`mpitrain.rundir.checkpointer` decides when to write them and which one a run resumes from.
+`checkpoints/ckpt-EEEE-SSSSSS.h5` holds, each dataset with HDF5's Fletcher-32 checksum, the run's one model: the
+flat parameters and running statistics (and each layer's arrays under `layers/`, for `h5ls` and other tools: virtual
+datasets of the flat ones, so the file holds each value once), the flat updater state, the synchronizer's numbers
+(e.g. sharing's tau) and arrays under `sync/` (sharing's pending residual); where to resume (epoch EEEE, step SSSSSS
+within it, and the global batch and window of that epoch's order: `mpitrain.data.order`), the resolved config and
+the sha256 of the dataset's manifest. Where the ranks' arrays differed when it was written (`averaging` between
+averagings, `sharing`'s residuals and updater states, running statistics mid-epoch, `none`), those datasets hold
+their merged value (the ranks' mean; `none`: rank 0's), which is what `mpitrain eval`, `predict` and `export` read
+and what a resume on another number of ranks starts every rank from; beside them `ranks/R/NAME` holds each rank R's
+own (NAME: `params`, `stats`, `updater_state` or `sync/NAME`), and the attribute `ranks` the number of ranks that
+wrote it, so a resume on as many ranks continues bit for bit. Rank 0 alone writes it. All other randomness derives
+from (seed, epoch, step, rank), so no RNG state is stored. A model's sharded embedding tables (`shard: rows`) are in
+none of these arrays: each rank keeps its rows in files of its own beside the checkpoint
+(`mpitrain.rundir.table_rows`), and the attribute `sharded_tables` describes them. `mpitrain.rundir.checkpointer`
+decides when to write them and which one a run resumes from.
 """
 from __future__ import annotations
 

@@ -419,12 +419,13 @@ def load_table_rows(model, path: str, described: list[dict], written_by: int) ->
     """Load this rank's rows of `model.sharded_tables` (and their updater state, where it has an updater) from the
     checkpoint at `path`, whose tables are `described` and were written by `written_by` ranks; tables that differ
     from the model's are a DataError. Not a collective."""
+    def shapes(tables: list[dict]) -> list:
+        return sorted([t["name"], t["rows"], t["dim"]] for t in tables)
+
     saved = {table["name"]: table for table in described}
-    here = describe(model.sharded_tables)
-    if sorted((t["name"], t["rows"], t["dim"]) for t in here) != sorted((t["name"], t["rows"], t["dim"]) for t in
-                                                                         described):
-        raise DataError(f"{path}: holds sharded tables {[[t['name'], t['rows'], t['dim']] for t in described]}, this "
-                        f"config's model has {[[t['name'], t['rows'], t['dim']] for t in here]} (name, rows, dim)")
+    if shapes(describe(model.sharded_tables)) != shapes(described):
+        raise DataError(f"{path}: holds sharded tables {shapes(described)}, this config's model has "
+                        f"{shapes(describe(model.sharded_tables))} (name, rows, dim)")
     for table in model.sharded_tables:
         for name, array in table.arrays().items():
             if name not in saved[table.name]["arrays"]:

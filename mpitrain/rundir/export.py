@@ -10,9 +10,10 @@ as `mpitrain.data.reader.Batches` does (Cast, Mul, Add), so onnxruntime gives `m
 outputs. It ends by the target kind (`OUTPUT_HEADS`): class targets in a Softmax (output `probabilities`), binary
 and multilabel targets in a Sigmoid (`probabilities`), regression targets in the values themselves (`values`).
 A model whose initializers pass `EXTERNAL_DATA_BYTES` (a sharded table of 10^8 rows: protobuf holds at most
-2 GiB in one message) is written with ONNX's external data: the large initializers go to `PATH.data` beside it, which
-onnxruntime reads from the model's folder (`write_model`). `metadata_props` record where the model came from (run dir, checkpoint, the manifest's sha256) and the manifest's
-feature and target description, which `mpitrain score` reads.
+2 GiB in one message) is written with ONNX's external data: the large initializers go to `PATH.data` beside it,
+which onnxruntime reads from the model's folder (`write_model`). `metadata_props` record where the model came from
+(run dir, checkpoint, the manifest's sha256) and the manifest's feature and target description, which
+`mpitrain score` reads.
 
 The graph is built by emitters that each append a part to an `OnnxGraph` and return the name of that part's
 output: `emit_input_scaling` here, the layers' own (`mpitrain.nn.onnx`, one module per family of layers, beside
@@ -226,8 +227,7 @@ def write_model(proto, path: str, overwrite: bool = False) -> None:
     large = initializer_bytes(proto) > EXTERNAL_DATA_BYTES
     if large:  # the initializers first, to PATH.data, then the model that names it
         chunks = _to_external_data(proto, os.path.basename(path) + ".data")
-        write_file(path + ".data", lambda f: [f.write(chunk) for chunk in chunks], binary=True,
-                   size=sum(map(len, chunks)))
+        write_file(path + ".data", lambda f: f.writelines(chunks), binary=True, size=sum(map(len, chunks)))
     data = proto.SerializeToString()
     write_file(path, lambda f: f.write(data), binary=True, size=len(data))
     if large:

@@ -168,8 +168,9 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
             if any(node.get("shard") == "auto" for node in config.model.graph):  # one choice on every rank
                 memory = -int(comm.max(-memory))
             model = build_network(config.model, manifest, comm.backend.xp, Budget(micro_batch, memory, comm.size))
-            if model.config_entries()["model.graph"] != config.model.graph:  # `shard: auto` decided: recorded
-                config = resolve(config, {"model.graph": model.config_entries()["model.graph"]}, "the config")
+            graph = model.config_entries()["model.graph"]
+            if graph != config.model.graph:  # `shard: auto` decided: recorded
+                config = resolve(config, {"model.graph": graph}, "the config")
         else:
             _check_fits(model, config.model, manifest, comm.backend)
     attach_sharded_tables(model, comm)
