@@ -3,7 +3,7 @@ pages, which become a ragged sequence of ids through one vocabulary (or hashing)
 
     bags = bag_column(batch.column("recent"), "recent", max_length=500, where=path, record=name)   # a Parquet list
     bags = bag_column(texts, "recent", 500, path, name, delimiter="|")   # a CSV cell: "m17|m3|m17"
-    fitted = fit_bags(train_rows, ["recent"], options, spec)   # etl/tables.py: {name: its ids' entry}, on the driver
+    fitted = fit_bags(train_rows, ["recent"], options, spec, tmp)   # etl/tables.py: {name: its ids' entry}, on the driver
     ids = bag_ids(bags, CategoryIds(fitted["recent"], "--bag"))          # Ragged int32 ids (steps, 1)
 
 A record's bag is read as its values' text (`mpitrain.data.encoding.category_text`: strings as they are, an

@@ -126,7 +126,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a value seen fewer times in the train split is out of vocabulary (default 1)")
     tables.add_argument("--max-vocabulary", type=int, default=MAX_VOCABULARY,
                         help="fail, naming the column, when a vocabulary would be larger: hash such a column "
-                             f"(default {MAX_VOCABULARY})")
+                             f"(default {MAX_VOCABULARY}), or keep it in files (--vocabulary-files)")
+    tables.add_argument("--vocabulary-files", action="store_true",
+                        help="write a vocabulary larger than --max-vocabulary as Parquet files beside the manifest "
+                             "(vocabularies/COL/part-*.parquet), by the Spark tasks that count it, instead of failing")
     tables.add_argument("--numeric-missing", default="bad", choices=NUMERIC_MISSING,
                         help="a missing numeric value: a bad record (the default), or imputed by the train mean "
                              "with a COL_missing indicator column")
@@ -179,7 +182,7 @@ def plan_from_args(args: argparse.Namespace):
                             target=args.target, categorical=args.categorical, numeric_missing=args.numeric_missing,
                             sequences=tuple(args.sequences), max_length=args.max_length, bags=tuple(args.bags),
                             bag_delimiter=args.bag_delimiter)
-    tables = TableOptions(args.hash_buckets, args.min_count, args.max_vocabulary)
+    tables = TableOptions(args.hash_buckets, args.min_count, args.max_vocabulary, args.vocabulary_files)
     transforms = TransformOptions(scale=args.scale, standardize=args.standardize, binarize=args.binarize,
                                   threshold=args.threshold, one_hot=args.one_hot)
     return plan_etl(args.source, args.out, args.shards, args.seed, args.overwrite, test_fraction=args.test_fraction,

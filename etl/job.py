@@ -368,20 +368,20 @@ def _train_stats(parts, placement: Placement, source: Source) -> tuple[FeatureSt
     return _train_rows(parts, placement, source.target.kind).map(of).reduce(merge)
 
 
-def _transforms(parts, placement: Placement, plan: EtlPlan) -> Transforms:
+def _transforms(parts, placement: Placement, plan: EtlPlan, tmp: str) -> Transforms:
     """The transforms fitted on the train split's rows: a table's columns, or the feature transforms asked for and
-    the bag columns' vocabularies."""
+    the bag columns' vocabularies (file vocabularies written into `tmp`)."""
     source, options = plan.source, plan.options
     if source.table:
         columns = fit_columns(_train_rows(parts, placement, source.target.kind), source.features, source.categorical,
                               options.tables, options.transforms.standardize,
-                              options.source_options.numeric_missing == "impute", source.spec)
-        return TableTransforms(options.transforms, plan.seed, "float32", 1.0, 0.0, fitted=columns)
+                              options.source_options.numeric_missing == "impute", source.spec, tmp)
+        return TableTransforms(options.transforms, plan.seed, "float32", 1.0, 0.0, root=tmp, fitted=columns)
     stats, step_stats = _train_stats(parts, placement, source) if options.transforms.needs_stats else (None, None)
-    bags = fit_bags(_train_rows(parts, placement, source.target.kind), source.bags, options.tables, source.spec) \
-        if getattr(source, "bags", None) else {}
+    bags = fit_bags(_train_rows(parts, placement, source.target.kind), source.bags, options.tables, source.spec,
+                    tmp) if getattr(source, "bags", None) else {}
     return Transforms(options.transforms, plan.seed, source.feature_dtype, source.scale, source.offset, stats,
-                      step_stats, bags)
+                      step_stats, bags, tmp)
 
 
 def _write_splits(spark, plan: EtlPlan, tmp: str) -> Manifest:
@@ -416,7 +416,7 @@ def _write_splits(spark, plan: EtlPlan, tmp: str) -> Manifest:
             raise DataError(f"{source.spec}: the {split} split has no good records")
     plan.check_shards(plan.output_rows(rows))
     placements = {split: plan_placement(*plan.carving(split), counts[split]) for split in parts}
-    transforms = _transforms(parts["train"], placements["train"], plan)
+    transforms = _transforms(parts["train"], placements["train"], plan, tmp)
     written, compression = {}, options.compression
     for split, rdd in parts.items():
         placement, shards = placements[split], plan.shards

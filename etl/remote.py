@@ -4,7 +4,7 @@ Object stores have no folders to rename, so the ETL writes in three steps:
 
 1. Each Spark task writes its shard into a local temporary folder, as for a local `--out`,
    uploads it to a staging prefix `PREFIX.etl-tmp-XXXXXXXX/` beside the dataset and
-   deletes the local file (`write_shard_to`). The task that wrote a shard uploads it, so the
+   deletes the local file (`write_shard_to`); file vocabularies go there too (`etl/vocabulary_files.py`). The task that wrote a shard uploads it, so the
    executors need no file system shared with the driver, but they need the store's
    endpoint and credentials (the standard `AWS_*` variables; Spark's executors inherit the
    driver's environment in local and local-cluster mode, elsewhere set
@@ -36,6 +36,7 @@ import uuid
 from mpitrain.base.errors import DataError
 from mpitrain.data.shards import MANIFEST_NAME, Manifest, ShardInfo, manifest_bytes, write_shard
 from mpitrain.data.storage import is_url, open_storage
+from mpitrain.data.vocabulary_files import file_paths
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +106,9 @@ class RemoteDataset:
             if fs.exists(manifest_url):
                 fs.rm_file(manifest_url)  # first: from now on no reader starts on the old dataset
                 fs.rm(self.url, recursive=True)
-            for shards in manifest.splits.values():
-                for shard in shards:
-                    fs.copy(posixpath.join(self.staging, shard.path), posixpath.join(self.url, shard.path))
+            files = [shard.path for shards in manifest.splits.values() for shard in shards]
+            for path in files + file_paths(manifest.columns.get("categorical", []) + manifest.sequences):
+                fs.copy(posixpath.join(self.staging, path), posixpath.join(self.url, path))
             fs.pipe_file(manifest_url, manifest_bytes(manifest))
         except Exception as e:
             raise _store_error(self.url, "committing the dataset", e) from None

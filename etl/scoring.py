@@ -115,7 +115,7 @@ def load_model(path: str) -> ScoringModel:
         raise ConfigError(f"--model {path}: its weights hold {weights:,} bytes (its embedding tables), "
                           f"more than one ONNX model carries in memory ({EXTERNAL_DATA_BYTES:,}) and than Spark "
                           "broadcasts to every executor; score it under MPI, each rank holding its share of the "
-                          "rows: mpiexec -n N mpitrain predict RUN_DIR (docs/tables.md)")
+                          "rows: mpiexec -n N mpitrain predict RUN_DIR --records PATH (docs/tables.md)")
     props = metadata(proto)
     if "manifest" not in props:  # what `mpitrain export` records of the dataset; without it rows mean nothing here
         raise DataError(f"--model {path}: not an mpitrain export (its metadata has no dataset manifest); expected an "
@@ -209,7 +209,8 @@ def _table_source(spec: str, options: SourceOptions, scoring: ScoringModel) -> S
     description, target = scoring.description, scoring.target
     labels = _labels_of_columns(spec, options, scoring, "a table model")
     return open_source(spec, options=replace(options, columns=description["columns"], target=target,
-                                             label=",".join(labels) or options.label))
+                                             label=",".join(labels) or options.label,
+                                             dataset=scoring.metadata.get("dataset")))
 
 
 def _sequence_source(spec: str, options: SourceOptions, scoring: ScoringModel) -> Source:
@@ -262,7 +263,8 @@ def score(spark, plan: ScorePlan) -> dict:
     shared = spark.sparkContext.broadcast(model.data)
     task = _Scorer(source, plan.split, shared, model.sha256, model.input_name, model.feature_dtype, keys, outputs,
                    plan.labeled, model.outputs, model.target, model.sequences,
-                   model.description.get("sequences", []), model.description.get("transforms", []))
+                   model.description.get("sequences", []), model.description.get("transforms", []),
+                   model.metadata.get("dataset"))
     scored = frame.mapInArrow(task, _schema(frame.schema, keys, plan.labeled, model.target)).persist()
     try:
         with atomic_folder(plan.out, plan.overwrite, METRICS_NAME, "predictions", "score", create=False) as tmp:
@@ -357,7 +359,7 @@ class _Scorer:
     of the source's records -> predictions of the good ones, and one tally row per batch."""
 
     def __init__(self, source, split, model, sha256, input_name, feature_dtype, keys, columns, labeled, outputs,
-                 target, sequences: dict, entries: list[dict], transforms: list[dict]):
+                 target, sequences: dict, entries: list[dict], transforms: list[dict], dataset: str | None):
         self.source, self.split, self.model, self.sha256 = source, split, model, sha256
         self.input_name, self.feature_dtype, self.keys = input_name, feature_dtype, keys
         self.labeled, self.outputs, self.target = labeled, outputs, target
@@ -366,6 +368,7 @@ class _Scorer:
         # the model's first input is its fixed features' `x` unless it is a column's values (no `x` beside them)
         self.fixed = input_name not in {values for values, _ in sequences.values()}
         self.stored = None  # their StoredSequences, made in the executor (a vocabulary's Arrow array, once)
+        self.dataset = dataset  # the model's dataset: where a bag column's file vocabulary lies
         self.standardize = next(((np.asarray(t["mean"]), np.asarray(t["std"])) for t in transforms
                                  if t["name"] == "standardize"), None)  # a sequence model's fixed features'
 
@@ -380,7 +383,7 @@ class _Scorer:
         if not self.sequences:
             return {self.input_name: x.astype(self.feature_dtype, copy=False)}
         from mpitrain.etl.sequence_columns import StoredSequences
-        self.stored = self.stored or StoredSequences(self.entries)
+        self.stored = self.stored or StoredSequences(self.entries, self.dataset)
         fixed = x.x if self.standardize is None else \
             ((x.x.astype(np.float64) - self.standardize[0]) / self.standardize[1]).astype(np.float32)
         feeds = {self.input_name: fixed.astype(np.float32, copy=False)} if self.fixed else {}

@@ -88,10 +88,11 @@ class StoredSequences:
     """The values a dataset stores of a record's sequence and bag columns, by the columns' manifest entries
     (`sequences`): a bag column's texts become its ids (`etl/bag_columns.py`), a standardized column's values
     (v - mean) / std per channel in float32, the others stay as read. The ETL's shard tasks apply it to the rows
-    they write, and scoring to the records it scores, so a model sees the same values from both."""
+    they write, and scoring to the records it scores, so a model sees the same values from both. `root` is the
+    dataset's folder or URL, where a bag column's file vocabulary lies (`mpitrain.data.vocabulary_files`)."""
 
-    def __init__(self, entries: list[dict]):
-        self.ids = {entry["name"]: CategoryIds(entry, "--bag") for entry in entries if entry.get("bag")}
+    def __init__(self, entries: list[dict], root: str | None = None):
+        self.ids = {entry["name"]: CategoryIds(entry, "--bag", root) for entry in entries if entry.get("bag")}
         self.scaling = {entry["name"]: (np.asarray(entry["mean"], np.float64), np.asarray(entry["std"], np.float64))
                         for entry in entries if "mean" in entry}
 

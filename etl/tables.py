@@ -19,6 +19,7 @@ from mpitrain.base.errors import ConfigError, DataError
 from mpitrain.data.encoding import HASH, TableEncoder, TableRows, text_hashes
 from mpitrain.data.shards import MAX_IDS
 from mpitrain.etl.transforms import Transforms
+from mpitrain.etl.vocabulary_files import vocabulary_folder, write_part
 
 NUMERIC_MISSING = ("bad", "impute")  # --numeric-missing: a missing number makes a bad record, or is imputed
 MAX_VOCABULARY = 100_000  # --max-vocabulary's default: a larger vocabulary should be hashed
@@ -31,7 +32,8 @@ class TableOptions:
     hash_buckets: tuple[tuple[str, int], ...] = ()  # (COL, N): COL hashes into N buckets; ("", N): every other one
     # (the --categorical and --bag columns)
     min_count: int = 1  # a value seen fewer times in the train split is out of vocabulary (id 1)
-    max_vocabulary: int = MAX_VOCABULARY  # a larger vocabulary fails the job, naming the column
+    max_vocabulary: int = MAX_VOCABULARY  # a larger vocabulary fails the job, naming the column, unless:
+    vocabulary_files: bool = False  # a larger vocabulary is written as Parquet parts beside the manifest
 
     def __post_init__(self):
         for column, buckets in self.hash_buckets:
@@ -109,9 +111,12 @@ def _value_counts(rows: TableRows, columns: list[int], groups: int):
             yield (j, int(g)), (values.take(take), counts[take])
 
 
-def vocabularies(train_rows, names: list[str], columns: list[int], options: TableOptions, spec: str) -> dict:
+def vocabularies(train_rows, names: list[str], columns: list[int], options: TableOptions, spec: str,
+                 root: str) -> dict:
     """{column index: its vocabulary (values seen at least --min-count times in the train rows, by descending count
-    then text)} from an RDD of TableRows; a vocabulary over --max-vocabulary is one DataError naming the column."""
+    then text)} from an RDD of TableRows. A vocabulary over --max-vocabulary is one DataError naming the column, or
+    with --vocabulary-files Parquet parts written into `root` by the tasks that counted their values (`file_parts`),
+    given as its entry's fields."""
     import pyarrow as pa
     if not columns:
         return {}
@@ -126,18 +131,27 @@ def vocabularies(train_rows, names: list[str], columns: list[int], options: Tabl
     kept = train_rows.flatMap(lambda rows: _value_counts(rows, columns, groups)) \
         .reduceByKey(_merge_counts, groups).mapValues(frequent).persist()
     try:
-        sizes = kept.map(lambda item: (item[0][0], len(item[1][1]))).reduceByKey(operator.add).collectAsMap()
+        sizes = kept.map(lambda item: (item[0], len(item[1][1]))).collectAsMap()  # {(column, group): values}
+        result = {}
         for j in columns:
-            if sizes.get(j, 0) > options.max_vocabulary:
-                raise DataError(f"{spec}: categorical column {names[j]!r} has {sizes[j]} distinct values in the train "
-                                f"split (seen at least --min-count {min_count} times), more than --max-vocabulary "
-                                f"{options.max_vocabulary}; hash it (--hash-buckets {names[j]}:N) or raise "
-                                "--max-vocabulary")
-        parts = kept.collect()
+            size = sum(n for (column, _), n in sizes.items() if column == j)
+            if size <= options.max_vocabulary:
+                continue
+            if size > MAX_IDS - 2 or not options.vocabulary_files:
+                more = f"more than the {MAX_IDS - 2} ids of a column; hash it (--hash-buckets {names[j]}:N)" \
+                    if size > MAX_IDS - 2 else f"more than --max-vocabulary {options.max_vocabulary}; hash it " \
+                    f"(--hash-buckets {names[j]}:N), raise --max-vocabulary or keep it in Parquet files beside " \
+                    "the manifest (--vocabulary-files)"
+                raise DataError(f"{spec}: categorical column {names[j]!r} has {size} distinct values in the train "
+                                f"split (seen at least --min-count {min_count} times), {more}")
+            result[j] = file_parts(kept, j, vocabulary_folder(names[j]), groups, sizes, root)
+        in_files = set(result)
+        parts = kept.filter(lambda item: item[0][0] not in in_files).collect()
     finally:
         kept.unpersist()
-    result = {}
     for j in columns:
+        if j in result:
+            continue
         mine = [counted for (column, _), counted in parts if column == j]
         table = pa.table({"value": pa.concat_arrays([v for v, _ in mine]) if mine else pa.array([], pa.string()),
                           "count": np.concatenate([c for _, c in mine]) if mine else np.zeros(0, np.int64)})
@@ -145,17 +159,38 @@ def vocabularies(train_rows, names: list[str], columns: list[int], options: Tabl
     return result
 
 
-def vocabulary_entry(vocabulary: list | None = None, min_count: int = 1, buckets: int = 0) -> dict:
-    """How a categorical (or bag) column's manifest entry says its values become ids: its `vocabulary` (ids 2..),
-    or its hash `buckets` (ids 1..buckets); id 0 is a missing value, 1 one out of vocabulary."""
+def file_parts(kept, column: int, folder: str, groups: int, sizes: dict, root: str) -> dict:
+    """Write `column`'s vocabulary as Parquet parts, one per value-hash group of `kept` (the RDD of ((column, group),
+    (values, counts))), each by the task that holds the group; parts of no values are written empty by the driver.
+    Returns the entry's fields (`mpitrain.data.vocabulary_files`)."""
+    import pyarrow as pa
+    first, start = {}, 2
+    for group in range(groups):
+        first[group] = start
+        start += sizes.get((column, group), 0)
+    kept.filter(lambda item: item[0][0] == column) \
+        .map(lambda item: write_part(root, folder, item[0][1], *item[1], first[item[0][1]])).collect()
+    for group in range(groups):
+        if (column, group) not in sizes:
+            write_part(root, folder, group, pa.array([], pa.string()), np.zeros(0, np.int64), first[group])
+    return {"ids": start, "vocabulary_path": folder, "vocabulary_parts": groups, "hash": HASH}
+
+
+def vocabulary_entry(vocabulary: list | dict | None = None, min_count: int = 1, buckets: int = 0) -> dict:
+    """How a categorical (or bag) column's manifest entry says its values become ids: its `vocabulary` (ids 2..;
+    a dict: the fields of a file vocabulary), or its hash `buckets` (ids 1..buckets); id 0 is a missing value, 1 one
+    out of vocabulary."""
     if buckets:
         return {"ids": buckets + 1, "hash_buckets": buckets, "hash": HASH}
+    if isinstance(vocabulary, dict):
+        return {**vocabulary, "min_count": min_count}
     return {"ids": len(vocabulary) + 2, "vocabulary": vocabulary, "min_count": min_count}
 
 
 def fit_columns(train_rows, numeric: list[str], categorical: list[str], options: TableOptions, standardize: bool,
-                impute: bool, spec: str) -> dict[str, list[dict]]:
-    """The manifest's `columns` fitted on an RDD of the train split's TableRows (see the module docstring)."""
+                impute: bool, spec: str, root: str) -> dict[str, list[dict]]:
+    """The manifest's `columns` fitted on an RDD of the train split's TableRows (see the module docstring); file
+    vocabularies are written into `root`, the folder (or staging URL) being written."""
     entries = [{"name": name} for name in numeric]
     indicators = []
     if numeric and (standardize or impute):
@@ -169,7 +204,7 @@ def fit_columns(train_rows, numeric: list[str], categorical: list[str], options:
                     indicators.append({"name": f"{entry['name']}_missing", "missing_of": entry["name"]})
     hashed = {j: options.buckets(name) for j, name in enumerate(categorical) if options.buckets(name)}
     found = vocabularies(train_rows, categorical, [j for j in range(len(categorical)) if j not in hashed], options,
-                         spec)
+                         spec, root)
     groups = {"numeric": entries + indicators, "categorical": []}
     for j, name in enumerate(categorical):
         groups["categorical"].append({"name": name, **(vocabulary_entry(buckets=hashed[j]) if j in hashed else
@@ -177,14 +212,14 @@ def fit_columns(train_rows, numeric: list[str], categorical: list[str], options:
     return {group: columns for group, columns in groups.items() if columns}
 
 
-def fit_bags(train_rows, names: list[str], options: TableOptions, spec: str) -> dict[str, dict]:
+def fit_bags(train_rows, names: list[str], options: TableOptions, spec: str, root: str) -> dict[str, dict]:
     """{bag column: its ids' entry (name, ids, and vocabulary or hash buckets)} fitted on an RDD of the train split's
     `SequenceRows` (`etl/bag_columns.py`): a vocabulary of the column's values as a categorical column's, or its
     --hash-buckets."""
     fitted = [name for name in names if not options.buckets(name)]
     texts = train_rows.map(lambda rows: TableRows(np.empty((len(rows), 0)),
                                                   [rows.sequences[name].values for name in fitted]))
-    found = vocabularies(texts, fitted, list(range(len(fitted))), options, spec) if fitted else {}
+    found = vocabularies(texts, fitted, list(range(len(fitted))), options, spec, root) if fitted else {}
     return {name: {"name": name, **(vocabulary_entry(found[fitted.index(name)], options.min_count) if name in fitted
                                     else vocabulary_entry(buckets=options.buckets(name)))} for name in names}
 
@@ -200,7 +235,7 @@ class TableTransforms(Transforms):
     def __post_init__(self):
         self.options = replace(self.options, scale=False, standardize=False)  # the columns standardize
         super().__post_init__()
-        self.encoder = TableEncoder(self.fitted)
+        self.encoder = TableEncoder(self.fitted, self.root)
 
     @property
     def columns(self) -> dict:

@@ -128,6 +128,7 @@ class Transforms:
     stats: FeatureStats | None = None
     step_stats: dict[str, StepStats] | None = None  # sequence columns, under `standardize`
     bags: dict[str, dict] = field(default_factory=dict)  # each bag column's ids' entry (`etl/tables.py`'s `fit_bags`)
+    root: str | None = None  # the folder (or staging URL) being written, where file vocabularies lie
 
     def __post_init__(self):
         self.low, self.high = (0.0, 1.0)
@@ -142,7 +143,7 @@ class Transforms:
             if self.options.standardize and not stats.integral and stats.steps:
                 self.sequence_scaling[name] = mean_and_std(stats.total, stats.squares, stats.steps)
         self.stored = StoredSequences([{"name": name, **self.sequence_entry(name)}
-                                       for name in [*self.bags, *self.sequence_scaling]])
+                                       for name in [*self.bags, *self.sequence_scaling]], self.root)
 
     @property
     def columns(self) -> dict:

@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from mpitrain.base.errors import MpitrainError
+from mpitrain.base.errors import ConfigError, MpitrainError
 from mpitrain.training.preemption import (
     Stopped,
     StopSignals,
@@ -120,6 +120,11 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             sub.add_argument("--out", help="output HDF5 file (default: RUN_DIR/predictions-SPLIT.h5, replaced on "
                                            "every call)")
             sub.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+            sub.add_argument("--records", metavar="PATH",
+                             help="predict new raw records instead of a split: a table model's Parquet file or "
+                                  "folder, encoded by the run's dataset's columns, each rank its row groups (a file "
+                                  "vocabulary looked up by the ranks owning its parts); default --out "
+                                  "RUN_DIR/predictions-records.h5, with each prediction's record index `row`")
             sub.add_argument("--embeddings", metavar="NODE",
                              help="write NODE's activations instead (a graph's node name, or a `layers:` model's "
                                   "index into model.layers): an autoencoder's code; default --out "
@@ -233,7 +238,18 @@ def _eval(args, comm) -> int:
 
 def _predict(args, comm) -> int:
     from mpitrain.training.activations import predict_activations
-    from mpitrain.training.trained import predict_run
+    from mpitrain.training.trained import predict_records, predict_run
+    if args.records is not None:
+        with comm.agreed_errors():
+            if args.embeddings is not None or args.split != "test" or args.allow_other_dataset:
+                raise ConfigError("--records: scores new records by the run's own dataset's columns; expected no "
+                                  "--embeddings, --split or --allow-other-dataset beside it")
+        path, rows, tally = predict_records(args.run_dir, comm, args.records, args.out, args.checkpoint,
+                                            args.batch_size, args.overwrite)
+        if comm.is_root:
+            left_out = f"; {tally.bad} left out, the first {tally.first_bad}" if tally.bad else ""
+            print(f"wrote {path}: {rows} rows of {tally.records} records of {args.records}{left_out}")
+        return 0
     if args.embeddings is not None:
         path, rows = predict_activations(args.run_dir, comm, args.embeddings, args.split, args.out, args.checkpoint,
                                          args.batch_size, args.allow_other_dataset, args.overwrite)
@@ -331,6 +347,8 @@ def _columns(manifest) -> list[str]:
 
     def categorical(c):
         how = f"{c['hash_buckets']} hash buckets" if "hash_buckets" in c else \
+            f"vocabulary of {c['ids'] - 2} in {c['vocabulary_parts']} Parquet files {c['vocabulary_path']}/, min count " \
+            f"{c.get('min_count', 1)}" if "vocabulary_path" in c else \
             f"vocabulary of {len(c['vocabulary'])}, min count {c.get('min_count', 1)}"
         return f"{c['name']} ({c['ids']} ids: {how})"
 

@@ -54,6 +54,7 @@ class SourceOptions:
     # csv, parquet: the classes of text labels (default: their sorted distinct values)
     columns: dict | None = None  # csv, parquet (scoring): a table model's columns (its manifest's): the records'
     # columns it reads, encoded into its rows (`mpitrain.data.encoding.TableEncoder`)
+    dataset: str | None = None  # scoring: the model's dataset, where its columns' file vocabularies lie
     sequences: tuple[str, ...] = ()  # parquet: columns of a sequence per record, stored ragged (docs/sequences.md)
     max_length: int = DEFAULT_MAX_LENGTH  # parquet: the most steps a sequence may have (csv, parquet: values a bag)
     bags: tuple[str, ...] = ()  # csv, parquet: columns of a list of categorical values per record (etl/bag_columns.py)

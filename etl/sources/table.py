@@ -97,7 +97,7 @@ class TableSource(Source):
             raise ConfigError(f"--numeric-missing {options.numeric_missing}: expected one of "
                               f"{', '.join(NUMERIC_MISSING)}")
         self.options = options
-        self.encoder = TableEncoder(options.columns) if options.columns else None  # a table model's (scoring)
+        self.encoder = TableEncoder(options.columns, options.dataset) if options.columns else None  # a table model's (scoring)
         if self.encoder and (options.features or options.categorical):
             raise ConfigError("--features: a table model reads the columns it was trained on "
                               f"({', '.join(self.encoder.numeric + self.encoder.categorical)}); expected no --features")

@@ -18,7 +18,7 @@ and a row of ids one id per `columns["categorical"]` entry, an integer (`ID_DTYP
 - categorical `{name, ids}`: a value's text (strings as they are, an integer's decimal text, a boolean's
   `true`/`false`) maps to 0 when missing; with a `vocabulary`, to 2 + its index there, or 1 (out of vocabulary)
   when it is not there; with `hash_buckets` B, to `1 + hash_ids`: splitmix64 of the FNV-1a 64-bit hash of its
-  UTF-8 bytes, mod B.
+  UTF-8 bytes, mod B; with a `vocabulary_path`, by Parquet files of the dataset (`mpitrain.data.vocabulary_files`).
 
 pyarrow (the `spark` and `onnx` extras) is imported when a batch is parsed or encoded.
 """
@@ -266,10 +266,12 @@ class TableEncoder:
     """The manifest's `columns` as a mapping of records to rows of x and ids (see the module docstring).
 
     `numeric` and `categorical` name the raw columns a record must have (indicators are computed, not read);
-    `imputed` the numeric ones whose missing values are filled in.
+    `imputed` the numeric ones whose missing values are filled in; `root` is the dataset's folder or URL, where a
+    column's file vocabulary lies (`mpitrain.data.vocabulary_files`), and `file_ids` what looks its values up
+    (`CategoryIds`).
     """
 
-    def __init__(self, columns: dict[str, list[dict]]):
+    def __init__(self, columns: dict[str, list[dict]], root: str | None = None, file_ids=None):
         self.columns = columns
         entries = columns.get("numeric", [])
         self.numeric = [c["name"] for c in entries if "missing_of" not in c]
@@ -280,7 +282,8 @@ class TableEncoder:
             if "missing_of" in entry and entry["missing_of"] not in self.numeric:
                 raise DataError(f"columns.numeric {entry['name']!r}: missing_of {entry['missing_of']!r} is not a "
                                 f"numeric column ({self.numeric})")
-        self.column_ids = [CategoryIds(entry, "columns.categorical") for entry in columns.get("categorical", [])]
+        self.column_ids = [CategoryIds(entry, "columns.categorical", root, file_ids)
+                           for entry in columns.get("categorical", [])]
 
     def parse(self, batch) -> Parsed:
         """The encoder's raw columns of `batch` parsed (`parse_table`)."""
@@ -320,20 +323,31 @@ class TableEncoder:
 
 
 class CategoryIds:
-    """The ids of a categorical column's (or a bag column's) texts by its manifest entry: {name, ids, vocabulary} or
-    {name, ids, hash_buckets, hash} (see the module docstring); an entry whose ids do not match is a DataError naming
-    it under `where` (the manifest's key)."""
+    """The ids of a categorical column's (or a bag column's) texts by its manifest entry: {name, ids, vocabulary},
+    {name, ids, hash_buckets, hash} (see the module docstring) or a vocabulary in Parquet parts under `root`, the
+    dataset's folder or URL (`mpitrain.data.vocabulary_files`), looked up by `file_ids(entry)` where given (a
+    callable of texts: `mpitrain.parallel.vocabulary_lookup`'s, shared among ranks); an entry whose ids do not match
+    is a DataError naming it under `where` (the manifest's key)."""
 
-    def __init__(self, entry: dict, where: str):
+    def __init__(self, entry: dict, where: str, root: str | None = None, file_ids=None):
+        self.entry, self.vocabulary, self.file = entry, None, None
+        if "vocabulary_path" in entry:
+            from mpitrain.data.vocabulary_files import FileVocabulary  # it imports this module's hash
+            if root is None:
+                raise DataError(f"{where} {entry.get('name')!r}: its vocabulary is the Parquet files "
+                                f"{entry.get('vocabulary_path')!r} of its dataset, and no dataset is known here")
+            self.file = file_ids(entry) if file_ids else FileVocabulary(entry, root, where)
+            return
         vocabulary, buckets = entry.get("vocabulary"), entry.get("hash_buckets")
         if not (isinstance(vocabulary, list) and entry.get("ids") == len(vocabulary) + 2 or
                 isinstance(buckets, int) and entry.get("ids") == buckets + 1 and entry.get("hash", HASH) == HASH):
-            raise DataError(f"{where} {entry.get('name')!r}: expected a vocabulary of ids - 2 values or ids - 1 "
-                            f"hash_buckets of hash {HASH!r} (it has {sorted(entry)})")
-        self.entry, self.vocabulary = entry, None
+            raise DataError(f"{where} {entry.get('name')!r}: expected a vocabulary of ids - 2 values, ids - 1 "
+                            f"hash_buckets of hash {HASH!r} or a vocabulary_path (it has {sorted(entry)})")
 
     def __call__(self, texts) -> np.ndarray:
         """int64 ids of `texts` (a pyarrow string array, null where missing)."""
+        if self.file is not None:
+            return self.file(texts)
         if "hash_buckets" in self.entry:
             return hash_ids(texts, self.entry["hash_buckets"])
         if self.vocabulary is None:

@@ -28,6 +28,7 @@ from mpitrain.base.errors import DataError, describe
 from mpitrain.base.files import write_file, write_hdf5
 from mpitrain.base.paths import confined
 from mpitrain.data.encoding import ID_DTYPE, MAX_IDS, CategoryIds
+from mpitrain.data.vocabulary_files import check_file_entry
 from mpitrain.data.sequences import TOKEN_IDS
 from mpitrain.data.storage import Storage, sha256_of
 
@@ -90,7 +91,8 @@ class Manifest:
     # [COLUMN, ...]}. x is float32 (rows, numeric), and a shard's `ids` (rows, categorical) holds one id per
     # categorical column, 0..ids-1, as `id_dtype` integers. A column is {"name", ...how the ETL encoded it}:
     # categorical ones have "ids" (how many) and a "vocabulary" (id 0: missing, 1: out of vocabulary, 2+i: the
-    # i-th value) or "hash_buckets" (id 0: missing, 1 + hash mod buckets); numeric ones may have "mean"/"std"
+    # i-th value), a "vocabulary_path" to Parquet parts beside the manifest (mpitrain.data.vocabulary_files), or
+    # "hash_buckets" (id 0: missing, 1 + hash mod buckets); numeric ones may have "mean"/"std"
     # (standardized) and "impute" (the value a missing one got); an indicator column has "missing_of".
     columns: dict[str, list[dict]] = field(default_factory=dict)
     # Sequence columns (docs/sequences.md), each {"name", "features": F, "max_length": the longest allowed, "longest"
@@ -400,7 +402,7 @@ def _checked_sequences(sequences, path: str) -> list[dict]:
             if column["bag"] is not True or column["features"] != 1:
                 raise DataError(f"{path}: sequences {column['name']!r}: bag {column['bag']!r} of {column['features']} "
                                 "features per step, expected bag true of one id per step")
-            CategoryIds(column, f"{path}: sequences")
+            CategoryIds(column, f"{path}: sequences", root="")  # the entry checked; nothing is looked up
     return sequences
 
 
@@ -442,6 +444,8 @@ def _checked_columns(columns, path: str, feature_shape: tuple[int, ...], feature
         if not isinstance(ids, int) or isinstance(ids, bool) or not 1 <= ids <= MAX_IDS:
             raise DataError(f"{path}: columns.categorical {column['name']!r} has ids {ids!r}, expected an integer "
                             f"1..{MAX_IDS}")
+        if "vocabulary_path" in column:
+            check_file_entry(column, f"{path}: columns.categorical")
     width = len(columns.get("numeric", []))
     if columns and (feature_shape != (width,) or feature_dtype != "float32"):
         raise DataError(f"{path}: columns name {width} numeric columns, expected feature_shape [{width}] and "

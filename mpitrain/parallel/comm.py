@@ -61,7 +61,8 @@ from mpitrain.parallel.rollcall import (
 NO_REQUEST = MPI.REQUEST_NULL  # a posted collective with nothing for MPI to wait for
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
               np.dtype(np.int32): MPI.INT32_T, np.dtype(np.int64): MPI.INT64_T,
-              np.dtype(np.uint16): MPI.UINT16_T}  # 16-bit messages (`mpitrain.parallel.sync.compression`)
+              np.dtype(np.uint16): MPI.UINT16_T,  # 16-bit messages (`mpitrain.parallel.sync.compression`)
+              np.dtype(np.uint8): MPI.UINT8_T}  # text (`mpitrain.parallel.vocabulary_lookup`)
 
 
 class Communicator:

@@ -14,6 +14,9 @@ other targets than class `target_names`, the names of the k columns):
 An autoencoder's (`model.target: reconstruction`) f columns are the input's features, flattened, as the model reads
 them (after `data.normalize`); its `target_names` are `feature J`.
 
+New raw records (`mpitrain predict RUN --records PATH`) have no `label`; `row` int64 (n,) holds each prediction's
+record index among the records instead (records that could not be encoded are left out).
+
 `predicted` is `mpitrain.training.scores.decisions` of the probabilities (binary and multilabel: probability
 above 0.5); regression's values are in the target's own units.
 """
@@ -65,16 +68,21 @@ def output_names(manifest, target: str) -> list[str]:
     return target_names(manifest)
 
 
-def write_predictions(path: str, target: str, predicted: np.ndarray, outputs: np.ndarray, labels: np.ndarray,
-                      provenance: dict, names: list[str] | None = None, per_step: bool = False) -> None:
+def write_predictions(path: str, target: str, predicted: np.ndarray, outputs: np.ndarray, labels: np.ndarray | None,
+                      provenance: dict, names: list[str] | None = None, per_step: bool = False,
+                      rows: np.ndarray | None = None) -> None:
     """Every row's prediction, the model's outputs and the true labels (see the module docstring for each target
-    kind), with their provenance, the target kind and the target's column `names` as attributes. A model with a
-    class per step (`per_step`, attribute `per_step`) has one row per valid step, in row order then step order."""
+    kind; None: new records without labels), with their provenance, the target kind and the target's column `names`
+    as attributes; `rows`, where given, each prediction's record index (dataset `row`). A model with a class per step
+    (`per_step`, attribute `per_step`) has one row per valid step, in row order then step order."""
     def fill(h5):
         h5.create_dataset("predicted", data=predicted)
         if target not in ("regression", "reconstruction"):
             h5.create_dataset("probabilities", data=outputs)
-        h5.create_dataset("label", data=labels)
+        if labels is not None:
+            h5.create_dataset("label", data=labels)
+        if rows is not None:
+            h5.create_dataset("row", data=rows)
         h5.attrs.update(provenance)
         h5.attrs["target"] = target
         h5.attrs["per_step"] = per_step

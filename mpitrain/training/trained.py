@@ -3,6 +3,7 @@
     result = evaluate_run("runs/fashion_mlp", comm, split="test")   # writes RUN_DIR/eval-test.json and its
                                                                      # picture; returns the scores
     path, rows = predict_run("runs/fashion_mlp", comm, split="test", out="predictions.h5")
+    path, rows, tally = predict_records("runs/clicks", comm, "new/clicks.parquet")   # a table model's new records
 
 The picture is the confusion matrix (confusion-SPLIT.png) for class targets, ROC and precision-recall curves
 (curves-SPLIT.png) for binary and multilabel targets, predicted against true values (scatter-SPLIT.png) for
@@ -26,6 +27,7 @@ from mpitrain.rundir.directory import RunDir, check_output
 from mpitrain.rundir.outputs import names_of, output_names, write_evaluation, write_predictions
 from mpitrain.training.evaluation import EVAL_BATCH_SIZE, evaluate, predict
 from mpitrain.training.metrics import figure
+from mpitrain.training.records import Tally, encode_records
 from mpitrain.training.run import setup_run
 from mpitrain.training.scores import curves
 
@@ -36,7 +38,7 @@ class Trained:
     def __init__(self, run_dir: str, comm, split: str, checkpoint: str | None, batch_size: int | None,
                  allow_other_dataset: bool):
         """Restore the run of `run_dir` (a collective): its checkpoint, the config that checkpoint recorded, this rank's
-        rows of `split`; `batch_size` None is EVAL_BATCH_SIZE."""
+        rows of `split` (None: no split's); `batch_size` None is EVAL_BATCH_SIZE."""
         batch_size = EVAL_BATCH_SIZE if batch_size is None else batch_size
         with comm.agreed_errors():
             if batch_size < 1:
@@ -49,7 +51,7 @@ class Trained:
         self.run = setup_run(config, comm)
         with self.run.comm.agreed_errors():
             self.checkpoint = self.run.checkpointer.restore(self.run.model, chosen, other_dataset=allow_other_dataset)
-            self.rows = self.run.reader.eval_rows(split)
+            self.rows = self.run.reader.eval_rows(split) if split else None
         self.split, self.batch_size = split, batch_size
         self.manifest = self.run.reader.manifest
         self.to_input = self.run.model_input()
@@ -137,3 +139,33 @@ def predict_run(run_dir: str, comm, split: str = "test", out: str | None = None,
                               trained.provenance(), None if target == "class" else output_names(trained.manifest, target),
                               per_step=bool(trained.manifest.step_target))
     return path, sum(comm.allgather_obj(len(outputs)))
+
+
+def predict_records(run_dir: str, comm, records: str, out: str | None = None, checkpoint: str | None = None,
+                    batch_size: int | None = None, overwrite: bool = False) -> tuple[str, int, Tally]:
+    """Predict new raw records of a table model (a collective): each rank encodes its row groups of the Parquet
+    records at `records` by the run's dataset's columns (`mpitrain.training.records`) and scores them with the run's
+    checkpoint, its sharded tables' forward included; rank 0 writes `predicted`, the outputs and `row` (each
+    prediction's record index in `records`) to `out` (default RUN_DIR/predictions-records.h5, replaced on every
+    call), without labels. Returns the path, the rows predicted and the records' `Tally`."""
+    path, overwrite = checked_output(comm, out, overwrite, RunDir(run_dir).predictions("records"))
+    trained = Trained(run_dir, comm, None, checkpoint, batch_size, allow_other_dataset=False)
+    run, target = trained.run, trained.run.target
+    try:
+        rows, tally = encode_records(records, trained.manifest.columns, run.reader.path, comm)
+        with comm.agreed_errors():
+            predicted, outputs, _ = predict(run.model, rows, trained.to_input, trained.batch_size, run.backend, target)
+    finally:
+        run.reader.close()
+    parts = comm.gather_obj((rows.index, predicted, outputs))
+    with comm.agreed_errors():
+        if comm.is_root:
+            check_output(path, overwrite)
+            index, predicted, outputs = (np.concatenate([p[i] for p in parts]) for i in range(3))
+            order = np.argsort(index, kind="stable")
+            provenance = {"checkpoint": trained.checkpoint.path, "records": os.path.abspath(records),
+                          "dataset": run.reader.path, "manifest_sha256": run.reader.manifest_sha256,
+                          "records_read": tally.records, "bad_records": tally.bad}
+            write_predictions(path, target, predicted[order], outputs[order], None, provenance,
+                              None if target == "class" else output_names(trained.manifest, target), rows=index[order])
+    return path, sum(comm.allgather_obj(len(rows))), tally

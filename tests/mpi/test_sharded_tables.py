@@ -171,6 +171,67 @@ def test_predict_and_the_onnx_export_of_a_sharded_run_agree_and_a_large_one_keep
         load_model(str(tmp_path / "large.onnx"))
 
 
+def give_vocabularies(data, parts: int) -> list[dict]:
+    """Give the click dataset at `data` the values of a table the ETL wrote: column c0 a vocabulary in the manifest
+    (`s0`, `s1`, ...), column c1 a file vocabulary in `parts` Parquet parts (`v0`, `v1`, ...), laid out as `mpitrain
+    etl --vocabulary-files` lays one out; returns each column's {id: its value} (id 0: missing, 1: an unseen value)."""
+    import pyarrow as pa
+
+    from mpitrain.data.shards import write_manifest
+    from mpitrain.data.vocabulary_files import parts_of
+    from mpitrain.etl.vocabulary_files import vocabulary_folder, write_part
+    manifest = read_manifest(str(data))
+    small, large = manifest.columns["categorical"]
+    small["vocabulary"] = [f"s{k}" for k in range(small["ids"] - 2)]
+    values = [f"v{k}" for k in range(large["ids"] - 2)]
+    part = parts_of(pa.array(values), parts)
+    first, texts = 2, {0: None, 1: "never-seen"}
+    for p in range(parts):
+        mine = sorted(v for v, q in zip(values, part) if q == p)
+        write_part(str(data), vocabulary_folder("c1"), p, pa.array(mine, pa.string()), np.ones(len(mine)), first)
+        texts.update(zip(range(first, first + len(mine)), mine))
+        first += len(mine)
+    large.update(vocabulary_path=vocabulary_folder("c1"), vocabulary_parts=parts, hash="fnv1a64-splitmix64")
+    write_manifest(str(data), manifest)
+    return [{0: None, 1: "never-seen", **{k + 2: v for k, v in enumerate(small["vocabulary"])}}, texts]
+
+
+def test_new_records_of_a_file_vocabulary_are_scored_under_mpi_as_the_split_they_came_from(tmp_path):
+    """`mpiexec -n 3 mpitrain predict RUN --records PATH`: the test split's rows written back as raw Parquet records
+    (numbers, a manifest vocabulary's texts, a file vocabulary's texts looked up by the ranks owning its parts,
+    missing and unseen values) score as the split does on 2 ranks; a record missing a number is left out, named."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    data = tmp_path / "data"
+    make_click_dataset(data, n_train=2000, n_test=300, ids=IDS)
+    texts = give_vocabularies(data, parts=4)
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path / "run.yaml", data, run_dir=str(run_dir),
+                          model={"layers": [], "graph": graph("rows"), "loss": "binary_cross_entropy"},
+                          train={"epochs": 1, "batch_size": 64}, optimizer=SGD, sync={"mode": "allreduce"})
+    for command in (["train", config], ["predict", run_dir, "--split", "test"]):
+        result = mpiexec(2, MPITRAIN, *command, timeout=120)
+        assert result.returncode == 0, result.stderr[-3000:]
+    with h5py.File(run_dir / "predictions-test.h5") as f:
+        expected = f["probabilities"][...]
+    x, _ = read_split(str(data), "test")  # the numbers, then the ids
+    ids = x[:, 3:].astype(np.int64)
+    assert {0, 1} <= set(ids[:, 0]) and {0, 1} <= set(ids[:, 1])  # missing and unseen values among them
+    records = {f"n{j}": x[:, j].astype(np.float64).tolist() for j in range(3)}
+    records.update({f"c{j}": [texts[j][i] for i in ids[:, j]] for j in range(2)})
+    records["n2"][40] = None  # a missing number, not imputed: the record is left out
+    pq.write_table(pa.table(records), tmp_path / "new.parquet", row_group_size=32)  # 10 row groups on 3 ranks
+    result = mpiexec(3, MPITRAIN, "predict", run_dir, "--records", tmp_path / "new.parquet", timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"wrote {run_dir / 'predictions-records.h5'}: 299 rows of 300 records of " in result.stdout
+    assert "; 1 left out, the first record 40: column 'n2'" in result.stdout
+    with h5py.File(run_dir / "predictions-records.h5") as f:
+        rows, scored = f["row"][...], f["probabilities"][...]
+        assert "label" not in f and f.attrs["bad_records"] == 1 and f.attrs["records_read"] == 300
+    assert np.array_equal(rows, np.delete(np.arange(300), 40))
+    np.testing.assert_allclose(scored, expected[rows], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.alone
 def test_a_rank_stalled_before_its_row_exchange_is_named_while_the_other_waits_in_the_alltoallv(clicks, tmp_path):
     config = write_config(tmp_path / "stall.yaml", clicks / "data", run_dir=str(tmp_path / "run"),

@@ -231,8 +231,41 @@ def test_a_million_values_without_hashing(etl, tmp_path):
                                "--categorical", "id")[::2])
     assert line == (f"mpitrain etl: error: parquet:{path}: categorical column 'id' has 800000 distinct values in the "
                     "train split (seen at least --min-count 1 times), more than --max-vocabulary 100000; hash it "
-                    "(--hash-buckets id:N) or raise --max-vocabulary")
+                    "(--hash-buckets id:N), raise --max-vocabulary or keep it in Parquet files beside the manifest "
+                    "(--vocabulary-files)")
     assert siblings(out) == []
+
+
+def test_a_million_values_in_vocabulary_files(etl, tmp_path):
+    """--vocabulary-files: the 800,000 train values get ids 2.. in Parquet parts beside the manifest, written by the
+    tasks that counted them; every train row's stored id is its value's there, each value its own; a value only in
+    the test split is out of vocabulary (1); a small column beside it keeps its vocabulary in the manifest."""
+    from mpitrain.data.vocabulary_files import FileVocabulary, file_paths
+    path = tmp_path / "ids.parquet"
+    n = 10**6
+    pq.write_table(pa.table({"id": np.arange(n), "v": np.arange(n, dtype=np.float64), "small": np.arange(n) % 7,
+                             "y": np.arange(n) % 2}), path)
+    out = tmp_path / "ds"
+    status, printed, err = etl("--source", f"parquet:{path}", "--out", out, "--shards", 2, "--label", "y",
+                               "--features", "v", "--categorical", "id,small", "--vocabulary-files")
+    assert status == 0, err[-3000:]
+    manifest = read_manifest(str(out))
+    entry, small = manifest.columns["categorical"]
+    assert sorted(small["vocabulary"]) == [str(v) for v in range(7)] and "vocabulary_path" not in small
+    assert entry["ids"] == 800_002 and entry["vocabulary_path"] == "vocabularies/id" and entry["min_count"] == 1
+    parts = [pq.read_table(out / p) for p in file_paths([entry])]
+    assert len(parts) == entry["vocabulary_parts"] >= 2
+    ids = np.concatenate([p.column("id").to_numpy() for p in parts])
+    assert np.array_equal(np.sort(ids), np.arange(2, 800_002))
+    assert all(set(p.column("count").to_pylist()) == {1} for p in parts)
+    x, _ = read_split(out, "train")
+    lookup = FileVocabulary(entry, str(out))
+    values = pa.array([str(int(v)) for v in x.x[:, 0]])
+    assert np.array_equal(lookup(values), x.columns["categorical"][:, 0])
+    test_x, _ = read_split(out, "test")
+    assert len(test_x.x) == 200_000 and np.all(test_x.columns["categorical"][:, 0] == 1)
+    assert np.array_equal(lookup(pa.array([str(int(v)) for v in test_x.x[:, 0]] + [None])),
+                          np.r_[np.ones(200_000, np.int64), 0])
 
 
 def test_missing_and_wrong_kind_labels_are_bad_records(etl, tmp_path):

@@ -366,7 +366,8 @@ def clicks_csv(path: Path, records: dict) -> None:
 @pytest.fixture(scope="module")
 def clicks_model(spark, tmp_path_factory):
     """A CSV of clicks (a string and an integer categorical column, `age` with missing values, a binary label, and an
-    `id` the model does not read) -> `mpitrain etl --categorical --standardize --numeric-missing impute` -> a graph
+    `id` the model does not read) -> `mpitrain etl --categorical --standardize --numeric-missing impute` (shop's 8
+    values past --max-vocabulary 6: a file vocabulary, --vocabulary-files) -> a graph
     model (embeddings, concat with the numbers) trained on 2 ranks -> `mpitrain export` and `predict` on the test
     split. Returns (folder, the records, the model file, the run dir)."""
     import argparse
@@ -389,7 +390,7 @@ def clicks_model(spark, tmp_path_factory):
     write_dataset(spark, plan_from_args(parser.parse_args([
         "--source", f"csv:{folder / 'clicks.csv'}", "--label", "clicked", "--target", "binary",
         "--features", "amount,age", "--categorical", "color,shop", "--standardize", "--numeric-missing", "impute",
-        "--out", str(folder / "data"), "--shards", "2"])))
+        "--max-vocabulary", "6", "--vocabulary-files", "--out", str(folder / "data"), "--shards", "2"])))
     graph = [{"name": "emb", "type": "embedding", "input": "categorical", "dim": 3},
              {"name": "flat", "type": "flatten", "input": "emb"},
              {"name": "joined", "type": "concat", "inputs": ["flat", "numeric"]},
@@ -429,8 +430,9 @@ def test_a_table_model_scores_raw_records_through_its_columns(spark, clicks_mode
     monkeypatch.setattr(etl_cli, "spark_session", lambda master, name: contextlib.nullcontext(spark))
     columns = json.loads(metadata(onnx.load(str(model)))["manifest"])["columns"]
     assert columns == read_manifest(str(folder / "data")).columns
-    encoder = TableEncoder(columns)
+    encoder = TableEncoder(columns, str(folder / "data"))  # where shop's vocabulary files are
     assert [c["name"] for c in columns["numeric"]] == ["amount", "age", "age_missing"]
+    assert ["vocabulary_path" in c for c in columns["categorical"]] == [False, True]
 
     def mpitrain_score(source: Path, out: Path, *more) -> dict:
         assert cli.main(["score", "--model", str(model), "--source", f"csv:{source}", "--out", str(out), *more]) == 0
