@@ -10,7 +10,6 @@ value hash in `reduceByKey`, and the driver takes only the vocabularies, after t
 """
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field, replace
 
 import numpy as np

@@ -73,7 +73,7 @@ def test_ids_come_from_the_vocabulary_or_the_hash_buckets():
 @pytest.mark.parametrize("change, message", [
     ({"shortest": 0, "bag": False}, "expected \\[\\{name, features"),  # only a bag may be empty
     ({"bag": "yes"}, "bag 'yes' of 1 features per step, expected bag true"),
-    ({"ids": 9}, "sequences 'recent': expected a vocabulary of ids - 2 values or ids - 1 hash_buckets"),
+    ({"ids": 9}, "sequences 'recent': expected a vocabulary of ids - 2 values, ids - 1 hash_buckets"),
 ])
 def test_the_manifest_s_bag_column_entry_is_checked(tmp_path, change, message):
     make_bag_dataset(tmp_path, n_train=40, n_test=20, ids=5)
