@@ -496,7 +496,6 @@ def _check_sharded(config: Config, where, key: str, node: dict) -> None:
     """Refuse what a node with `shard: rows` (`key`) does not train with in this version (docs/tables.md), naming the
     key that must change and why."""
     for name, value, expected, why in (
-            ("sync.mode", config.sync.mode, "allreduce", "the owners update their rows after every step's exchange"),
             ("sync.deterministic", config.sync.deterministic, False, "its micro-batches would exchange rows each"),
             ("train.accumulate", config.train.accumulate, 1, "its micro-batches would exchange rows each"),
             ("train.tbptt_steps", config.train.tbptt_steps, 0, "a table reads no sequence"),

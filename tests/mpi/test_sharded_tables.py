@@ -6,7 +6,8 @@ the ONNX export (its tables in external data past protobuf's limit) agree, and S
 a rank stalled before its rows' exchange is named by the watchdog while the other waits in the Alltoallv;
 `shard: auto` shards on ranks of little memory, every rank choosing as rank 0, and the run records `rows`; a bag
 column and a plain column sharded in one model train the replicated model bit for bit; a column of 10^7 ids trains
-on 4 ranks, each holding a quarter of its rows."""
+on 4 ranks, each holding a quarter of its rows; the dense part keeps its sync mode (averaging, sharing) beside a
+sharded table; new raw records, a file vocabulary among their columns, score under MPI as their split does."""
 import json
 import os
 import re
@@ -169,6 +170,31 @@ def test_predict_and_the_onnx_export_of_a_sharded_run_agree_and_a_large_one_keep
     assert np.array_equal(outputs(tmp_path / "large.onnx"), whole)
     with pytest.raises(ConfigError, match=r"large.onnx: its weights hold .* bytes .*mpiexec -n N mpitrain predict"):
         load_model(str(tmp_path / "large.onnx"))
+
+
+@pytest.mark.parametrize("sync", [{"mode": "averaging", "frequency": 1}, {"mode": "sharing", "threshold": 1e-3}])
+def test_the_dense_part_keeps_its_sync_mode_beside_a_sharded_table(clicks, two_ranks, sync):
+    """averaging and sharing sync the dense part; the sharded rows are stepped by their owners every step, as under
+    allreduce. Averaging every step with plain SGD is allreduce's model up to float32 rounding (a mean of parameters
+    where allreduce takes a mean of gradients); sharing trains the sharded model at least as well as the replicated
+    table under sharing (whose rows are threshold-encoded too)."""
+    summaries = {}
+    for shard in ("rows", "none") if sync["mode"] == "sharing" else ("rows",):
+        name = f"sync-{sync['mode']}-{shard}"
+        config = write_config(clicks / f"{name}.yaml", clicks / "data", run_dir=str(clicks / name),
+                              model={"layers": [], "graph": graph(shard), "loss": "binary_cross_entropy"},
+                              train={"epochs": 2, "batch_size": 64}, optimizer=SGD, sync=sync)
+        result = mpiexec(2, MPITRAIN, "train", config, timeout=120)
+        assert result.returncode == 0, result.stderr[-3000:]
+        summaries[shard] = json.loads((clicks / name / "summary.json").read_text())["evaluation"]["auc"]
+    mine, reference = arrays(clicks / f"sync-{sync['mode']}-rows"), arrays(clicks / "two-rows")
+    assert sorted(mine) == sorted(reference)
+    if sync["mode"] == "averaging":
+        for key in mine:
+            np.testing.assert_allclose(mine[key], reference[key], rtol=0, atol=1e-5, err_msg=key)
+    else:
+        assert summaries["rows"] >= summaries["none"] - 0.005, summaries
+        assert summaries["rows"] > 0.55 and any(not np.array_equal(mine[k], reference[k]) for k in mine)
 
 
 def give_vocabularies(data, parts: int) -> list[dict]:

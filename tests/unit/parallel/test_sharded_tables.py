@@ -121,7 +121,6 @@ GRAPH = ("model: {layers: [], graph: [{name: emb, type: embedding, input: catego
 
 
 @pytest.mark.parametrize("override, message", [
-    ("sync.mode=averaging", r"sync.mode is 'averaging', expected 'allreduce' with model.graph\[0\].shard: rows"),
     ("sync.deterministic=true", r"sync.deterministic is True, expected False with model.graph\[0\].shard: rows"),
     ("train.accumulate=2", r"train.accumulate is 2, expected 1 with model.graph\[0\].shard: rows"),
     ("train.clip_norm=1", r"train.clip_norm is 1.0, expected 0.0 with .*every rank's rows"),
