@@ -109,6 +109,31 @@ def test_overwrite_replaces_every_object_and_refuses_without_the_flag(spark, rem
     assert not [path for path in fs.find(BUCKET) if ".etl-tmp-" in path]
 
 
+def test_a_file_vocabulary_is_staged_and_committed_beside_the_shards(spark, remote, tmp_path):
+    """--vocabulary-files to s3://: the tasks upload the parts to the staging prefix, the commit copies them beside
+    the manifest, and a reader of the bucket finds every train value's id in them."""
+    import pyarrow as pa
+
+    from mpitrain.data.vocabulary_files import FileVocabulary, file_paths
+    from mpitrain.etl.sources import SourceOptions
+    from mpitrain.etl.tables import TableOptions
+    fs, _ = remote
+    lines = ["user,amount,y"] + [f"u{i % 300},{i},{i % 2}" for i in range(3000)]  # each user 10 times
+    (tmp_path / "users.csv").write_text("\n".join(lines) + "\n")
+    manifest = run_etl(spark, f"csv:{tmp_path / 'users.csv'}", f"s3://{BUCKET}/users", shards=2, seed=0,
+                       source_options=SourceOptions(label="y", features=("amount",), categorical=("user",)),
+                       tables=TableOptions(max_vocabulary=100, vocabulary_files=True))
+    entry = manifest.columns["categorical"][0]
+    parts = file_paths([entry])
+    assert entry["ids"] == 302 and len(parts) == entry["vocabulary_parts"]
+    assert _objects(fs, f"{BUCKET}/users") == sorted([MANIFEST_NAME, *parts, "test/shard-00000.h5",
+                                                       "test/shard-00001.h5", "train/shard-00000.h5",
+                                                       "train/shard-00001.h5"])
+    assert not [path for path in fs.find(BUCKET) if ".etl-tmp-" in path]
+    ids = FileVocabulary(entry, f"s3://{BUCKET}/users")(pa.array([f"u{i}" for i in range(300)] + ["u300"]))
+    assert sorted(ids[:300]) == list(range(2, 302)) and ids[300] == 1
+
+
 def test_a_prefix_that_is_not_a_dataset_is_refused_even_with_overwrite(object_store):
     fs = object_store.filesystem()
     fs.pipe_file(f"{BUCKET}/notes/readme.txt", b"keep me")

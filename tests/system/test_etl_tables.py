@@ -236,7 +236,7 @@ def test_a_million_values_without_hashing(etl, tmp_path):
     assert siblings(out) == []
 
 
-def test_a_million_values_in_vocabulary_files(etl, tmp_path):
+def test_a_million_values_in_vocabulary_files(etl, tmp_path, capsys):
     """--vocabulary-files: the 800,000 train values get ids 2.. in Parquet parts beside the manifest, written by the
     tasks that counted them; every train row's stored id is its value's there, each value its own; a value only in
     the test split is out of vocabulary (1); a small column beside it keeps its vocabulary in the manifest."""
@@ -266,6 +266,9 @@ def test_a_million_values_in_vocabulary_files(etl, tmp_path):
     assert len(test_x.x) == 200_000 and np.all(test_x.columns["categorical"][:, 0] == 1)
     assert np.array_equal(lookup(pa.array([str(int(v)) for v in test_x.x[:, 0]] + [None])),
                           np.r_[np.ones(200_000, np.int64), 0])
+    assert cli.main(["info", str(out)]) == 0
+    assert f"id (800002 ids: vocabulary of 800000 in {entry['vocabulary_parts']} Parquet files vocabularies/id/, " \
+           "min count 1), small (9 ids: vocabulary of 7, min count 1)" in capsys.readouterr().out
 
 
 def test_missing_and_wrong_kind_labels_are_bad_records(etl, tmp_path):

@@ -33,9 +33,10 @@ def sharing(comm, **options):
 
 
 def flat_model(params):
-    """The flat-buffer contract and nothing else: `params`, zero gradients, no running statistics, a workspace."""
+    """The flat-buffer contract and nothing else: `params`, zero gradients, no running statistics, no sharded
+    tables, a workspace."""
     return SimpleNamespace(params=params, grads=np.zeros_like(params), xp=np, n_params=params.size,
-                           stats=np.zeros(0, params.dtype), workspace=Workspace(np))
+                           stats=np.zeros(0, params.dtype), sharded_tables=[], workspace=Workspace(np))
 
 
 class Fed:
