@@ -69,11 +69,11 @@ demo: setup bytecode fashion-mnist
 	$(BIN)/mpiexec -n $(RANKS) $(BIN)/mpitrain eval runs/fashion_mlp --split test
 
 # Everything, as CI runs it: the linter, then tests/unit, tests/mpi and tests/system (real Spark, MPI, Slurm,
-# simulated nodes; root installs the Debian packages they need): the unit tests first on two pytest-xdist workers,
-# then the mpi and system tests in order on one (tests/conftest.py). At the end the 30 slowest tests, and the run's
-# time against pyproject.toml's time_budget (docs/testing.md).
+# simulated nodes; root installs the Debian packages they need): three pytest-xdist workers, one per layer, each
+# running its layer in order (tests/conftest.py). At the end the 30 slowest tests, and the run's time against
+# pyproject.toml's time_budget (docs/testing.md).
 test: setup bytecode fashion-mnist slurm network-tools lint
-	$(PY) -m pytest -q -n 2 --durations=30 tests
+	$(PY) -m pytest -q -n 3 --durations=30 tests
 
 # The unit tests alone, on two workers: no MPI launcher, no Spark, no root (docs/testing.md: warm and cold times).
 test-fast: setup bytecode

@@ -59,36 +59,37 @@ def pytest_collection_modifyitems(items):
 
 @pytest.hookimpl(optionalhook=True)  # the suite also runs without pytest-xdist (-p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
-    """Under `pytest -n 2` (make test): the unit tests go, a test function with all its parameters at a time, to
-    whichever worker is free, in collection order (unit tests first); then the mpi tests are one unit of work and
-    the system tests another, each run by one worker in its usual order, the two layers at the same time: the mpi
-    tests keep the cores busy while the system tests wait for a JVM, a daemon or a shaped link. A test that measures
-    time has the machine to itself (`alone`, `pytest_runtest_protocol`). Other --dist modes are left to pytest-xdist."""
+    """Under `pytest -n 3` (make test): each layer is one unit of work, run by a worker of its own in its usual
+    order, the three at the same time: the unit tests (numba compiling cold) fill the cores the mpi and system tests
+    leave idle while they wait for a launch, a JVM, a daemon or a shaped link. Under `pytest -n 2` (make test-fast):
+    a unit test function with all its parameters at a time goes to whichever worker is free (so that the two do not
+    compile the same kernels at once for a test's neighbouring cases), and a launching layer is one unit of work. A
+    test that measures time has the machine to itself (`alone`, `pytest_runtest_protocol`). Other --dist modes are
+    left to pytest-xdist."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     config.option.loadscopereorder = False  # the largest unit of work first, otherwise
+    one_per_layer = config.getvalue("numprocesses") >= 3
 
     class LayersAsUnitsOfWork(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            """A launching layer's one scope; a unit test function's own, all its parameters on one worker (so
-            that the two workers do not compile the same kernels at once for a test's neighbouring cases)."""
             layer = layer_of(nodeid)
-            return f"{layer} tests" if layer in LAUNCHING_LAYERS else nodeid.split("[")[0]
+            return f"{layer} tests" if layer in LAUNCHING_LAYERS or one_per_layer else nodeid.split("[")[0]
 
     return LayersAsUnitsOfWork(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Each mpi and system test holds the machine (`MachineShare`) from its set-up, with the module fixtures it
-    starts (a Spark cluster, Slurm's daemons), to its teardown: shared, or alone where it is marked `alone`, so that
-    what it times (a shaped link's rate, a watchdog's seconds, a heartbeat going stale, two signals 10 ms apart) is
-    not slowed by the other worker's tests. Only on a pytest-xdist worker (whose basetemp is in the run's folder): a
-    run of one process runs one test at a time anyway."""
+    """Each test holds the machine (`MachineShare`) from its set-up, with the module fixtures it starts (a Spark
+    cluster, Slurm's daemons), to its teardown: shared, or alone where it is marked `alone`, so that what it times (a
+    shaped link's rate, a watchdog's seconds, a heartbeat going stale, two signals 10 ms apart) is not slowed by the
+    other workers' tests. Only on a pytest-xdist worker (whose basetemp is in the run's folder): a run of one process
+    runs one test at a time anyway."""
     basetemp = item.config.option.basetemp
-    if layer_of(item.nodeid) not in LAUNCHING_LAYERS or not hasattr(item.config, "workerinput") or not basetemp:
+    if not hasattr(item.config, "workerinput") or not basetemp:
         yield
         return
     with MachineShare(Path(basetemp).parent).held(alone=item.get_closest_marker("alone") is not None):
