@@ -111,8 +111,9 @@ def test_spark_submit_on_a_local_cluster_ends_bit_for_bit_where_mpiexec_does(ref
     assert not left_running(config)
 
 
-def test_a_sharded_table_trains_in_a_barrier_stage_as_under_mpiexec(tmp_path):
-    """Each rank of the stage holds its rows of a `shard: rows` table and writes them beside the checkpoint: the
+def test_a_sharded_table_trains_in_a_barrier_stage_as_under_mpiexec(spark, tmp_path):
+    """Each rank of the stage (the module's session: `mpitrain spark-train` runs the same `run_mpi_job`, its command
+    line is the local-mode test's) holds its rows of a `shard: rows` table and writes them beside the checkpoint: the
     rows and the model are mpiexec's bit for bit."""
     make_click_dataset(tmp_path / "data", n_train=2000, n_test=200, ids=(50, 3000))
     graph = [{"name": "emb", "type": "embedding", "input": "categorical", "dim": 4, "shard": "rows"},
@@ -123,10 +124,9 @@ def test_a_sharded_table_trains_in_a_barrier_stage_as_under_mpiexec(tmp_path):
                           train={"epochs": 1, "batch_size": 32}, optimizer={"type": "adam", "lr": 0.01})
     done = mpiexec(2, MPITRAIN, "train", config, f"--set=run_dir={tmp_path / 'mpiexec-run'}", timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
-    done = subprocess.run([MPITRAIN, "spark-train", config, "--ranks", "2", "--set", f"run_dir={tmp_path / 'spark-run'}",
-                           "--conf", "spark.ui.enabled=false"], capture_output=True, text=True, timeout=300,
-                          env=spark_env())
-    assert done.returncode == 0, done.stderr[-3000:]
+    out = io.StringIO()
+    job = rank_job(2, config, "-m", "mpitrain", "train", config, "--set", f"run_dir={tmp_path / 'spark-run'}")
+    assert run_mpi_job(spark.sparkContext, job, out=out) == 0, out.getvalue()[-3000:]
     assert final_parameters(tmp_path / "spark-run") == final_parameters(tmp_path / "mpiexec-run")
     rows = sorted((tmp_path / "spark-run" / "checkpoints" / "ckpt-0001-000000.rows").rglob("*.npy"))
     assert [str(p.relative_to(tmp_path / "spark-run")) for p in rows] == \
