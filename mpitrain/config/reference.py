@@ -33,7 +33,8 @@ line naming the key and the domain, exit status 2. "allowed" lists a choice's va
 (`[` and `]` include an end, `(` and `)` exclude it); every number anywhere in a config, layer arguments
 included, must be finite (`.inf` and `.nan` are refused). Layer sizes (`units`, `filters`, an embedding's `dim`)
 are at most {MAX_UNITS}, `kernel`, `pool` and `stride` at most {MAX_WINDOW}. At set-up each rank estimates the model's
-bytes from the config and the dataset's shapes (parameters x 4: values, gradients and two updater moments; each
+bytes from the config and the dataset's shapes (parameters x the copies training holds: values, gradients, the
+updater's delta buffer and state slots, L2 and weight decay arrays: 3 for plain SGD, 5 for Adam; each
 row's input and layer outputs x 2, forward and backward, times the rows of a step on a rank) and refuses a model
 (`model.layers` or `model.graph`) that needs more than the memory a rank has: the node's physical memory, or its
 cgroup limit when one is set, divided by the ranks on the node.

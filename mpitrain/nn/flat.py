@@ -14,7 +14,8 @@ third flat buffer of their own.
 | `layout`       | `[(name, shape)]` of `params` in buffer order; a weight matrix's name ends "/W"  |
 |                | (also a recurrent layer's "/R"..., attention's "/W_out"...: `DECAYED`)           |
 | `stats_layout` | the same for `stats`                                                             |
-| `decay_mask`   | 1 where L2 weight decay applies (weights), 0 elsewhere (biases, scales)          |
+| `decay_mask`   | 1 where L2 weight decay applies (weights), 0 elsewhere (biases, scales); built   |
+|                | when first read (an updater reads it only under L2 or weight decay)              |
 | `n_params`     | `params.size`                                                                    |
 | `xp`           | the array module (numpy or cupy) the buffers live in                             |
 | `workspace`    | every other array a step writes (`mpitrain.base.workspace`): the model's layers',  |
@@ -33,6 +34,7 @@ parameter gets no step and travels in no collective. `sparse_tables` and `dense_
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -65,12 +67,17 @@ class FlatModel:
         self.grads = xp.zeros(_size(self.layout), dtype=dtype)
         self.stats = xp.zeros(_size(self.stats_layout), dtype=dtype)
         self.n_params = self.params.size
-        decay, offset = np.zeros(self.n_params, dtype=dtype), 0
+        self.workspace = Workspace(xp)
+
+    @functools.cached_property
+    def decay_mask(self):
+        """1 where L2 weight decay applies, else 0, a full copy of the parameters' size in their dtype: built at the
+        first read, which an updater makes only under L2 or weight decay."""
+        decay, offset = np.zeros(self.n_params, dtype=self.params.dtype), 0
         for name, shape in self.layout:
             decay[offset:offset + math.prod(shape)] = name.rsplit("/", 1)[-1].rsplit(".", 1)[-1] in DECAYED
             offset += math.prod(shape)
-        self.decay_mask = xp.asarray(decay)
-        self.workspace = Workspace(xp)
+        return self.xp.asarray(decay)
 
 
 class TrainablePart:
@@ -86,7 +93,8 @@ class TrainablePart:
     def __init__(self, model: FlatModel, start: int):
         self.xp, self.workspace = model.xp, model.workspace
         self.model = model
-        self.params, self.grads, self.decay_mask = model.params[start:], model.grads[start:], model.decay_mask[start:]
+        self.start = start
+        self.params, self.grads = model.params[start:], model.grads[start:]
         self.stats, self.stats_layout = model.stats, model.stats_layout
         offsets = np.cumsum([0, *(math.prod(shape) for _, shape in model.layout)])
         self.layout = model.layout[int(np.searchsorted(offsets, start)):]
@@ -95,6 +103,11 @@ class TrainablePart:
     @property
     def trainable(self):
         return self
+
+    @property
+    def decay_mask(self):
+        """The model's from `start` on (built there at the first read)."""
+        return self.model.decay_mask[self.start:]
 
     @property
     def sharded_tables(self) -> list:

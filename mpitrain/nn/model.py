@@ -358,25 +358,27 @@ def cgroup_memory_limit(own: str = "/proc/self/cgroup", root: str = "/sys/fs/cgr
 
 
 class Budget(typing.NamedTuple):
-    """What a rank has for a model: `rows` per step, `bytes` of memory, and the `ranks` a sharded table's rows are
-    spread over."""
+    """What a rank has for a model: `rows` per step, `bytes` of memory, the `ranks` a sharded table's rows are
+    spread over, and the `copies` of the parameters training holds (`mpitrain.nn.updaters.state_copies`: 3 + the
+    updater's slots + its L2 and weight decay arrays; 4 when the optimizer is not known)."""
 
     rows: int
     bytes: int
     ranks: int = 1
+    copies: int = 4
 
 
-AUTO_SHARD_SHARE = 0.25  # `shard: auto` shards tables whose four copies would take more of a rank's bytes than this
+AUTO_SHARD_SHARE = 0.25  # `shard: auto` shards tables whose training copies would take more of a rank's bytes
 
 
 def auto_shard(tables: list, itemsize: int, budget: Budget | None) -> str:
-    """`shard: auto`'s choice for a layer's `tables` ((rows, dim) each): `rows` on several ranks when
-    the tables' values, gradients and two updater moments would take more than AUTO_SHARD_SHARE of a rank's bytes,
-    else `none` (also without a budget: a model built outside a run)."""
+    """`shard: auto`'s choice for a layer's `tables` ((rows, dim) each): `rows` on several ranks when the tables'
+    copies in training (`Budget.copies`: values, gradients, the updater's) would take more than AUTO_SHARD_SHARE of
+    a rank's bytes, else `none` (also without a budget: a model built outside a run)."""
     if budget is None or budget.ranks < 2:
         return "none"
-    return "rows" if 4 * itemsize * sum(rows * dim for rows, dim in tables) > AUTO_SHARD_SHARE * budget.bytes \
-        else "none"
+    return "rows" if budget.copies * itemsize * sum(rows * dim for rows, dim in tables) > \
+        AUTO_SHARD_SHARE * budget.bytes else "none"
 
 
 def sharded_share(tables: list, ranks: int) -> int:
@@ -385,17 +387,19 @@ def sharded_share(tables: list, ranks: int) -> int:
 
 
 def check_memory(key: str, params: int, activations: int, itemsize: int, budget: Budget | None) -> None:
-    """Refuse a model whose estimated bytes exceed a rank's: `params` numbers four times (values, gradients and up
-    to two updater moments; a sharded table's share of its rows on the rank: `sharded_share`) plus, per row of a
-    step, its `activations` (input and every layer's output) twice (forward, backward); None checks nothing."""
+    """Refuse a model whose estimated bytes exceed a rank's: `params` numbers `budget.copies` times (values,
+    gradients, the updater's delta buffer, slots and L2 arrays; a sharded table's share of its rows on the rank:
+    `sharded_share`) plus, per row of a step, its `activations` (input and every layer's output) twice (forward,
+    backward); None checks nothing."""
     if budget is None:
         return
     rows, limit = budget.rows, budget.bytes
-    estimate = itemsize * (4 * params + 2 * rows * activations)
+    estimate = itemsize * (budget.copies * params + 2 * rows * activations)
     if estimate > limit:
-        raise ConfigError(f"{key}: the model needs about {estimate:,} bytes per rank ({params:,} parameters x 4 "
-                          f"copies, {rows} rows x {activations:,} activations x 2), expected at most the {limit:,} "
-                          "bytes a rank has (the node's memory, or its cgroup limit, / the ranks on the node)")
+        raise ConfigError(f"{key}: the model needs about {estimate:,} bytes per rank ({params:,} parameters x "
+                          f"{budget.copies} copies, {rows} rows x {activations:,} activations x 2), expected at most "
+                          f"the {limit:,} bytes a rank has (the node's memory, or its cgroup limit, / the ranks on the "
+                          "node)")
 
 
 def check_layer_spec(spec, key: str) -> None:

@@ -36,17 +36,21 @@ class Updater:
     slot_names: tuple = ()
 
     def __init__(self, config, params, decay_mask, clip_norm: float = 0.0):
+        """`decay_mask` is the model's (`mpitrain.nn.flat`), or a function giving it: called only where L2 or
+        weight decay needs it, so a run without either never builds a copy of the parameters' size for it."""
         xp = array_module(params)
+        self.slot_names = self.slots_of(config)
         self.config, self.clip_norm = config, clip_norm
         self.n = params.size
         self.n_slots = len(self.slot_names)
         self.state = xp.zeros(self.n_slots * self.n, dtype=params.dtype)
         self.slots = [self.state[i * self.n:(i + 1) * self.n] for i in range(self.n_slots)]
         self.out = xp.empty_like(params)
+        mask = (decay_mask() if callable(decay_mask) else decay_mask) if self.masks(config) else None
         # L2 coefficient per parameter (l2 on weights, 0 on biases); None: no L2, the kernels skip it
-        self.decay = decay_mask * config.l2 if config.l2 else None
+        self.decay = mask * config.l2 if config.l2 else None
         # decoupled weight decay per parameter (AdamW's, on weights only, as L2); None: none
-        self.wd = decay_mask * config.weight_decay if self.decoupled and config.weight_decay else None
+        self.wd = mask * config.weight_decay if self.decoupled and config.weight_decay else None
         self.iteration = 0
         self.lr = config.lr
         self._load_kernel(xp, params.dtype)
@@ -62,6 +66,17 @@ class Updater:
     steps_rows_alone = False
     #: whether `optimizer.weight_decay` is this updater's (decoupled from the gradient: AdamW)
     decoupled = False
+
+    @classmethod
+    def slots_of(cls, config) -> tuple:
+        """The names of the state slots an updater of `config` keeps."""
+        return cls.slot_names
+
+    @classmethod
+    def masks(cls, config) -> int:
+        """How many per-parameter coefficient arrays an updater of `config` keeps: the L2 one, the weight decay
+        one (0, 1 or 2)."""
+        return bool(config.l2) + bool(cls.decoupled and config.weight_decay)
 
     def delta(self, grads, params, begin: int = 0):
         """The step to add to `params` for gradient `grads` (the returned buffer is reused): the whole flat buffer,
@@ -88,9 +103,12 @@ class SGD(Updater):
     """Plain SGD (delta = -lr g), momentum v = mu v - lr g (delta = v), or Nesterov (delta = mu v - lr g)."""
 
     def __init__(self, config, params, decay_mask, clip_norm: float = 0.0):
-        self.slot_names = ("velocity",) if config.momentum else ()
         self.steps_rows_alone = not config.momentum
         super().__init__(config, params, decay_mask, clip_norm)
+
+    @classmethod
+    def slots_of(cls, config) -> tuple:
+        return ("velocity",) if config.momentum else ()
 
     def row_delta(self, grads, out=None):
         """Plain SGD's step of rows without L2 (an embedding table's touched rows): -lr g, as `sgd_step` computes
@@ -133,9 +151,9 @@ class Adam(Updater):
     """Adam with bias correction: delta = -lr m_hat / (sqrt(v_hat) + eps) (`iteration` is t); with `amsgrad` the
     largest v_hat so far divides (Reddi et al. 2018), in a third slot."""
 
-    def __init__(self, config, params, decay_mask, clip_norm: float = 0.0):
-        self.slot_names = ("first_moment", "second_moment", *(("max_second_moment",) if config.amsgrad else ()))
-        super().__init__(config, params, decay_mask, clip_norm)
+    @classmethod
+    def slots_of(cls, config) -> tuple:
+        return ("first_moment", "second_moment", *(("max_second_moment",) if config.amsgrad else ()))
 
     def _step(self, slots, grads, params, decay, wd, out, t):
         c = self.config
@@ -189,5 +207,14 @@ UPDATERS = {"sgd": SGD, "adagrad": AdaGrad, "rmsprop": RMSProp, "adam": Adam, "a
 
 def create_updater(config, params, decay_mask, clip_norm: float = 0.0) -> Updater:
     """The updater named by `config.type` (an OptimizerConfig) for a flat parameter buffer; its gradients clipped to
-    L2 norm `clip_norm` (0: not clipped)."""
+    L2 norm `clip_norm` (0: not clipped). `decay_mask`: the model's, or a function giving it (`Updater`)."""
     return UPDATERS[config.type](config, params, decay_mask, clip_norm)
+
+
+def state_copies(config) -> int:
+    """How many arrays of the parameters' size a run of optimizer `config` holds: the values, the gradients, the
+    updater's delta buffer and state slots, and its L2 and weight decay coefficients with the mask they are made of
+    (what a rank's memory check counts: `mpitrain.nn.model.check_memory`)."""
+    cls = UPDATERS[config.type]
+    masks = cls.masks(config)
+    return 3 + len(cls.slots_of(config)) + masks + bool(masks)

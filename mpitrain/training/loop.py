@@ -139,7 +139,8 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
     when asked, its steps agreeing on `stop`); config.yaml."""
     config, comm, model = run.config, run.comm, run.model
     trainable = model.trainable  # the updater and the synchronizer see no frozen parameter
-    updater = create_updater(config.optimizer, trainable.params, trainable.decay_mask, config.train.clip_norm)
+    updater = create_updater(config.optimizer, trainable.params, lambda: trainable.decay_mask,  # built if needed
+                             config.train.clip_norm)
     for table in model.sharded_tables:  # their rows' own state, stepped by the run's updater (`apply_update`)
         table.take_updater(config.optimizer)
     sync = sync or create_synchronizer(config.sync, comm)

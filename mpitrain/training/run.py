@@ -24,6 +24,7 @@ from mpitrain.data.storage import is_url
 from mpitrain.nn.graph import build_network, model_outputs
 from mpitrain.nn.losses import check_loss_fits
 from mpitrain.nn.model import Budget, Network, rank_memory_bytes
+from mpitrain.nn.updaters import state_copies
 from mpitrain.parallel.backend import Backend, create_backend
 from mpitrain.parallel.sharded_tables import attach_sharded_tables
 from mpitrain.rundir.checkpointer import Checkpointer
@@ -167,7 +168,8 @@ def setup_run(config: Config, comm, *, reader: DatasetReader | None = None, mode
             memory = rank_memory_bytes(comm.local_size)
             if any(node.get("shard") == "auto" for node in config.model.graph):  # one choice on every rank
                 memory = -int(comm.max(-memory))
-            model = build_network(config.model, manifest, comm.backend.xp, Budget(micro_batch, memory, comm.size))
+            model = build_network(config.model, manifest, comm.backend.xp,
+                                  Budget(micro_batch, memory, comm.size, state_copies(config.optimizer)))
             graph = model.config_entries()["model.graph"]
             if graph != config.model.graph:  # `shard: auto` decided: recorded
                 config = resolve(config, {"model.graph": graph}, "the config")

@@ -232,3 +232,34 @@ def test_a_step_allocates_no_array(name, l2):
     updater = create_updater(OptimizerConfig(**config, l2=l2), p, np.ones(n, dtype=np.float32))
     allocated = allocated_bytes(lambda: updater.delta(g, p))
     assert allocated <= 4096, f"{allocated} bytes allocated by one step"
+
+
+@pytest.mark.parametrize("config, copies", [
+    (dict(type="sgd", lr=0.1), 3), (dict(type="sgd", lr=0.1, momentum=0.9), 4), (dict(type="adam", lr=0.001), 5),
+    (dict(type="adam", lr=0.001, amsgrad=True), 6), (dict(type="sgd", lr=0.1, l2=1e-4), 5),
+    (dict(type="adamw", lr=0.001, weight_decay=0.01), 7), (dict(type="adamw", lr=0.001, weight_decay=0.01, l2=1e-4), 8),
+])
+def test_a_model_and_its_updater_hold_the_copies_the_memory_check_counts(config, copies):
+    """`state_copies` (what `check_memory` multiplies the parameters by) is what a model's flat buffers and its
+    updater allocate, measured by tracemalloc; the L2 mask is built only where L2 or weight decay reads it."""
+    import tracemalloc
+
+    from mpitrain.nn.flat import FlatModel
+    from mpitrain.nn.updaters import state_copies
+    optimizer = OptimizerConfig(**config)
+    assert state_copies(optimizer) == copies
+    create_updater(optimizer, np.zeros(8, np.float32), np.ones(8, np.float32))  # its kernel loaded, untraced
+    n = 1_000_000
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        model = FlatModel([("dense/W", (1000, 900)), ("dense/b", (100_000,))], [], np)
+        updater = create_updater(optimizer, model.params, lambda: model.decay_mask)
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert round(held / (4 * n), 2) == copies, held
+    decoupled = optimizer.type == "adamw" and optimizer.weight_decay  # Adam and SGD ignore weight_decay
+    assert ("decay_mask" in vars(model)) == bool(optimizer.l2 or decoupled)
+    if updater.decay is not None:
+        assert updater.decay[:900_000].min() == updater.decay.max() == np.float32(1e-4) and updater.decay[-1] == 0
