@@ -273,7 +273,7 @@ def test_a_rank_stalled_before_its_row_exchange_is_named_while_the_other_waits_i
 
 
 def test_shard_auto_shards_on_ranks_of_little_memory_and_the_run_records_rows(clicks, tmp_path):
-    table_bytes = sum(IDS) * 8 * 4 * 4  # values, gradients, two moments
+    table_bytes = sum(IDS) * 8 * 4 * 3  # plain SGD's copies: values, gradients, the delta buffer (state_copies)
     config = write_config(tmp_path / "auto.yaml", clicks / "data", run_dir=str(tmp_path / "auto"),
                           model={"layers": [], "graph": graph("auto"), "loss": "binary_cross_entropy"},
                           train={"epochs": 1, "batch_size": 64}, optimizer=SGD)

@@ -14,6 +14,7 @@ import pytest
 
 from mpitrain import cli
 from mpitrain.base.errors import ConfigError
+from mpitrain.data.shards import read_manifest
 from mpitrain.etl import cli as etl_cli
 from mpitrain.etl.scoring import plan_scoring
 from mpitrain.etl.sources import SourceOptions
@@ -45,8 +46,9 @@ def write_records(path, n: int, seed: int, first_id: int = 0) -> None:
 
 @pytest.fixture(scope="module")
 def sequence_model(spark, tmp_path_factory):
-    """The records through `mpitrain etl --sequence readings --bag recent --standardize` (a test file of its own),
-    a graph trained on them and `mpitrain predict` of its test split: (folder, run dir)."""
+    """The records through `mpitrain etl --sequence readings --bag recent --standardize` (a test file of its own;
+    the bag's 15 merchants past --max-vocabulary 10: a file vocabulary, --vocabulary-files), a graph trained on them
+    and `mpitrain predict` of its test split: (folder, run dir)."""
     import argparse
 
     from mpitrain.etl.cli import add_arguments, plan_from_args
@@ -59,7 +61,9 @@ def sequence_model(spark, tmp_path_factory):
     write_dataset(spark, plan_from_args(parser.parse_args([
         "--source", f"parquet:{folder / 'train.parquet'}", "--test", str(folder / "test.parquet"),
         "--sequence", "readings", "--bag", "recent", "--features", "amount,id_number", "--standardize",
-        "--out", str(folder / "data"), "--shards", "2"])))
+        "--max-vocabulary", "10", "--vocabulary-files", "--out", str(folder / "data"), "--shards", "2"])))
+    bag = next(c for c in read_manifest(str(folder / "data")).sequences if c["name"] == "recent")
+    assert bag["ids"] == 17 and bag["vocabulary_path"] == "vocabularies/recent"
     config = write_config(folder / "config.yaml", folder / "data", train={"epochs": 2, "batch_size": 32},
                           model={"layers": [], "graph": GRAPH})
     for args in ([MPITRAIN, "train", config], [MPITRAIN, "predict", folder / "run", "--split", "test"]):
