@@ -47,10 +47,7 @@ def fnv1a64(texts) -> np.ndarray:
     import pyarrow as pa
     texts = _array(texts).cast(pa.string())
     n = len(texts)
-    offsets = np.frombuffer(texts.buffers()[1], np.int32)[texts.offset:texts.offset + n + 1].astype(np.int64) \
-        if n else np.zeros(1, np.int64)
-    data = texts.buffers()[2]
-    data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+    offsets, data = string_buffers(texts)
     lengths = offsets[1:] - offsets[:-1]
     order = np.argsort(-lengths, kind="stable")  # longest first: the values still being hashed are a prefix
     starts, ordered = offsets[:-1][order], lengths[order]
@@ -62,6 +59,16 @@ def fnv1a64(texts) -> np.ndarray:
     out = np.empty(n, np.uint64)
     out[order] = hashes
     return out
+
+
+def string_buffers(texts) -> tuple[np.ndarray, np.ndarray]:
+    """A pyarrow string array's value offsets (int64, n + 1, into the data) and its data buffer (uint8), as views;
+    the i-th value's UTF-8 bytes are data[offsets[i]:offsets[i + 1]]."""
+    n = len(texts)
+    offsets = np.frombuffer(texts.buffers()[1], np.int32)[texts.offset:texts.offset + n + 1].astype(np.int64) \
+        if n else np.zeros(1, np.int64)
+    data = texts.buffers()[2]
+    return offsets, np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
 
 
 def text_hashes(texts) -> np.ndarray:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpitrain.data.encoding import MISSING_ID
+from mpitrain.data.encoding import MISSING_ID, string_buffers
 from mpitrain.data.vocabulary_files import FileVocabulary, parts_of
 
 
@@ -60,7 +60,5 @@ class SharedVocabulary:
 
 def _utf8(strings) -> np.ndarray:
     """The UTF-8 bytes of a pyarrow string array's values, back to back (uint8)."""
-    if not len(strings):
-        return np.zeros(0, np.uint8)
-    offsets = np.frombuffer(strings.buffers()[1], np.int32)[strings.offset:strings.offset + len(strings) + 1]
-    return np.frombuffer(strings.buffers()[2], np.uint8)[offsets[0]:offsets[-1]].copy()
+    offsets, data = string_buffers(strings)
+    return data[offsets[0]:offsets[-1]].copy()
