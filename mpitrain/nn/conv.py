@@ -1,6 +1,6 @@
 """Spatial layers on NCHW batches: convolution as im2col + one GEMM (or Winograd's), pooling as a reduction of windows.
 
-The GEMM is `xp.matmul`, so numpy runs BLAS and cupy runs cuBLAS; im2col/col2im are the
+The GEMM is `kernels.gemm.matmul`, so numpy runs BLAS and cupy runs cuBLAS; im2col/col2im are the
 `kernels.im2col` kernels, max pooling the `kernels.pool` ones (numba on the CPU). From
 `CHANNELS_LAST_FROM` input channels on, a conv2d layer's windows run channels last (kernel
 offset, then channel: a pixel's channels are one run to copy) and its weights are copied into
@@ -38,6 +38,7 @@ import numpy as np
 
 from mpitrain.base.arrays import array_module
 from mpitrain.kernels.conv_rows import activation_backward_rows, bias_activation_nchw, column_sums
+from mpitrain.kernels.gemm import matmul
 from mpitrain.kernels.im2col import PADDINGS, col2im, col2im_channels_last, geometry, im2col, im2col_channels_last
 from mpitrain.kernels.pool import max_pool, max_pool_backward
 from mpitrain.nn.conv_winograd import tile_bytes_per_image, winograd_backward, winograd_forward
@@ -170,7 +171,7 @@ class Conv2D(FusesActivation):
         for images in self.batch:
             self.cols = self._windows(x, images)  # the whole batch's are kept for backward
             chunk_rows = rows[images.start * pixels:images.stop * pixels]
-            xp.matmul(self.cols, self.weights.T, out=chunk_rows)
+            matmul(self.cols, self.weights.T, chunk_rows)
             bias_activation_nchw(chunk_rows, self.params["b"], self.kind, self.y[images])
         return self.y
 
@@ -202,16 +203,16 @@ class Conv2D(FusesActivation):
         """out = a @ b for a batch's first chunk, out += a @ b (through a workspace array) for each later one: a
         weight gradient summed over the chunks (both paths, im2col's and Winograd's)."""
         if first:
-            array_module(out).matmul(a, b, out=out)
+            matmul(a, b, out)
         else:
             part = self.ws("weights_grad_part", out.shape, out.dtype)
-            array_module(out).matmul(a, b, out=part)
+            matmul(a, b, part)
             out += part
 
     def _input_grad(self, dz, cols, dx) -> None:
         """`dx` (a chunk's images) = the adjoint of the windows of the gradient `dz` of their rows, through `cols`
         (their windows, overwritten)."""
-        array_module(dz).matmul(dz, self.weights, out=cols)
+        matmul(dz, self.weights, cols)
         dcols = cols.reshape(self._windows_shape(len(dx)))
         if self.channels_last:
             col2im_channels_last(dcols, self.g, self._image(len(dx), dz.dtype), dx)

@@ -83,6 +83,7 @@ class TableLayer(Layer):
     of `shapes`); see the module docstring."""
 
     reads_ids = True
+    capture_blocker = "an embedding table: its backward finds the rows it wrote with unique, whose size the host reads"
 
     def _take_shard(self, shard: str) -> None:
         if shard not in SHARDS:

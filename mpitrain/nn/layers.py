@@ -34,6 +34,7 @@ from mpitrain.kernels.activations import (
     dropout,
     keyed_bits_reference,
 )
+from mpitrain.kernels.gemm import matmul
 from mpitrain.kernels.rows import flat_rows
 
 LAYER_CLASSES: dict[str, type] = {}  # every layer type a config names, by that name (`layer_type`)
@@ -70,6 +71,9 @@ class Layer:
     tables: tuple | list = ()  # its embedding tables whose gradients may travel sparse (`mpitrain.nn.embedding.TableGrad`)
     reads_ids = False  # it takes integer ids as they are (an embedding's); any other layer gets integers as numbers
     collective = False  # its forward and backward are collectives (a sharded embedding's rows live on every rank)
+    # Why its training forward and backward cannot be recorded in a CUDA graph (`mpitrain.training.step_graph`):
+    # a read of a device value on the host, or a kernel argument that changes from step to step. None: it can.
+    capture_blocker: str | None = None
 
     @property
     def ws(self) -> WorkspacePart:
@@ -160,27 +164,25 @@ class Dense(FusesActivation):
         return varying(self.ws, name, shape, dtype) if self.sequence else self.ws(name, shape, dtype)
 
     def forward(self, x, training):
-        xp = array_module(x)
         self.input_shape = x.shape
         self.x = x.reshape(-1, x.shape[-1]) if self.sequence else x.reshape(len(x), -1)
         self.y = self._array("y", (len(self.x), self.units), x.dtype)
-        xp.matmul(self.x, self.params["W"], out=self.y)
+        matmul(self.x, self.params["W"], self.y)
         bias_activation(self.y, self.params["b"], self.kind, self.y)
         return self.y.reshape(*self.input_shape[:2], self.units) if self.sequence else self.y
 
     def backward(self, dy, input_grad=True):
-        xp = array_module(dy)
         dy = dy.reshape(self.y.shape)
         if self.kind != "none":
             dz = self._array("dz", dy.shape, dy.dtype)
             activation_backward(dy, self.y, self.kind, dz)
             dy = dz
-        xp.matmul(self.x.T, dy, out=self.grads["W"])
+        matmul(self.x.T, dy, self.grads["W"])
         dy.sum(axis=0, out=self.grads["b"])
         if not input_grad:
             return None
         dx = self._array("dx", self.x.shape, dy.dtype)
-        xp.matmul(dy, self.params["W"].T, out=dx)
+        matmul(dy, self.params["W"].T, dx)
         return dx.reshape(self.input_shape)
 
 
@@ -282,6 +284,10 @@ class Dropout(Layer):
             raise ValueError(f"rate {rate!r}, expected a number in [0, 1)")
         self.rate = rate
 
+    @property
+    def capture_blocker(self) -> str | None:
+        return DROPOUT_BLOCKER if self.rate else None
+
     def forward(self, x, training):
         if not training or self.rate == 0:
             self.mask = None
@@ -297,6 +303,10 @@ class Dropout(Layer):
         dx = self.ws("dx", dy.shape, dy.dtype)
         array_module(dy).multiply(dy, self.mask, out=dx)
         return dx
+
+
+DROPOUT_BLOCKER = "dropout at a rate above 0: its mask's seed is a kernel argument, so a replay would drop the " \
+                  "same units every step"
 
 
 def keyed_dropout(rows, key: tuple, rate: float, out, mask) -> None:

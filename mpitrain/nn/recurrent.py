@@ -27,6 +27,7 @@ import math
 import numpy as np
 
 from mpitrain.base.arrays import array_module
+from mpitrain.kernels.gemm import matmul
 from mpitrain.kernels.recurrent import gru_step, gru_step_backward, lstm_step, lstm_step_backward
 from mpitrain.nn.layers import Layer, initial_weights, layer_type
 
@@ -107,7 +108,7 @@ class Recurrent(Layer):
         for k, d in enumerate(self.directions):
             p = {name: self.params[f"{name}{d}"] for name in ("W", "R", self.input_bias, self.recurrent_bias) if name}
             gates = self._array(f"gates{d}", (steps, batch, columns), x.dtype)
-            xp.matmul(self.x.reshape(-1, features), p["W"], out=gates.reshape(-1, columns))
+            matmul(self.x.reshape(-1, features), p["W"], gates.reshape(-1, columns))
             gates += p[self.input_bias]
             states = {s: self._array(f"{s}{d}", (steps + 1, batch, units), x.dtype) for s in self.states}
             saved = {s: self._array(f"{s}{d}", (steps, batch, units), x.dtype) for s in self.saved}
@@ -165,17 +166,17 @@ class Recurrent(Layer):
                 self.step_backward(xp, p, gates, states, saved, carry, into, grad_in, grad_rec, t, t + reverse)
                 carry, into = into, carry
             previous = states["h"][reverse:steps + reverse].reshape(-1, units)  # h before each time step
-            xp.matmul(self.x.reshape(-1, features).T, grad_in.reshape(-1, columns), out=self.grads[f"W{d}"])
-            xp.matmul(previous.T, grad_rec.reshape(-1, columns), out=self.grads[f"R{d}"])
+            matmul(self.x.reshape(-1, features).T, grad_in.reshape(-1, columns), self.grads[f"W{d}"])
+            matmul(previous.T, grad_rec.reshape(-1, columns), self.grads[f"R{d}"])
             grad_in.reshape(-1, columns).sum(axis=0, out=self.grads[f"{self.input_bias}{d}"])
             if self.recurrent_bias:
                 grad_rec.reshape(-1, columns).sum(axis=0, out=self.grads[f"{self.recurrent_bias}{d}"])
             if input_grad:
                 if k == 0:
-                    xp.matmul(grad_in.reshape(-1, columns), p["W"].T, out=dx.reshape(-1, features))
+                    matmul(grad_in.reshape(-1, columns), p["W"].T, dx.reshape(-1, features))
                 else:
                     dx_reverse = self._array("dx_reverse", (steps, batch, features), dy.dtype)
-                    xp.matmul(grad_in.reshape(-1, columns), p["W"].T, out=dx_reverse.reshape(-1, features))
+                    matmul(grad_in.reshape(-1, columns), p["W"].T, dx_reverse.reshape(-1, features))
                     dx += dx_reverse
         if not input_grad:
             return None
@@ -188,7 +189,7 @@ class Recurrent(Layer):
         becomes the gates' activations; the states' rows `before` (T + 1, B, H) give their rows `after`, carried over
         where the sequence is padded; `saved` keeps what `step_backward` needs at row t."""
         recurrent = self._scratch("recurrent", gates[t])
-        xp.matmul(states["h"][before], p["R"], out=recurrent)
+        matmul(states["h"][before], p["R"], recurrent)
         self.gate_step(p, gates, recurrent, states, saved, t, before, after)
 
     def step_backward(self, xp, p: dict, gates, states: dict, saved: dict, carry: dict, into: dict, grad_in,
@@ -199,7 +200,7 @@ class Recurrent(Layer):
         `carry` is only read."""
         direct = self._scratch("direct", carry["h"])
         self.gate_step_backward(gates, states, saved, carry, into, grad_in, grad_rec, direct, t, before)
-        xp.matmul(grad_rec[t], p["R"].T, out=into["h"])
+        matmul(grad_rec[t], p["R"].T, into["h"])
         into["h"] += direct
 
     def gate_step(self, p: dict, gates, recurrent, states: dict, saved: dict, t: int, before: int,

@@ -10,7 +10,7 @@ input gradient is zero at padded steps. A convolution masks its input's padded s
 its zero padding and a sequence's own padding look alike, and the same sequence gives the same outputs in any batch.
 
 The convolution is an im2col of the kernel's taps (one strided copy per tap, no loop over samples or steps) and
-one GEMM (`xp.matmul`: BLAS, cuBLAS), its bias and fused activation those of dense (`kernels.activations`). Every
+one GEMM (`kernels.gemm.matmul`: BLAS, cuBLAS), its bias and fused activation those of dense (`kernels.activations`). Every
 array changes size with T, so it is a grow-only workspace buffer reshaped to the batch (`layers.varying`).
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ import numpy as np
 from mpitrain.base.arrays import array_module
 from mpitrain.kernels.activations import activation_backward, bias_activation
 from mpitrain.kernels.broadcast import scale_rows
+from mpitrain.kernels.gemm import matmul
 from mpitrain.nn.layers import FusesActivation, Layer, initial_weights, is_sequence, layer_type, varying
 
 SEQUENCE_PADDINGS = ("causal", "same", "valid")
@@ -166,7 +167,7 @@ class Conv1D(FusesActivation):
             cols[:, :, k] = tap
         self.cols = cols.reshape(n * out_steps, -1)
         self.y = varying(self.ws, "y", (n * out_steps, self.filters), x.dtype)
-        xp.matmul(self.cols, self.params["W"].reshape(-1, self.filters), out=self.y)
+        matmul(self.cols, self.params["W"].reshape(-1, self.filters), self.y)
         bias_activation(self.y, self.params["b"], self.kind, self.y)
         return self.y.reshape(n, out_steps, self.filters)
 
@@ -178,11 +179,11 @@ class Conv1D(FusesActivation):
             activation_backward(dy, self.y, self.kind, dz)
             dy = dz
         dy.sum(axis=0, out=self.grads["b"])
-        xp.matmul(self.cols.T, dy, out=self.grads["W"].reshape(-1, self.filters))
+        matmul(self.cols.T, dy, self.grads["W"].reshape(-1, self.filters))
         if not input_grad:
             return None
         dcols = self.cols  # forward's windows, read for the last time above
-        xp.matmul(dy, self.params["W"].reshape(-1, self.filters).T, out=dcols)
+        matmul(dy, self.params["W"].reshape(-1, self.filters).T, dcols)
         dcols = dcols.reshape(n, -1, self.kernel, features)
         dpadded = varying(self.ws, "padded", (n, self.pad_left + steps + self.pad_right, features), dy.dtype)
         dpadded.fill(0)  # forward's padded input, copied into its windows long ago

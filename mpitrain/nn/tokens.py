@@ -40,6 +40,7 @@ class TokenEmbedding(Layer):
     per_step = True
 
     reads_ids = True
+    capture_blocker = "a token embedding: its forward reads the ids' range on the host"
 
     def __init__(self, dim: int = 16, ids="auto", init: str | None = None):
         if not (isinstance(dim, int) and not isinstance(dim, bool) and dim >= 1):

@@ -41,6 +41,10 @@ class Transformer(Layer):
                       "ff2": Dense(1), "drop2": Dropout(rate)}
         self.number = {name: k for k, name in enumerate(self.parts)}  # a part's dropout key: the block's and this
 
+    @property
+    def capture_blocker(self) -> str | None:
+        return next((part.capture_blocker for part in self.parts.values() if part.capture_blocker), None)
+
     def param_shapes(self, input_shape):
         if not is_sequence(input_shape):
             raise ValueError(f"a transformer block reads a sequence (None, F), not inputs of shape {list(input_shape)}")

@@ -39,6 +39,7 @@ from mpitrain.training.metrics import MetricsLog, Totals, Traffic, Window, figur
 from mpitrain.training.preemption import Stopped, StopSignals, requeue
 from mpitrain.training.pretrain import pretrain
 from mpitrain.training.run import Run, setup_run
+from mpitrain.training.step_graph import graphed
 from mpitrain.training.steps import Stepper, batch_stepper
 from mpitrain.training.watchdog import Watchdog
 
@@ -194,7 +195,9 @@ def _set_up_training(run: Run, batches: Batches, test_rows: EvalRows, sync: Sync
                          config.train.straggler_factor)
     schedule = Schedule(config.optimizer, batches.steps_per_epoch, config.train.epochs)
     schedule.load_state(start.loop_state.get("schedule", {}))
-    stepper = batch_stepper(config.train.tbptt_steps, model, comm, config.train.accumulate, sync, batches.batch_size)
+    stepper = graphed(config.train.cuda_graph,
+                      batch_stepper(config.train.tbptt_steps, model, comm, config.train.accumulate, sync,
+                                    batches.batch_size), model, run.backend)
     _warm_up(run, batches, stepper, (config.train.seed, comm.rank, start.epoch, start.step))
     return _Loop(batches, test_rows, updater, sync, metrics, start.epoch, start.step,
                  AllocationTrace(config.train.trace_allocations), stepper, schedule, stopping)
@@ -473,6 +476,7 @@ def _finish(run: Run, loop: _Loop, done: _Done, started: float) -> dict:
         "replica_hashes": comm.allgather_obj(parameter_hash(*map(backend.to_host, (model.params, model.stats)))),
         "backend": backend.name, "cuda_aware_mpi": comm.cuda_aware, "host_staging": comm.staged,
         "device_collectives": comm.device_collectives,
+        "cuda_graphs": len(getattr(loop.stepper, "captured", ())),  # batch shapes whose steps replay a graph
         "transfers": backend.transfers.to_dict(),
         "evaluation": evaluation.to_dict(),
         **loop.sync.summary(),  # the mode's own (auto's choices)

@@ -66,6 +66,8 @@ def test_frequency_epoch_and_run_dir(tmp_path):
     ("backend: tpu", [], r"backend is 'tpu', expected one of \('auto', 'numpy', 'cupy'\)"),
     ("comm: {cuda_aware: maybe}", [], r"comm.cuda_aware is 'maybe', expected one of \('auto', True, False\)"),
     ("comm: {cuda_aware: 1}", [], r"comm.cuda_aware is 1, expected bool or str"),
+    ("train: {cuda_graph: maybe}", [], r"train.cuda_graph is 'maybe', expected one of \('auto', True, False\)"),
+    ("train: {cuda_graph: true}", [], r"train.cuda_graph is True, expected auto or false with backend: numpy"),
     ("[1, 2]", [], r"expected a mapping"),
 ])
 def test_bad_configs_name_the_key(tmp_path, text, override, message):
@@ -111,7 +113,9 @@ def test_backend_and_cuda_aware_choices(tmp_path):
     config = load_config(write(tmp_path, base))
     assert config.backend == "numpy" and config.comm.cuda_aware == "auto"
     config = load_config(write(tmp_path, base + "backend: auto\ncomm: {cuda_aware: false}\n"))
-    assert config.backend == "auto" and config.comm.cuda_aware is False
+    assert config.backend == "auto" and config.comm.cuda_aware is False and config.train.cuda_graph == "auto"
+    config = load_config(write(tmp_path, base + "backend: cupy\ntrain: {cuda_graph: true}\n"))
+    assert config.train.cuda_graph is True  # refused at start where no GPU is (test_step_graph's `graphed`)
 
 
 def test_missing_file_and_bad_yaml(tmp_path):
