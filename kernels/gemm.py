@@ -80,9 +80,6 @@ class CublasGemm:
         return cls(cublas, lambda array: array.data.ptr, lambda: cupy.cuda.get_current_stream().ptr,
                    cupy.ascontiguousarray, cupy.empty(WORKSPACE_BYTES, dtype=np.uint8))
 
-    def close(self) -> None:
-        self.cublas.destroy(self.handle)
-
     def __call__(self, a, b, out) -> None:
         """out = a @ b. out's matrices must have contiguous rows (the workspace's and the flat gradient's do)."""
         dtype = out.dtype

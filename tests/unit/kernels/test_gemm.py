@@ -32,9 +32,6 @@ class HostBlas:
     def create(self):
         return 11
 
-    def destroy(self, handle):
-        self.calls.append(("destroy", handle))
-
     def set_workspace(self, handle, address, nbytes):
         self.workspace = (handle, address, nbytes)
 
