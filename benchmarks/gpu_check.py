@@ -188,7 +188,7 @@ def mpitrain_run(steps: Steps, name: str, ranks: int, config: str, settings: dic
     return {**row, "samples_per_s": samples / seconds if seconds else summary["samples_per_s"],
             "test_accuracy": summary.get("test_accuracy"), "staged_bytes_per_step": summary.get("staged_bytes_per_step"),
             "host_cpu_ms_per_step": sum(w["host_cpu_ms_per_step"] * w["samples"] for w in counted) / samples,
-            "transfers": summary.get("transfers")}
+            "transfers": summary.get("transfers"), "cuda_graphs": summary.get("cuda_graphs")}
 
 
 def torch_run(steps: Steps, name: str, config: str, data: str, batch: int, device: str, timeout: float) -> dict:
@@ -266,7 +266,8 @@ def throughput_rows(steps: list[dict]) -> list[dict]:
         middle = sorted(runs, key=lambda r: r["samples_per_s"])[len(runs) // 2]
         rows.append({"model": model, "engine": engine, "batch": middle["batch"], "runs": len(runs),
                      "samples_per_s": middle["samples_per_s"], "test_accuracy": middle.get("test_accuracy"),
-                     "host_cpu_ms_per_step": middle.get("host_cpu_ms_per_step")})
+                     "host_cpu_ms_per_step": middle.get("host_cpu_ms_per_step"),
+                     "cuda_graphs": middle.get("cuda_graphs")})
     for row in rows:
         torch = next((r for r in rows if r["model"] == row["model"] and r["engine"] == "pytorch"), None)
         row["vs_torch"] = row["samples_per_s"] / torch["samples_per_s"] if torch else None
@@ -281,12 +282,12 @@ def report(result: dict) -> str:
             f"{' (a dry run: numpy and PyTorch on the CPU)' if result['dry_run'] else ''}: 1 rank, 2 epochs of which "
             f"the first is not counted, each row the median of its turns beside PyTorch CUDA eager's; targets: MLP "
             f">= {TARGETS['MLP']}x, LeNet >= {TARGETS['LeNet']}x PyTorch. Host CPU: the training thread's CPU time per "
-            f"step.")
+            f"step. CUDA graphs: the batch shapes whose steps mpitrain replayed as a graph (train.cuda_graph: auto).")
     speed = markdown_table(
-        ["model", "engine", "batch", "samples/s", "vs PyTorch", "host CPU ms/step", "test acc"],
+        ["model", "engine", "batch", "samples/s", "vs PyTorch", "host CPU ms/step", "CUDA graphs", "test acc"],
         [[r["model"], r["engine"], str(r["batch"]), f"{r['samples_per_s']:.0f}", fmt(r["vs_torch"], "{:.2f}x"),
-          fmt(r["host_cpu_ms_per_step"], "{:.2f}"), fmt(r["test_accuracy"], "{:.4f}")]
-         for r in result["throughput"]], "llrrrrr")
+          fmt(r["host_cpu_ms_per_step"], "{:.2f}"), fmt(r.get("cuda_graphs"), "{}"), fmt(r["test_accuracy"], "{:.4f}")]
+         for r in result["throughput"]], "llrrrrrr")
     outcomes = markdown_table(
         ["step", "outcome", "samples/s", "test acc", "staged bytes/step"],
         [[s["step"], "passed" if s["passed"] else f"FAILED: {s['reason']}", fmt(s.get("samples_per_s"), "{:.0f}"),

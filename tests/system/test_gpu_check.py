@@ -48,6 +48,7 @@ def test_the_dry_run_takes_every_step_on_the_cpu_and_reports_them(tmp_path):
     rows = {r["engine"]: r for r in result["throughput"]}
     assert rows["mpitrain"]["samples_per_s"] > 0 and rows["pytorch"]["vs_torch"] == 1.0
     assert rows["mpitrain"]["host_cpu_ms_per_step"] > 0 and rows["pytorch"]["host_cpu_ms_per_step"] > 0
+    assert rows["mpitrain"]["cuda_graphs"] == 0 and " CUDA graphs " in (tmp_path / "out" / "gpu_check.md").read_text()
     assert done.stdout.rstrip().endswith((tmp_path / "out" / "gpu_check.md").read_text().rstrip())  # printed last
     assert sorted(os.listdir(tmp_path / "out" / "logs")) == ["1-rank-mlp-mpitrain-0.log", "1-rank-mlp-pytorch-0.log",
                                                              "2-ranks-mlp.log", "gpu-tests.log", "gpu-tests.xml"]
