@@ -41,8 +41,8 @@ def graph_blockers(stepper, model, backend) -> list[str]:
     reasons = []
     if not backend.on_gpu:
         reasons.append(f"the backend is {backend.name}: a CUDA graph needs the cupy backend on a GPU")
-    elif gemm_unavailable():
-        reasons.append(gemm_unavailable())
+    elif missing := gemm_unavailable():
+        reasons.append(missing)
     if not isinstance(stepper, WholeBatch):
         reasons.append("a step of several forward and backward passes (train.tbptt_steps, train.accumulate or "
                        "sync.deterministic)")
