@@ -32,7 +32,8 @@ from mpitrain.training.steps import WholeBatch
 
 log = logging.getLogger(__name__)
 
-WARMUP_STEPS = 2  # eager steps of a batch shape before its capture
+WARMUP_STEPS = 2  # eager steps of a batch shape before its capture: a cupy kernel first loaded while a stream
+# captures records nothing useful (cupy#8318, a ReductionKernel's first use), so every kernel is loaded before
 MAX_SHAPES = 2  # batch shapes captured at most (each graph keeps its own activations' memory)
 
 
