@@ -286,7 +286,7 @@ def report(result: dict) -> str:
     speed = markdown_table(
         ["model", "engine", "batch", "samples/s", "vs PyTorch", "host CPU ms/step", "CUDA graphs", "test acc"],
         [[r["model"], r["engine"], str(r["batch"]), f"{r['samples_per_s']:.0f}", fmt(r["vs_torch"], "{:.2f}x"),
-          fmt(r["host_cpu_ms_per_step"], "{:.2f}"), fmt(r.get("cuda_graphs"), "{}"), fmt(r["test_accuracy"], "{:.4f}")]
+          fmt(r["host_cpu_ms_per_step"], "{:.2f}"), fmt(r["cuda_graphs"], "{}"), fmt(r["test_accuracy"], "{:.4f}")]
          for r in result["throughput"]], "llrrrrrr")
     outcomes = markdown_table(
         ["step", "outcome", "samples/s", "test acc", "staged bytes/step"],
