@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from mpitrain.testing.datasets import make_dataset
+from mpitrain.testing.launch import TEST_JVM_OPTIONS
 from mpitrain.testing.machine_share import MachineShare
 from mpitrain.testing.suite_time import layer_of, parse_budget, seconds_by_file, summary_lines
 
@@ -19,6 +20,10 @@ from mpitrain.testing.suite_time import layer_of, parse_budget, seconds_by_file,
 # and then ("failed to unpack address, invalid bandwidth 0.00", pmodels/mpich#7417). The tests
 # run on one node: shared memory is all they need. Exported, so Slurm jobs inherit it too.
 os.environ.setdefault("UCX_TLS", "self,sm")
+# Every spark-submit (a SparkSession here, `mpitrain etl`, a Slurm job's) starts its launcher and its driver with
+# these (docs/testing.md); variables Spark reads, so no JVM prints a banner for them.
+for variable in ("SPARK_SUBMIT_OPTS", "SPARK_LAUNCHER_OPTS"):
+    os.environ.setdefault(variable, TEST_JVM_OPTIONS)
 STARTED = pytest.StashKey[float]()
 LAUNCHING_LAYERS = ("mpi", "system")  # the layers whose tests start ranks, Spark, Slurm or simulated nodes
 

@@ -33,7 +33,7 @@ from mpitrain.testing.cluster import (
     owner_alive,
 )
 from mpitrain.testing.datasets import make_dataset, write_config
-from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, VENV_BIN, command, running
+from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, TEST_JVM_OPTIONS, VENV_BIN, command, running
 from mpitrain.testing.slurm import REPO, SLURM, job_logs, start_slurm, write_mlp_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -305,9 +305,8 @@ def test_sbatch_etl_on_a_spark_standalone_cluster_of_two_nodes_writes_the_local_
     (tmp_path / "spark-conf").mkdir()
     (tmp_path / "spark-conf" / "spark-defaults.conf").write_text("spark.locality.wait 0\nspark.ui.enabled false\n")
     # Seven JVMs share the 2 cores (the local run's, the master, a worker and an executor per node, the driver):
-    # JIT compiling only with C1, and a serial GC, saves them about a third of their start-up CPU.
-    env = {"SPARK_CONF_DIR": str(tmp_path / "spark-conf"),
-           "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+    # all of them with the tests' JVM options, the daemons and executors too.
+    env = {"SPARK_CONF_DIR": str(tmp_path / "spark-conf"), "JAVA_TOOL_OPTIONS": TEST_JVM_OPTIONS}
     etl = ["--source", "digits:", "--shards", 2, "--out"]
     submitted = slurm.run("sbatch", "--parsable", "--nodes=2", f"{SLURM}/etl.sbatch", *etl, "data/standalone",
                           cwd=tmp_path, env={"MPITRAIN_SPARK": "standalone", **env})

@@ -32,7 +32,16 @@ from mpitrain.spark.stage import run_mpi_job
 from mpitrain.spark.task import JobFailed, MpiJob
 from mpitrain.testing.cluster import SimulatedCluster, missing_capability
 from mpitrain.testing.datasets import make_click_dataset, make_dataset, write_config
-from mpitrain.testing.launch import MPITRAIN, RANK_SCRIPTS, REPO, VENV_BIN, command, mpiexec, wait_until_gone
+from mpitrain.testing.launch import (
+    MPITRAIN,
+    RANK_SCRIPTS,
+    REPO,
+    TEST_JVM_OPTIONS,
+    VENV_BIN,
+    command,
+    mpiexec,
+    wait_until_gone,
+)
 
 SPARK_SUBMIT, SPARK_CLASS = os.path.join(VENV_BIN, "spark-submit"), os.path.join(VENV_BIN, "spark-class")
 SPARK_JOB = os.path.join(REPO, "tests", "harness", "spark_job.py")  # a driver running any rank program
@@ -100,6 +109,7 @@ def test_spark_submit_on_a_local_cluster_ends_bit_for_bit_where_mpiexec_does(ref
     """Two executors of two cores, two cores per task: each rank runs spark.task.cpus threads per pool."""
     config, expected = reference
     done = subprocess.run([SPARK_SUBMIT, "--master", "local-cluster[2,2,1024]", "--conf", "spark.ui.enabled=false",
+                           "--conf", f"spark.executor.extraJavaOptions={TEST_JVM_OPTIONS}",
                            "--conf", "spark.task.cpus=2", os.path.join(REPO, "etl", "train.py"), config,
                            "--ranks", "2", "--set", f"run_dir={tmp_path / 'run'}"],
                           capture_output=True, text=True, timeout=400, env=spark_env())
@@ -322,9 +332,8 @@ def standalone(tmp_path_factory):
     (folder / "conf").mkdir()
     (folder / "conf" / "spark-defaults.conf").write_text("spark.ui.enabled false\n")
     with SimulatedCluster(nodes=2, link_gbps=1) as cluster:
-        # seven JVMs share 2 cores: C1 only and a serial GC save about a third of their start-up CPU
-        env = {**cluster.env, **spark_env(), "SPARK_CONF_DIR": str(folder / "conf"),
-               "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+        # seven JVMs share 2 cores: the daemons and executors take the tests' JVM options too
+        env = {**cluster.env, **spark_env(), "SPARK_CONF_DIR": str(folder / "conf"), "JAVA_TOOL_OPTIONS": TEST_JVM_OPTIONS}
         first = cluster.nodes[0]
         master = f"spark://{first}:7077"
         daemons = [start_in_node(cluster, first, folder / "master.log", SPARK_CLASS,
