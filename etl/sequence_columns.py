@@ -6,7 +6,7 @@ Each record's sequence becomes a `Ragged` row (its steps' values one after anoth
 shards and never padded (docs/sequences.md). A step is one number (`features` 1) or a list of `features` numbers,
 the length of the first record's first step. A column of integers (a Parquet list of an integer type: token ids)
 stays integers, stored as int32; one of floats is stored as float32 (which holds integers exactly up to 2**24:
-`mpitrain.data.sequences.TOKEN_IDS`). A record whose sequence is missing, empty, longer than `--max-length`, or holds a missing or
+`mpitrain.data.encoding.TOKEN_IDS`). A record whose sequence is missing, empty, longer than `--max-length`, or holds a missing or
 non-finite number or a step of another length is not a bad record to drop: the data is not what the job was told,
 so the job stops with one line naming the file, the record and the column. `StoredSequences` is what the ETL does
 to a column's values before it stores them, which scoring does to a record's again.

@@ -27,14 +27,15 @@ from numba.extending import register_jitable
 from mpitrain.base.arrays import array_module
 
 from .dispatch import numpy_or_reference
+from .splitmix import GOLDEN, splitmix64
 
 KINDS = {"none": 0, "relu": 1, "sigmoid": 2, "tanh": 3}
 INPUT_KINDS = {"gelu": 1, "gelu_tanh": 2, "silu": 3}  # derivatives from the input: never fused
 _SQRT_HALF, _SQRT_2_OVER_PI, _GELU_CUBIC = math.sqrt(0.5), math.sqrt(2 / math.pi), 0.044715
 
 KEYED_BITS = 24  # dropout's draw: integers in [0, 2**KEYED_BITS)
-_GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_S30, _S27, _S31, _TOP = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(64 - KEYED_BITS)
+_TOP = np.uint64(64 - KEYED_BITS)
+register_jitable(splitmix64)  # kernels.splitmix's plain function, callable in numba kernels too
 
 
 @register_jitable
@@ -85,19 +86,10 @@ def derivative_at_input(x, kind):
 
 
 @register_jitable
-def splitmix64(z):
-    """splitmix64's finalizer: a bijective mix of uint64s into well-spread bits. One value inside numba
-    kernels (dropout's keyed bits), or a whole uint64 array from Python (the ETL's shuffle keys)."""
-    z = (z ^ (z >> _S30)) * _MIX1
-    z = (z ^ (z >> _S27)) * _MIX2
-    return z ^ (z >> _S31)
-
-
-@register_jitable
 def keyed_word(seed, index):
     """splitmix64 of (seed, index), all 64 bits: dropout's keyed bits are its top ones (`keyed_bits_at`), a fresh
     embedding table's values come from it (`kernels.embedding.keyed_normals`)."""
-    return splitmix64(np.uint64(index) * _GOLDEN + seed)
+    return splitmix64(np.uint64(index) * GOLDEN + seed)
 
 
 @register_jitable
@@ -218,10 +210,8 @@ def _input_activation_parts(x, kind: str):
 
 def keyed_bits_reference(xp, seed: np.uint64, shape):
     """`keyed_bits_at` for every element of `shape` in xp's wrapping uint64 arithmetic (numpy and cupy alike)."""
-    z = xp.arange(1, math.prod(shape) + 1, dtype=np.uint64) * _GOLDEN + np.uint64(seed)
-    z = (z ^ (z >> _S30)) * _MIX1
-    z = (z ^ (z >> _S27)) * _MIX2
-    return ((z ^ (z >> _S31)) >> _TOP).reshape(shape)
+    z = xp.arange(1, math.prod(shape) + 1, dtype=np.uint64) * GOLDEN + np.uint64(seed)
+    return (splitmix64(z) >> _TOP).reshape(shape)
 
 
 def dropout_reference(x, seed, threshold: int, scale: float, out, mask) -> None:

@@ -30,10 +30,8 @@ script may train several runs with one reader, model and synchronizer, each as w
 """
 from __future__ import annotations
 
-import logging
-import sys
-
 from mpitrain import arguments as a
+from mpitrain.base.logs import setup_logging
 from mpitrain.config.sections import (
     CheckpointConfig,
     CommConfig,
@@ -100,8 +98,3 @@ def init(backend: str = "auto", cuda_aware="auto", mpi_comm=None, device_collect
     return comm.for_backend(create_backend(backend, comm.local_rank, comm.local_size), cuda_aware, device_collectives)
 
 
-def setup_logging(rank: int) -> None:
-    """mpitrain's messages at INFO on rank 0 and WARNING elsewhere; other libraries' at WARNING, so
-    their INFO chatter (numba-cuda's deallocations at exit, say) stays out of a run's log."""
-    logging.basicConfig(level=logging.WARNING, format="[%(name)s] %(message)s", stream=sys.stderr)
-    logging.getLogger("mpitrain").setLevel(logging.INFO if rank == 0 else logging.WARNING)

@@ -200,7 +200,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _setup_logging(rank: int) -> None:
-    from mpitrain.api import setup_logging
+    from mpitrain.base.logs import setup_logging
     setup_logging(rank)
 
 

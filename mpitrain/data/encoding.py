@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from mpitrain.base.errors import DataError
-from mpitrain.kernels.activations import splitmix64
+from mpitrain.kernels.splitmix import splitmix64
 
 FNV_OFFSET, FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
 HASH = "fnv1a64-splitmix64"  # the hash of `hash_ids`, named in a hashed column's manifest entry
@@ -40,6 +40,9 @@ MISSING_ID, OUT_OF_VOCABULARY_ID = 0, 1
 # MAX_IDS per column (a table of as many rows; the sparse exchange carries them in int32 too).
 ID_DTYPE = "int32"
 MAX_IDS = 1 << 31
+# A sequence column of floats stores them as float32, which holds every integer only up to 2**24: larger ones are
+# numbers, not token ids. A column of integers (`integer`) and a bag column store theirs as int32 (up to MAX_IDS).
+TOKEN_IDS = 1 << 24
 
 
 def fnv1a64(texts) -> np.ndarray:

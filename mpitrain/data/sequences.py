@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mpitrain.data.encoding import MAX_IDS
+from mpitrain.data.encoding import MAX_IDS, TOKEN_IDS
 from mpitrain.kernels.rows import copy_ragged, longest, padded_rows
 
 PAD_MULTIPLE = 8  # a batch's padded length is its longest sequence rounded up to a multiple of this
@@ -219,11 +219,6 @@ class RaggedBuffer:
         lengths_out = ws.at_least(f"{name}.lengths", len(index), np.int64, host=True)
         padded_rows(self.values, self.starts, self.lengths, index, -1, out.reshape(*shape, 1), lengths_out)
         return out
-
-
-# A sequence column of floats stores them as float32, which holds every integer only up to 2**24: larger ones are
-# numbers, not token ids. A column of integers (`integer`) and a bag column store theirs as int32 (up to MAX_IDS).
-TOKEN_IDS = 1 << 24
 
 
 def gathered_steps(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -27,9 +27,8 @@ import numpy as np
 from mpitrain.base.errors import DataError, describe
 from mpitrain.base.files import write_file, write_hdf5
 from mpitrain.base.paths import confined
-from mpitrain.data.encoding import ID_DTYPE, MAX_IDS, CategoryIds
+from mpitrain.data.encoding import ID_DTYPE, MAX_IDS, TOKEN_IDS, CategoryIds
 from mpitrain.data.vocabulary_files import check_file_entry
-from mpitrain.data.sequences import TOKEN_IDS
 from mpitrain.data.storage import Storage, sha256_of
 
 SCHEMA_VERSION = 1
