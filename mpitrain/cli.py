@@ -17,6 +17,7 @@ import os
 import sys
 
 from mpitrain.base.errors import ConfigError, MpitrainError
+from mpitrain.base.logs import setup_logging
 from mpitrain.training.preemption import (
     Stopped,
     StopSignals,
@@ -48,11 +49,11 @@ def main(argv=None) -> int:
                 install_abort_hook()
                 comm = Communicator()
             rank = comm.rank
-            _setup_logging(rank)
+            setup_logging(rank)
             args.run(args, comm)
             return _ended(args.command, comm)
         release_stop_signals()  # no agreement to stop at: a signal ends these commands as it would any program
-        _setup_logging(0)
+        setup_logging(0)
         return args.run(args)
     except MpitrainError as e:
         stopped = isinstance(e, Stopped)  # not an error: a stop asked for
@@ -197,11 +198,6 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     info.add_argument("--no-verify", action="store_true", help="skip the sha256 checks")
     info.set_defaults(run=_info)
     return parser
-
-
-def _setup_logging(rank: int) -> None:
-    from mpitrain.base.logs import setup_logging
-    setup_logging(rank)
 
 
 def _train(args, comm) -> int:

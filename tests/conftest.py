@@ -26,7 +26,7 @@ for variable in ("SPARK_SUBMIT_OPTS", "SPARK_LAUNCHER_OPTS"):
     os.environ.setdefault(variable, TEST_JVM_OPTIONS)
 # `make test` runs three workers on two cores: a GNU OpenMP thread left idle between numba's parallel kernels spins
 # (libgomp's default) on a core another worker's test needs. Passive: it sleeps (the unit layer on two workers:
-# 113.5 s of CPU -> 104 s). Set before any process here loads libgomp; ranks and commands inherit it.
+# 113.5 s of CPU -> 100 s). Set before any process here loads libgomp; ranks and commands inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 STARTED = pytest.StashKey[float]()
 LAUNCHING_LAYERS = ("mpi", "system")  # the layers whose tests start ranks, Spark, Slurm or simulated nodes

@@ -33,7 +33,7 @@ from mpitrain.training.steps import WholeBatch
 log = logging.getLogger(__name__)
 
 WARMUP_STEPS = 2  # eager steps of a batch shape before its capture: a cupy kernel first loaded while a stream
-# captures records nothing useful (cupy#8318, a ReductionKernel's first use), so every kernel is loaded before
+# captures records nothing useful (cupy#8318, a ReductionKernel's first use), so every kernel is loaded before it
 MAX_SHAPES = 2  # batch shapes captured at most (each graph keeps its own activations' memory)
 
 

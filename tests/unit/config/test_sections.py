@@ -126,7 +126,7 @@ def test_missing_file_and_bad_yaml(tmp_path):
 
 
 def test_logging_keeps_other_libraries_info_out():
-    code = ("import logging; from mpitrain.cli import _setup_logging; _setup_logging(0); "
+    code = ("import logging; from mpitrain.cli import setup_logging; setup_logging(0); "
             "logging.getLogger('numba.cuda.cudadrv.driver').info('add pending dealloc'); "
             "logging.getLogger('numba.cuda.cudadrv.driver').warning('a library warning'); "
             "logging.getLogger('mpitrain').info('epoch 1/2 done'); logging.getLogger('mpitrain.data.reader').info('rows')")
