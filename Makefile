@@ -23,7 +23,7 @@ $(VENV)/.installed: setup.py
 
 # numba's cache filled with the CPU kernels training runs (`mpitrain warm-up`, two processes at once), so the first
 # run after installing loads them instead of compiling them (docs/troubleshooting.md); again when a kernel changes.
-$(VENV)/.kernels: $(VENV)/.installed $(wildcard kernels/*.py kernels/threshold/*.py)
+$(VENV)/.kernels: $(VENV)/.installed mpitrain/training/kernel_cache.py $(wildcard kernels/*.py kernels/threshold/*.py)
 	$(BIN)/mpitrain warm-up --part 1/2 & first=$$!; $(BIN)/mpitrain warm-up --part 2/2; second=$$?; \
 	  wait $$first && [ $$second = 0 ]
 	touch $@

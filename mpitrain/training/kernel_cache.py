@@ -10,7 +10,8 @@ NUMBA_CACHE_DIR). A first run compiles what its model, optimizer and sync mode n
 cores, while every later run loads them in a fraction of a second. The cases below meet the float32 combinations a
 training run meets on the CPU: each layer type forward and backward (both conv paths, both pooling paths, both
 recurrent cells each way), each loss, each optimizer with and without L2 or weight decay, the sharing codec, the
-deterministic sum, and the batch pipeline's gathering and scaling of uint8 and float32 rows. A model in float64
+deterministic sum, the batch pipeline's gathering and scaling of uint8 and float32 rows and its reading and padding
+of stored sequences (float32 values, integer ids, a class per step), and the evaluation's scoring. A model in float64
 (`model.dtype`) compiles its own on first use. Not a collective; it touches no run directory.
 """
 from __future__ import annotations
@@ -20,12 +21,14 @@ import time
 
 import numpy as np
 
+from mpitrain.base.workspace import Workspace
 from mpitrain.config.sections import ModelConfig, OptimizerConfig
 from mpitrain.data.encoding import ID_DTYPE
-from mpitrain.data.sequences import Inputs, SequenceBatch
+from mpitrain.data.sequences import Inputs, RaggedBuffer, SequenceBatch
 from mpitrain.data.shards import InputGroup
 from mpitrain.kernels.fixed_point import column_maxima, fixed_point_sum
-from mpitrain.kernels.rows import gather_scaled, scaled
+from mpitrain.kernels.loss import score
+from mpitrain.kernels.rows import all_finite, gather_scaled, scaled
 from mpitrain.nn.graph import build_graph
 from mpitrain.nn.model import build_model
 from mpitrain.nn.updaters import create_updater
@@ -80,6 +83,7 @@ BAG = [{"name": "bag", "type": "embedding_bag", "input": "recent", "dim": 3, "mo
        {"name": "out", "type": "dense", "input": "joined", "units": 1}]
 LOSSES = {"softmax_cross_entropy": 3, "binary_cross_entropy": 1, "multilabel_cross_entropy": 2, "mse": 2,
           "huber": 2, "l1": 2}
+SOFTMAX_OPTIONS = [{"class_weights": [1.0, 2.0, 1.0]}, {"label_smoothing": 0.1}]  # each its own kernel
 OPTIMIZERS = [{"type": "sgd"}, {"type": "sgd", "momentum": 0.9}, {"type": "sgd", "momentum": 0.9, "nesterov": True},
               {"type": "adagrad"}, {"type": "rmsprop"}, {"type": "adam"}, {"type": "adam", "amsgrad": True},
               {"type": "adamw", "weight_decay": 0.01}, {"type": "adamw", "weight_decay": 0.01, "amsgrad": True},
@@ -100,12 +104,16 @@ def _labels(rng, outputs: int, loss: str):
 
 
 def dense_and_losses(rng) -> None:
-    """Dense layers with each activation, dropout, batch norm and layer norm on rows, under each loss."""
+    """Dense layers with each activation, dropout, batch norm and layer norm on rows, under each loss; the
+    softmax cross-entropy also with class weights and with label smoothing."""
     for loss, outputs in LOSSES.items():
         layers = [*DENSE, {"type": "dropout", "rate": 0.5}, {"type": "batchnorm"}, {"type": "layernorm"},
                   {"type": "dense", "units": outputs}]
         model = build_model(ModelConfig(layers=layers, loss=loss), (5,), outputs, np)
         _train(model, rng.normal(size=(ROWS, 5)).astype(np.float32), _labels(rng, outputs, loss))
+    for options in SOFTMAX_OPTIONS:
+        model = build_model(ModelConfig(layers=[{"type": "dense", "units": 3}], loss_options=options), (5,), 3, np)
+        _train(model, rng.normal(size=(ROWS, 5)).astype(np.float32), _labels(rng, 3, "softmax_cross_entropy"))
 
 
 def images(rng) -> None:
@@ -153,15 +161,34 @@ def optimizers(rng) -> None:
             create_updater(config, params.copy(), mask).delta(rng.normal(size=8).astype(np.float32), params.copy())
 
 
+def stored_sequences(rng) -> None:
+    """A stored sequence column read into the pipeline's ragged buffers (float32 steps checked finite, or integer
+    ids), copied between them and padded into a batch, or into a class per step."""
+    offsets, index = np.array([0, 3, 4, 6], np.int64), np.array([2, 0], np.int64)
+    part = Workspace(np).part("warm-up")
+    for dtype in (np.float32, np.dtype(ID_DTYPE)):
+        read, window = RaggedBuffer(3, 1, dtype), RaggedBuffer(3, 1, dtype)
+        read.space(0, offsets)[...] = rng.integers(0, 3, (6, 1))
+        if read.values.dtype.kind == "f":
+            all_finite(read.values)
+        window.copy_rows(read, 0, 3, 0)
+        window.padded(index, part, "x", dtype)
+        window.padded_classes(index, part, "y")  # a class per step, stored as either
+
+
 def batch_pipeline(rng) -> None:
     """The batch pipeline's gathering and scaling of stored rows (uint8 or float32) and targets (classes or
-    values), the sharing codec's encoding and decoding, and `sync.deterministic`'s exact sum."""
+    values), and of stored sequences (`stored_sequences`); the evaluation's scoring of a batch; the sharing codec's
+    encoding and decoding, and `sync.deterministic`'s exact sum."""
     index = np.arange(2, dtype=np.int64)
     for stored in (np.zeros((2, 3), np.uint8), np.zeros((2, 3), np.float32)):
         for y in (np.zeros(2, np.int32), np.zeros((2, 2), np.float32)):
             out_x, out_y = np.empty((2, 3), np.float32), np.empty_like(y)
             gather_scaled(stored, y, index, 1.0, 0.0, out_x, out_y)
             scaled(stored, 1.0, 0.0, out_x)
+    stored_sequences(rng)
+    totals = np.zeros(3 * 3 + 1, np.float64)  # as `evaluate` adds up a batch's counts and loss
+    score(rng.normal(size=(2, 3)).astype(np.float32), np.zeros(2, np.int32), totals[:9], totals[9:])
     for codec in CODECS.values():
         codec().warm_up(np.zeros(64, np.float32))
     kept = np.zeros((2, 3), np.float32)
@@ -169,8 +196,8 @@ def batch_pipeline(rng) -> None:
     fixed_point_sum(kept, np.ones(3), np.empty(3, np.int64))
 
 
-# the slowest first; `--part 1/2` takes images, dense_and_losses and table (about 55 s of CPU cold on this project's
-# machine), `--part 2/2` the others (about 35 s)
+# the slowest first; `--part 1/2` takes images, dense_and_losses and table, `--part 2/2` the others: 37 s and 41 s
+# of CPU cold, side by side on this project's two cores (2026-12-07)
 CASES = [images, sequences, dense_and_losses, optimizers, table, batch_pipeline]
 
 
