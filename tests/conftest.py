@@ -13,8 +13,15 @@ import pytest
 
 from mpitrain.testing.datasets import make_dataset
 from mpitrain.testing.launch import TEST_JVM_OPTIONS
-from mpitrain.testing.machine_share import MachineShare
-from mpitrain.testing.suite_time import layer_of, parse_budget, seconds_by_file, summary_lines
+from mpitrain.testing.machine_share import MachineShare, WorkerHolds
+from mpitrain.testing.suite_time import (
+    MACHINE_WAIT,
+    layer_of,
+    parse_budget,
+    seconds_by_file,
+    summary_lines,
+    waits_by_layer,
+)
 
 # pip's MPICH runs over UCX; on some hosts UCX's network address exchange fails at MPI_Init now
 # and then ("failed to unpack address, invalid bandwidth 0.00", pmodels/mpich#7417). The tests
@@ -29,6 +36,7 @@ for variable in ("SPARK_SUBMIT_OPTS", "SPARK_LAUNCHER_OPTS"):
 # 113.5 s of CPU -> 100 s). Set before any process here loads libgomp; ranks and commands inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 STARTED = pytest.StashKey[float]()
+HOLDS = pytest.StashKey["WorkerHolds"]()  # this worker's holds of the machine, test after test
 LAUNCHING_LAYERS = ("mpi", "system")  # the layers whose tests start ranks, Spark, Slurm or simulated nodes
 
 
@@ -49,7 +57,7 @@ def pytest_terminal_summary(terminalreporter, config):
     reports = [report for reports in terminalreporter.stats.values() for report in reports
                if hasattr(report, "nodeid") and hasattr(report, "duration")]  # test phases, not collection
     lines, over = summary_lines(time.monotonic() - config.stash[STARTED], seconds_by_file(reports),
-                                parse_budget(config.getini("time_budget")))
+                                parse_budget(config.getini("time_budget")), waits=waits_by_layer(reports))
     terminalreporter.write_sep("=", "time against the budget", yellow=over, bold=over)
     for line in lines:
         terminalreporter.write_line(line, yellow=over, bold=over)
@@ -95,14 +103,26 @@ def pytest_runtest_protocol(item, nextitem):
     """Each test holds the machine (`MachineShare`) from its set-up, with the module fixtures it starts (a Spark
     cluster, Slurm's daemons), to its teardown: shared, or alone where it is marked `alone`, so that what it times (a
     shaped link's rate, a watchdog's seconds, a heartbeat going stale, two signals 10 ms apart) is not slowed by the
-    other workers' tests. Only on a pytest-xdist worker (whose basetemp is in the run's folder): a run of one process
-    runs one test at a time anyway."""
+    other workers' tests. An `alone` test followed by another on its worker keeps the machine for it: the other
+    workers' tests in progress finish once for the row, not once per test. The seconds each test waited for the
+    machine go into its report (`machine_wait_s`), summed per layer at the end of the run. Only on a pytest-xdist
+    worker (whose basetemp is in the run's folder): a run of one process runs one test at a time anyway."""
     basetemp = item.config.option.basetemp
     if not hasattr(item.config, "workerinput") or not basetemp:
         yield
         return
-    with MachineShare(Path(basetemp).parent).held(alone=item.get_closest_marker("alone") is not None):
+    if HOLDS not in item.config.stash:
+        item.config.stash[HOLDS] = WorkerHolds(MachineShare(Path(basetemp).parent))
+    holds, alone = item.config.stash[HOLDS], _alone(item)
+    item.user_properties.append((MACHINE_WAIT, holds.start(alone)))
+    try:
         yield
+    finally:
+        holds.end(alone, nextitem is not None and _alone(nextitem))
+
+
+def _alone(item) -> bool:
+    return item.get_closest_marker("alone") is not None
 
 
 class SparkSessions:

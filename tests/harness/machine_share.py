@@ -10,11 +10,20 @@ readers-writer lock of two files. An ordinary test holds it shared; a test that 
 A waiting `alone` holder keeps the turnstile, so the shared holders that come after it wait until it is done:
 without it, two workers that take turns holding it shared would keep it from ever being free. flock(2) locks
 belong to an open file, so two threads of a process exclude each other as two processes do.
+
+A worker's tests in turn (`WorkerHolds`): an `alone` test followed by another keeps the machine for it, so the
+other workers' tests in progress finish once for the row instead of once per test.
+
+    holds = WorkerHolds(MachineShare(run_folder))
+    waited = holds.start(alone=True)           # seconds it waited for the machine
+    ...                                        # the test
+    holds.end(alone=True, next_alone=True)     # kept for the next test
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import time
 from pathlib import Path
 
 
@@ -35,3 +44,25 @@ class MachineShare:
                 yield
             finally:
                 fcntl.flock(machine, fcntl.LOCK_UN)
+
+
+class WorkerHolds:
+    """One worker's holds of the machine, test after test: shared for an ordinary test, alone for an `alone` one,
+    and kept from an `alone` test into the next when it is `alone` too."""
+
+    def __init__(self, share: MachineShare):
+        self.share, self.held = share, None
+
+    def start(self, alone: bool) -> float:
+        """Hold the machine for a test (unless the previous test kept it); the seconds spent waiting for it."""
+        started = time.monotonic()
+        if self.held is None:
+            self.held = contextlib.ExitStack()
+            self.held.enter_context(self.share.held(alone))
+        return time.monotonic() - started
+
+    def end(self, alone: bool, next_alone: bool) -> None:
+        """Let the machine go after a test, or keep it when this test and the next are both `alone`."""
+        if not (alone and next_alone):
+            self.held.close()
+            self.held = None

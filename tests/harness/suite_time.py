@@ -10,6 +10,7 @@ import os
 from collections import defaultdict
 
 LAYERS = ("unit", "mpi", "system")
+MACHINE_WAIT = "machine_wait_s"  # a test's user property: seconds it waited for the machine share
 
 
 def parse_budget(lines) -> dict[str, float]:
@@ -38,9 +39,21 @@ def seconds_by_file(reports) -> dict[str, float]:
     return dict(spent)
 
 
-def summary_lines(wall_s: float, by_file: dict[str, float], budget: dict[str, float], slowest: int = 5) \
-        -> tuple[list[str], bool]:
-    """The lines that say what the run cost against the budget of the layers it ran, and whether it went over."""
+def waits_by_layer(reports) -> dict[str, float]:
+    """Seconds each layer's tests waited for the machine share before their set-up (tests/conftest.py records it in
+    a test's `user_properties` as `machine_wait_s`; runs of one process record nothing)."""
+    waited = defaultdict(float)
+    for report in reports:
+        seconds = dict(getattr(report, "user_properties", ())).get(MACHINE_WAIT)
+        if seconds is not None and getattr(report, "when", None) == "setup":
+            waited[layer_of(report.nodeid)] += seconds
+    return {layer: waited[layer] for layer in LAYERS if layer in waited}
+
+
+def summary_lines(wall_s: float, by_file: dict[str, float], budget: dict[str, float], slowest: int = 5,
+                  waits: dict[str, float] | None = None) -> tuple[list[str], bool]:
+    """The lines that say what the run cost against the budget of the layers it ran, and whether it went over; with
+    `waits` (`waits_by_layer`), a line of what each layer's tests waited for the machine share."""
     by_layer = defaultdict(float)
     for path, seconds in by_file.items():
         layer = layer_of(path)
@@ -56,4 +69,7 @@ def summary_lines(wall_s: float, by_file: dict[str, float], budget: dict[str, fl
         files = sorted(by_file.items(), key=lambda item: -item[1])[:slowest]
         lines.append(f"over the budget by {wall_s - allowed:.0f} s; the slowest files: "
                      + ", ".join(f"{path} ({seconds:.0f} s)" for path, seconds in files))
+    if waits and sum(waits.values()) >= 1:  # no line for a run without `alone` tests
+        lines.append("waited for the machine share (an `alone` test, or the tests beside one): "
+                     + ", ".join(f"{layer} {seconds:.0f} s" for layer, seconds in waits.items()))
     return lines, over

@@ -2,7 +2,7 @@
 test's layer from its path, and a warning naming the slowest files only once a run's layers pass their sum."""
 import pytest
 
-from mpitrain.testing.suite_time import layer_of, parse_budget, seconds_by_file, summary_lines
+from mpitrain.testing.suite_time import layer_of, parse_budget, seconds_by_file, summary_lines, waits_by_layer
 
 
 def test_the_budget_is_read_per_layer_and_a_bad_line_is_named():
@@ -20,8 +20,8 @@ def test_a_test_s_layer_is_its_folder_under_tests():
 
 
 class Report:
-    def __init__(self, nodeid, duration):
-        self.nodeid, self.duration = nodeid, duration
+    def __init__(self, nodeid, duration, when="call", user_properties=()):
+        self.nodeid, self.duration, self.when, self.user_properties = nodeid, duration, when, list(user_properties)
 
 
 def test_within_the_budget_one_line_over_it_the_slowest_files_by_their_seconds():
@@ -37,3 +37,17 @@ def test_within_the_budget_one_line_over_it_the_slowest_files_by_their_seconds()
     lines, over = summary_lines(130.0, by_file, budget, slowest=2)  # the system layer did not run: not its budget
     assert over and lines[1] == ("over the budget by 20 s; the slowest files: tests/mpi/test_b.py (50 s), "
                                  "tests/mpi/test_a.py (35 s)")
+
+
+def test_the_waits_for_the_machine_are_summed_per_layer_once_per_test_and_printed_last():
+    waited = [("machine_wait_s", 4.0)]  # a test's report of each phase carries its user properties
+    reports = [Report("tests/mpi/test_a.py::t1", 1.0, when, waited) for when in ("setup", "call", "teardown")]
+    reports += [Report("tests/system/test_b.py::t2", 1.0, "setup", [("machine_wait_s", 2.5)]),
+                Report("tests/system/test_b.py::t3", 1.0, "setup", [("machine_wait_s", 0.5)]),
+                Report("tests/unit/test_c.py::t4", 1.0, "setup")]  # a run of one process records no wait
+    assert waits_by_layer(reports) == {"mpi": 4.0, "system": 3.0}
+    lines, _ = summary_lines(10.0, seconds_by_file(reports), {"mpi": 100.0, "system": 100.0, "unit": 10.0},
+                             waits=waits_by_layer(reports))
+    assert lines[-1] == "waited for the machine share (an `alone` test, or the tests beside one): mpi 4 s, system 3 s"
+    for waits in ({}, {"unit": 0.2, "mpi": 0.3}):  # none, or the moments every test takes to hold the machine
+        assert len(summary_lines(10.0, seconds_by_file(reports), {"mpi": 100.0}, waits=waits)[0]) == 1
