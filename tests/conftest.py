@@ -35,6 +35,9 @@ for variable in ("SPARK_SUBMIT_OPTS", "SPARK_LAUNCHER_OPTS"):
 # (libgomp's default) on a core another worker's test needs. Passive: it sleeps (the unit layer on two workers:
 # 113.5 s of CPU -> 100 s). Set before any process here loads libgomp; ranks and commands inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Likewise MPICH: a rank waiting in a collective polls, a whole core while its peer waits for one (three workers'
+# processes on two cores). With this it sleeps between polls (docs/testing.md). Read by MPI_Init: every rank inherits.
+os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
 STARTED = pytest.StashKey[float]()
 HOLDS = pytest.StashKey["WorkerHolds"]()  # this worker's holds of the machine, test after test
 LAUNCHING_LAYERS = ("mpi", "system")  # the layers whose tests start ranks, Spark, Slurm or simulated nodes
