@@ -54,7 +54,9 @@ def test_a_worker_s_alone_tests_in_a_row_keep_the_machine_from_one_to_the_next(t
     other = holder(MachineShare(tmp_path), False, events, "B", 0.0)
     time.sleep(0.3)  # B waits for the machine
     holds.end(alone=True, next_alone=kept)
-    time.sleep(0.3)  # B's turn, if the machine was let go
+    deadline = time.monotonic() + (0.3 if kept else 10)  # kept: B's chance to slip in; else: B's turn
+    while ("end", "B") not in events and time.monotonic() < deadline:
+        time.sleep(0.01)
     waited = holds.start(alone=kept)
     events.append("A2")
     holds.end(alone=kept, next_alone=False)
