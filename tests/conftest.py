@@ -116,12 +116,12 @@ def pytest_runtest_protocol(item, nextitem):
         return
     if HOLDS not in item.config.stash:
         item.config.stash[HOLDS] = WorkerHolds(MachineShare(Path(basetemp).parent))
-    holds, alone = item.config.stash[HOLDS], _alone(item)
-    item.user_properties.append((MACHINE_WAIT, holds.start(alone)))
+    holds = item.config.stash[HOLDS]
+    item.user_properties.append((MACHINE_WAIT, holds.start(_alone(item))))
     try:
         yield
     finally:
-        holds.end(alone, nextitem is not None and _alone(nextitem))
+        holds.end(next_alone=nextitem is not None and _alone(nextitem))
 
 
 def _alone(item) -> bool:

@@ -187,8 +187,8 @@ def batch_pipeline(rng) -> None:
             gather_scaled(stored, y, index, 1.0, 0.0, out_x, out_y)
             scaled(stored, 1.0, 0.0, out_x)
     stored_sequences(rng)
-    totals = np.zeros(3 * 3 + 1, np.float64)  # as `evaluate` adds up a batch's counts and loss
-    score(rng.normal(size=(2, 3)).astype(np.float32), np.zeros(2, np.int32), totals[:9], totals[9:])
+    totals = np.zeros(3 * 3 + 1, np.float64)  # 3 classes' counts, then the loss: as `evaluate` adds up a batch
+    score(rng.normal(size=(2, 3)).astype(np.float32), np.zeros(2, np.int32), totals[:-1], totals[-1:])
     for codec in CODECS.values():
         codec().warm_up(np.zeros(64, np.float32))
     kept = np.zeros((2, 3), np.float32)

@@ -17,7 +17,7 @@ other workers' tests in progress finish once for the row instead of once per tes
     holds = WorkerHolds(MachineShare(run_folder))
     waited = holds.start(alone=True)           # seconds it waited for the machine
     ...                                        # the test
-    holds.end(alone=True, next_alone=True)     # kept for the next test
+    holds.end(next_alone=True)                 # kept for the next test
 """
 from __future__ import annotations
 
@@ -51,18 +51,18 @@ class WorkerHolds:
     and kept from an `alone` test into the next when it is `alone` too."""
 
     def __init__(self, share: MachineShare):
-        self.share, self.held = share, None
+        self.share, self.held, self.alone = share, None, False
 
     def start(self, alone: bool) -> float:
         """Hold the machine for a test (unless the previous test kept it); the seconds spent waiting for it."""
         started = time.monotonic()
         if self.held is None:
-            self.held = contextlib.ExitStack()
+            self.held, self.alone = contextlib.ExitStack(), alone
             self.held.enter_context(self.share.held(alone))
         return time.monotonic() - started
 
-    def end(self, alone: bool, next_alone: bool) -> None:
-        """Let the machine go after a test, or keep it when this test and the next are both `alone`."""
-        if not (alone and next_alone):
+    def end(self, next_alone: bool) -> None:
+        """Let the machine go after a test, or keep it when it is held alone and the next test is `alone`."""
+        if not (self.alone and next_alone):
             self.held.close()
             self.held = None

@@ -44,8 +44,8 @@ def waits_by_layer(reports) -> dict[str, float]:
     a test's `user_properties` as `machine_wait_s`; runs of one process record nothing)."""
     waited = defaultdict(float)
     for report in reports:
-        seconds = dict(getattr(report, "user_properties", ())).get(MACHINE_WAIT)
-        if seconds is not None and getattr(report, "when", None) == "setup":
+        seconds = dict(report.user_properties).get(MACHINE_WAIT)
+        if seconds is not None and report.when == "setup":
             waited[layer_of(report.nodeid)] += seconds
     return {layer: waited[layer] for layer in LAYERS if layer in waited}
 

@@ -53,13 +53,13 @@ def test_a_worker_s_alone_tests_in_a_row_keep_the_machine_from_one_to_the_next(t
     events.append("A1")
     other = holder(MachineShare(tmp_path), False, events, "B", 0.0)
     time.sleep(0.3)  # B waits for the machine
-    holds.end(alone=True, next_alone=kept)
+    holds.end(next_alone=kept)
     deadline = time.monotonic() + (0.3 if kept else 10)  # kept: B's chance to slip in; else: B's turn
     while ("end", "B") not in events and time.monotonic() < deadline:
         time.sleep(0.01)
     waited = holds.start(alone=kept)
     events.append("A2")
-    holds.end(alone=kept, next_alone=False)
+    holds.end(next_alone=False)
     other.join(10)
     if kept:
         assert events == ["A1", "A2", ("start", "B"), ("end", "B")] and waited < 0.05, (events, waited)
